@@ -1,0 +1,34 @@
+# Two set-up-and-go commands: `make demo` and `make test`. Both create .venv and install what they need.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP_CORE := $(VENV)/.installed-core
+STAMP_DEV := $(VENV)/.installed-dev
+DEMO_OUT ?= runs/demo
+
+.PHONY: demo test venv clean bench
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP_CORE): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "torch>=2.4,<2.14"
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(STAMP_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q "torch>=2.4,<2.14"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@ $(STAMP_CORE)
+
+venv: $(STAMP_CORE)
+
+demo: $(STAMP_CORE)
+	$(BIN)/posttrain demo --out $(DEMO_OUT)
+
+test: $(STAMP_DEV)
+	$(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,38 @@
+"""Tokenizers: char-level (smallest), BPE, byte-level BPE, WordPiece, Unigram.
+
+``load(path)`` reads any tokenizer file posttrain writes (a Hugging Face ``tokenizer.json`` for the
+subword models, a small JSON for the char model) and returns an object satisfying
+:class:`posttrain.tokenizers.base.Tokenizer`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from posttrain.errors import UserError
+from posttrain.tokenizers.base import Tokenizer
+from posttrain.tokenizers.char import CharTokenizer
+
+__all__ = ["Tokenizer", "CharTokenizer", "load"]
+
+
+def load(path: str | Path) -> Tokenizer:
+    """Load a tokenizer file (or a checkpoint directory holding ``tokenizer.json``)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "tokenizer.json"
+    if not p.is_file():
+        raise UserError(f"tokenizer file not found: {p}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: not a valid tokenizer JSON file ({e})") from None
+    if isinstance(data, dict) and data.get("type") == "char":
+        return CharTokenizer.from_dict(data)
+    # Hugging Face tokenizer.json (BPE, byte-level BPE, WordPiece, Unigram): see hf_json.py
+    try:
+        from posttrain.tokenizers.hf_json import load_hf_json
+    except ImportError:
+        raise UserError(f"{p}: unsupported tokenizer file (only the char tokenizer is available)") from None
+    return load_hf_json(data, source=p)
