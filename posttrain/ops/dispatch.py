@@ -7,7 +7,9 @@ Shapes: q (B, H, Nq, D); k, v (B, Hkv, Nk, D) with H % Hkv == 0 (grouped-query a
 decoding with a KV cache needs. ``key_padding_mask`` (B, Nk) bool, True = a real key.
 A query row with no visible key returns zeros (never NaN).
 
-Backends are gathered in ``ATTENTION_BACKENDS``; each takes the same arguments.
+Backends are gathered in ``ATTENTION_BACKENDS``; each takes the same arguments:
+``naive`` (the materialised oracle with a hand-written backward), ``sdpa`` (PyTorch),
+``flash`` (our tiled FlashAttention in PyTorch) and ``triton`` (our Triton kernels).
 """
 
 from __future__ import annotations
@@ -18,18 +20,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-
-def visible_mask(nq: int, nk: int, causal: bool, key_padding_mask: torch.Tensor | None, device) -> torch.Tensor | None:
-    """Bool mask broadcastable to (B, H, Nq, Nk): True where query i may attend to key j, or None for all."""
-    mask = None
-    if causal:
-        i = torch.arange(nq, device=device)[:, None]
-        j = torch.arange(nk, device=device)[None, :]
-        mask = (j <= i + (nk - nq))[None, None]  # (1, 1, Nq, Nk)
-    if key_padding_mask is not None:
-        kpm = key_padding_mask.to(torch.bool)[:, None, None, :]  # (B, 1, 1, Nk)
-        mask = kpm if mask is None else (mask & kpm)
-    return mask
+from posttrain.ops.attention import naive_attention, visible_mask
+from posttrain.ops.flash_attention import flash_attention_backend
 
 
 def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
@@ -49,8 +41,18 @@ def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: f
     return out.masked_fill(~has_key, 0.0)
 
 
+def triton_attention_backend(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
+    """Backend "triton": the Triton kernels of ``triton_attention.py`` (imported on first use)."""
+    from posttrain.ops.triton_attention import triton_attention
+
+    return triton_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+
+
 ATTENTION_BACKENDS: dict[str, Callable] = {
-    "sdpa": sdpa_attention,
+    "naive": naive_attention,  # materialised N x N, hand-derived backward (ops/attention.py)
+    "sdpa": sdpa_attention,  # torch.nn.functional.scaled_dot_product_attention
+    "flash": flash_attention_backend,  # tiled online softmax in PyTorch (ops/flash_attention.py)
+    "triton": triton_attention_backend,  # Triton kernels, CUDA or TRITON_INTERPRET=1 (ops/triton_attention.py)
 }
 
 

@@ -1,0 +1,215 @@
+"""FlashAttention in PyTorch: tiled exact attention with O(N) extra memory, forward and backward.
+
+Key insight: the online-softmax rescale applies to the output itself.  Per query row keep the
+running max m, the denominator l and the UNnormalised output o~; a new key/value tile (K_j, V_j)
+with logits S_j = scale * Q K_j^T updates them as
+
+    m' = max(m, rowmax S_j)
+    P~ = exp(S_j - m')                        alpha = exp(m - m')
+    l' = alpha * l + rowsum P~                o~' = alpha * o~ + P~ V_j
+
+and O = o~ / l at the end.  The N_q x N_k matrix is never stored; the forward keeps only O and the
+per-row log-sum-exp L = m + log l (Dao et al. 2022, Alg. 1; Dao 2023, FlashAttention-2, Alg. 1).
+
+The backward recomputes each tile from L: P = exp(S - L) exactly, then (Alg. 2)
+
+    dV_j += P^T dO_i,   dP = dO_i V_j^T,   dS = P * (dP - D_i),
+    dQ_i += scale * dS K_j,   dK_j += scale * dS^T Q_i,      D_i = rowsum(dO_i * O_i)
+
+where D_i = <dP_i, P_i> is replaced by <dO_i, O_i> so P never has to be kept.
+
+Layout: to batch many small products into one ``bmm`` we view q (B, H, Nq, D) as
+(B*Hkv, G*bq, D) per query block, G = H / Hkv: the G query heads that share a K/V head become
+extra rows of one matrix, so grouped-query attention costs no K/V copies and dK/dV sum over the
+group for free.  Tiles are large (hundreds of rows) because on the CPU each torch op has a fixed
+cost; the loops in Python run over blocks, never over rows.
+
+Conventions are ``dispatch.sdpa_attention``'s: causal aligned to the end (query i sees keys
+j <= i + Nk - Nq), ``key_padding_mask`` (B, Nk) True = real key, rows with no visible key give
+zeros and zero gradients.  bfloat16/float16 inputs are computed in float32 (output cast back),
+float64 stays float64.  Tiles that the causal mask hides entirely are skipped.
+
+Not handled: dropout, attention bias beyond the masks, and double backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.ops.attention import check_attention_inputs
+
+BLOCK_Q = 512
+"""Query rows per tile (measured on a 2-core CPU, see docs/attention.md)."""
+BLOCK_K = 512
+"""Key rows per tile."""
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class _Plan:
+    """Which key blocks each query block visits, and how they must be masked."""
+
+    def __init__(self, nq, nk, causal, kpm, block_q, block_k, device):
+        self.nq, self.nk, self.causal, self.kpm = nq, nk, causal, kpm
+        self.block_q, self.block_k, self.device = block_q, block_k, device
+        self.offset = nk - nq  # query i sees keys j <= i + offset
+        starts = range(0, nk, block_k)
+        if kpm is None:
+            self.kpm_state = ["all"] * len(starts)
+        else:  # per key block: "none" real -> skip, "all" real -> no mask, else "some"
+            counts = torch.stack([kpm[:, j0 : j0 + block_k].sum() for j0 in starts]).tolist() if len(starts) else []
+            sizes = [kpm.shape[0] * min(block_k, nk - j0) for j0 in starts]
+            self.kpm_state = ["none" if c == 0 else "all" if c == s else "some" for c, s in zip(counts, sizes)]
+
+    def key_blocks(self, i0: int, i1: int):
+        """Yield (j0, j1, causal_mask or None, padding_mask or None) for query rows [i0, i1)."""
+        last = self.nk if not self.causal else min(self.nk, i1 - 1 + self.offset + 1)
+        for jb, j0 in enumerate(range(0, max(last, 0), self.block_k)):
+            if self.kpm_state[jb] == "none":
+                continue
+            j1 = min(j0 + self.block_k, self.nk)
+            cmask = None
+            if self.causal and j1 - 1 > i0 + self.offset:  # some (i, j) in the tile is hidden
+                i = torch.arange(i0, i1, device=self.device)[:, None]
+                j = torch.arange(j0, j1, device=self.device)[None, :]
+                cmask = j > i + self.offset  # (bq, bk) True = hidden
+            pmask = None if self.kpm_state[jb] == "all" else ~self.kpm[:, j0:j1]  # (B, bk) True = hidden
+            yield j0, j1, cmask, pmask
+
+
+def _mask_tile(s: torch.Tensor, cmask, pmask, g: int, b: int) -> None:
+    """In place: s (B*Hkv, G*bq, bk) gets -inf where the causal or padding mask hides a key."""
+    if cmask is not None:
+        s.masked_fill_(cmask.repeat(g, 1), float("-inf"))  # (G*bq, bk) broadcast over batch*heads
+    if pmask is not None:
+        s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*G*bq, bk)
+
+
+def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    g = h // hkv
+    acc_dtype = _acc_dtype(q.dtype)
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device)
+    qg = q.view(b * hkv, g, nq, d)  # (B*Hkv, G, Nq, D): query heads grouped by their K/V head
+    kf = k.view(b * hkv, nk, d)  # (B*Hkv, Nk, D)
+    vf = v.view(b * hkv, nk, d)
+    out = torch.empty_like(q)  # (B, H, Nq, D)
+    outg = out.view(b * hkv, g, nq, d)
+    lse = torch.empty(b * hkv, g, nq, dtype=acc_dtype, device=q.device)  # (B*Hkv, G, Nq)
+    for i0 in range(0, nq, block_q):
+        i1 = min(i0 + block_q, nq)
+        bq = i1 - i0
+        qb = qg[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype) * scale  # (B*Hkv, G*bq, D)
+        m = torch.full((b * hkv, g * bq), float("-inf"), dtype=acc_dtype, device=q.device)  # running max
+        l = torch.zeros((b * hkv, g * bq), dtype=acc_dtype, device=q.device)  # running denominator
+        acc = torch.zeros((b * hkv, g * bq, d), dtype=acc_dtype, device=q.device)  # unnormalised O
+        for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
+            kb = kf[:, j0:j1].to(acc_dtype)  # (B*Hkv, bk, D)
+            vb = vf[:, j0:j1].to(acc_dtype)
+            s = torch.bmm(qb, kb.transpose(1, 2))  # (B*Hkv, G*bq, bk) logits, already scaled
+            _mask_tile(s, cmask, pmask, g, b)
+            m_new = torch.maximum(m, s.amax(dim=-1))  # (B*Hkv, G*bq)
+            m_use = m_new.masked_fill(m_new == float("-inf"), 0.0)  # no key seen yet: shift by 0, no NaN
+            s.sub_(m_use[..., None]).exp_()  # P~ = exp(S - m'), hidden keys -> 0
+            alpha = torch.exp(m - m_use)  # (B*Hkv, G*bq) rescale of the old state
+            l.mul_(alpha).add_(s.sum(dim=-1))
+            acc.mul_(alpha[..., None]).baddbmm_(s, vb)  # o~' = alpha o~ + P~ V
+            m = m_new
+        empty = l == 0  # rows with no visible key
+        outg[:, :, i0:i1] = (acc / l.masked_fill(empty, 1.0)[..., None]).view(b * hkv, g, bq, d)
+        m_use = m.masked_fill(empty, 0.0)
+        # empty rows: L = +inf so that the backward's exp(S - L) is exactly 0
+        lse[:, :, i0:i1] = (m_use + torch.log(l)).masked_fill(empty, float("inf")).view(b * hkv, g, bq)
+    return out, lse
+
+
+def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, block_k):
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    g = h // hkv
+    acc_dtype = _acc_dtype(q.dtype)
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device)
+    qg = q.view(b * hkv, g, nq, d)
+    og = out.view(b * hkv, g, nq, d)
+    dog = grad_out.view(b * hkv, g, nq, d)
+    kf = k.view(b * hkv, nk, d)
+    vf = v.view(b * hkv, nk, d)
+    dq = torch.empty(b * hkv, g, nq, d, dtype=q.dtype, device=q.device)  # (B*Hkv, G, Nq, D)
+    dk = torch.zeros(b * hkv, nk, d, dtype=acc_dtype, device=q.device)  # (B*Hkv, Nk, D)
+    dv = torch.zeros(b * hkv, nk, d, dtype=acc_dtype, device=q.device)
+    for i0 in range(0, nq, block_q):
+        i1 = min(i0 + block_q, nq)
+        bq = i1 - i0
+        qb = qg[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype) * scale  # (B*Hkv, G*bq, D) scaled
+        dob = dog[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)
+        ob = og[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)
+        delta = (dob * ob).sum(dim=-1)  # (B*Hkv, G*bq)  D_i = rowsum(dO * O)
+        lse_b = lse[:, :, i0:i1].reshape(b * hkv, g * bq)
+        dqb = torch.zeros(b * hkv, g * bq, d, dtype=acc_dtype, device=q.device)
+        for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
+            kb = kf[:, j0:j1].to(acc_dtype)  # (B*Hkv, bk, D)
+            vb = vf[:, j0:j1].to(acc_dtype)
+            p = torch.bmm(qb, kb.transpose(1, 2))  # (B*Hkv, G*bq, bk) = S
+            _mask_tile(p, cmask, pmask, g, b)
+            p.sub_(lse_b[..., None]).exp_()  # P = exp(S - L), recomputed
+            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), dob)  # dV_j += P^T dO
+            ds = torch.bmm(dob, vb.transpose(1, 2))  # (B*Hkv, G*bq, bk) = dP
+            ds.sub_(delta[..., None]).mul_(p)  # dS = P * (dP - D)
+            dqb.baddbmm_(ds, kb)  # dQ_i += dS K_j   (times scale below)
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qb)  # dK_j += dS^T (scale Q_i)
+        dq[:, :, i0:i1] = (dqb * scale).view(b * hkv, g, bq, d)
+    dq = dq.view(b, h, nq, d)
+    return dq, dk.view(b, hkv, nk, d).to(k.dtype), dv.view(b, hkv, nk, d).to(v.dtype)
+
+
+class FlashAttention(torch.autograd.Function):
+    """Tiled attention; saves q, k, v, O and the per-row log-sum-exp (no N x N tensor)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, key_padding_mask, scale, block_q, block_k):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        kpm = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
+        out, lse = _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.kpm, ctx.causal, ctx.scale, ctx.blocks = kpm, causal, scale, (block_q, block_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _flash_backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.kpm, ctx.scale, *ctx.blocks)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    scale: float | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    *,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+) -> torch.Tensor:
+    """Exact attention softmax(scale Q K^T + mask) V, tiled.  q (B, H, Nq, D), k/v (B, Hkv, Nk, D) -> (B, H, Nq, D).
+
+    Same conventions as ``torch.nn.functional.scaled_dot_product_attention`` (scale defaults to
+    1/sqrt(D)), plus end-aligned causality for Nq != Nk, a (B, Nk) key-padding mask (True = real
+    key) and grouped-query attention.
+    """
+    check_attention_inputs(q, k, v, key_padding_mask)
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return FlashAttention.apply(q, k, v, bool(causal), key_padding_mask, scale, int(block_q), int(block_k))
+
+
+def flash_attention_backend(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
+    """Backend "flash" for ``posttrain.ops.attention`` (the dispatch signature)."""
+    return flash_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
