@@ -105,12 +105,14 @@ def completion_logps(
     top_k: int | None = None,
     top_p: float | None = None,
     position_ids: torch.Tensor | None = None,
+    completion_mask: torch.Tensor | None = None,
     return_entropy: bool = False,
 ):
     """Token log-probs of ``input_ids[:, completion_start:]`` under ``model`` (one forward pass).
 
     The sequences are [left-padded prompt | completion]; positions before ``completion_start`` are the
     prompt. Returns (B, T_completion) log-probs under the warped distribution (and entropies if asked).
+    With ``completion_mask``, masked positions are 0 (a truncated-away pad token would otherwise be -inf).
     Works with posttrain's GPT and with Hugging Face causal LMs (same call signature).
     """
     if position_ids is None:
@@ -120,6 +122,8 @@ def completion_logps(
     labels = input_ids[:, completion_start:]
     warped = warp_logits(logits, temperature, top_k, top_p) if (temperature != 1.0 or top_k or top_p) else logits
     lp = token_logps(warped, labels)
+    if completion_mask is not None:
+        lp = torch.where(completion_mask.bool(), lp, torch.zeros_like(lp))
     if return_entropy:
         return lp, token_entropy(warped)
     return lp

@@ -1,0 +1,52 @@
+"""``posttrain eval CHECKPOINT --data FILE.jsonl``: accuracy of a checkpoint on {prompt, answer} lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NAME = "eval"
+HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (greedy by default)"
+
+
+def add_arguments(p):
+    p.add_argument("checkpoint", help="checkpoint directory (or a run directory holding model/)")
+    p.add_argument("--data", required=True, metavar="FILE.jsonl", help='lines {"prompt": ..., "answer": ...}')
+    p.add_argument("--out", metavar="DIR", help="write summary.json (accuracy, n) and completions.jsonl here")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
+    p.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate per answer (default 8)")
+    p.add_argument("--batch-size", type=int, default=256, help="prompts per generation batch (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed when temperature > 0")
+    p.add_argument("--show", type=int, default=5, help="sample completions to print (default 5)")
+
+
+def run(args) -> int:
+    import torch
+
+    from posttrain.data.io import atomic_write_jsonl
+    from posttrain.errors import UserError
+    from posttrain.evaluation import evaluate
+    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.trainers.common import write_summary
+    from posttrain.trainers.sft import load_pairs
+
+    if args.temperature < 0:
+        raise UserError(f"--temperature={args.temperature} must be >= 0")
+    if args.max_new_tokens < 1 or args.batch_size < 1:
+        raise UserError("--max-new-tokens and --batch-size must be >= 1")
+    pairs = load_pairs(args.data, "evaluation")
+    ckpt = load_checkpoint(args.checkpoint)
+    gen = torch.Generator().manual_seed(args.seed)
+    r = evaluate(ckpt.model, ckpt.tokenizer, [p for p, _ in pairs], [a for _, a in pairs],
+                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, batch_size=args.batch_size,
+                 generator=gen, keep_samples=len(pairs) if args.out else args.show)
+    print(f"accuracy: {r.accuracy:.4f} ({r.correct}/{r.n}) on {args.data} with {ckpt.path}")
+    for s in r.samples[: args.show]:
+        print(f"  {s['prompt']!r} -> {s['completion']!r}  {'ok' if s['correct'] else 'want ' + repr(s['answer'])}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_jsonl(out / "completions.jsonl", r.samples)
+        path = write_summary(out, {**r.summary(), "checkpoint": str(ckpt.path), "data": args.data,
+                                   "temperature": args.temperature})
+        print(f"summary: {path}")
+    return 0

@@ -1,0 +1,26 @@
+"""``posttrain sft``: supervised fine-tuning on the embedded task (or a JSONL of demonstrations)."""
+
+from __future__ import annotations
+
+from posttrain.cli._common import add_preset_flags, announce, resolve
+from posttrain.config import add_config_flags
+
+NAME = "sft"
+HELP = "supervised fine-tuning (completion-only loss) with checkpoints, resume and held-out eval"
+
+
+def add_arguments(p):
+    from posttrain.trainers.sft import PRESETS, SFTConfig
+
+    add_preset_flags(p, PRESETS)
+    p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR (a run dir or checkpoint dir)")
+    add_config_flags(p, SFTConfig)
+
+
+def run(args) -> int:
+    from posttrain.trainers.sft import PRESETS, SFTConfig, train_sft
+
+    cfg = resolve(SFTConfig, PRESETS, args)
+    announce(cfg, cfg.out)
+    train_sft(cfg, resume=args.resume)
+    return 0

@@ -1,0 +1,205 @@
+"""Batched sampling with a KV cache: G samples per prompt, left padding, EOS stop, sampling log-probs.
+
+Key insight: with a KV cache each new token costs one forward pass over ONE position (keys and values
+of the past are kept), instead of re-running the whole prefix; left padding lines every prompt up at
+the right edge so all rows decode in lock-step.
+
+For each step t, with warp = temperature -> top-k -> top-p (:func:`posttrain.losses.logprobs.warp_logits`):
+
+    y_t ~ softmax(warp(logits_t))            logps[t]     = log softmax(warp(logits_t))[y_t]
+                                             raw_logps[t] = log softmax(logits_t)[y_t]
+
+``logps`` are the log-probs of the distribution actually sampled from, so an RL importance ratio built
+on them is unbiased; recomputing them with a fresh forward pass over the finished sequences (same
+warp) gives the same numbers (tested). Greedy decoding (``temperature=0``) has a point-mass sampling
+distribution; its ``logps`` are the raw log-probs.
+
+Works with posttrain's :class:`~posttrain.models.gpt.GPT` (preallocated cache) and with Hugging Face
+causal LMs (their own cache), through the shared call signature.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.config import check_positive, knob
+from posttrain.errors import ConfigError
+from posttrain.losses.logprobs import warp_logits
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = knob(8, "tokens generated per sample at most (EOS stops earlier)")
+    temperature: float = knob(1.0, "softmax temperature; 0 = greedy")
+    top_k: int | None = knob(None, "keep the k most likely tokens (None = all)")
+    top_p: float | None = knob(None, "nucleus: keep the smallest set with this much probability (None = 1)")
+    num_samples: int = knob(1, "samples per prompt (the G of GRPO)")
+
+    def __post_init__(self):
+        check_positive("max_new_tokens", self.max_new_tokens)
+        check_positive("num_samples", self.num_samples)
+        if self.temperature < 0:
+            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k={self.top_k} must be >= 1 or None")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Generation:
+    """Output of :func:`generate`; rows are prompt-major (the G samples of prompt i are rows iG..iG+G-1)."""
+
+    sequences: torch.Tensor  # (N, P + T) [left-padded prompt | completion, pad after EOS]
+    attention_mask: torch.Tensor  # (N, P + T) 1 on real prompt tokens and generated tokens up to EOS
+    completion_ids: torch.Tensor  # (N, T)
+    completion_mask: torch.Tensor  # (N, T) 1 for generated tokens, EOS included, 0 after it
+    logps: torch.Tensor  # (N, T) log-probs under the sampling distribution (0 where masked)
+    raw_logps: torch.Tensor  # (N, T) log-probs under the untempered, untruncated model (0 where masked)
+    truncated: torch.Tensor  # (N,) bool: hit max_new_tokens without EOS
+    prompt_index: torch.Tensor  # (N,) which prompt each row samples
+    prompt_length: int  # P
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        return (self.attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[[5, 6], [7]] -> ids [[5, 6], [pad, 7]], mask [[1, 1], [0, 1]]."""
+    if not prompts:
+        raise ValueError("no prompts to generate from")
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("empty prompt: every prompt needs at least one token (e.g. BOS)")
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _make_cache(model, batch: int, max_len: int):
+    from posttrain.models.gpt import GPT
+
+    return model.make_cache(batch, max_len) if isinstance(model, GPT) else None
+
+
+def cache_kwarg(model) -> str:
+    """``cache`` (posttrain, transformers >= 5.2x) or ``past_key_values`` (older transformers)."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(out):
+    c = getattr(out, "cache", None)
+    return c if c is not None else getattr(out, "past_key_values", None)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    prompts: list[list[int]],
+    *,
+    pad_id: int,
+    eos_id: int | None,
+    cfg: SamplingConfig | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Generation:
+    """Sample ``cfg.num_samples`` completions for each prompt (token-id lists, BOS included if wanted).
+
+    ``generator`` makes sampling reproducible and independent of the global RNG. ``use_cache=False``
+    recomputes the full prefix every step (the slow oracle the cache is tested against).
+    """
+    cfg = cfg or SamplingConfig()
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id, device)  # (B, P)
+    G = cfg.num_samples
+    ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # (N, P)
+    N, P = ids.shape
+    T = cfg.max_new_tokens
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # (N, P)
+    next_pos = pos[:, -1] + 1  # (N,)
+
+    out_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)
+    out_mask = torch.zeros((N, T), dtype=torch.long, device=device)
+    logps = torch.zeros((N, T), dtype=torch.float32, device=device)
+    raw_logps = torch.zeros((N, T), dtype=torch.float32, device=device)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+
+    cache = _make_cache(model, N, P + T) if use_cache else None
+    ckw = cache_kwarg(model)
+    full_mask = mask
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=use_cache, **{ckw: cache})
+    cache = _cache_of(out) if use_cache else None
+    logits = out.logits[:, -1].float()  # (N, V)
+    steps = 0
+    for t in range(T):
+        raw = torch.log_softmax(logits, dim=-1)  # (N, V)
+        if cfg.greedy:
+            tok = logits.argmax(-1)  # (N,)
+            lp_all = raw
+        else:
+            lp_all = torch.log_softmax(warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p), dim=-1)
+            tok = torch.multinomial(lp_all.exp(), 1, generator=generator).squeeze(-1)  # (N,)
+        live = ~done
+        tok = torch.where(live, tok, torch.full_like(tok, pad_id))
+        out_ids[:, t] = tok
+        out_mask[:, t] = live.long()
+        logps[:, t] = torch.where(live, lp_all.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+        raw_logps[:, t] = torch.where(live, raw.gather(-1, tok[:, None]).squeeze(-1), 0.0)
+        if eos_id is not None:
+            done = done | (live & (tok == eos_id))
+        steps = t + 1
+        if bool(done.all()) or t == T - 1:
+            break
+        full_mask = torch.cat([full_mask, live.long()[:, None]], dim=1)  # (N, P + t + 1)
+        if use_cache:
+            out = model(input_ids=tok[:, None], attention_mask=full_mask, position_ids=next_pos[:, None],
+                        use_cache=True, **{ckw: cache})
+            cache = _cache_of(out)
+        else:
+            seq = torch.cat([ids, out_ids[:, : t + 1]], dim=1)
+            allpos = torch.cat([pos, next_pos[:, None] - t + torch.arange(t + 1, device=device)], dim=1)
+            out = model(input_ids=seq, attention_mask=full_mask, position_ids=allpos)
+        next_pos = next_pos + 1
+        logits = out.logits[:, -1].float()
+
+    out_ids, out_mask = out_ids[:, :steps], out_mask[:, :steps]
+    logps, raw_logps = logps[:, :steps], raw_logps[:, :steps]
+    ended = (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
+    model.train(was_training)
+    return Generation(
+        sequences=torch.cat([ids, out_ids], dim=1),
+        attention_mask=torch.cat([mask, out_mask], dim=1),
+        completion_ids=out_ids,
+        completion_mask=out_mask,
+        logps=logps,
+        raw_logps=raw_logps,
+        truncated=~ended.any(-1),
+        prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(G),
+        prompt_length=P,
+    )
+
+
+def decode_completions(tokenizer, gen: Generation) -> list[str]:
+    """Text of each completion, up to (not including) EOS."""
+    texts = []
+    for row, m in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist()):
+        toks = [t for t, keep in zip(row, m) if keep and t != tokenizer.eos_id]
+        texts.append(tokenizer.decode(toks))
+    return texts

@@ -1,0 +1,128 @@
+"""The embedded default task: verifiable integer arithmetic, ``"37+48="`` -> ``"85"``.
+
+Why this task: the answer is checkable exactly (a verifier, no reward model needed), problems are
+free to generate, and a tiny model can learn it on 2 CPU cores in minutes.
+
+The design leaves SFT an honest gap that RL and preference learning can close. Demonstrations are
+expensive and prompts are cheap, so by default SFT sees only ``num_demos`` worked answers (a few
+hundred), while RL may draw any number of *prompts* from the training split and learns from the
+verifier's reward alone. Memorising a few hundred sums does not teach carrying; many verified
+attempts can.
+
+Train / held-out split: by a stable hash of the problem text (blake2b, not Python's salted ``hash``),
+so a problem is in exactly one split whatever the sampling order, seed or machine; the split can never
+overlap. The problem space is enumerated (all operand pairs of the configured size and every
+operator), so "held-out" means *never seen in any form* during training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass
+from functools import cached_property
+
+from posttrain.config import check_positive, knob
+from posttrain.errors import ConfigError
+
+ALPHABET = "0123456789+-="
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
+
+
+@dataclass
+class ArithmeticConfig:
+    digits: int = knob(2, "operands are integers in [0, 10**digits)")
+    ops: str = knob("+-", "operators to use, from '+-'")
+    heldout_fraction: float = knob(0.1, "fraction of the problem space held out (by stable hash)")
+    num_demos: int = knob(256, "SFT demonstrations (prompt + answer) drawn from the train split")
+    num_eval: int = knob(256, "held-out problems used for evaluation")
+    seed: int = knob(0, "seed for choosing demonstrations and evaluation problems")
+
+    def __post_init__(self):
+        check_positive("task.digits", self.digits)
+        if self.digits > 4:
+            raise ConfigError("task.digits must be <= 4 (the problem space is enumerated)")
+        if not self.ops or any(o not in _OPS for o in self.ops) or len(set(self.ops)) != len(self.ops):
+            raise ConfigError(f"task.ops={self.ops!r}: use a non-empty subset of '+-'")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ConfigError("task.heldout_fraction must be in (0, 1)")
+        check_positive("task.num_demos", self.num_demos)
+        check_positive("task.num_eval", self.num_eval)
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt: str  # "37+48="
+    answer: str  # "85"
+
+    def to_dict(self) -> dict:
+        return {"prompt": self.prompt, "answer": self.answer}
+
+
+def stable_fraction(text: str) -> float:
+    """A number in [0, 1) fixed by ``text`` alone (blake2b), identical on every machine and process."""
+    h = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def is_heldout(prompt: str, fraction: float) -> bool:
+    return stable_fraction("arithmetic-split:" + prompt) < fraction
+
+
+def verify(completion: str, answer: str) -> bool:
+    """Exact match after stripping surrounding whitespace: "85" vs "85" -> True, "085" -> False."""
+    return completion.strip() == answer.strip()
+
+
+class ArithmeticTask:
+    """All problems of the configured size, split by stable hash; sampling helpers for each stage."""
+
+    alphabet = ALPHABET
+
+    def __init__(self, cfg: ArithmeticConfig | None = None):
+        self.cfg = cfg or ArithmeticConfig()
+
+    @cached_property
+    def _splits(self) -> tuple[list[Problem], list[Problem]]:
+        n = 10**self.cfg.digits
+        train, heldout = [], []
+        for op in self.cfg.ops:
+            f = _OPS[op]
+            for a in range(n):
+                for b in range(n):
+                    p = Problem(f"{a}{op}{b}=", str(f(a, b)))
+                    (heldout if is_heldout(p.prompt, self.cfg.heldout_fraction) else train).append(p)
+        if len(heldout) < self.cfg.num_eval:
+            raise ConfigError(f"task.num_eval={self.cfg.num_eval} exceeds the {len(heldout)} held-out problems")
+        if len(train) < self.cfg.num_demos:
+            raise ConfigError(f"task.num_demos={self.cfg.num_demos} exceeds the {len(train)} training problems")
+        return train, heldout
+
+    @property
+    def train_problems(self) -> list[Problem]:
+        return self._splits[0]
+
+    @property
+    def heldout_problems(self) -> list[Problem]:
+        return self._splits[1]
+
+    def demonstrations(self) -> list[Problem]:
+        """The ``num_demos`` SFT examples: a seeded sample of the train split (the only answers SFT sees)."""
+        return random.Random(f"demos:{self.cfg.seed}").sample(self.train_problems, self.cfg.num_demos)
+
+    def eval_problems(self) -> list[Problem]:
+        """A fixed seeded sample of ``num_eval`` held-out problems."""
+        return random.Random(f"eval:{self.cfg.seed}").sample(self.heldout_problems, self.cfg.num_eval)
+
+    def rl_prompts(self) -> list[Problem]:
+        """Every training problem: RL sees the prompts and scores completions with the verifier."""
+        return list(self.train_problems)
+
+    @property
+    def max_prompt_len(self) -> int:
+        return 2 * self.cfg.digits + 2
+
+    @property
+    def max_answer_len(self) -> int:
+        return self.cfg.digits + 1

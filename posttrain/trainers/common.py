@@ -1,0 +1,128 @@
+"""Loop pieces every trainer shares: optimizer, LR schedule, metrics logging, run directory set-up.
+
+- ``lr_at(step)``: linear warmup to the peak, then cosine decay to ``min_lr_ratio * peak``. A pure function
+  of the step, so resuming needs no scheduler state.
+- ``MetricsLogger``: one JSON line per step in ``metrics.jsonl`` (and TensorBoard when asked and installed);
+  on resume, lines past the resumed step are dropped first, so the file reads like one uninterrupted run.
+- ``make_optimizer``: AdamW with weight decay on matrices (linear and embedding weights), none on biases and norms:
+  the usual GPT recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from posttrain import config as C
+from posttrain.data.io import atomic_write_json
+
+
+def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
+    """LR for optimizer step ``step`` (0-based): warmup 1/w..1, then cosine to min_ratio over the rest."""
+    if warmup > 0 and step < warmup:
+        return peak * (step + 1) / warmup
+    span = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / span)
+    return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas=(0.9, 0.95), eps: float = 1e-8):
+    decay, no_decay, seen = [], [], set()
+    for name, p in model.named_parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=True)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm and max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+
+
+class MetricsLogger:
+    """Append-only ``metrics.jsonl`` (+ optional TensorBoard)."""
+
+    def __init__(self, out_dir: str | Path, kind: str = "jsonl", resume_step: int | None = None):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            self.path.write_text("".join(ln + "\n" for ln in kept))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()  # a fresh run starts a fresh log
+        self._fh = open(self.path, "a", encoding="utf-8")
+        self._tb = None
+        if kind == "tensorboard":
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                print("warning: --logger tensorboard needs the tensorboard package; logging to metrics.jsonl only")
+            else:
+                self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        rec = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self._fh.write(json.dumps(rec) + "\n")
+        self._fh.flush()
+        if self._tb is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _plain(v):
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    return v
+
+
+def prepare_run_dir(out: str | Path, cfg, resume: bool) -> Path:
+    """Create ``out`` and save the resolved config there (``config.resolved.yaml`` and ``.json``)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.resolved.yaml").write_text(C.dump_yaml(cfg))
+    atomic_write_json(out / "config.resolved.json", C.to_dict(cfg))
+    return out
+
+
+def write_summary(out: str | Path, summary: dict) -> Path:
+    path = Path(out) / "summary.json"
+    atomic_write_json(path, {k: _plain(v) for k, v in summary.items()})
+    return path
+
+
+def set_threads(n: int | None) -> None:
+    if n:
+        torch.set_num_threads(n)
+    elif os.environ.get("OMP_NUM_THREADS") is None:
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))

@@ -1,0 +1,48 @@
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.errors import ConfigError
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction, verify
+
+
+def test_split_is_a_partition_of_the_problem_space():
+    t = ArithmeticTask(ArithmeticConfig(digits=2))
+    train = {p.prompt for p in t.train_problems}
+    held = {p.prompt for p in t.heldout_problems}
+    assert not train & held
+    assert len(train) + len(held) == 2 * 100 * 100
+    assert 0.08 < len(held) / 20000 < 0.12
+    assert {p.prompt for p in t.demonstrations()} <= train
+    assert {p.prompt for p in t.eval_problems()} <= held
+
+
+def test_answers_are_correct():
+    t = ArithmeticTask(ArithmeticConfig(digits=2, num_demos=50))
+    for p in t.demonstrations():
+        a, op, b = p.prompt[:-1].partition("+") if "+" in p.prompt else p.prompt[:-1].partition("-")
+        assert int(p.answer) == (int(a) + int(b) if op == "+" else int(a) - int(b))
+
+
+def test_split_is_stable_across_processes():
+    code = "from posttrain.tasks.arithmetic import stable_fraction; print(stable_fraction('37+48='))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert float(out) == stable_fraction("37+48=")
+
+
+def test_demos_depend_on_seed_only():
+    a = ArithmeticTask(ArithmeticConfig(seed=1)).demonstrations()
+    b = ArithmeticTask(ArithmeticConfig(seed=1)).demonstrations()
+    c = ArithmeticTask(ArithmeticConfig(seed=2)).demonstrations()
+    assert a == b and a != c
+
+
+def test_verify():
+    assert verify(" 85 ", "85") and not verify("085", "85") and not verify("8", "85")
+
+
+@pytest.mark.parametrize("kw", [{"digits": 0}, {"ops": "*"}, {"heldout_fraction": 1.5}, {"num_demos": 0}])
+def test_bad_config(kw):
+    with pytest.raises(ConfigError):
+        ArithmeticConfig(**kw)
