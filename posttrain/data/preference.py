@@ -1,0 +1,241 @@
+"""Preference data: JSONL loaders for pairs and for KTO's labelled completions, and their collate functions.
+
+Key insight: one tensor layout serves the reward model and every DPO-family loss. Each sequence is
+``[left-padded prompt | right-padded completion]`` with the completion starting at one column P for the
+whole batch, and chosen rows stacked on top of rejected rows:
+
+    input_ids       (2B, P + C)   rows 0..B-1 = prompt_i + chosen_i, rows B..2B-1 = prompt_i + rejected_i
+    attention_mask  (2B, P + C)   1 on real tokens
+    completion_mask (2B, C)       1 on completion tokens (the ones whose log-probs count), 0 on padding
+    completion_start = P
+
+so ``completion_logps(model, input_ids, attention_mask, P, completion_mask=...)`` then
+``sequence_logps(lp, completion_mask)`` gives per-sequence log-probs that exclude prompt and padding,
+``completion_mask.sum(-1)`` gives |y| for SimPO/R-DPO/IPO, and a reward model reads the last real
+token (the completion's EOS). One forward pass covers chosen and rejected.
+
+Files:
+    pairs: {"prompt": str, "chosen": str, "rejected": str, "margin": float (optional)}
+    KTO:   {"prompt": str, "completion": str, "label": true | false (or 1 | 0)}
+Errors name the file, the line and the field. Not handled here: chat templates (the prompt is used
+as given), multi-turn conversations, rankings of k > 2 responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from posttrain.data.io import BadLinePolicy, ReadStats, iter_jsonl
+from posttrain.errors import DataError
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+KTO_FIELDS = ("prompt", "completion", "label")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    prompt: str
+    chosen: str
+    rejected: str
+    margin: float | None = None
+
+
+@dataclass(frozen=True)
+class KTOExample:
+    prompt: str
+    completion: str
+    label: bool  # True = desirable
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def _check_str(rec: dict, fields: Sequence[str]) -> str | None:
+    for f in fields:
+        if not isinstance(rec[f], str):
+            return f"field {f!r} must be a string, got {type(rec[f]).__name__}"
+    return None
+
+
+def _load(path, fields, validate, on_bad_line: BadLinePolicy, stats: ReadStats | None, allow_empty: bool):
+    stats = stats if stats is not None else ReadStats()
+    out = []
+    for line_no, rec in iter_jsonl(path, on_bad_line=on_bad_line, stats=stats, required=fields):
+        item, reason = validate(path, line_no, rec)
+        if reason is not None:
+            if on_bad_line == "error":
+                raise DataError(f"{path}:{line_no}: {reason}")
+            stats.records -= 1
+            stats.bad_lines.append((line_no, reason))
+            continue
+        out.append(item)
+    if not out and not allow_empty:
+        raise DataError(f"{path}: no usable records (needs fields {', '.join(fields)})")
+    return out
+
+
+def _validate_pair(path, line_no, rec):
+    reason = _check_str(rec, PAIR_FIELDS)
+    if reason is not None:
+        return None, reason
+    if rec["chosen"] == rec["rejected"]:
+        return None, "'chosen' and 'rejected' are identical (the pair carries no preference)"
+    margin = rec.get("margin")
+    if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
+        return None, f"field 'margin' must be a number, got {type(margin).__name__}"
+    return PreferencePair(rec["prompt"], rec["chosen"], rec["rejected"], None if margin is None else float(margin)), None
+
+
+def _validate_kto(path, line_no, rec):
+    reason = _check_str(rec, ("prompt", "completion"))
+    if reason is not None:
+        return None, reason
+    label = rec["label"]
+    if label in (True, False) or (isinstance(label, int) and label in (0, 1)):
+        return KTOExample(rec["prompt"], rec["completion"], bool(label)), None
+    return None, f"field 'label' must be true/false (or 1/0), got {label!r}"
+
+
+def load_preference_pairs(
+    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False
+) -> list[PreferencePair]:
+    """Read ``{"prompt", "chosen", "rejected"[, "margin"]}`` lines. A bad line raises a DataError naming
+    ``file:line`` and the field (or, with ``on_bad_line="skip"``, is counted in ``stats.bad_lines``)."""
+    return _load(path, PAIR_FIELDS, _validate_pair, on_bad_line, stats, allow_empty)
+
+
+def load_kto_examples(
+    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False
+) -> list[KTOExample]:
+    """Read ``{"prompt", "completion", "label"}`` lines (label true = desirable); errors as for pairs."""
+    return _load(path, KTO_FIELDS, _validate_kto, on_bad_line, stats, allow_empty)
+
+
+def pairs_to_kto(pairs: Sequence[PreferencePair]) -> list[KTOExample]:
+    """Each pair becomes a desirable and an undesirable example: [(p, c, True), (p, r, False), ...]."""
+    return [ex for p in pairs for ex in (KTOExample(p.prompt, p.chosen, True), KTOExample(p.prompt, p.rejected, False))]
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenising and padding
+
+
+def _pad_id(tokenizer) -> int:
+    for i in (tokenizer.pad_id, tokenizer.eos_id):
+        if i is not None:
+            return int(i)
+    return 0  # padding positions are masked out, so any id works
+
+
+def encode_prompt(tokenizer, prompt: str, add_bos: bool = True, max_prompt_length: int | None = None) -> list[int]:
+    """[bos] + encode(prompt), keeping the last ``max_prompt_length`` tokens (the end is what matters)."""
+    ids = list(tokenizer.encode(prompt))
+    if add_bos and tokenizer.bos_id is not None:
+        ids = [int(tokenizer.bos_id)] + ids
+    if max_prompt_length is not None and len(ids) > max_prompt_length:
+        ids = ids[len(ids) - max_prompt_length :]
+    return ids
+
+
+def encode_completion(
+    tokenizer, completion: str, add_eos: bool = True, max_completion_length: int | None = None
+) -> list[int]:
+    """encode(completion) + [eos], keeping the first ``max_completion_length`` tokens."""
+    ids = list(tokenizer.encode(completion))
+    if add_eos and tokenizer.eos_id is not None:
+        ids = ids + [int(tokenizer.eos_id)]
+    if max_completion_length is not None:
+        ids = ids[:max_completion_length]
+    return ids
+
+
+def pack_prompt_completion(
+    prompts: Sequence[list[int]], completions: Sequence[list[int]], pad_id: int
+) -> dict[str, torch.Tensor | int]:
+    """Lay out [left-padded prompt | right-padded completion] rows (see the module docstring).
+
+    Example: prompts [[1, 5], [1]], completions [[7, 2], [8, 9, 2]], pad 0 ->
+    input_ids [[1, 5, 7, 2, 0], [0, 1, 8, 9, 2]], completion_mask [[1, 1, 0], [1, 1, 1]], completion_start 2.
+    """
+    if len(prompts) != len(completions) or not prompts:
+        raise ValueError("need the same, non-zero number of prompts and completions")
+    if any(len(c) == 0 for c in completions):
+        raise DataError("a completion is empty after tokenisation (nothing to score)")
+    if any(len(p) == 0 for p in prompts):
+        raise DataError("a prompt is empty after tokenisation; add a BOS token or a prompt text")
+    P = max(len(p) for p in prompts)
+    C = max(len(c) for c in completions)
+    n = len(prompts)
+    input_ids = torch.full((n, P + C), pad_id, dtype=torch.long)  # (N, P+C)
+    attention_mask = torch.zeros((n, P + C), dtype=torch.long)
+    completion_mask = torch.zeros((n, C), dtype=torch.long)  # (N, C)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
+        attention_mask[i, P - len(p) : P + len(c)] = 1
+        completion_mask[i, : len(c)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask, "completion_start": P}
+
+
+def collate_preference(
+    pairs: Sequence[PreferencePair],
+    tokenizer,
+    *,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    add_bos: bool = True,
+    add_eos: bool = True,
+) -> dict[str, torch.Tensor | int]:
+    """Tokenise B pairs into one (2B, P + C) batch: chosen rows first, then rejected rows.
+
+    Returns ``input_ids``, ``attention_mask``, ``completion_mask``, ``completion_start`` (see the module
+    docstring), ``chosen_lengths`` and ``rejected_lengths`` (B,) completion token counts, and ``margin``
+    (B,) when every pair has one. ``tokenizer`` follows ``posttrain.tokenizers.base.Tokenizer``.
+    """
+    if not pairs:
+        raise ValueError("collate_preference needs at least one pair")
+    prompts = [encode_prompt(tokenizer, p.prompt, add_bos, max_prompt_length) for p in pairs]
+    chosen = [encode_completion(tokenizer, p.chosen, add_eos, max_completion_length) for p in pairs]
+    rejected = [encode_completion(tokenizer, p.rejected, add_eos, max_completion_length) for p in pairs]
+    batch = pack_prompt_completion(prompts + prompts, chosen + rejected, _pad_id(tokenizer))
+    lengths = batch["completion_mask"].sum(-1)  # (2B,)
+    B = len(pairs)
+    batch["chosen_lengths"], batch["rejected_lengths"] = lengths[:B], lengths[B:]
+    if all(p.margin is not None for p in pairs):
+        batch["margin"] = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
+    return batch
+
+
+def collate_kto(
+    examples: Sequence[KTOExample],
+    tokenizer,
+    *,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    add_bos: bool = True,
+    add_eos: bool = True,
+) -> dict[str, torch.Tensor | int]:
+    """Tokenise B labelled completions, plus the mismatched batch KTO's KL reference point needs.
+
+    Returns ``input_ids``, ``attention_mask``, ``completion_mask``, ``completion_start``, ``labels`` (B,)
+    bool, and the same four layout keys prefixed ``kl_`` for (prompt_i, completion_{(i+1) mod B}):
+    pairs that are not answers to their prompts, whose log-ratio averages to an estimate of
+    KL(pi || pi_ref) (Ethayarajh et al. 2024, Section 4). A batch of one has no mismatched pair, so its
+    KL batch reuses the matched one.
+    """
+    if not examples:
+        raise ValueError("collate_kto needs at least one example")
+    prompts = [encode_prompt(tokenizer, e.prompt, add_bos, max_prompt_length) for e in examples]
+    comps = [encode_completion(tokenizer, e.completion, add_eos, max_completion_length) for e in examples]
+    pad = _pad_id(tokenizer)
+    batch = pack_prompt_completion(prompts, comps, pad)
+    batch["labels"] = torch.tensor([e.label for e in examples], dtype=torch.bool)
+    shifted = comps[1:] + comps[:1]
+    kl = pack_prompt_completion(prompts, shifted, pad)
+    batch.update({f"kl_{k}": v for k, v in kl.items()})
+    return batch
