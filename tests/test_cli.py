@@ -1,0 +1,76 @@
+"""CLI smoke runs and user-error handling: a clear one-line error and exit status 2, never a traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from posttrain.cli import main
+
+TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false",
+        "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.digits", "1",
+        "--task.num-demos", "20", "--task.num-eval", "8"]
+
+
+def test_help_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "posttrain", "--help"], capture_output=True, text=True, check=True).stdout
+    for cmd in ("sft", "eval", "demo"):
+        assert cmd in out
+
+
+def test_sft_then_eval(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["sft", "--preset", "tiny", "--out", str(run), *TINY]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert 0.0 <= summary["heldout_accuracy"] <= 1.0
+    assert (run / "config.resolved.yaml").is_file()
+    data = tmp_path / "e.jsonl"
+    data.write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": "4+4=", "answer": 8}\n')
+    assert main(["eval", str(run), "--data", str(data), "--out", str(tmp_path / "ev")]) == 0
+    s = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert s["n"] == 2 and 0 <= s["accuracy"] <= 1
+    assert len((tmp_path / "ev" / "completions.jsonl").read_text().splitlines()) == 2
+    assert "accuracy:" in capsys.readouterr().out
+
+
+def test_config_file_overrides_preset(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("steps: 2\nmodel:\n  n_layer: 1\n")
+    run = tmp_path / "r"
+    assert main(["sft", "--config", str(cfg), "--out", str(run), *TINY[2:]]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["sft", "--preset", "huge"], "unknown preset 'huge'"),
+        (["sft", "--steps", "abc"], "steps='abc' is not a valid int"),
+        (["sft", "--steps", "0"], "steps=0 must be > 0"),
+        (["sft", "--model.attn-backend", "nope"], "model.attn_backend='nope' is not valid"),
+        (["sft", "--config", "/nonexistent.yaml"], "config file not found"),
+        (["eval", "/nonexistent", "--data", "x.jsonl"], "not found"),
+    ],
+)
+def test_user_errors_are_one_line(argv, message, capsys, tmp_path):
+    argv = [a if a != "x.jsonl" else str(tmp_path / "x.jsonl") for a in argv]
+    if argv[0] == "sft":
+        argv += ["--out", str(tmp_path / "o"), "--progress", "false"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+def test_eval_bad_data_file(tmp_path, capsys):
+    run = tmp_path / "run"
+    main(["sft", "--out", str(run), *TINY])
+    capsys.readouterr()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\nnot json\n')
+    assert main(["eval", str(run), "--data", str(bad)]) == 2
+    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["eval", str(run), "--data", str(empty)]) == 2
+    assert "empty" in capsys.readouterr().err

@@ -1,0 +1,112 @@
+import json
+
+import pytest
+import torch
+
+from posttrain.errors import UserError
+from posttrain.models.gpt import GPTConfig
+from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.trainers.checkpoint import load_checkpoint, resolve_checkpoint
+from posttrain.trainers.common import lr_at
+from posttrain.trainers.sft import SFTConfig, batch_indices, sft_loss, train_sft
+
+
+def tiny_cfg(out, **kw):
+    base = dict(out=str(out), steps=6, batch_size=8, eval_every=0, save_every=3, warmup_steps=2, progress=False,
+                model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+                task=ArithmeticConfig(digits=1, num_demos=20, num_eval=8))
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def test_loss_is_invariant_to_micro_batching(tiny_gpt):
+    torch.manual_seed(0)
+    ids = torch.randint(3, 17, (6, 9))
+    mask = torch.zeros_like(ids)
+    for i, start in enumerate([3, 4, 5, 6, 3, 7]):  # uneven completion lengths
+        mask[i, start:] = 1
+    n_tok = int(mask[:, 1:].sum())
+
+    def grads(splits):
+        tiny_gpt.zero_grad()
+        total = 0.0
+        for sl in splits:
+            loss = sft_loss(tiny_gpt, ids[sl], mask[sl], n_tok)
+            loss.backward()
+            total += loss.item()
+        return total, [p.grad.clone() for p in tiny_gpt.parameters()]
+
+    full, g_full = grads([slice(0, 6)])
+    parts, g_parts = grads([slice(0, 1), slice(1, 4), slice(4, 6)])
+    assert abs(full - parts) < 1e-5
+    for a, b in zip(g_full, g_parts):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_batches_are_a_function_of_step():
+    a = [batch_indices(10, 4, s, seed=3).tolist() for s in range(6)]
+    b = [batch_indices(10, 4, s, seed=3).tolist() for s in range(6)]
+    assert a == b
+    flat = sum(a, [])
+    assert sorted(flat[:10]) == list(range(10))  # the first epoch visits every example once
+    assert batch_indices(10, 4, 0, seed=4).tolist() != a[0]
+
+
+def test_lr_schedule():
+    assert lr_at(0, 1.0, 4, 100) == 0.25 and lr_at(3, 1.0, 4, 100) == 1.0
+    assert abs(lr_at(100, 1.0, 4, 100, 0.1) - 0.1) < 1e-9
+    assert lr_at(50, 1.0, 4, 100) < lr_at(10, 1.0, 4, 100)
+
+
+def test_run_writes_outputs_and_resume_is_bitwise(tmp_path):
+    full = train_sft(tiny_cfg(tmp_path / "full"))
+    assert (tmp_path / "full" / "summary.json").is_file() and "heldout_accuracy" in full
+    lines = (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in lines] == [1, 2, 3, 4, 5, 6]
+
+    # an interrupted run: stops after step 3's checkpoint (steps=3 then resume to 6 with the same schedule)
+    part_dir = tmp_path / "part"
+    train_sft(tiny_cfg(part_dir, steps=6, save_every=3), resume=None)
+    ckpt3 = part_dir / "checkpoints" / "step-00000003"
+    assert ckpt3.is_dir()
+    resumed_dir = tmp_path / "resumed"
+    import shutil
+
+    shutil.copytree(ckpt3, resumed_dir / "checkpoints" / "step-00000003")
+    (resumed_dir / "checkpoints" / "latest").write_text("step-00000003\n")
+    train_sft(tiny_cfg(resumed_dir), resume=str(resumed_dir))
+    a = load_checkpoint(tmp_path / "full").model.state_dict()
+    b = load_checkpoint(resumed_dir).model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    steps = [json.loads(ln)["step"] for ln in (resumed_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4, 5, 6]
+
+
+def test_checkpoint_contents_and_safe_loading(tmp_path):
+    train_sft(tiny_cfg(tmp_path / "r", steps=3, save_every=0))
+    d = resolve_checkpoint(tmp_path / "r")
+    assert {p.name for p in d.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json",
+                                             "trainer_state.json", "optimizer.pt", "rng.pt"}
+    ck = load_checkpoint(d, with_training_state=True)
+    assert ck.step == 3 and "state" in ck.optimizer_state
+
+
+def test_resume_errors(tmp_path):
+    with pytest.raises(UserError, match="not found"):
+        train_sft(tiny_cfg(tmp_path / "x"), resume=str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="holds no checkpoint"):
+        train_sft(tiny_cfg(tmp_path / "x"), resume=str(tmp_path / "empty"))
+
+
+def test_user_data_files(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(10)))
+    s = train_sft(tiny_cfg(tmp_path / "u", steps=2, data=str(data), eval_data=str(data)))
+    assert s["num_demos"] == 10 and s["heldout_n"] == 10
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1="}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:1: missing field 'answer'"):
+        train_sft(tiny_cfg(tmp_path / "u2", data=str(bad)))
