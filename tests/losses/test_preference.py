@@ -177,9 +177,14 @@ def test_kto_hand_value():
 
 
 def test_kto_reference_point_gets_no_gradient():
+    # z0 is a detached batch estimate (TRL and the paper): the KL pairs' log-probs receive no gradient
     pk = t(-1.0, -2.0).requires_grad_()
-    loss, _ = kto_loss(policy_logps=t(-1, -3), ref_logps=t(-2, -2), labels=torch.tensor([True, False]), policy_kl_logps=pk, ref_kl_logps=t(-2, -3))
-    assert not loss.requires_grad or torch.autograd.grad(loss, pk, allow_unused=True)[0] is None
+    pl = t(-1, -3).requires_grad_()
+    loss, _ = kto_loss(policy_logps=pl, ref_logps=t(-2, -2), labels=torch.tensor([True, False]), policy_kl_logps=pk, ref_kl_logps=t(-2, -3))
+    g_pl, g_pk = torch.autograd.grad(loss, [pl, pk], allow_unused=True)
+    assert g_pk is None
+    # desirable: d/dr (1 - sigma(r - z0)) / 2 < 0 (raise it); undesirable: d/dr (1 - sigma(z0 - r)) / 2 > 0 (lower it)
+    assert g_pl[0] < 0 < g_pl[1]
 
 
 # ---------------------------------------------------------------------------------------------
