@@ -1,0 +1,122 @@
+"""Reward functions by name, and their weighted sum.
+
+Key insight: a reward is a plain function ``fn(prompts, completions, **columns) -> list[float]``; the trainer
+only ever sees one such function, the weighted sum ``R = sum_k w_k * fn_k``, and logs each component.
+
+``REWARD_FUNCTIONS`` maps a name to a *factory* taking keyword options (unknown options are ignored, so one
+options dict can serve several rewards) and returning the reward function:
+
+    REWARD_FUNCTIONS["math"]()                                  -> math_answer_reward
+    REWARD_FUNCTIONS["overlength"](max_length=64, buffer=16)     -> a DAPO over-length penalty
+    build_reward("math:1.0,format:0.1")                          -> WeightedReward
+
+The reward-model reward is registered by the preference/RM module (``register_reward``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Protocol
+
+from posttrain.errors import ConfigError, UserError
+from posttrain.rewards.verifiers import (
+    exact_match_reward,
+    make_code_reward,
+    make_format_reward,
+    make_overlength_penalty,
+    math_answer_reward,
+)
+
+
+class RewardFunction(Protocol):
+    def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float]: ...
+
+
+def _exact_match(**_):
+    return exact_match_reward
+
+
+def _math(backend: str = "auto", **_):
+    if backend == "auto":
+        return math_answer_reward
+
+    def math_reward(prompts, completions, **columns):
+        return math_answer_reward(prompts, completions, **{**columns, "backend": backend})
+
+    return math_reward
+
+
+REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunction]] = {
+    "exact_match": _exact_match,
+    "math": _math,
+    "format": make_format_reward,
+    "overlength": make_overlength_penalty,
+    "code": make_code_reward,
+}
+
+
+def register_reward(name: str, factory: Callable[..., RewardFunction]) -> None:
+    """Add a reward factory under ``name`` (e.g. the reward-model reward); refuses to overwrite silently."""
+    if name in REWARD_FUNCTIONS and REWARD_FUNCTIONS[name] is not factory:
+        raise ValueError(f"a reward named {name!r} is already registered")
+    REWARD_FUNCTIONS[name] = factory
+
+
+def get_reward(name: str, **options) -> RewardFunction:
+    if name not in REWARD_FUNCTIONS:
+        raise ConfigError(f"unknown reward {name!r}; choose from: {', '.join(sorted(REWARD_FUNCTIONS))}")
+    return REWARD_FUNCTIONS[name](**options)
+
+
+class WeightedReward:
+    """R = sum_k w_k * fn_k(prompts, completions, **columns); also a reward function itself.
+
+    ``components`` returns the total and each named component (for per-reward metrics). Each component
+    must return one finite float per completion, or a UserError says which reward broke the contract.
+    """
+
+    def __init__(self, terms: dict[str, tuple[RewardFunction, float]]):
+        if not terms:
+            raise ConfigError("at least one reward function is needed")
+        self.terms = dict(terms)
+
+    def components(self, prompts: list[str], completions: list[str], **columns):
+        if len(prompts) != len(completions):
+            raise UserError(f"{len(prompts)} prompts for {len(completions)} completions")
+        total = [0.0] * len(completions)
+        parts = {}
+        for name, (fn, weight) in self.terms.items():
+            values = [float(v) for v in fn(prompts, completions, **columns)]
+            if len(values) != len(completions):
+                raise UserError(f"reward {name!r} returned {len(values)} values for {len(completions)} completions")
+            if not all(math.isfinite(v) for v in values):
+                raise UserError(f"reward {name!r} returned a non-finite value")
+            parts[name] = values
+            total = [t + weight * v for t, v in zip(total, values)]
+        return total, parts
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float]:
+        return self.components(prompts, completions, **columns)[0]
+
+
+def parse_reward_spec(spec: str) -> dict[str, float]:
+    """"math:1.0, format:0.1" -> {"math": 1.0, "format": 0.1}; a bare name has weight 1."""
+    out = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, w = item.partition(":")
+        name = name.strip()
+        try:
+            out[name] = float(w) if w.strip() else 1.0
+        except ValueError:
+            raise ConfigError(f"reward weight {w!r} for {name!r} is not a number (spec: {spec!r})") from None
+        if name not in REWARD_FUNCTIONS:
+            raise ConfigError(f"unknown reward {name!r}; choose from: {', '.join(sorted(REWARD_FUNCTIONS))}")
+    if not out:
+        raise ConfigError(f"empty reward spec {spec!r}; e.g. 'exact_match:1.0'")
+    return out
+
+
+def build_reward(spec: str | dict[str, float], **options) -> WeightedReward:
+    """A weighted reward from a spec string or {name: weight}; ``options`` go to every factory."""
+    weights = parse_reward_spec(spec) if isinstance(spec, str) else dict(spec)
+    return WeightedReward({name: (get_reward(name, **options), w) for name, w in weights.items()})
