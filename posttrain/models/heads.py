@@ -22,6 +22,7 @@ checkpoint layout beyond the ``reward_stats.json`` written by :class:`RewardStat
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -74,9 +75,12 @@ class HFBackbone(nn.Module):
         super().__init__()
         self.model = model
         self.hidden_size = int(model.config.hidden_size)
+        # a few encoders (DistilBERT) take no position_ids; they then assume right padding
+        self.takes_position_ids = "position_ids" in inspect.signature(model.base_model.forward).parameters
 
     def forward(self, input_ids, attention_mask, position_ids):
-        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        kw = {"position_ids": position_ids} if self.takes_position_ids else {}
+        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, **kw)
         return out.last_hidden_state  # (B, T, D)
 
 

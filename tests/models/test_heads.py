@@ -185,3 +185,13 @@ def test_reward_ensemble_matches_manual_combination():
     with torch.no_grad():
         torch.testing.assert_close(ens(ids, mask), 0.3 * a(ids, mask) - b(ids, mask))
     assert set(ens.components(ids, mask)) == {"a", "b"}
+
+
+def test_hf_encoder_backbone_left_right_padding():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    rm = RewardModel(transformers.BertModel(cfg)).eval()
+    assert rm.backbone.takes_position_ids
+    with torch.no_grad():
+        torch.testing.assert_close(rm(*_pad(SEQS, "left")), rm(*_pad(SEQS, "right")), atol=1e-5, rtol=1e-5)
