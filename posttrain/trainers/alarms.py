@@ -1,0 +1,187 @@
+"""Alarms for silent RL failure: conditions that leave a run "training" while it learns nothing or diverges.
+
+Key insight: the common RL failures do not crash — they flatten a curve. A step's metrics already say so:
+
+    rewards identical (reward_std == 0)          -> zero advantages everywhere: no gradient at all
+    every group uniform (zero_std_frac == 1)     -> GRPO/RLOO get no signal although rewards vary across prompts
+    truncated_frac == 1                          -> every completion hits the length limit (no EOS learned)
+    ratio_max / approx_kl / kl beyond a bound    -> the policy left the trust region / drifted from the reference
+    entropy < floor                              -> the policy collapsed onto one completion
+    loss or grad_norm NaN/Inf                    -> the trainer must skip the step; M in a row -> stop
+
+``Alarms.update(step, metrics)`` returns the warnings of this step (also logged on the
+``posttrain.alarms`` logger) and sets ``skip_step`` / ``should_stop``. A condition fires when it has held for
+``patience`` consecutive steps and then every ``repeat_every`` steps while it persists, so a stuck run is
+reported without flooding the log. Missing metrics are ignored (an algorithm without a reference model has
+no "kl"). All state is a plain dict (``state_dict`` / ``load_state_dict``) so a resumed run keeps its streaks.
+
+Metric vocabulary read: reward_mean, reward_std, zero_std_frac, truncated_frac, ratio_max, approx_kl, kl,
+entropy, loss, grad_norm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+from posttrain.config import knob
+from posttrain.errors import ConfigError
+
+log = logging.getLogger("posttrain.alarms")
+
+
+@dataclasses.dataclass
+class AlarmConfig:
+    reward_patience: int = knob(5, "steps in a row with identical rewards (or all groups uniform) before warning")
+    truncation_patience: int = knob(3, "steps in a row with every completion truncated before warning")
+    ratio_max_bound: float = knob(10.0, "warn when the largest importance ratio pi/pi_old exceeds this")
+    approx_kl_bound: float = knob(0.5, "warn when approx-KL(pi_old -> pi) per token exceeds this (nats)")
+    kl_bound: float = knob(1.0, "warn when the KL to the reference per token exceeds this (nats)")
+    entropy_floor: float = knob(0.05, "warn when the mean token entropy falls below this (nats): collapse")
+    entropy_patience: int = knob(3, "steps in a row below the entropy floor before warning")
+    nan_patience: int = knob(3, "consecutive non-finite loss/grad steps (each skipped) before asking to stop")
+    repeat_every: int = knob(50, "while a condition persists, repeat its warning every this many steps")
+
+    def __post_init__(self):
+        for name in ("reward_patience", "truncation_patience", "entropy_patience", "nan_patience", "repeat_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"alarms.{name}={getattr(self, name)} must be >= 1")
+
+
+def _finite(x) -> bool:
+    return x is not None and math.isfinite(float(x))
+
+
+def _get(metrics: dict, key: str):
+    v = metrics.get(key)
+    return None if v is None else float(v)
+
+
+# Each check: (metrics, config) -> (condition holds?, patience, message). None when its metrics are absent.
+def _identical_rewards(m, c):
+    std, mean = _get(m, "reward_std"), _get(m, "reward_mean")
+    if std is None or not _finite(std):
+        return None
+    what = "all zero" if mean == 0.0 else f"all identical (mean {mean:.4g})" if mean is not None else "all identical"
+    return std == 0.0, c.reward_patience, f"rewards {what}: advantages are zero, nothing is learned; check the reward function and the answer column"
+
+
+def _uniform_groups(m, c):
+    f = _get(m, "zero_std_frac")
+    if f is None or _get(m, "reward_std") == 0.0:  # already reported as identical rewards
+        return None
+    return f >= 1.0, c.reward_patience, "every group's rewards are uniform (zero_std_frac=1): the group baseline leaves no signal; the task may be too easy or too hard for G samples"
+
+
+def _truncation(m, c):
+    f = _get(m, "truncated_frac")
+    if f is None:
+        return None
+    return f >= 1.0, c.truncation_patience, "every completion was truncated at the length limit: no EOS is produced; raise max_new_tokens or check the stop token"
+
+
+def _ratio(m, c):
+    r = _get(m, "ratio_max")
+    if r is None or not _finite(r):
+        return None
+    return r > c.ratio_max_bound, 1, f"importance ratio max {r:.4g} > {c.ratio_max_bound:g}: pi moved far from pi_old; lower the learning rate or the number of updates per batch"
+
+
+def _approx_kl(m, c):
+    k = _get(m, "approx_kl")
+    if k is None or not _finite(k):
+        return None
+    return k > c.approx_kl_bound, 1, f"approx-KL(pi_old -> pi) {k:.4g} > {c.approx_kl_bound:g} per token: updates too large"
+
+
+def _kl(m, c):
+    k = _get(m, "kl")
+    if k is None or not _finite(k):
+        return None
+    return k > c.kl_bound, 1, f"KL to the reference {k:.4g} > {c.kl_bound:g} per token: the policy is drifting; raise beta or use the adaptive controller"
+
+
+def _entropy(m, c):
+    h = _get(m, "entropy")
+    if h is None or not _finite(h):
+        return None
+    return h < c.entropy_floor, c.entropy_patience, f"entropy collapse: mean token entropy {h:.4g} < {c.entropy_floor:g}; exploration has stopped"
+
+
+ALARM_CHECKS = {
+    "identical_rewards": _identical_rewards,
+    "uniform_groups": _uniform_groups,
+    "all_truncated": _truncation,
+    "ratio_bound": _ratio,
+    "approx_kl_bound": _approx_kl,
+    "kl_bound": _kl,
+    "entropy_collapse": _entropy,
+}
+
+_NAN_KEYS = ("loss", "grad_norm")
+
+
+class Alarms:
+    """Feed it each step's metrics; read ``skip_step`` and ``should_stop`` after ``update``."""
+
+    def __init__(self, config: AlarmConfig | None = None):
+        self.config = config or AlarmConfig()
+        self.streaks = {name: 0 for name in ALARM_CHECKS}
+        self.fired = {name: 0 for name in [*ALARM_CHECKS, "non_finite"]}
+        self.nan_streak = 0
+        self.skipped_steps = 0
+        self.skip_step = False
+        self.should_stop = False
+
+    def _due(self, streak: int, patience: int) -> bool:
+        return streak == patience or (streak > patience and (streak - patience) % self.config.repeat_every == 0)
+
+    def update(self, step: int, metrics: dict) -> list[str]:
+        """Check one step's metrics; return (and log) its warnings."""
+        out = []
+        bad = [k for k in _NAN_KEYS if k in metrics and not _finite(metrics[k])]
+        self.skip_step = bool(bad)
+        if bad:
+            self.nan_streak += 1
+            self.skipped_steps += 1
+            self.fired["non_finite"] += 1
+            msg = f"non-finite {', '.join(f'{k}={metrics[k]}' for k in bad)}: step skipped ({self.nan_streak} in a row)"
+            if self.nan_streak >= self.config.nan_patience:
+                self.should_stop = True
+                msg += f"; {self.config.nan_patience} in a row: stopping, the last good checkpoint is kept"
+            out.append(msg)
+        else:
+            self.nan_streak = 0
+        for name, check in ALARM_CHECKS.items():
+            res = check(metrics, self.config)
+            if res is None:
+                continue
+            holds, patience, msg = res
+            self.streaks[name] = self.streaks[name] + 1 if holds else 0
+            if holds and self._due(self.streaks[name], patience):
+                self.fired[name] += 1
+                n = self.streaks[name]
+                out.append(msg + (f" ({n} steps in a row)" if n > 1 else ""))
+        out = [f"ALARM step {step}: {m}" for m in out]
+        for m in out:
+            log.warning(m)
+        return out
+
+    def summary(self) -> dict:
+        """How often each alarm fired, and how many steps were skipped (for summary.json)."""
+        return {"alarms_fired": {k: v for k, v in self.fired.items() if v}, "skipped_steps": self.skipped_steps}
+
+    def state_dict(self) -> dict:
+        return {
+            "streaks": dict(self.streaks), "fired": dict(self.fired), "nan_streak": self.nan_streak,
+            "skipped_steps": self.skipped_steps, "should_stop": self.should_stop,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streaks.update({k: int(v) for k, v in state["streaks"].items()})
+        self.fired.update({k: int(v) for k, v in state["fired"].items()})
+        self.nan_streak = int(state["nan_streak"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.should_stop = bool(state["should_stop"])
+        self.skip_step = False
