@@ -112,3 +112,25 @@ def test_controller_state_round_trip_resumes_exactly(kind):
     other = make()
     other.load_state_dict(state)
     assert other.state_dict() == state
+
+
+def test_expected_gradient_of_each_estimator_used_as_a_loss():
+    """What autograd through a sampled estimator optimises (exact expectation over a 4-way categorical, the
+    sampling weights held constant as they are in training): k1 -> 0 (useless as a loss), k2 -> grad KL(pi||ref)
+    (the reverse KL), k3 -> grad KL(ref||pi) (the forward KL). Documented in docs/rl.md."""
+    logits = torch.tensor([0.2, -0.5, 1.0, 0.1], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([0.25, 0.25, 0.3, 0.2], dtype=torch.float64).log()
+
+    def expected_grad(estimator):
+        logp = logits.log_softmax(0)
+        w = logp.exp().detach()  # E_{x ~ pi}[grad k(x)] with pi's weights constant
+        return torch.autograd.grad((w * kl_estimate(logp, ref, estimator)).sum(), logits)[0]
+
+    def exact_grad(fn):
+        return torch.autograd.grad(fn(logits.log_softmax(0)), logits)[0]
+
+    reverse = exact_grad(lambda lp: (lp.exp() * (lp - ref)).sum())  # KL(pi || ref)
+    forward = exact_grad(lambda lp: (ref.exp() * (ref - lp)).sum())  # KL(ref || pi)
+    assert torch.allclose(expected_grad("k1"), torch.zeros(4, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(expected_grad("k2"), reverse, atol=1e-12)
+    assert torch.allclose(expected_grad("k3"), forward, atol=1e-12)
