@@ -25,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheme", default="oph", choices=("oph", "perm"), help="MinHash scheme: one-permutation+densification or K permutations (default: oph)")
     p.add_argument("--bands", type=int, help="LSH bands b (with --rows); default: chosen for --threshold")
     p.add_argument("--rows", type=int, help="LSH rows per band r")
+    p.add_argument("--fn-weight", type=float, default=0.9, help="auto (b, r): false-negative weight vs false positives (default: 0.9)")
     p.add_argument("--seed", type=int, default=1, help="hash seed (default: 1)")
     p.add_argument("--verify", default="estimate", choices=("estimate", "exact"), help="verify LSH candidates by estimated or exact Jaccard")
     p.add_argument("--hamming", type=int, default=3, help="SimHash: max Hamming distance (default: 3)")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = DedupConfig(
         method=args.method, threshold=args.threshold, num_perm=args.num_perm, ngram=args.ngram, shingle=args.shingle,
-        normalize=args.normalize, scheme=args.scheme, bands=args.bands, rows=args.rows, seed=args.seed,
+        normalize=args.normalize, scheme=args.scheme, bands=args.bands, rows=args.rows, fn_weight=args.fn_weight, seed=args.seed,
         verify=args.verify, hamming=args.hamming, bloom=args.bloom, bloom_fp_rate=args.bloom_fp_rate,
         bloom_capacity=args.bloom_capacity, units=args.units, contamination=tuple(args.contamination),
         contamination_ngram=args.contamination_ngram, contamination_field=args.contamination_field, drop_contaminated=args.drop_contaminated,

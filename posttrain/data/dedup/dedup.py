@@ -60,6 +60,8 @@ class DedupConfig:
     scheme: str = knob("oph", "MinHash scheme: oph (one permutation + densification) or perm (K permutations)", choices=("oph", "perm"))
     bands: int | None = knob(None, "LSH bands b (with rows); default: chosen for the threshold")
     rows: int | None = knob(None, "LSH rows per band r")
+    fn_weight: float = knob(0.9, "auto (b, r): weight of the false-negative area (false positives get 1 - this); "
+                             "high because candidates are verified, so a false positive only costs one comparison")
     seed: int = knob(1, "hash seed; same seed -> same signatures on any machine")
     verify: str = knob("estimate", "check LSH candidates by estimated or exact Jaccard", choices=("estimate", "exact"))
     max_bucket: int = knob(50, "LSH buckets larger than this give a star+chain instead of all pairs")
@@ -101,6 +103,8 @@ class DedupConfig:
         for name in ("num_perm", "ngram", "batch_size", "contamination_ngram", "max_bucket"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
+        if not 0.0 < self.fn_weight < 1.0:
+            raise ConfigError(f"fn_weight={self.fn_weight} must be in (0, 1)")
         if not 0 <= self.hamming < 64:
             raise ConfigError(f"hamming={self.hamming} must be in 0..63")
         if self.semantic != "none" and self.method != "minhash":
@@ -108,7 +112,7 @@ class DedupConfig:
         self.contamination = tuple(self.contamination)
         self.norm_steps = parse_normalize(self.normalize)
         if self.method == "minhash":  # validate banding early
-            plan_bands(min(self.threshold, 0.999), self.num_perm, self.bands, self.rows)
+            plan_bands(min(self.threshold, 0.999), self.num_perm, self.bands, self.rows, self.fn_weight)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,7 +221,7 @@ BACKENDS: dict[str, Callable[..., Iterator[dict]]] = {"local": _local_map, "ray"
 
 def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats: dict, reread) -> np.ndarray:
     n = len(sig)
-    plan = plan_bands(min(cfg.threshold, 0.999), cfg.num_perm, cfg.bands, cfg.rows)
+    plan = plan_bands(min(cfg.threshold, 0.999), cfg.num_perm, cfg.bands, cfg.rows, cfg.fn_weight)
     stats["lsh"] = plan.report()
     valid = np.flatnonzero(~empty)
     t = time.perf_counter()

@@ -55,8 +55,14 @@ def oph_signatures(hashes: np.ndarray, offsets: np.ndarray, num_perm: int = 128,
     h = fmix64(hashes, seed)  # (M,)
     counts = np.diff(offsets)
     doc = np.repeat(np.arange(B, dtype=np.uint64), counts)  # (M,)
-    key = doc * U64(K) + _bins(h, K).astype(U64)  # (M,) cell = doc*K + bin  (< 2^32)
-    comb = (key << U64(32)) | (h & _MASK32)
+    if K & (K - 1) == 0:  # K = 2^m: Lemire's bin is h >> (64 - m); fewer passes, same result
+        m = K.bit_length() - 1
+        comb = h >> U64(64 - m) << U64(32) if m else np.zeros_like(h)
+        comb |= h & _MASK32
+        comb |= doc << U64(32 + m)
+    else:
+        key = doc * U64(K) + _bins(h, K).astype(U64)  # (M,) cell = doc*K + bin  (< 2^32)
+        comb = (key << U64(32)) | (h & _MASK32)
     comb.sort()
     cell = comb >> U64(32)
     first = np.ones(len(comb), bool)

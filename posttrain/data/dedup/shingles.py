@@ -42,13 +42,12 @@ GOLDEN = 0x9E3779B97F4A7C15
 # normalisation: named steps in a visible dict, applied in the order given
 
 _PUNCT_RE = re.compile(r"[^\w\s]", re.UNICODE)
-_WS_RE = re.compile(r"\s+", re.UNICODE)
 
 NORMALIZERS: dict[str, Callable[[str], str]] = {
     "nfkc": lambda s: unicodedata.normalize("NFKC", s),
     "lower": str.lower,
     "punct": lambda s: _PUNCT_RE.sub(" ", s),  # punctuation -> space, so "a,b" is two words
-    "whitespace": lambda s: _WS_RE.sub(" ", s).strip(),
+    "whitespace": lambda s: " ".join(s.split()),  # str.split() splits on the same Unicode whitespace as \s
 }
 DEFAULT_NORMALIZE = ("nfkc", "lower", "whitespace")
 

