@@ -15,7 +15,7 @@ the same band weights, hence the same (b, r) = (14, 9) as posttrain. rensa: RMin
 bands (it needs b | K). Each measurement runs in a fresh subprocess (peak RSS = ru_maxrss of the process
 plus its largest child); the table shows medians over repeats and ratios to datasketch.
 
-- sig docs/s: signatures from in-memory normalised texts, one core, batches of 1000.
+- sig docs/s: signatures from in-memory normalised texts, one core (posttrain: batches of 256, rensa: 1000).
 - dedup docs/s: the whole file -> kept-file run (posttrain with 2 worker processes and with 1).
 """
 
@@ -183,8 +183,8 @@ def sig_posttrain(texts):
     from posttrain.data.dedup.minhash import oph_signatures
     from posttrain.data.dedup.shingles import char_shingles
 
-    for s in range(0, len(texts), 1000):
-        oph_signatures(*char_shingles(texts[s : s + 1000], NGRAM), K, 1)
+    for s in range(0, len(texts), 256):
+        oph_signatures(*char_shingles(texts[s : s + 256], NGRAM), K, 1)
 
 
 def sig_datasketch(texts):
@@ -304,6 +304,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10000", help="comma-separated corpus sizes (default: 10000)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--corpus-seed", type=int, default=0)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
     ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
@@ -318,7 +319,7 @@ def main() -> None:
         tmp = Path(tmp)
         for n in [int(x) for x in args.sizes.split(",")]:
             corpus = tmp / f"corpus{n}.jsonl"
-            make_corpus(n, corpus)
+            make_corpus(n, corpus, seed=args.corpus_seed)
             mb = corpus.stat().st_size / 1e6
             print(f"# corpus: {n} docs, {mb:.1f} MB, {len(truth_pairs(corpus))} true duplicate pairs", file=sys.stderr)
             for system in systems:

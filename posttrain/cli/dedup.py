@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="local", choices=("local", "ray"), help="local processes or Ray tasks (RAY_ADDRESS / --ray-address for a cluster)")
     p.add_argument("--ray-address", help="address of an existing Ray cluster, e.g. ray://head:10001 or auto")
     p.add_argument("--workers", type=int, default=0, help="parallel workers; 0 = all cores")
-    p.add_argument("--batch-size", type=int, default=1000, help="documents per task (default: 1000)")
+    p.add_argument("--batch-size", type=int, default=256, help="documents per task (default: 256)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -84,7 +84,7 @@ class DedupConfig:
     rejects: str | None = knob(None, "file receiving skipped lines (default: OUTPUT.rejects.jsonl)")
     backend: str = knob("local", "local (processes) or ray", choices=("local", "ray"))
     workers: int = knob(0, "parallel workers; 0 = all CPU cores")
-    batch_size: int = knob(1000, "documents per worker task")
+    batch_size: int = knob(256, "documents per worker task (small batches keep numpy temporaries ~30 MB)")
     ray_address: str | None = knob(None, "Ray cluster address; default: $RAY_ADDRESS or a local instance")
     progress: bool = knob(True, "show a progress bar on stderr")
 
@@ -196,8 +196,11 @@ def _ray_map(batches: Iterator, cfg: DedupConfig, eval_index) -> Iterator[dict]:
 
     if not ray.is_initialized():
         address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, log_to_driver=False)
+        if address:  # an existing cluster: ship this package to its workers
+            import posttrain
+
+            ray.init(address=address, log_to_driver=False,
+                     runtime_env={"py_modules": [str(Path(posttrain.__file__).parent)]})
         else:
             ray.init(num_cpus=_resolve_workers(cfg.workers), include_dashboard=False, log_to_driver=False)
     remote = ray.remote(process_batch)
@@ -370,7 +373,7 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
                     p1.bad += 1
                 nb = len(res["lines"])
                 lines.append(res["lines"])
-                p1.ids.extend(res["ids"] if cfg.id_field is not None else range(n_done, n_done + nb))
+                p1.ids.extend(res["ids"])  # empty without --id-field: ids are then range(n)
                 p1.sigs.append(res["sig"])
                 p1.empty.append(res["empty"])
                 if bloom is not None:
@@ -388,6 +391,8 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
         if rej is not None:
             rej.close()
     n = n_done
+    if cfg.id_field is None:
+        p1.ids = range(n)  # type: ignore[assignment]  # no per-document id objects kept
     stats["time_s"]["sketch"] = round(time.perf_counter() - t, 4)
     stats["documents_in"] = n
     stats["bad_lines"] = p1.bad

@@ -108,7 +108,7 @@ class _Powers:
 
     def get(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         if len(self.pw) < n:
-            m = max(n, 2 * len(self.pw))
+            m = -(-n // 65536) * 65536  # grow to the next multiple of 64k entries, not 2x
             pw = np.full(m, P, U64)
             pw[0] = 1
             pinv = np.full(m, P_INV, U64)
