@@ -190,3 +190,11 @@ def test_cli_smoke(tmp_path, capsys):
     assert len((tmp_path / "c.jsonl").read_text().splitlines()) == 7
     rc = cli_main(["dedup", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "o.jsonl")])
     assert rc == 2 and "not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bloom", [False, True])
+def test_line_units(tmp_path, bloom):
+    recs = [{"id": i, "text": f"{BASE[i]}\nCookie notice: we use cookies.\n{i}"} for i in range(3)]
+    stats, _, kept = _run(tmp_path, _write(tmp_path / "in.jsonl", recs), units="line", bloom=bloom)
+    assert [r["text"].count("Cookie notice") for r in kept] == [1, 0, 0]
+    assert stats["units_removed"] == 2 and kept[2]["text"] == f"{BASE[2]}\n2"

@@ -66,7 +66,7 @@ class DedupConfig:
     verify: str = knob("estimate", "check LSH candidates by estimated or exact Jaccard", choices=("estimate", "exact"))
     max_bucket: int = knob(50, "LSH buckets larger than this give a star+chain instead of all pairs")
     hamming: int = knob(3, "SimHash: max Hamming distance of duplicate fingerprints")
-    bloom: bool = knob(False, "exact: stream through a Bloom filter (bounded memory, no representatives)")
+    bloom: bool = knob(False, "exact and --units: use a Bloom filter (bounded memory, no representatives)")
     bloom_fp_rate: float = knob(1e-3, "Bloom filter false-positive rate")
     bloom_capacity: int = knob(0, "Bloom filter capacity in items; 0 = estimate from input size")
     units: str = knob("none", "also drop repeated lines/paragraphs across kept documents (exact)", choices=UNITS)
@@ -502,7 +502,9 @@ def _check_unique_ids(ids: list) -> None:
 
 def _write_output(inputs, output: Path, good_lines, keep: np.ndarray, cfg: DedupConfig) -> tuple[int, int]:
     """Write kept records; with ``cfg.units`` drop repeated lines/paragraphs. -> (units removed, docs emptied)."""
-    seen: set = set()
+    seen: Any = set()  # 16-byte digests of the lines/paragraphs written so far
+    if cfg.units != "none" and cfg.bloom:  # bounded memory: ~10 units per kept document
+        seen = BloomFilter(cfg.bloom_capacity or max(1000, 10 * int(keep.sum())), cfg.bloom_fp_rate)
     units_removed = emptied = 0
     if cfg.units != "none" and cfg.key not in ("auto", "text"):
         raise ConfigError("--units line|paragraph edits the --text-field; use it with --key text")
