@@ -12,9 +12,24 @@ from pathlib import Path
 
 from posttrain.errors import UserError
 from posttrain.tokenizers.base import Tokenizer
+from posttrain.tokenizers.bpe import BPEModel, BPETrainer
+from posttrain.tokenizers.bytelevel import ByteLevelBPETrainer
 from posttrain.tokenizers.char import CharTokenizer
+from posttrain.tokenizers.pipeline import SubwordTokenizer
+from posttrain.tokenizers.unigram import UnigramModel, UnigramTrainer, sample_encode
+from posttrain.tokenizers.wordpiece import WordPieceModel, WordPieceTrainer
 
-__all__ = ["Tokenizer", "CharTokenizer", "load"]
+# --model name -> trainer class (each has .train(texts) -> SubwordTokenizer)
+TRAINERS = {
+    "bpe": BPETrainer,
+    "byte-bpe": ByteLevelBPETrainer,
+    "wordpiece": WordPieceTrainer,
+    "unigram": UnigramTrainer,
+}
+
+__all__ = ["Tokenizer", "CharTokenizer", "SubwordTokenizer", "BPEModel", "WordPieceModel", "UnigramModel",
+           "BPETrainer", "ByteLevelBPETrainer", "WordPieceTrainer", "UnigramTrainer", "TRAINERS",
+           "sample_encode", "load"]
 
 
 def load(path: str | Path) -> Tokenizer:

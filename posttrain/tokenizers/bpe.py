@@ -1,0 +1,365 @@
+"""Byte-pair encoding: learn merges most-frequent-pair-first, encode by replaying merges by rank.
+
+Key insight (Sennrich et al. 2016): start from characters and repeatedly merge the adjacent pair
+that occurs most often in the corpus, ``best = argmax_{(a,b)} count(a, b)``; the ordered merge list
+*is* the model. Encoding a word replays the merges, always applying the lowest-rank pair present.
+
+Worked example (``end_of_word_suffix="</w>"`` glued to the last character, as in Hugging Face):
+words ``low lower lowest`` -> ``[l,o,w</w>] [l,o,w,e,r</w>] [l,o,w,e,s,t</w>]``;
+counts: (l,o)=3 -> merge ``lo``; then (lo,w)=2 ties (w,e)=2, the tie-break picks ``(lo,w)``;
+then (low,e)=2 -> ``lowe``.
+
+Tie-break (deterministic, independent of hash order): highest count, then the lexicographically
+smallest ``(left string, right string)``. ``tokenizers`` breaks ties by internal ids that depend on
+hash iteration order, so its merges can differ run to run; ours never do.
+
+Training here works on a word-frequency table (the corpus collapsed by the pre-tokeniser):
+``train_merges`` keeps pair counts incrementally, an index pair -> words containing it, and a lazy
+max-heap, so one merge costs time proportional to the words it touches; ``train_merges_slow``
+recounts every pair for every merge and is the test oracle.
+
+Not handled: BPE dropout (``dropout`` in tokenizer.json must be null), ``continuing_subword_prefix``
+when training (it is honoured when encoding a loaded file).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from collections import defaultdict
+
+from posttrain.errors import UserError
+
+
+def initial_symbols(word: str, suffix: str | None) -> list[str]:
+    """"low" -> ["l", "o", "w</w>"] with suffix "</w>"; ["l", "o", "w"] without."""
+    syms = list(word)
+    if suffix and syms:
+        syms[-1] = syms[-1] + suffix
+    return syms
+
+
+def merge_ids(ids: list[int], a: int, b: int, new: int) -> list[int]:
+    """ids=[1, 2, 3, 1, 2], pair=(1, 2), new=4 -> [4, 3, 4] (left to right, non-overlapping)."""
+    out, i, n = [], 0, len(ids)
+    while i < n:
+        if i < n - 1 and ids[i] == a and ids[i + 1] == b:
+            out.append(new)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+def _setup(word_counts: dict[str, int], suffix: str | None, alphabet: list[str] | None):
+    syms = set()
+    split = []
+    for w, c in word_counts.items():
+        s = initial_symbols(w, suffix)
+        if s:
+            split.append((s, c))
+            syms.update(s)
+    if alphabet is not None:
+        syms.update(alphabet)
+    id_to_str = sorted(syms)
+    str_to_id = {s: i for i, s in enumerate(id_to_str)}
+    words = [[str_to_id[s] for s in ws] for ws, _ in split]
+    counts = [c for _, c in split]
+    return words, counts, id_to_str, str_to_id
+
+
+def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
+                      min_frequency: int = 1, alphabet: list[str] | None = None):
+    """Oracle: recount every pair before each merge until ``n_merges`` new tokens exist.
+
+    Returns (alphabet, merges as string pairs); a merge whose result string already exists
+    (("a", "bc") after ("ab", "c")) is recorded but adds no token."""
+    words, counts, id_to_str, _ = _setup(word_counts, suffix, alphabet)
+    words = [[id_to_str[i] for i in w] for w in words]
+    merges = []
+    known = set(id_to_str)
+    n_new = 0
+    while n_new < n_merges:
+        pc: dict[tuple[str, str], int] = defaultdict(int)
+        for w, c in zip(words, counts):
+            for p in zip(w, w[1:]):
+                pc[p] += c
+        if not pc:
+            break
+        best = min(pc, key=lambda p: (-pc[p], p))
+        if pc[best] < min_frequency:
+            break
+        a, b = best
+        merges.append(best)
+        if a + b not in known:
+            known.add(a + b)
+            n_new += 1
+        new_words = []
+        for w in words:
+            out, i = [], 0
+            while i < len(w):
+                if i < len(w) - 1 and w[i] == a and w[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(w[i])
+                    i += 1
+            new_words.append(out)
+        words = new_words
+    return id_to_str, merges
+
+
+def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
+                 min_frequency: int = 1, alphabet: list[str] | None = None, progress=None):
+    """Fast BPE trainer: incremental pair counts + pair->words index + lazy max-heap.
+
+    Returns (alphabet sorted, merges as (left, right) string pairs), identical to ``train_merges_slow``.
+    The heap holds (-count, left, right); an entry is stale when its count is not the pair's current
+    count, and every count change pushes a fresh entry, so the top valid entry is the true argmax.
+    """
+    words, counts, id_to_str, str_to_id = _setup(word_counts, suffix, alphabet)
+    alphabet_out = list(id_to_str)
+    pc: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for wi, (w, c) in enumerate(zip(words, counts)):
+        for p in zip(w, w[1:]):
+            pc[p] += c
+            where[p].add(wi)
+    heap = [(-c, id_to_str[a], id_to_str[b], a, b) for (a, b), c in pc.items()]
+    heapq.heapify(heap)
+    merges: list[tuple[str, str]] = []
+    n_new = 0
+    while n_new < n_merges and heap:
+        negc, sa, sb, a, b = heapq.heappop(heap)
+        cur = pc.get((a, b), 0)
+        if cur != -negc or cur <= 0:
+            continue
+        if cur < min_frequency:
+            break
+        merges.append((sa, sb))
+        new_str = sa + sb
+        c_id = str_to_id.get(new_str)
+        if c_id is None:
+            c_id = len(id_to_str)
+            id_to_str.append(new_str)
+            str_to_id[new_str] = c_id
+            n_new += 1
+        delta: dict[tuple[int, int], int] = defaultdict(int)
+        for wi in list(where.pop((a, b), ())):
+            w = words[wi]
+            if len(w) < 2:
+                continue
+            nw = merge_ids(w, a, b, c_id)
+            if len(nw) == len(w):
+                continue
+            cnt = counts[wi]
+            for p in zip(w, w[1:]):
+                delta[p] -= cnt
+            for p in zip(nw, nw[1:]):
+                delta[p] += cnt
+                where[p].add(wi)
+            words[wi] = nw
+        for p, d in delta.items():
+            if d == 0:
+                continue
+            v = pc[p] + d
+            if v > 0:
+                pc[p] = v
+                heapq.heappush(heap, (-v, id_to_str[p[0]], id_to_str[p[1]], p[0], p[1]))
+            else:
+                pc.pop(p, None)
+                where.pop(p, None)
+        if progress is not None:
+            progress(len(merges))
+    return alphabet_out, merges
+
+
+def build_vocab(specials: list[str], alphabet: list[str], merges: list[tuple[str, str]], vocab_size: int) -> dict[str, int]:
+    """specials, then the alphabet, then merge results in merge order (a repeated string keeps its first id)."""
+    vocab: dict[str, int] = {}
+    for t in list(specials) + list(alphabet) + [a + b for a, b in merges]:
+        if t not in vocab:
+            vocab[t] = len(vocab)
+    return vocab
+
+
+def check_vocab_size(vocab_size: int, n_specials: int, alphabet_size: int, what: str) -> int:
+    """Number of merges to learn; errors when the vocabulary cannot even hold the alphabet."""
+    need = n_specials + alphabet_size
+    if vocab_size < need:
+        raise UserError(f"{what}: --vocab-size {vocab_size} is below the alphabet size ({alphabet_size} symbols "
+                        f"+ {n_specials} special tokens = {need}); raise it or lower the character coverage")
+    return vocab_size - need
+
+
+# ------------------------------------------------------------------------------------------------
+# Encoding
+# ------------------------------------------------------------------------------------------------
+class BPEModel:
+    """Encode a pre-tokenised word: characters (suffix on the last), then merges lowest-rank-first.
+
+    ``ranks[(id_a, id_b)] = (rank, id_merged)``. A character missing from the vocabulary becomes its
+    UTF-8 ``<0xNN>`` byte tokens (``byte_fallback``) or ``unk_token`` (consecutive unknowns fused with
+    ``fuse_unk``); without either it is dropped, as in ``tokenizers``.
+    """
+
+    type = "BPE"
+
+    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], *, unk_token: str | None = None,
+                 end_of_word_suffix: str | None = None, continuing_subword_prefix: str | None = None,
+                 byte_fallback: bool = False, fuse_unk: bool = False, ignore_merges: bool = False):
+        self.vocab = vocab
+        self.merges = [tuple(m) for m in merges]
+        self.unk_token, self.suffix, self.prefix = unk_token, end_of_word_suffix, continuing_subword_prefix
+        self.byte_fallback, self.fuse_unk, self.ignore_merges = byte_fallback, fuse_unk, ignore_merges
+        self.unk_id = vocab.get(unk_token) if unk_token is not None else None
+        if unk_token is not None and self.unk_id is None:
+            raise UserError(f"BPE unk_token {unk_token!r} is not in the vocabulary")
+        self.ranks: dict[tuple[int, int], tuple[int, int]] = {}
+        plen = len(self.prefix) if self.prefix else 0
+        for r, (a, b) in enumerate(self.merges):
+            ia, ib = vocab.get(a), vocab.get(b)
+            new = a + (b[plen:] if plen and b.startswith(self.prefix) else b)
+            inew = vocab.get(new)
+            if ia is None or ib is None or inew is None:
+                raise UserError(f"BPE merge {a!r} {b!r} uses a token missing from the vocabulary")
+            if (ia, ib) not in self.ranks:
+                self.ranks[(ia, ib)] = (r, inew)
+
+    def tokenize(self, word: str) -> list[int]:
+        vocab = self.vocab
+        if self.ignore_merges:
+            i = vocab.get(word)
+            if i is not None:
+                return [i]
+        ids: list[int] = []
+        n = len(word)
+        last_unk = False
+        for k, ch in enumerate(word):
+            s = ch
+            if self.prefix and k > 0:
+                s = self.prefix + s
+            if self.suffix and k == n - 1:
+                s = s + self.suffix
+            i = vocab.get(s)
+            if i is not None:
+                ids.append(i)
+                last_unk = False
+                continue
+            if self.byte_fallback:
+                bts = [vocab.get(f"<0x{b:02X}>") for b in s.encode("utf-8", "surrogatepass")]
+                if all(x is not None for x in bts):
+                    ids.extend(bts)  # type: ignore[arg-type]
+                    last_unk = False
+                    continue
+            if self.unk_id is not None:
+                if not (self.fuse_unk and last_unk):
+                    ids.append(self.unk_id)
+                last_unk = True
+        return self.apply_merges(ids)
+
+    def apply_merges(self, ids: list[int]) -> list[int]:
+        ranks = self.ranks
+        while len(ids) >= 2:
+            best, best_r = None, None
+            for p in zip(ids, ids[1:]):
+                r = ranks.get(p)
+                if r is not None and (best_r is None or r[0] < best_r[0]):
+                    best, best_r = p, r
+            if best is None:
+                break
+            ids = merge_ids(ids, best[0], best[1], best_r[1])
+        return ids
+
+    def to_json(self) -> dict:
+        return {"type": "BPE", "dropout": None, "unk_token": self.unk_token,
+                "continuing_subword_prefix": self.prefix, "end_of_word_suffix": self.suffix,
+                "fuse_unk": self.fuse_unk, "byte_fallback": self.byte_fallback, "ignore_merges": self.ignore_merges,
+                "vocab": self.vocab, "merges": [list(m) for m in self.merges]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BPEModel":
+        if d.get("dropout") not in (None, 0, 0.0):
+            raise UserError("BPE dropout is not supported (tokenizer.json has dropout set)")
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in d.get("merges", [])]
+        return cls(d["vocab"], merges, unk_token=d.get("unk_token"), end_of_word_suffix=d.get("end_of_word_suffix"),
+                   continuing_subword_prefix=d.get("continuing_subword_prefix"),
+                   byte_fallback=bool(d.get("byte_fallback", False)), fuse_unk=bool(d.get("fuse_unk", False)),
+                   ignore_merges=bool(d.get("ignore_merges", False)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Trainer: text -> SubwordTokenizer
+# ------------------------------------------------------------------------------------------------
+def special_added_tokens(specials) -> list[dict]:
+    """Special tokens take ids 0..k-1 (as ``tokenizers`` trainers do) and are never split."""
+    if len(set(specials)) != len(specials):
+        raise UserError(f"repeated special tokens: {list(specials)}")
+    return [{"id": i, "content": t, "special": True} for i, t in enumerate(specials)]
+
+
+@dataclass
+class BPETrainer:
+    """Classic BPE: ``Whitespace`` pre-tokenisation (``\\w+|[^\\w\\s]+``), ``</w>`` glued to each word's
+    last character, optional lower-casing; unseen characters -> ``<unk>`` (or ``<0xNN>`` bytes with
+    ``byte_fallback``)."""
+
+    vocab_size: int = 8000
+    special_tokens: tuple[str, ...] = ("<pad>", "<unk>", "<bos>", "<eos>")
+    min_frequency: int = 1
+    lowercase: bool = False
+    end_of_word_suffix: str = "</w>"
+    unk_token: str | None = "<unk>"
+    byte_fallback: bool = False
+    workers: int | None = None
+
+    kind = "bpe"
+    keep_bytes = False
+    keep_newlines = False
+
+    def components(self):
+        from posttrain.tokenizers import pretokenize as P
+
+        return (P.Lowercase() if self.lowercase else None), P.Whitespace(), P.BPEDecoder(self.end_of_word_suffix)
+
+    def words_fn(self):
+        norm, pre, _ = self.components()
+        return (lambda t: pre(norm(t))) if norm is not None else pre
+
+    def train(self, texts, log=None):
+        from posttrain.tokenizers.corpus import count_words
+
+        return self.train_from_counts(count_words(texts, self.words_fn(), workers=self.workers), log=log)
+
+    def train_from_counts(self, word_counts: dict[str, int], log=None):
+        from posttrain.tokenizers.pipeline import SubwordTokenizer
+
+        specials = list(self.special_tokens)
+        if self.unk_token is not None and self.unk_token not in specials:
+            specials.append(self.unk_token)
+        if not word_counts:
+            raise UserError("cannot train BPE on an empty corpus")
+        extra = BYTE_TOKENS if self.byte_fallback else []
+        alphabet = sorted({s for w in word_counts for s in initial_symbols(w, self.end_of_word_suffix)})
+        n = check_vocab_size(self.vocab_size, len(specials) + len(extra), len(alphabet), "bpe")
+        alphabet, merges = train_merges(word_counts, n, suffix=self.end_of_word_suffix,
+                                        min_frequency=self.min_frequency)
+        vocab = build_vocab(specials + extra, alphabet, merges, self.vocab_size)
+        model = BPEModel(vocab, merges, unk_token=self.unk_token, end_of_word_suffix=self.end_of_word_suffix,
+                         byte_fallback=self.byte_fallback)
+        norm, pre, dec = self.components()
+        if self.byte_fallback:
+            from posttrain.tokenizers import pretokenize as P
+
+            dec = P.DecoderSequence([P.ByteFallbackDecoder(), dec])
+        if log:
+            log(f"bpe: {len(word_counts)} distinct words, {len(alphabet)} symbols, {len(merges)} merges")
+        return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
+                                added_tokens=special_added_tokens(specials), kind=self.kind)
+
+
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]

@@ -1,0 +1,132 @@
+"""Training corpora: stream text from files and collapse it into a word-frequency table, in parallel.
+
+Key insight: every trainer here only needs ``{word: count}`` after normalisation and
+pre-tokenisation — a 50 MB corpus collapses to a few hundred thousand distinct words — so the corpus
+is read once, streamed (never held whole in memory), cut into ~4 MB batches of lines and counted by
+a pool of worker processes (``fork``), then the per-batch counters are summed.
+
+Inputs: plain text (one text per line) or JSONL (``text_field`` of each record). Bytes that are not
+valid UTF-8: byte-level BPE keeps them (``surrogateescape``, so they round-trip as bytes); the other
+models replace them with U+FFFD, count the lines affected and report them through ``warn``.
+
+Not handled: compressed inputs, Parquet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from posttrain.errors import DataError, UserError
+
+BATCH_CHARS = 4 << 20
+
+
+@dataclass
+class ReadReport:
+    lines: int = 0
+    chars: int = 0
+    invalid_utf8_lines: int = 0
+    bad_json_lines: int = 0
+
+
+def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, keep_bytes: bool = False,
+               report: ReadReport | None = None, keep_newlines: bool = False) -> Iterator[str]:
+    """Yield texts (lines, or ``record[text_field]`` for JSONL) from files; ``-`` reads stdin."""
+    import sys
+
+    report = report if report is not None else ReadReport()
+    errors = "surrogateescape" if keep_bytes else "replace"
+    for path in paths:
+        if str(path) == "-":
+            fh = sys.stdin.buffer
+        else:
+            p = Path(path)
+            if not p.is_file():
+                raise DataError(f"input file not found: {p}")
+            fh = open(p, "rb")
+        try:
+            for line_no, raw in enumerate(fh, 1):
+                report.lines += 1
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    line = raw.decode("utf-8", errors)
+                    report.invalid_utf8_lines += 1
+                if text_field is not None:
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+                    if not isinstance(rec, dict) or text_field not in rec:
+                        raise DataError(f"{path}:{line_no}: record has no field {text_field!r}")
+                    line = str(rec[text_field])
+                elif not keep_newlines:
+                    line = line.rstrip("\r\n")
+                report.chars += len(line)
+                yield line
+        finally:
+            if fh is not sys.stdin.buffer:
+                fh.close()
+
+
+def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
+    batch, n = [], 0
+    for t in texts:
+        batch.append(t)
+        n += len(t)
+        if n >= batch_chars:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
+
+_WORDS_FN: Callable[[str], list[str]] | None = None
+
+
+def _count_batch(batch: list[str]) -> Counter:
+    c: Counter = Counter()
+    fn = _WORDS_FN
+    for t in batch:
+        c.update(fn(t))  # type: ignore[misc]
+    return c
+
+
+def count_words(texts: Iterable[str], words_fn: Callable[[str], list[str]], *, workers: int | None = None,
+                batch_chars: int = BATCH_CHARS) -> dict[str, int]:
+    """{word: count} over ``texts`` split by ``words_fn``; ``workers`` processes (default: all cores)."""
+    global _WORDS_FN
+    workers = workers or os.cpu_count() or 1
+    _WORDS_FN = words_fn
+    total: Counter = Counter()
+    if workers <= 1:
+        for b in _batches(texts, batch_chars):
+            total.update(_count_batch(b))
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(workers) as pool:
+            for c in pool.imap_unordered(_count_batch, _batches(texts, batch_chars)):
+                if not total:
+                    total = c
+                else:
+                    total.update(c)
+    if not total:
+        raise UserError("the training corpus is empty (no words after pre-tokenisation)")
+    return dict(total)
+
+
+def warn_report(report: ReadReport, warn: Callable[[str], None] | None, byte_level: bool) -> None:
+    if warn is None or not report.invalid_utf8_lines:
+        return
+    if byte_level:
+        warn(f"{report.invalid_utf8_lines} input line(s) were not valid UTF-8; byte-level BPE trains on their raw bytes")
+    else:
+        warn(f"{report.invalid_utf8_lines} input line(s) were not valid UTF-8; invalid bytes were replaced with U+FFFD")

@@ -1,0 +1,183 @@
+"""SubwordTokenizer: special-token split -> normaliser -> pre-tokeniser -> model -> ids, and back.
+
+Key insight: every subword tokenizer is the same four-stage pipeline (Hugging Face's design) with a
+different model in the middle, so one class implements the :class:`~posttrain.tokenizers.base.Tokenizer`
+protocol for BPE, byte-level BPE, WordPiece and Unigram, and one function (``hf_json.to_hf_json``)
+serialises all of them. Encoding a text:
+
+1. split out special/added tokens (leftmost-longest match on the raw text; never split further),
+2. normalise each remaining segment, pre-tokenise it into words,
+3. encode each word with the model, through a word -> ids cache (natural text is Zipfian: most words
+   repeat, so most lookups hit the cache).
+
+``encode`` never adds bos/eos (the caller decides); ``decode`` drops special tokens unless asked.
+``encode_batch`` fans texts out over processes (fork) for throughput on many documents.
+
+Not handled: offsets, truncation/padding and post-processors (templates adding [CLS]/[SEP]): a loaded
+file's post-processor is ignored because ``encode`` adds no special tokens by contract.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import regex
+
+# Conventional names -> protocol role, checked in order (first present wins).
+ROLE_NAMES = {
+    "pad": ("<pad>", "[PAD]", "<|pad|>", "<|padding|>"),
+    "bos": ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]"),
+    "eos": ("<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>", "[SEP]"),
+    "unk": ("<unk>", "[UNK]", "<|unk|>"),
+}
+
+_CACHE_MAX = 1 << 20
+
+
+class SubwordTokenizer:
+    """A model (BPEModel, WordPieceModel, UnigramModel) wrapped with normaliser, pre-tokeniser, decoder
+    and added tokens. ``kind`` names what trained it ("bpe", "byte-bpe", "wordpiece", "unigram")."""
+
+    def __init__(self, model, *, normalizer=None, pre_tokenizer=None, decoder=None,
+                 added_tokens: list[dict] | None = None, kind: str | None = None, roles: dict | None = None):
+        self.model, self.normalizer, self.pre_tokenizer, self.decoder = model, normalizer, pre_tokenizer, decoder
+        self.kind = kind or model.type.lower()
+        self.added_tokens = sorted(added_tokens or [], key=lambda t: t["id"])
+        self._itos: dict[int, str] = {i: t for t, i in model.vocab.items()}
+        for t in self.added_tokens:
+            self._itos[t["id"]] = t["content"]
+        self._stoi = dict(model.vocab)
+        for t in self.added_tokens:
+            self._stoi[t["content"]] = t["id"]
+        self._special_ids = {t["id"] for t in self.added_tokens if t.get("special", True)}
+        contents = sorted((t["content"] for t in self.added_tokens), key=len, reverse=True)
+        self._added_re = regex.compile("|".join(regex.escape(c) for c in contents)) if contents else None
+        self._added_ids = {t["content"]: t["id"] for t in self.added_tokens}
+        self._vocab_size = max(self._itos) + 1 if self._itos else 0
+        self._roles = {}
+        for role, names in ROLE_NAMES.items():
+            self._roles[role] = next((self._stoi[n] for n in names if n in self._stoi), None)
+        self._roles.update(roles or {})
+        self._cache: dict[str, list[int]] = {}
+
+    # --- protocol -----------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    pad_id = property(lambda self: self._roles["pad"])
+    bos_id = property(lambda self: self._roles["bos"])
+    eos_id = property(lambda self: self._roles["eos"])
+    unk_id = property(lambda self: self._roles["unk"])
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._stoi.get(token)
+
+    def id_to_token(self, idx: int) -> str | None:
+        return self._itos.get(int(idx))
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self._stoi)
+
+    def _segments(self, text: str):
+        """Yield (plain_text, None) and (None, special_id) pieces in order."""
+        if self._added_re is None:
+            yield text, None
+            return
+        pos = 0
+        for m in self._added_re.finditer(text):
+            if m.start() > pos:
+                yield text[pos:m.start()], None
+            yield None, self._added_ids[m.group()]
+            pos = m.end()
+        if pos < len(text):
+            yield text[pos:], None
+
+    def words(self, text: str) -> list[str]:
+        """Normalised, pre-tokenised words of plain text (no special-token handling)."""
+        if self.normalizer is not None:
+            text = self.normalizer(text)
+        return self.pre_tokenizer(text) if self.pre_tokenizer is not None else ([text] if text else [])
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids; special tokens written in the text map to their id; no bos/eos added."""
+        ids: list[int] = []
+        cache, tok = self._cache, self.model.tokenize
+        for seg, sid in self._segments(text):
+            if sid is not None:
+                ids.append(sid)
+                continue
+            for w in self.words(seg):
+                r = cache.get(w)
+                if r is None:
+                    r = tok(w)
+                    if len(cache) < _CACHE_MAX:
+                        cache[w] = r
+                ids += r
+        return ids
+
+    def tokenize(self, text: str) -> list[str]:
+        return [self._itos[i] for i in self.encode(text)]
+
+    def encode_batch(self, texts: list[str], workers: int | None = None) -> list[list[int]]:
+        """Encode many texts, split across ``workers`` processes (default: all cores; 1 = in process)."""
+        workers = workers or os.cpu_count() or 1
+        if workers <= 1 or len(texts) < 2 * workers:
+            return [self.encode(t) for t in texts]
+        import multiprocessing as mp
+
+        global _WORKER_TOK
+        _WORKER_TOK = self
+        chunk = max(1, len(texts) // (workers * 8))
+        with mp.get_context("fork").Pool(workers) as pool:
+            return pool.map(_encode_in_worker, texts, chunksize=chunk)
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        tokens = []
+        for i in ids:
+            i = int(i)
+            t = self._itos.get(i)
+            if t is None or (skip_special_tokens and i in self._special_ids):
+                continue
+            tokens.append(t)
+        if self.decoder is None:
+            return " ".join(tokens)
+        return "".join(self.decoder(tokens))
+
+    # --- bytes (byte-level only) --------------------------------------------------------------
+    def encode_bytes(self, data: bytes) -> list[int]:
+        """Byte-level BPE over arbitrary bytes (invalid UTF-8 included): decode_bytes(encode_bytes(b)) == b."""
+        return self.encode(data.decode("utf-8", "surrogateescape"))
+
+    def decode_bytes(self, ids, skip_special_tokens: bool = True) -> bytes:
+        from posttrain.tokenizers.pretokenize import bl_to_bytes
+
+        tokens = [self._itos[int(i)] for i in ids
+                  if int(i) in self._itos and not (skip_special_tokens and int(i) in self._special_ids)]
+        return bl_to_bytes("".join(tokens))
+
+    # --- files --------------------------------------------------------------------------------
+    def to_hf_dict(self) -> dict:
+        from posttrain.tokenizers.hf_json import to_hf_json
+
+        return to_hf_json(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write a Hugging Face tokenizer.json (``tokenizers.Tokenizer.from_file`` loads it)."""
+        from posttrain.data.io import atomic_write_json
+
+        p = Path(path)
+        if p.is_dir():
+            p = p / "tokenizer.json"
+        atomic_write_json(p, self.to_hf_dict(), indent=None)
+
+    def __repr__(self) -> str:
+        return f"SubwordTokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+_WORKER_TOK: SubwordTokenizer | None = None
+
+
+def _encode_in_worker(text: str) -> list[int]:
+    return _WORKER_TOK.encode(text)  # type: ignore[union-attr]

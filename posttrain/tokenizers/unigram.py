@@ -1,0 +1,589 @@
+"""Unigram language-model tokenizer (Kudo 2018, SentencePiece's default): prune a big vocabulary by EM.
+
+Key insight: a word's probability is a sum over its segmentations, ``P(x) = sum_{s in S(x)} prod_i p(s_i)``.
+Training starts from many frequent substrings, fits ``p`` by EM (E-step: forward-backward over each
+word's lattice gives expected piece counts; M-step: ``log p_i = digamma(c_i) - digamma(sum_j c_j)``,
+SentencePiece's sparse-prior update) and then deletes the pieces whose removal lowers the corpus
+likelihood least, ``loss_i = F_i * (log p_i - sum_{a in alt(i)} log p'_a)`` where ``alt(i)`` is the
+best segmentation of piece ``i`` without itself; repeat until the vocabulary fits. Single characters
+are never pruned, so every kept character can always be spelt.
+
+Encoding is Viterbi: ``best[e] = max_{b<e, x[b:e] in V} best[b] + log p(x[b:e])`` (ties: longest last
+piece, as in ``tokenizers``); a character not in the vocabulary becomes ``<unk>`` with score
+``min_score - 10`` (consecutive ones fused) or, with ``byte_fallback``, its UTF-8 ``<0xNN>`` pieces.
+Subword regularisation: ``sample`` draws a segmentation with probability ``∝ P(s)^alpha`` by
+forward-filtering backward-sampling.
+
+Words are SentencePiece-style: ``' '`` -> ``'▁'`` and each word starts with ``'▁'`` (Metaspace).
+``character_coverage`` keeps the most frequent characters covering that fraction of the corpus
+(0.9995 by default, as sentencepiece); rarer characters are left to byte fallback or ``<unk>``,
+which is what makes an 8k vocabulary possible on English + Chinese text.
+
+The trainer is vectorised with numpy over a flat lattice of all distinct words (positions of all
+words concatenated; edges = (begin, end, piece)): forward, backward and Viterbi loop only over the
+offset inside a word. ``viterbi_slow`` / brute force in the tests are its oracles.
+
+Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, n-best encoding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from posttrain.errors import UserError
+
+UNK_PENALTY = 10.0
+BYTE_PIECES = [f"<0x{b:02X}>" for b in range(256)]
+META = "\u2581"
+
+
+def digamma(x: np.ndarray) -> np.ndarray:
+    """psi(x) for x > 0: recurrence psi(x) = psi(x+1) - 1/x up to x >= 6, then the asymptotic series."""
+    x = np.asarray(x, dtype=np.float64).copy()
+    acc = np.zeros_like(x)
+    for _ in range(6):
+        small = x < 6
+        if not small.any():
+            break
+        acc[small] -= 1.0 / x[small]
+        x[small] += 1.0
+    inv = 1.0 / x
+    inv2 = inv * inv
+    return acc + np.log(x) - 0.5 * inv - inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 / 252))
+
+
+# ------------------------------------------------------------------------------------------------
+# Model (encoding)
+# ------------------------------------------------------------------------------------------------
+class UnigramModel:
+    """``pieces`` = [(piece, log_prob)] in id order; ``unk_id`` indexes the unknown piece."""
+
+    type = "Unigram"
+
+    def __init__(self, pieces: list[tuple[str, float]], unk_id: int | None = 0, byte_fallback: bool = False):
+        self.pieces = [(p, float(s)) for p, s in pieces]
+        self.vocab = {}
+        for i, (p, _) in enumerate(self.pieces):
+            self.vocab.setdefault(p, i)
+        self.scores = [s for _, s in self.pieces]
+        self.unk_id, self.byte_fallback = unk_id, byte_fallback
+        if unk_id is not None and not (0 <= unk_id < len(self.pieces)):
+            raise UserError(f"Unigram unk_id {unk_id} is outside the vocabulary of {len(self.pieces)} pieces")
+        if unk_id is None and not byte_fallback:
+            pass  # unknown characters raise at encode time
+        self.min_score = min(self.scores) if self.scores else 0.0
+        self.unk_score = self.min_score - UNK_PENALTY
+        self.max_len = max((len(p) for p, _ in self.pieces), default=1)
+
+    def _lattice(self, word: str):
+        """For each end position e: list of (begin, piece_id or -1 for unk, score), begins ascending."""
+        n, vocab, scores, L = len(word), self.vocab, self.scores, self.max_len
+        ends: list[list[tuple[int, int, float]]] = [[] for _ in range(n + 1)]
+        for b in range(n):
+            has_single = False
+            for e in range(b + 1, min(n, b + L) + 1):
+                i = vocab.get(word[b:e])
+                if i is not None:
+                    ends[e].append((b, i, scores[i]))
+                    if e == b + 1:
+                        has_single = True
+            if not has_single:
+                ends[b + 1].append((b, -1, self.unk_score))
+        for lst in ends:
+            lst.sort(key=lambda t: t[0])
+        return ends
+
+    def viterbi(self, word: str) -> list[tuple[str, int]]:
+        """Best segmentation as (piece string, id or -1 for unknown)."""
+        n = len(word)
+        if n == 0:
+            return []
+        ends = self._lattice(word)
+        best = [0.0] + [-math.inf] * n
+        back: list[tuple[int, int]] = [(0, 0)] * (n + 1)
+        for e in range(1, n + 1):
+            bs, bb = -math.inf, None
+            for b, i, s in ends[e]:
+                v = best[b] + s
+                if v > bs:
+                    bs, bb = v, (b, i)
+            best[e], back[e] = bs, bb  # type: ignore[assignment]
+        out = []
+        e = n
+        while e > 0:
+            b, i = back[e]
+            out.append((word[b:e], i))
+            e = b
+        out.reverse()
+        return out
+
+    def _to_ids(self, segs: list[tuple[str, int]]) -> list[int]:
+        ids: list[int] = []
+        pending = []  # fused run of unknown characters
+        for s, i in segs + [("", 0)]:
+            if i == -1:
+                pending.append(s)
+                continue
+            if pending:
+                u = "".join(pending)
+                pending = []
+                if self.byte_fallback and all(bp in self.vocab for bp in (f"<0x{x:02X}>" for x in u.encode("utf-8", "surrogatepass"))):
+                    ids.extend(self.vocab[f"<0x{x:02X}>"] for x in u.encode("utf-8", "surrogatepass"))
+                elif self.unk_id is not None:
+                    ids.append(self.unk_id)
+                else:
+                    raise UserError(f"character {u[0]!r} is not in the Unigram vocabulary and there is no unk piece")
+            if s:
+                ids.append(i)
+        return ids
+
+    def tokenize(self, word: str) -> list[int]:
+        return self._to_ids(self.viterbi(word))
+
+    def sample(self, word: str, alpha: float = 0.1, rng=None) -> list[int]:
+        """Subword regularisation: draw a segmentation with P(s) ∝ prod p(s_i)^alpha (forward-filtering
+        backward-sampling over the lattice); alpha -> inf approaches Viterbi, alpha -> 0 uniform."""
+        import random
+
+        rng = rng or random.Random()
+        n = len(word)
+        if n == 0:
+            return []
+        ends = self._lattice(word)
+        fwd = [0.0] + [-math.inf] * n
+        for e in range(1, n + 1):
+            xs = [fwd[b] + alpha * s for b, _, s in ends[e]]
+            m = max(xs)
+            fwd[e] = m + math.log(sum(math.exp(x - m) for x in xs))
+        segs = []
+        e = n
+        while e > 0:
+            xs = [fwd[b] + alpha * s - fwd[e] for b, _, s in ends[e]]
+            r, acc, pick = rng.random(), 0.0, len(xs) - 1
+            for k, x in enumerate(xs):
+                acc += math.exp(x)
+                if r < acc:
+                    pick = k
+                    break
+            b, i, _ = ends[e][pick]
+            segs.append((word[b:e], i))
+            e = b
+        segs.reverse()
+        return self._to_ids(segs)
+
+    def to_json(self) -> dict:
+        return {"type": "Unigram", "unk_id": self.unk_id, "vocab": [[p, s] for p, s in self.pieces],
+                "byte_fallback": self.byte_fallback}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "UnigramModel":
+        return cls([(p, s) for p, s in d["vocab"]], d.get("unk_id"), bool(d.get("byte_fallback", False)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Training
+# ------------------------------------------------------------------------------------------------
+def kept_characters(word_counts: dict[str, int], coverage: float) -> set[str]:
+    """Most frequent characters whose counts cover ``coverage`` of all characters ('▁' always kept)."""
+    cc: dict[str, int] = defaultdict(int)
+    for w, c in word_counts.items():
+        for ch in w:
+            cc[ch] += c
+    total = sum(cc.values())
+    kept, acc = set(), 0
+    for ch, c in sorted(cc.items(), key=lambda t: (-t[1], t[0])):
+        if acc >= coverage * total and kept:
+            break
+        kept.add(ch)
+        acc += c
+    kept.add(META)
+    return kept
+
+
+def split_uncovered(word_counts: dict[str, int], kept: set[str], max_len: int) -> dict[str, int]:
+    """Cut words at characters outside ``kept`` (pieces cannot contain them) and into <= max_len chunks."""
+    out: dict[str, int] = defaultdict(int)
+    for w, c in word_counts.items():
+        cur = []
+        for ch in w:
+            if ch in kept:
+                cur.append(ch)
+            elif cur:
+                out["".join(cur)] += c
+                cur = []
+        if cur:
+            s = "".join(cur)
+            for i in range(0, len(s), max_len):
+                out[s[i:i + max_len]] += c
+    return dict(out)
+
+
+_B1 = np.uint64(1_000_003)
+_B2 = np.uint64(0x9E3779B97F4A7C15)
+
+
+def substrings(strings: list[str], max_len: int, exclude_full: bool = False):
+    """Every substring of length <= max_len of every string, as arrays (sid, begin, length, h1, h2).
+
+    h1, h2 are two polynomial hashes mod 2^64 (bases 1000003 and 0x9E37...): the substring's identity
+    without materialising millions of Python strings. Strings are bucketed by length so each bucket is
+    one (k, n) code-point matrix; ``H[:, j] - H[:, i] * B**(j-i)`` hashes s[i:j] for all rows at once."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for k, s in enumerate(strings):
+        by_len[len(s)].append(k)
+    P1 = np.ones(max_len + 1, dtype=np.uint64)
+    P2 = np.ones(max_len + 1, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for l in range(1, max_len + 1):
+            P1[l] = P1[l - 1] * _B1
+            P2[l] = P2[l - 1] * _B2
+    out = defaultdict(list)
+    with np.errstate(over="ignore"):
+        for n, idx in sorted(by_len.items()):
+            if n == 0:
+                continue
+            idx_np = np.array(idx, dtype=np.int64)
+            codes = np.frombuffer("".join(strings[k] for k in idx).encode("utf-32-le", "surrogatepass"),
+                                  dtype=np.uint32).reshape(len(idx), n).astype(np.uint64) + np.uint64(1)
+            H1 = np.zeros((len(idx), n + 1), dtype=np.uint64)
+            H2 = np.zeros((len(idx), n + 1), dtype=np.uint64)
+            for c in range(n):
+                H1[:, c + 1] = H1[:, c] * _B1 + codes[:, c]
+                H2[:, c + 1] = H2[:, c] * _B2 + codes[:, c]
+            for l in range(1, min(max_len, n) + 1):
+                if exclude_full and l == n:
+                    continue
+                h1 = H1[:, l:] - H1[:, : n + 1 - l] * P1[l]
+                h2 = H2[:, l:] - H2[:, : n + 1 - l] * P2[l]
+                m = n + 1 - l
+                out["sid"].append(np.repeat(idx_np, m))
+                out["begin"].append(np.tile(np.arange(m, dtype=np.int64), len(idx)))
+                out["len"].append(np.full(len(idx) * m, l, dtype=np.int64))
+                out["h1"].append(h1.ravel())
+                out["h2"].append(h2.ravel())
+    if not out:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z, z.astype(np.uint64), z.astype(np.uint64)
+    return tuple(np.concatenate(out[k]) for k in ("sid", "begin", "len", "h1", "h2"))
+
+
+def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.ndarray) -> None:
+    if h1_sorted.size and not np.array_equal(np.minimum.reduceat(h2_sorted, gstart), np.maximum.reduceat(h2_sorted, gstart)):
+        raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
+
+
+class _Lattice:
+    """All strings' lattices as one edge list over a flat position space (string k has positions
+    offsets[k] .. offsets[k] + len). Edges are kept in two sorted copies: forward (by offset of the end
+    inside its string, then end, then begin) and backward (by begin offset descending, then begin), so
+    the forward/backward/Viterbi sweeps are one vectorised step per offset. ``restrict`` drops edges of
+    removed pieces by masking, which keeps both orders sorted."""
+
+    def __init__(self, lengths: np.ndarray, sid, begin, length, piece, counts):
+        self.offsets = np.concatenate([[0], np.cumsum(lengths + 1)]).astype(np.int64)
+        self.starts = self.offsets[:-1]
+        self.ends = self.offsets[1:] - 1
+        self.npos = int(self.offsets[-1])
+        self.counts = np.asarray(counts, dtype=np.float64)
+        eb = self.starts[sid] + begin
+        ee = eb + length
+        lend = begin + length
+        f = np.lexsort((eb, ee, lend))
+        b = np.lexsort((ee, eb, -begin))
+        self._full = {
+            "f": dict(src=eb[f], dst=ee[f], k=lend[f], ep=piece[f], ew=sid[f]),
+            "b": dict(src=ee[b], dst=eb[b], k=begin[b], ep=piece[b], ew=sid[b]),
+        }
+        self.restrict(None)
+
+    def restrict(self, piece_alive: np.ndarray | None, string_alive: np.ndarray | None = None):
+        self.cur = {}
+        for d, full in self._full.items():
+            keep = np.ones(full["ep"].size, dtype=bool) if piece_alive is None else piece_alive[full["ep"]]
+            if string_alive is not None:
+                keep &= string_alive[full["ew"]]
+            a = {k: v[keep] for k, v in full.items()}
+            dst, k = a["dst"], a["k"]
+            n = dst.size
+            gstart = np.flatnonzero(np.diff(dst)) + 1 if n else np.zeros(0, dtype=np.int64)
+            gstart = np.concatenate([[0], gstart]).astype(np.int64) if n else gstart
+            grp = np.zeros(n, dtype=np.int64)
+            if n:
+                grp[gstart[1:]] = 1
+                grp = np.cumsum(grp)
+            kcut = np.flatnonzero(np.diff(k)) + 1 if n else np.zeros(0, dtype=np.int64)
+            bounds = np.concatenate([[0], kcut, [n]]).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
+            slices = []
+            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+                g_lo, g_hi = int(grp[lo]), int(grp[hi - 1]) + 1
+                slices.append((lo, hi, g_lo, g_hi, gstart[g_lo:g_hi] - lo, grp[lo:hi] - g_lo))
+            a["slices"], a["dfirst"] = slices, dst[gstart] if n else dst
+            self.cur[d] = a
+        self.ep, self.ew = self.cur["f"]["ep"], self.cur["f"]["ew"]
+        self.eb, self.ee = self.cur["f"]["src"], self.cur["f"]["dst"]
+
+    def _sweep(self, logp, forward: bool, mode: str):
+        """'lse' -> log-sum-exp over paths (forward alpha / backward beta); 'max' -> Viterbi + back-pointers."""
+        a = self.cur["f" if forward else "b"]
+        src, ep, dfirst = a["src"], a["ep"], a["dfirst"]
+        val = np.full(self.npos, -np.inf)
+        val[self.starts if forward else self.ends] = 0.0
+        back = np.full(self.npos, -1, dtype=np.int64) if mode == "max" else None
+        for lo, hi, g_lo, g_hi, gs, grp in a["slices"]:
+            x = val[src[lo:hi]] + logp[ep[lo:hi]]
+            m = np.maximum.reduceat(x, gs)
+            if mode == "lse":
+                with np.errstate(invalid="ignore"):
+                    s = np.add.reduceat(np.exp(x - m[grp]), gs)
+                val[dfirst[g_lo:g_hi]] = m + np.log(s)
+            else:
+                idx = np.flatnonzero(x == m[grp])
+                g = grp[idx]
+                first = idx[np.concatenate([[True], g[1:] != g[:-1]])]
+                val[dfirst[g_lo:g_hi]] = m
+                back[dfirst[g_lo:g_hi]] = lo + first
+        return val, back
+
+    def expected_counts(self, logp, n_pieces):
+        alpha, _ = self._sweep(logp, True, "lse")
+        beta, _ = self._sweep(logp, False, "lse")
+        z = alpha[self.ends]
+        post = np.exp(alpha[self.eb] + logp[self.ep] + beta[self.ee] - z[self.ew]) * self.counts[self.ew]
+        return np.bincount(self.ep, weights=post, minlength=n_pieces), float((z * self.counts).sum())
+
+    def viterbi_paths(self, logp):
+        """(string index, piece) for every piece on every string's best path."""
+        _, back = self._sweep(logp, True, "max")
+        cur = self.ends.copy()
+        wid = np.arange(cur.size)
+        ws, ps = [], []
+        active = (cur > self.starts) & (back[cur] >= 0)  # strings without any edges (dropped owners) skipped
+        while active.any():
+            wid, cur = wid[active], cur[active]
+            e = back[cur]
+            ws.append(wid)
+            ps.append(self.ep[e])
+            cur = self.eb[e]
+            active = cur > self.starts[wid]
+        if not ws:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(ws), np.concatenate(ps)
+
+
+def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: int = 0,
+                  character_coverage: float = 0.9995, seed_size: int | None = None, max_piece_length: int = 16,
+                  shrinking_factor: float = 0.75, n_sub_iterations: int = 2, max_word_length: int = 32,
+                  log=None) -> list[tuple[str, float]]:
+    """Learn ``vocab_size - n_reserved`` pieces with log-probabilities, sorted by score (best first).
+
+    ``word_counts`` holds Metaspace words ("▁hello"). ``n_reserved`` counts the special and byte
+    pieces the caller adds. ``seed_size`` defaults to max(10 * target, 50k), capped at 1M: the seeds
+    are every character plus the substrings (count >= 2) with the largest count * length, ties broken
+    by the substring's hash (deterministic).
+    """
+    if not word_counts:
+        raise UserError("cannot train a Unigram tokenizer on an empty corpus")
+    target = vocab_size - n_reserved
+    kept = kept_characters(word_counts, character_coverage)
+    wc = split_uncovered(word_counts, kept, max_word_length)
+    words = sorted(wc)
+    counts = np.array([wc[w] for w in words], dtype=np.float64)
+    chars = sorted({ch for w in words for ch in w})
+    if target < len(chars):
+        raise UserError(f"unigram: --vocab-size {vocab_size} is below the alphabet size ({len(chars)} characters at "
+                        f"character coverage {character_coverage} + {n_reserved} reserved pieces); raise the vocab "
+                        f"size or lower the character coverage")
+    seed_size = seed_size or min(1_000_000, max(10 * target, 50_000))
+    L = max_piece_length
+
+    # --- seeds: all characters + frequent substrings, scored count * length --------------------
+    sid, beg, ln, h1, h2 = substrings(words, L)
+    order = np.argsort(h1, kind="stable")
+    h1s = h1[order]
+    gstart = np.concatenate([[0], np.flatnonzero(np.diff(h1s)) + 1]) if h1s.size else np.zeros(0, dtype=np.int64)
+    _check_collisions(h1s, h2[order], gstart)
+    grp_sorted = np.zeros(h1s.size, dtype=np.int64)
+    grp_sorted[gstart[1:]] = 1
+    grp_sorted = np.cumsum(grp_sorted)
+    inv = np.empty_like(grp_sorted)
+    inv[order] = grp_sorted  # occurrence -> unique substring
+    rep = order[gstart]  # one occurrence of each unique substring
+    ufreq = np.bincount(inv, weights=counts[sid], minlength=gstart.size)
+    ulen = ln[rep]
+    uh1 = h1s[gstart]
+    char_u = np.flatnonzero(ulen == 1)
+    char_u = char_u[np.argsort([words[sid[rep[u]]][beg[rep[u]]] for u in char_u.tolist()], kind="stable")]
+    multi_u = np.flatnonzero((ulen > 1) & (ufreq > 1))
+    multi_u = multi_u[np.lexsort((uh1[multi_u], -(ufreq[multi_u] * ulen[multi_u])))][: max(0, seed_size - char_u.size)]
+    seed_u = np.concatenate([char_u, multi_u])
+    P = seed_u.size
+    n_chars = char_u.size
+    strs = [words[sid[rep[u]]][beg[rep[u]]: beg[rep[u]] + ulen[u]] for u in seed_u.tolist()]
+    piece_of_u = np.full(gstart.size, -1, dtype=np.int64)
+    piece_of_u[seed_u] = np.arange(P)
+    is_char = np.zeros(P, dtype=bool)
+    is_char[:n_chars] = True
+    freq0 = ufreq[seed_u] * np.where(is_char, 1, ulen[seed_u])
+    logp = np.log(freq0) - np.log(freq0.sum())
+
+    occ_piece = piece_of_u[inv]
+    m = occ_piece >= 0
+    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), sid[m], beg[m], ln[m], occ_piece[m], counts)
+    del sid, beg, ln, h1, h2, order, h1s, inv, occ_piece, m
+
+    # --- the pieces' own lattices (without the full-span edge): their alternative segmentations --
+    multi_ids = np.arange(n_chars, P)
+    multi = [strs[i] for i in multi_ids.tolist()]
+    a_sid, a_beg, a_ln, a_h1, a_h2 = substrings(multi, L, exclude_full=True)
+    seed_h1 = uh1[seed_u]
+    srt = np.argsort(seed_h1, kind="stable")
+    pos = np.searchsorted(seed_h1[srt], a_h1)
+    pos = np.minimum(pos, max(P - 1, 0))
+    cand = srt[pos] if P else pos
+    hit = (seed_h1[cand] == a_h1) if P else np.zeros(a_h1.size, dtype=bool)
+    alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), a_sid[hit], a_beg[hit], a_ln[hit],
+                       cand[hit], np.ones(len(multi)))
+    del a_sid, a_beg, a_ln, a_h1, a_h2
+
+    alive = np.ones(P, dtype=bool)
+    desired = int(target * 1.1)
+    round_ = 0
+    while True:
+        for _ in range(n_sub_iterations):  # EM
+            expected, ll = corpus.expected_counts(logp, P)
+            drop = alive & ~is_char & (expected < 0.5)
+            if drop.any():
+                alive &= ~drop
+                corpus.restrict(alive)
+            freq = np.where(alive, np.maximum(expected, np.where(is_char, 1.0, 0.0)), 0.0)
+            lp = np.full(P, -np.inf)
+            lp[alive] = digamma(freq[alive]) - digamma(np.array([freq[alive].sum()]))[0]
+            logp = lp
+        n_alive = int(alive.sum())
+        if log:
+            log(f"unigram round {round_}: {n_alive} pieces, log-likelihood {ll:.6g}")
+        round_ += 1
+        if n_alive <= desired:
+            break
+        # --- prune: Viterbi frequencies and per-piece loss of removing it --------------------
+        wid, pid = corpus.viterbi_paths(logp)
+        vfreq = np.bincount(pid, weights=corpus.counts[wid], minlength=P)
+        uniq = np.unique(wid * P + pid)
+        F = np.bincount(uniq % P, weights=corpus.counts[uniq // P], minlength=P) / corpus.counts.sum()
+        total = vfreq.sum()
+        alt_lat.restrict(alive, alive[multi_ids])
+        awid, apid = alt_lat.viterbi_paths(logp)
+        owner = multi_ids[awid]
+        n_alt = np.bincount(owner, minlength=P).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logsum_alt = np.log(total + vfreq * (n_alt - 1))
+            lp_alt = np.bincount(owner, weights=np.log(vfreq[apid] + vfreq[owner]), minlength=P) - n_alt * logsum_alt
+            lp_sp = np.log(vfreq) - np.log(total)
+            loss = F * (lp_sp - lp_alt)
+        removable = np.flatnonzero(alive & ~is_char & (vfreq > 0))
+        new_size = max(desired, int(shrinking_factor * n_alive))
+        n_keep = max(0, new_size - int((alive & is_char).sum()))
+        ranked = removable[np.lexsort((removable, -loss[removable]))]
+        keep = is_char & alive
+        keep[ranked[:n_keep]] = True
+        alive = keep
+        corpus.restrict(alive)
+        logp = np.where(alive, logp, -np.inf)
+    # --- finalise: characters plus the best-scoring pieces, sorted by score --------------------
+    ids = np.flatnonzero(alive & ~is_char)
+    ids = ids[np.lexsort((ids, -logp[ids]))][: max(0, target - n_chars)]
+    final = np.concatenate([np.flatnonzero(is_char & alive), ids])
+    final = final[np.lexsort((final, -logp[final]))]
+    return [(strs[i], float(logp[i])) for i in final.tolist()]
+
+
+@dataclass
+class UnigramTrainer:
+    """SentencePiece-style Unigram: NFKC + whitespace collapse (optional), Metaspace words, EM + pruning,
+    character coverage, optional byte fallback (256 ``<0xNN>`` pieces)."""
+
+    vocab_size: int = 8000
+    special_tokens: tuple[str, ...] = ("<unk>", "<pad>", "<bos>", "<eos>")
+    unk_token: str = "<unk>"
+    character_coverage: float = 0.9995
+    byte_fallback: bool = False
+    nfkc: bool = True
+    collapse_whitespace: bool = True
+    seed_size: int | None = None
+    max_piece_length: int = 16
+    shrinking_factor: float = 0.75
+    n_sub_iterations: int = 2
+    workers: int | None = None
+
+    kind = "unigram"
+    keep_bytes = False
+    keep_newlines = False
+
+    def components(self):
+        from posttrain.tokenizers import pretokenize as P
+
+        steps = ([P.UnicodeNormalizer("NFKC")] if self.nfkc else []) + (
+            [P.Replace(r"\s+", " ", True)] if self.collapse_whitespace else [])
+        norm = None if not steps else steps[0] if len(steps) == 1 else P.NormalizerSequence(steps)
+        pre = P.Metaspace(META, "always", True)
+        if self.byte_fallback:
+            dec = P.DecoderSequence([P.ReplaceDecoder(META, " "), P.ByteFallbackDecoder(), P.FuseDecoder(),
+                                     P.StripDecoder(" ", 1, 0)])
+        else:
+            dec = P.MetaspaceDecoder(META, "always", True)
+        return norm, pre, dec
+
+    def words_fn(self):
+        from posttrain.tokenizers.wordpiece import _Compose
+
+        norm, pre, _ = self.components()
+        return _Compose(norm, pre)
+
+    def train(self, texts, log=None):
+        from posttrain.tokenizers.corpus import count_words
+
+        return self.train_from_counts(count_words(texts, self.words_fn(), workers=self.workers), log=log)
+
+    def train_from_counts(self, word_counts: dict[str, int], log=None):
+        from posttrain.tokenizers.bpe import special_added_tokens
+        from posttrain.tokenizers.pipeline import SubwordTokenizer
+
+        if not (0 < self.character_coverage <= 1):
+            raise UserError(f"character_coverage must be in (0, 1], got {self.character_coverage}")
+        specials = list(self.special_tokens)
+        if self.unk_token not in specials:
+            specials.insert(0, self.unk_token)
+        reserved = specials + (BYTE_PIECES if self.byte_fallback else [])
+        learned = train_unigram(word_counts, self.vocab_size, n_reserved=len(reserved),
+                                character_coverage=self.character_coverage, seed_size=self.seed_size,
+                                max_piece_length=self.max_piece_length, shrinking_factor=self.shrinking_factor,
+                                n_sub_iterations=self.n_sub_iterations, log=log)
+        taken = set(reserved)
+        # 12 significant digits: a JSON float that short parses exactly in every reader (serde_json's
+        # default float parser is only "best effort" on 17-digit reprs, which flips Viterbi near-ties).
+        pieces = [(t, 0.0) for t in reserved] + [(p, float(f"{s:.12g}")) for p, s in learned if p not in taken]
+        model = UnigramModel(pieces, unk_id=specials.index(self.unk_token), byte_fallback=self.byte_fallback)
+        norm, pre, dec = self.components()
+        return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
+                                added_tokens=special_added_tokens(specials), kind=self.kind)
+
+
+def sample_encode(tok, text: str, alpha: float = 0.1, seed: int | None = None) -> list[int]:
+    """Subword-regularised encoding of ``text`` with a Unigram ``SubwordTokenizer`` (a fresh sample per call)."""
+    import random
+
+    if not isinstance(tok.model, UnigramModel):
+        raise UserError("sampling (subword regularisation) needs a Unigram tokenizer")
+    rng = random.Random(seed)
+    ids: list[int] = []
+    for seg, sid in tok._segments(text):
+        if sid is not None:
+            ids.append(sid)
+            continue
+        for w in tok.words(seg):
+            ids += tok.model.sample(w, alpha, rng)
+    return ids

@@ -1,0 +1,322 @@
+"""WordPiece (BERT): merge the pair with the highest likelihood gain, encode by greedy longest prefix.
+
+Key insight (Schuster & Nakajima 2012; the notes' "互信息" criterion): merge
+``argmax_{(a,b)} count(a,b) / (count(a) * count(b))`` — the pair whose parts occur together far more
+often than chance, not merely the most frequent pair (that is BPE; Hugging Face's WordPiece trainer
+in fact merges by raw frequency). Word-internal pieces carry the ``##`` prefix:
+``"unaffable" -> ["un", "##aff", "##able"]``; merging ``"un"`` + ``"##aff"`` gives ``"unaff"``, and
+``"##aff"`` + ``"##able"`` gives ``"##affable"``.
+
+Encoding a word: take the longest vocabulary entry that prefixes the rest of the word (``##`` form
+after the first piece), repeat; if some position has no match, the whole word is ``[UNK]``, as is a
+word longer than ``max_input_chars_per_word`` characters.
+
+Tie-break: highest score, then lexicographically smallest (left, right). ``train_wordpiece_merges``
+keeps pair and symbol counts incrementally and rescores only pairs whose count or whose parts'
+counts changed (a numpy array of scores, argmax per merge); ``train_wordpiece_merges_slow`` recounts
+everything per merge and is its oracle.
+
+Not handled: training from a pre-existing vocabulary, ``limit_alphabet`` beyond keeping the most
+frequent characters.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from posttrain.errors import UserError
+from posttrain.tokenizers.bpe import merge_ids
+
+PREFIX = "##"
+
+
+def word_symbols(word: str, prefix: str = PREFIX) -> list[str]:
+    """"low" -> ["l", "##o", "##w"]."""
+    return [c if i == 0 else prefix + c for i, c in enumerate(word)]
+
+
+def merged(a: str, b: str, prefix: str = PREFIX) -> str:
+    """("un", "##aff") -> "unaff"; ("##aff", "##able") -> "##affable"."""
+    return a + (b[len(prefix):] if b.startswith(prefix) else b)
+
+
+def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_frequency: int = 1):
+    """Oracle: recount pair and symbol counts before each merge. Returns (alphabet, merged tokens)."""
+    words = [word_symbols(w) for w in word_counts if w]
+    counts = [c for w, c in word_counts.items() if w]
+    alphabet = sorted({s for w in words for s in w})
+    out = []
+    known, n_new = set(alphabet), 0
+    while n_new < n_merges:
+        pc: dict = defaultdict(int)
+        sc: dict = defaultdict(int)
+        for w, c in zip(words, counts):
+            for s in w:
+                sc[s] += c
+            for p in zip(w, w[1:]):
+                pc[p] += c
+        pc = {p: c for p, c in pc.items() if c >= min_frequency}
+        if not pc:
+            break
+        best = min(pc, key=lambda p: (-(float(pc[p]) / float(sc[p[0]] * sc[p[1]])), p))
+        a, b = best
+        new = merged(a, b)
+        out.append((a, b, new))
+        if new not in known:
+            known.add(new)
+            n_new += 1
+        nws = []
+        for w in words:
+            r, i = [], 0
+            while i < len(w):
+                if i < len(w) - 1 and w[i] == a and w[i + 1] == b:
+                    r.append(new)
+                    i += 2
+                else:
+                    r.append(w[i])
+                    i += 1
+            nws.append(r)
+        words = nws
+    return alphabet, out
+
+
+def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequency: int = 1, progress=None):
+    """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)])."""
+    split = [(word_symbols(w), c) for w, c in word_counts.items() if w]
+    alphabet = sorted({s for w, _ in split for s in w})
+    id_to_str = list(alphabet)
+    str_to_id = {s: i for i, s in enumerate(id_to_str)}
+    words = [[str_to_id[s] for s in w] for w, _ in split]
+    counts = [c for _, c in split]
+
+    cap_s = max(16, 2 * (len(id_to_str) + n_merges))
+    symc = np.zeros(cap_s, dtype=np.float64)
+    slot_of: dict[tuple[int, int], int] = {}
+    pa: list[int] = []
+    pb: list[int] = []
+    pc_d: dict[int, int] = defaultdict(int)  # slot -> count
+    where: dict[int, set[int]] = defaultdict(set)
+    sym_pairs: dict[int, set[int]] = defaultdict(set)
+
+    def slot(p):
+        s = slot_of.get(p)
+        if s is None:
+            s = len(pa)
+            slot_of[p] = s
+            pa.append(p[0])
+            pb.append(p[1])
+            sym_pairs[p[0]].add(s)
+            sym_pairs[p[1]].add(s)
+        return s
+
+    for wi, (w, c) in enumerate(zip(words, counts)):
+        for s in w:
+            symc[s] += c
+        for p in zip(w, w[1:]):
+            k = slot(p)
+            pc_d[k] += c
+            where[k].add(wi)
+
+    cap = max(1024, 2 * len(pa))
+    scores = np.full(cap, -1.0)
+    pa_np = np.zeros(cap, dtype=np.int64)
+    pb_np = np.zeros(cap, dtype=np.int64)
+    cnt_np = np.zeros(cap, dtype=np.float64)
+
+    def rescore(slots):
+        nonlocal cap, scores, pa_np, pb_np, cnt_np
+        if len(pa) > cap:
+            new_cap = 2 * len(pa)
+            scores = np.concatenate([scores, np.full(new_cap - cap, -1.0)])
+            pa_np = np.concatenate([pa_np, np.zeros(new_cap - cap, dtype=np.int64)])
+            pb_np = np.concatenate([pb_np, np.zeros(new_cap - cap, dtype=np.int64)])
+            cnt_np = np.concatenate([cnt_np, np.zeros(new_cap - cap)])
+            cap = new_cap
+        idx = np.fromiter(slots, dtype=np.int64, count=len(slots))
+        if idx.size == 0:
+            return
+        pa_np[idx] = [pa[i] for i in idx.tolist()]
+        pb_np[idx] = [pb[i] for i in idx.tolist()]
+        c = np.array([pc_d.get(i, 0) for i in idx.tolist()], dtype=np.float64)
+        cnt_np[idx] = c
+        with np.errstate(divide="ignore", invalid="ignore"):
+            sc = c / (symc[pa_np[idx]] * symc[pb_np[idx]])
+        sc[c < max(min_frequency, 1)] = -1.0
+        scores[idx] = sc
+
+    rescore(list(range(len(pa))))
+    out = []
+    n_new = 0
+    while n_new < n_merges:
+        best = int(np.argmax(scores))
+        top = scores[best]
+        if top <= 0:
+            break
+        cand = np.flatnonzero(scores == top)
+        if cand.size > 1:
+            best = min(cand.tolist(), key=lambda s: (id_to_str[pa[s]], id_to_str[pb[s]]))
+        a, b = pa[best], pb[best]
+        new = merged(id_to_str[a], id_to_str[b])
+        c_id = str_to_id.get(new)
+        if c_id is None:
+            c_id = len(id_to_str)
+            id_to_str.append(new)
+            str_to_id[new] = c_id
+            n_new += 1
+            if c_id >= len(symc):
+                symc = np.concatenate([symc, np.zeros(len(symc))])
+        out.append((id_to_str[a], id_to_str[b], new))
+        delta: dict[tuple[int, int], int] = defaultdict(int)
+        for wi in list(where.pop(best, ())):
+            w = words[wi]
+            nw = merge_ids(w, a, b, c_id)
+            k = len(w) - len(nw)
+            if k == 0:
+                continue
+            cnt = counts[wi]
+            symc[a] -= k * cnt
+            symc[b] -= k * cnt
+            symc[c_id] += k * cnt
+            for p in zip(w, w[1:]):
+                delta[p] -= cnt
+            for p in zip(nw, nw[1:]):
+                delta[p] += cnt
+                where[slot(p)].add(wi)
+            words[wi] = nw
+        touched = set(sym_pairs.get(a, ())) | set(sym_pairs.get(b, ()))
+        for p, d in delta.items():
+            if d:
+                s = slot(p)
+                pc_d[s] += d
+                touched.add(s)
+        for s in touched:
+            if pc_d.get(s, 0) <= 0:
+                pc_d.pop(s, None)
+        rescore(touched)
+        if progress is not None:
+            progress(len(out))
+    return alphabet, out
+
+
+class WordPieceModel:
+    """Greedy longest-prefix encoder: "unaffable" -> ["un", "##aff", "##able"]; unmatchable -> [UNK]."""
+
+    type = "WordPiece"
+
+    def __init__(self, vocab: dict[str, int], unk_token: str = "[UNK]", continuing_subword_prefix: str = PREFIX,
+                 max_input_chars_per_word: int = 100):
+        self.vocab, self.unk_token, self.prefix = vocab, unk_token, continuing_subword_prefix
+        self.max_chars = max_input_chars_per_word
+        if unk_token not in vocab:
+            raise UserError(f"WordPiece unk_token {unk_token!r} is not in the vocabulary")
+        self.unk_id = vocab[unk_token]
+        self.max_len = max((len(t) for t in vocab), default=1)
+
+    def tokenize(self, word: str) -> list[int]:
+        n = len(word)
+        if n > self.max_chars:
+            return [self.unk_id]
+        vocab, prefix, out, start = self.vocab, self.prefix, [], 0
+        while start < n:
+            end = min(n, start + self.max_len)
+            hit = None
+            while start < end:
+                sub = word[start:end]
+                if start > 0:
+                    sub = prefix + sub
+                hit = vocab.get(sub)
+                if hit is not None:
+                    break
+                end -= 1
+            if hit is None:
+                return [self.unk_id]
+            out.append(hit)
+            start = end
+        return out
+
+    def to_json(self) -> dict:
+        return {"type": "WordPiece", "unk_token": self.unk_token, "continuing_subword_prefix": self.prefix,
+                "max_input_chars_per_word": self.max_chars, "vocab": self.vocab}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "WordPieceModel":
+        return cls(d["vocab"], d.get("unk_token", "[UNK]"), d.get("continuing_subword_prefix", PREFIX),
+                   int(d.get("max_input_chars_per_word", 100)))
+
+
+@dataclass
+class WordPieceTrainer:
+    """BERT-style WordPiece: BertNormalizer (clean, CJK split, optional lower-case + accent strip),
+    BertPreTokenizer, merges by count(ab)/(count(a)count(b)), ``##`` continuation, ``[UNK]``."""
+
+    vocab_size: int = 8000
+    special_tokens: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    min_frequency: int = 1
+    lowercase: bool = True
+    strip_accents: bool | None = None
+    unk_token: str = "[UNK]"
+    max_input_chars_per_word: int = 100
+    limit_alphabet: int | None = None
+    workers: int | None = None
+
+    kind = "wordpiece"
+    keep_bytes = False
+    keep_newlines = False
+
+    def components(self):
+        from posttrain.tokenizers import pretokenize as P
+
+        norm = P.BertNormalizer(True, True, self.strip_accents, self.lowercase)
+        return norm, P.BertPreTokenizer(), P.WordPieceDecoder(PREFIX, True)
+
+    def words_fn(self):
+        norm, pre, _ = self.components()
+        return _Compose(norm, pre)
+
+    def train(self, texts, log=None):
+        from posttrain.tokenizers.corpus import count_words
+
+        return self.train_from_counts(count_words(texts, self.words_fn(), workers=self.workers), log=log)
+
+    def train_from_counts(self, word_counts: dict[str, int], log=None):
+        from posttrain.tokenizers.bpe import check_vocab_size, special_added_tokens
+        from posttrain.tokenizers.pipeline import SubwordTokenizer
+
+        specials = list(self.special_tokens)
+        if self.unk_token not in specials:
+            specials.append(self.unk_token)
+        wc = {w: c for w, c in word_counts.items() if 0 < len(w) <= self.max_input_chars_per_word}
+        if not wc:
+            raise UserError("cannot train WordPiece on an empty corpus")
+        if self.limit_alphabet is not None:
+            cc: dict[str, int] = defaultdict(int)
+            for w, c in wc.items():
+                for ch in w:
+                    cc[ch] += c
+            keep = {ch for ch, _ in sorted(cc.items(), key=lambda t: (-t[1], t[0]))[: self.limit_alphabet]}
+            wc = {w: c for w, c in wc.items() if all(ch in keep for ch in w)}
+        alphabet = sorted({s for w in wc for s in word_symbols(w)})
+        n = check_vocab_size(self.vocab_size, len(specials), len(alphabet), "wordpiece")
+        alphabet, merges = train_wordpiece_merges(wc, n, self.min_frequency)
+        vocab: dict[str, int] = {}
+        for t in specials + alphabet + [m for _, _, m in merges]:
+            vocab.setdefault(t, len(vocab))
+        if log:
+            log(f"wordpiece: {len(wc)} distinct words, {len(alphabet)} symbols, {len(merges)} merges")
+        norm, pre, dec = self.components()
+        model = WordPieceModel(vocab, self.unk_token, PREFIX, self.max_input_chars_per_word)
+        return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
+                                added_tokens=special_added_tokens(specials), kind=self.kind)
+
+
+class _Compose:
+    """Picklable normaliser + pre-tokeniser."""
+
+    def __init__(self, norm, pre):
+        self.norm, self.pre = norm, pre
+
+    def __call__(self, text: str) -> list[str]:
+        return self.pre(self.norm(text) if self.norm is not None else text)
