@@ -37,6 +37,11 @@ def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: f
     mask = visible_mask(nq, nk, causal, key_padding_mask, q.device)  # (B|1, 1, Nq, Nk)
     has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, Nq, 1)
     safe = mask | ~has_key  # an empty row attends everywhere, then is zeroed: no NaN
+    if nq == 1 and not q.requires_grad:
+        # a padded decode step: two small batched matmuls beat the fused CPU kernel's masked path (~1.6x)
+        s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # (B, H, 1, Nk)
+        out = s.masked_fill(~safe, float("-inf")).softmax(-1) @ v  # (B, H, 1, D)
+        return out.masked_fill(~has_key, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale)
     return out.masked_fill(~has_key, 0.0)
 

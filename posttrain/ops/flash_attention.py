@@ -42,6 +42,8 @@ BLOCK_Q = 512
 """Query rows per tile (measured on a 2-core CPU, see docs/attention.md)."""
 BLOCK_K = 512
 """Key rows per tile."""
+RESCALE_GAP = 8.0
+"""Forward keeps a row's shift until a tile's logits exceed it by this much (e^8 ~ 3e3: no overflow)."""
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -87,6 +89,14 @@ def _mask_tile(s: torch.Tensor, cmask, pmask, g: int, b: int) -> None:
         s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*G*bq, bk)
 
 
+def _augmented(rows: torch.Tensor, last, dtype) -> torch.Tensor:
+    """[rows, last]: (..., n, D) and a (..., n) column or a scalar -> (..., n, D + 1), a fresh buffer."""
+    aug = torch.empty(*rows.shape[:-1], rows.shape[-1] + 1, dtype=dtype, device=rows.device)
+    aug[..., :-1] = rows
+    aug[..., -1] = last
+    return aug
+
+
 def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
@@ -102,27 +112,39 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
         bq = i1 - i0
-        qb = qg[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype) * scale  # (B*Hkv, G*bq, D)
-        m = torch.full((b * hkv, g * bq), float("-inf"), dtype=acc_dtype, device=q.device)  # running max
-        l = torch.zeros((b * hkv, g * bq), dtype=acc_dtype, device=q.device)  # running denominator
-        acc = torch.zeros((b * hkv, g * bq, d), dtype=acc_dtype, device=q.device)  # unnormalised O
+        m = torch.zeros((b * hkv, g * bq), dtype=acc_dtype, device=q.device)  # the shift in use (finite)
+        # qa = [scale Q_i, -m]: with ka = [K_j, 1] one bmm gives S - m, the shifted logits
+        qa = _augmented(qg[:, :, i0:i1].reshape(b * hkv, g * bq, d) * scale, -m, acc_dtype)  # (B*Hkv, G*bq, D+1)
+        # acc = [o~, l]: with va = [V_j, 1] one bmm accumulates P~ V and rowsum P~ together
+        acc = torch.zeros((b * hkv, g * bq, d + 1), dtype=acc_dtype, device=q.device)
+        all_seen = False  # every row has seen a visible key (then its shift is a real max)
         for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
-            kb = kf[:, j0:j1].to(acc_dtype).contiguous()  # (B*Hkv, bk, D); contiguous: bmm with its transpose is 1.7x faster
-            vb = vf[:, j0:j1].to(acc_dtype)
-            s = torch.bmm(qb, kb.transpose(1, 2))  # (B*Hkv, G*bq, bk) logits, already scaled
+            ka = _augmented(kf[:, j0:j1], 1.0, acc_dtype)  # (B*Hkv, bk, D+1)
+            va = _augmented(vf[:, j0:j1], 1.0, acc_dtype)
+            s = torch.bmm(qa, ka.transpose(1, 2))  # (B*Hkv, G*bq, bk) = S - m
             _mask_tile(s, cmask, pmask, g, b)
-            m_new = torch.maximum(m, s.amax(dim=-1))  # (B*Hkv, G*bq)
-            m_use = m_new.masked_fill(m_new == float("-inf"), 0.0)  # no key seen yet: shift by 0, no NaN
-            s.sub_(m_use[..., None]).exp_()  # P~ = exp(S - m'), hidden keys -> 0
-            alpha = torch.exp(m - m_use)  # (B*Hkv, G*bq) rescale of the old state
-            l.mul_(alpha).add_(s.sum(dim=-1))
-            acc.mul_(alpha[..., None]).baddbmm_(s, vb)  # o~' = alpha o~ + P~ V
-            m = m_new
+            rowmax = s.amax(dim=-1)  # (B*Hkv, G*bq), relative to the shift m
+            # Lazy rescale: keep the old shift unless the tile exceeds it by more than RESCALE_GAP
+            # (exp stays <= e^8, no overflow) or the row has no shift yet.  Any shift is exact.
+            if all_seen:
+                jump = rowmax > RESCALE_GAP
+            else:
+                fresh = (acc[..., d] == 0) & (rowmax > float("-inf"))
+                jump = (rowmax > RESCALE_GAP) | fresh
+                all_seen = bool(((acc[..., d] > 0) | fresh).all())
+            if bool(jump.any()):
+                delta = torch.where(jump, rowmax, 0.0)  # (B*Hkv, G*bq) new shift m' = m + delta
+                s.sub_(delta[..., None])
+                m.add_(delta)
+                qa[..., d] = -m
+                acc.mul_(torch.exp(-delta).clamp_(max=1.0)[..., None])  # alpha = exp(m - m'); fresh rows are 0
+            s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
+            acc.baddbmm_(s, va)  # [o~, l] += P~ [V, 1]
+        l = acc[..., d]
         empty = l == 0  # rows with no visible key
-        outg[:, :, i0:i1] = (acc / l.masked_fill(empty, 1.0)[..., None]).view(b * hkv, g, bq, d)
-        m_use = m.masked_fill(empty, 0.0)
+        outg[:, :, i0:i1] = (acc[..., :d] / l.masked_fill(empty, 1.0)[..., None]).view(b * hkv, g, bq, d)
         # empty rows: L = +inf so that the backward's exp(S - L) is exactly 0
-        lse[:, :, i0:i1] = (m_use + torch.log(l)).masked_fill(empty, float("inf")).view(b * hkv, g, bq)
+        lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(b * hkv, g, bq)
     return out, lse
 
 
@@ -140,26 +162,28 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
     dq = torch.empty(b * hkv, g, nq, d, dtype=q.dtype, device=q.device)  # (B*Hkv, G, Nq, D)
     dk = torch.zeros(b * hkv, nk, d, dtype=acc_dtype, device=q.device)  # (B*Hkv, Nk, D)
     dv = torch.zeros(b * hkv, nk, d, dtype=acc_dtype, device=q.device)
+    big = torch.finfo(acc_dtype).max / 4  # stands in for L = +inf of empty rows: exp(S - big) = 0, no inf arithmetic
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
         bq = i1 - i0
-        qb = qg[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype) * scale  # (B*Hkv, G*bq, D) scaled
-        dob = dog[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)
+        dob = dog[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)  # (B*Hkv, G*bq, D)
         ob = og[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)
         delta = (dob * ob).sum(dim=-1)  # (B*Hkv, G*bq)  D_i = rowsum(dO * O)
-        lse_b = lse[:, :, i0:i1].reshape(b * hkv, g * bq)
+        lse_b = lse[:, :, i0:i1].reshape(b * hkv, g * bq).clamp(max=big)
+        # augmented columns fold the row shifts into the products: [sQ, -L][K, 1]^T = S - L, [dO, -D][V, 1]^T = dP - D
+        qa = _augmented(qg[:, :, i0:i1].reshape(b * hkv, g * bq, d) * scale, -lse_b, acc_dtype)  # (B*Hkv, G*bq, D+1)
+        doa = _augmented(dob, -delta, acc_dtype)
         dqb = torch.zeros(b * hkv, g * bq, d, dtype=acc_dtype, device=q.device)
         for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
-            kb = kf[:, j0:j1].to(acc_dtype).contiguous()  # (B*Hkv, bk, D); contiguous: bmm with its transpose is 1.7x faster
-            vb = vf[:, j0:j1].to(acc_dtype)
-            p = torch.bmm(qb, kb.transpose(1, 2))  # (B*Hkv, G*bq, bk) = S
+            ka = _augmented(kf[:, j0:j1], 1.0, acc_dtype)  # (B*Hkv, bk, D+1)
+            va = _augmented(vf[:, j0:j1], 1.0, acc_dtype)
+            p = torch.bmm(qa, ka.transpose(1, 2))  # (B*Hkv, G*bq, bk) = S - L
             _mask_tile(p, cmask, pmask, g, b)
-            p.sub_(lse_b[..., None]).exp_()  # P = exp(S - L), recomputed
+            p.exp_()  # P = exp(S - L), recomputed
             dv[:, j0:j1].baddbmm_(p.transpose(1, 2), dob)  # dV_j += P^T dO
-            ds = torch.bmm(dob, vb.transpose(1, 2))  # (B*Hkv, G*bq, bk) = dP
-            ds.sub_(delta[..., None]).mul_(p)  # dS = P * (dP - D)
-            dqb.baddbmm_(ds, kb)  # dQ_i += dS K_j   (times scale below)
-            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qb)  # dK_j += dS^T (scale Q_i)
+            ds = torch.bmm(doa, va.transpose(1, 2)).mul_(p)  # dS = P * (dO V^T - D)
+            dqb.baddbmm_(ds, ka[..., :d])  # dQ_i += dS K_j   (times scale below)
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qa[..., :d])  # dK_j += dS^T (scale Q_i)
         dq[:, :, i0:i1] = (dqb * scale).view(b * hkv, g, bq, d)
     dq = dq.view(b, h, nq, d)
     return dq, dk.view(b, hkv, nk, d).to(k.dtype), dv.view(b, hkv, nk, d).to(v.dtype)

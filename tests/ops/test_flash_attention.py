@@ -105,6 +105,21 @@ def test_large_logits_do_not_overflow():
     torch.testing.assert_close(got[3], ref[3].float(), atol=1e-3, rtol=1e-3)
 
 
+def test_very_negative_logits_after_fully_masked_tiles():
+    """Left padding hides the first key tiles; the visible logits are all about -1e4 (no underflow to 0/0)."""
+    q, k, v = make(2, 2, 2, 8, 24, 4, dtype=torch.float32, seed=9)
+    k = -k.abs() * 60
+    q = q.abs() * 60  # every logit is <= 0, most around -1e3 .. -1e4
+    kpm = torch.ones(2, 24, dtype=torch.bool)
+    kpm[0, :17] = False  # the first two key tiles of sequence 0 are padding
+    go = torch.randn(2, 2, 8, 4)
+    got = grads(lambda q, k, v: flash_attention(q, k, v, False, None, kpm, block_q=4, block_k=8), q, k, v, go)
+    ref = grads(lambda q, k, v: reference_attention(q, k, v, False, kpm), q.double(), k.double(), v.double(), go.double())
+    assert all(torch.isfinite(t).all() for t in got)
+    torch.testing.assert_close(got[0], ref[0].float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got[3], ref[3].float(), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_bfloat16_accumulates_in_float32(causal):
     q, k, v = make(2, 4, 2, 67, 67, 32, dtype=torch.bfloat16, seed=5)
