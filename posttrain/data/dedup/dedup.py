@@ -228,7 +228,9 @@ def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats:
     stats["lsh"] = plan.report()
     valid = np.flatnonzero(~empty)
     t = time.perf_counter()
-    keys = band_keys(sig[valid], plan.bands, plan.rows, seed=cfg.seed)  # (n_valid, b)
+    keys = band_keys(sig, plan.bands, plan.rows, seed=cfg.seed)  # (n, b); sig[valid] would copy sig
+    if len(valid) < n:
+        keys = keys[valid]  # (n_valid, b)
     stats["index_bytes_per_doc"] = {
         "signatures": sig.itemsize * cfg.num_perm,
         "band_keys_transient": keys.itemsize * plan.bands,
@@ -417,8 +419,7 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
         stats["bloom"] = {"capacity": bloom.capacity, "bytes": bloom.nbytes, "num_hashes": bloom.num_hashes,
                           "expected_fp_rate": bloom.expected_fp_rate()}
     else:
-        sig = np.concatenate(p1.sigs) if p1.sigs else np.empty((0,), np.uint64)
-        del p1.sigs[:]
+        sig = _concat_consuming(p1.sigs) if p1.sigs else np.empty((0,), np.uint64)
         labels = CLUSTERERS[cfg.method](sig, empty, cfg, stats, reread) if n else np.empty(0, np.int64)
         del sig
     stats["time_s"]["cluster"] = round(time.perf_counter() - t, 4)
@@ -486,6 +487,20 @@ def eval_text(rec: dict, field: str | None, text_field: str) -> str:
         if isinstance(rec.get(f), str):
             return rec[f]
     return record_text(rec, "conversation")
+
+
+def _concat_consuming(chunks: list[np.ndarray]) -> np.ndarray:
+    """np.concatenate that frees each chunk once copied (``chunks`` is emptied): the resident peak is
+    about one copy of the data, not two, because the output's pages are committed as they are written."""
+    out = np.empty((sum(len(c) for c in chunks), *chunks[0].shape[1:]), chunks[0].dtype)
+    chunks.reverse()
+    pos = 0
+    while chunks:
+        c = chunks.pop()
+        out[pos : pos + len(c)] = c
+        pos += len(c)
+        del c
+    return out
 
 
 def _check_unique_ids(ids: list) -> None:

@@ -98,13 +98,14 @@ def band_keys(sig: np.ndarray, bands: int, rows: int, seed: int = 0) -> np.ndarr
     n = sig.shape[0]
     rng = np.random.default_rng(0xBA4D + seed)
     mult = rng.integers(0, 1 << 63, size=rows, dtype=np.uint64) * U64(2) + U64(1)  # (r,) odd multipliers
-    x = sig[:, : bands * rows].reshape(n, bands, rows).astype(U64)  # (n, b, r)
-    acc = np.zeros((n, bands), U64)
-    for j in range(rows):
-        acc += x[:, :, j] * mult[j]
-    out = fmix64(acc.ravel(), seed=seed).reshape(n, bands)
-    # keep the band index in the key so equal values in different bands never collide
-    return out ^ (np.arange(bands, dtype=U64) * U64(0x9E3779B97F4A7C15))[None, :]
+    out = np.empty((n, bands), U64)
+    for band in range(bands):  # one band at a time: temporaries are (n,) uint64, not (n, b*r)
+        acc = np.zeros(n, U64)
+        for j in range(rows):
+            acc += sig[:, band * rows + j].astype(U64) * mult[j]
+        acc ^= U64((band * 0x9E3779B97F4A7C15) % (1 << 64))  # the band index is part of the key
+        out[:, band] = fmix64(acc, seed=seed)
+    return out
 
 
 def bucket_pairs(keys: np.ndarray, max_bucket: int = 50) -> np.ndarray:
@@ -151,7 +152,7 @@ def candidate_pairs(keys: np.ndarray, max_bucket: int = 50) -> np.ndarray:
     return np.stack([u // n, u % n], 1)
 
 
-def verify_pairs(sig: np.ndarray, pairs: np.ndarray, threshold: float, chunk: int = 65536) -> tuple[np.ndarray, np.ndarray]:
+def verify_pairs(sig: np.ndarray, pairs: np.ndarray, threshold: float, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
     """Estimated Jaccard of each pair and the mask est >= threshold. sig (n, K), pairs (P, 2)."""
     est = np.empty(len(pairs), np.float64)
     for s in range(0, len(pairs), chunk):
