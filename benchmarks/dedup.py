@@ -1,7 +1,7 @@
 """Dedup benchmark: posttrain vs datasketch vs rensa on a labelled synthetic corpus, side by side.
 
     .venv/bin/python benchmarks/dedup.py                       # 10k documents, 3 repeats
-    .venv/bin/python benchmarks/dedup.py --sizes 10000,100000 --repeats 1
+    .venv/bin/python benchmarks/dedup.py --sizes 10000,100000 --repeats 3,1
 
 Corpus: "real-looking" English text (words of the bundled MiniLM WordPiece vocabulary, Zipf-distributed,
 in sentences and paragraphs, ~1 KB per document) where 30% of documents are near-duplicates of an
@@ -303,7 +303,7 @@ def _child(system: str, mode: str, corpus: Path, workdir: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10000", help="comma-separated corpus sizes (default: 10000)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", default="3", help="repeats per size, one number or one per size (e.g. 3,1)")
     ap.add_argument("--corpus-seed", type=int, default=0)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
@@ -317,14 +317,17 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
         tmp = Path(tmp)
-        for n in [int(x) for x in args.sizes.split(",")]:
+        sizes = [int(x) for x in args.sizes.split(",")]
+        reps = [int(x) for x in args.repeats.split(",")]
+        reps = reps * len(sizes) if len(reps) == 1 else reps
+        for n, repeats in zip(sizes, reps):
             corpus = tmp / f"corpus{n}.jsonl"
             make_corpus(n, corpus, seed=args.corpus_seed)
             mb = corpus.stat().st_size / 1e6
             print(f"# corpus: {n} docs, {mb:.1f} MB, {len(truth_pairs(corpus))} true duplicate pairs", file=sys.stderr)
             for system in systems:
                 runs = defaultdict(list)
-                for r in range(args.repeats):
+                for r in range(repeats):
                     for mode in ("sig", "dedup"):
                         if mode == "sig" and (SYSTEMS[system][1] > 1 or system in args.skip_sig_for):
                             continue  # signature timing is single-core for everyone
