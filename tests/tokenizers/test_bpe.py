@@ -1,0 +1,78 @@
+"""BPE: the notes' worked example, heap trainer == recount oracle, determinism, merge replay."""
+
+import random
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from posttrain.tokenizers import BPETrainer
+from posttrain.tokenizers.bpe import BPEModel, merge_ids, train_merges, train_merges_slow
+
+
+def test_worked_example_low_lower_lowest():
+    # counts: (l,o)=3; then (lo,w)=2 ties (w,e)=2 -> lexicographic "lo" < "w"; then (low,e)=2
+    alphabet, merges = train_merges({"low": 1, "lower": 1, "lowest": 1}, 3, suffix="</w>")
+    assert merges == [("l", "o"), ("lo", "w"), ("low", "e")]
+    assert alphabet == ["e", "l", "o", "r</w>", "s", "t</w>", "w", "w</w>"]
+
+
+def test_merge_ids_docstring_example():
+    assert merge_ids([1, 2, 3, 1, 2], 1, 2, 4) == [4, 3, 4]
+    assert merge_ids([1, 1, 1], 1, 1, 9) == [9, 1]  # left to right, non-overlapping
+
+
+def _random_counts(rng: random.Random, n_words: int, alphabet: str) -> dict[str, int]:
+    out = {}
+    for _ in range(n_words):
+        w = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 9)))
+        out[w] = out.get(w, 0) + rng.randint(1, 20)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("suffix", [None, "</w>"])
+def test_heap_trainer_matches_recount_oracle(seed, suffix):
+    rng = random.Random(seed)
+    wc = _random_counts(rng, 60, "abcde" if seed % 2 else "abcdefghij")  # small alphabets -> many ties
+    fast = train_merges(wc, 40, suffix=suffix)
+    slow = train_merges_slow(wc, 40, suffix=suffix)
+    assert fast == slow
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text("xyz", min_size=1, max_size=7), st.integers(1, 5), min_size=1, max_size=15),
+       st.integers(1, 3))
+def test_heap_trainer_matches_oracle_property(wc, min_freq):
+    assert train_merges(wc, 25, min_frequency=min_freq) == train_merges_slow(wc, 25, min_frequency=min_freq)
+
+
+def test_same_corpus_same_vocabulary(train_texts):
+    a = BPETrainer(vocab_size=400, workers=1).train(train_texts)
+    b = BPETrainer(vocab_size=400, workers=2).train(list(reversed(train_texts)))
+    assert a.model.vocab == b.model.vocab and a.model.merges == b.model.merges
+    assert a.vocab_size == 400
+
+
+def test_encode_replays_merges_by_rank():
+    vocab = {c: i for i, c in enumerate(["a", "b", "c", "ab", "bc", "abc"])}
+    # rank 0: (b,c) beats (a,b) -> "a"+"bc"; then (a,bc) -> "abc"
+    m = BPEModel(vocab, [("b", "c"), ("a", "b"), ("a", "bc")])
+    assert m.tokenize("abc") == [vocab["abc"]]
+    m2 = BPEModel(vocab, [("a", "b"), ("b", "c")])  # (a,b) first; (ab,c) unknown -> stays split
+    assert m2.tokenize("abc") == [vocab["ab"], vocab["c"]]
+
+
+def test_unknown_characters_unk_or_bytes(train_texts):
+    tok = BPETrainer(vocab_size=300, workers=1).train(train_texts)
+    ids = tok.encode("x\u16a0y")  # runic letter never seen in training
+    assert tok.unk_id in ids
+    tokb = BPETrainer(vocab_size=600, workers=1, byte_fallback=True).train(train_texts)
+    ids = tokb.encode("\u16a0")
+    assert tokb.unk_id not in ids and all(tokb.id_to_token(i).startswith("<0x") for i in ids)
+    assert tokb.decode(ids) == "\u16a0"
+
+
+def test_decode_inverts_whitespace_split(train_texts):
+    tok = BPETrainer(vocab_size=500, workers=1).train(train_texts)
+    s = "the quick brown fox , jumps"
+    assert tok.decode(tok.encode(s)) == s

