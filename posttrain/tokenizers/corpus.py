@@ -46,8 +46,10 @@ def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, ke
             fh = sys.stdin.buffer
         else:
             p = Path(path)
-            if not p.is_file():
+            if not p.exists():
                 raise DataError(f"input file not found: {p}")
+            if p.is_dir():
+                raise DataError(f"{p} is a directory, expected a text or JSONL file")
             fh = open(p, "rb")
         try:
             for line_no, raw in enumerate(fh, 1):
