@@ -38,9 +38,10 @@ import torch
 
 from posttrain.ops.attention import check_attention_inputs
 
-BLOCK_Q = 512
-"""Query rows per tile (measured on a 2-core CPU, see docs/attention.md)."""
-BLOCK_K = 512
+BLOCK_Q = 256
+"""Query rows per tile.  256 x 256 keeps the extra memory near SDPA's (a tile of B*H*256*256 floats);
+larger tiles are a little faster on the CPU but cost memory (see docs/attention.md)."""
+BLOCK_K = 256
 """Key rows per tile."""
 RESCALE_GAP = 8.0
 """Forward keeps a row's shift until a tile's logits exceed it by this much (e^8 ~ 3e3: no overflow)."""
@@ -142,7 +143,8 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
             acc.baddbmm_(s, va)  # [o~, l] += P~ [V, 1]
         l = acc[..., d]
         empty = l == 0  # rows with no visible key
-        outg[:, :, i0:i1] = (acc[..., :d] / l.masked_fill(empty, 1.0)[..., None]).view(b * hkv, g, bq, d)
+        o = acc[..., :d].div_(l.masked_fill(empty, 1.0)[..., None])  # in place: no extra block of memory
+        outg[:, :, i0:i1] = o.view(b * hkv, g, bq, d)
         # empty rows: L = +inf so that the backward's exp(S - L) is exactly 0
         lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(b * hkv, g, bq)
     return out, lse
