@@ -96,6 +96,19 @@ def _make_cache(model, batch: int, max_len: int):
     return model.make_cache(batch, max_len) if isinstance(model, GPT) else None
 
 
+def _repeat_cache(cache, index: torch.Tensor, G: int):
+    """Expand a prefilled cache from B prompts to B*G rows (ours: index copy; HF: its own method)."""
+    from posttrain.models.gpt import KVCache
+
+    if isinstance(cache, KVCache):
+        cache.reorder(index)
+        return cache
+    if hasattr(cache, "batch_repeat_interleave"):  # transformers DynamicCache
+        cache.batch_repeat_interleave(G)
+        return cache
+    raise TypeError(f"cannot expand a cache of type {type(cache).__name__}; use num_samples=1")
+
+
 def cache_kwarg(model) -> str:
     """``cache`` (posttrain, transformers >= 5.2x) or ``past_key_values`` (older transformers)."""
     params = inspect.signature(model.forward).parameters
@@ -107,7 +120,7 @@ def _cache_of(out):
     return c if c is not None else getattr(out, "past_key_values", None)
 
 
-@torch.no_grad()
+@torch.no_grad()  # not inference_mode: RL feeds these tensors to autograd later
 def generate(
     model,
     prompts: list[list[int]],
@@ -129,10 +142,23 @@ def generate(
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id, device)  # (B, P)
     G = cfg.num_samples
-    ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # (N, P)
-    N, P = ids.shape
-    T = cfg.max_new_tokens
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # (N, P)
+    B, P = ids.shape
+    N, T = B * G, cfg.max_new_tokens
+    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, P)
+    ckw = cache_kwarg(model)
+
+    # Prefill each distinct prompt once, then copy its cache to its G samples: the G rows of a group
+    # share the prompt, so this saves (G-1)/G of the prefill work (Hugging Face expands before prefill).
+    cache = _make_cache(model, B, P + T) if use_cache else None
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=use_cache, **{ckw: cache})
+    logits = out.logits[:, -1].float()  # (B, V)
+    expand = torch.arange(B, device=device).repeat_interleave(G)  # (N,)
+    if use_cache:
+        cache = _cache_of(out)
+        if G > 1:
+            cache = _repeat_cache(cache, expand, G)
+    logits = logits[expand]  # (N, V)
+    ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)
     next_pos = pos[:, -1] + 1  # (N,)
 
     out_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)
@@ -140,13 +166,7 @@ def generate(
     logps = torch.zeros((N, T), dtype=torch.float32, device=device)
     raw_logps = torch.zeros((N, T), dtype=torch.float32, device=device)
     done = torch.zeros(N, dtype=torch.bool, device=device)
-
-    cache = _make_cache(model, N, P + T) if use_cache else None
-    ckw = cache_kwarg(model)
     full_mask = mask
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=use_cache, **{ckw: cache})
-    cache = _cache_of(out) if use_cache else None
-    logits = out.logits[:, -1].float()  # (N, V)
     steps = 0
     for t in range(T):
         raw = torch.log_softmax(logits, dim=-1)  # (N, V)
