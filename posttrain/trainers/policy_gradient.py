@@ -1,0 +1,381 @@
+"""Policy-gradient RL with verifiable rewards: REINFORCE, RLOO and GRPO in one thin loop.
+
+Key insight: grad J = E[grad log pi(y|x) * A]; the algorithms differ only in the advantage A (the
+baseline), so one loop serves all three and every KL / clip / aggregation option applies to each:
+
+    for each step:
+        prompts x G samples  ~ pi_old (KV-cache sampler; log-probs of the *sampling* distribution kept)
+        r = reward(prompt, completion)                      (optionally r - beta * KL folded in)
+        A = ADVANTAGE_ESTIMATORS[algo](r, G)                (reinforce | rloo | grpo)
+        mu epochs x minibatches:  L = policy_loss(logpi, logpi_old, A, mask, clip, KL-in-loss, entropy, agg)
+
+pi_old stays fixed at sampling time for all mu updates. With beta = 0 no reference model is built.
+Everything random is a pure function of (seed, step) — the prompt batch, the sampling generator, the
+minibatch order — so a resumed run reproduces an uninterrupted one exactly (with the model, optimizer,
+KL-controller and alarm state restored from the checkpoint).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from posttrain.config import check_choice, check_positive, knob
+from posttrain.errors import ConfigError, UserError
+from posttrain.evaluation import encode_prompt, evaluate
+from posttrain.generate import SamplingConfig, decode_completions, generate
+from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
+from posttrain.losses.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_controller_from_state
+from posttrain.losses.kl import kl_penalized_rewards
+from posttrain.losses.logprobs import completion_logps
+from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
+from posttrain.rewards.registry import build_reward
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tasks.arithmetic import verify as exact_verify
+from posttrain.trainers import common
+from posttrain.trainers.alarms import AlarmConfig, Alarms
+from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.sft import batch_indices
+
+
+@dataclass
+class PolicyGradientConfig:
+    out: str = knob("runs/grpo", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
+    init: str | None = knob(None, "SFT checkpoint (or run directory) to start from; required")
+    algo: str = knob("grpo", "advantage estimator: reinforce | rloo | grpo", choices=tuple(ADVANTAGE_ESTIMATORS))
+    steps: int = knob(300, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)")
+    prompts_per_step: int = knob(32, "distinct prompts per rollout batch")
+    num_generations: int = knob(8, "samples per prompt (G)")
+    max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)")
+    temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)")
+    top_k: int | None = knob(None, "sampling top-k (None = off)")
+    top_p: float | None = knob(None, "sampling top-p (None = off)")
+    lr: float = knob(5e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)")
+    warmup_steps: int = knob(10, "linear LR warmup steps")
+    min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)")
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = off)")
+    mu: int = knob(1, "optimisation epochs over each rollout batch (pi_old fixed at sampling)")
+    minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is split into this many minibatches")
+    grad_accum: int = knob(1, "micro-batches per minibatch (loss and gradients are identical for any value)")
+    clip_eps_low: float = knob(0.2, "PPO clip: ratio >= 1 - clip_eps_low")
+    clip_eps_high: float | None = knob(None, "PPO clip: ratio <= 1 + clip_eps_high (None = clip_eps_low; DAPO uses 0.28)")
+    dual_clip: float | None = knob(None, "dual clip constant c > 1 for negative advantages (None = off)")
+    ratio_level: str = knob("token", "importance ratio per token, or per sequence (GSPO)", choices=("token", "sequence"))
+    loss_agg: str = knob("seq_mean_token_mean", "loss aggregation", choices=tuple(AGGREGATIONS))
+    scale_rewards: str = knob("group", "GRPO std scaling: group | batch | none (Dr. GRPO)", choices=("group", "batch", "none"))
+    reinforce_baseline: str = knob("batch_mean", "REINFORCE baseline: none | batch_mean", choices=("none", "batch_mean"))
+    beta: float = knob(0.0, "KL coefficient to the reference (initial) model; 0 = no reference model is built")
+    kl_estimator: str = knob("k3", "KL estimator: k1 | k2 | k3", choices=tuple(KL_ESTIMATORS))
+    kl_in: str = knob("loss", "apply the KL in the loss or fold it into the reward", choices=("loss", "reward"))
+    kl_control: str = knob("fixed", "KL coefficient: fixed | adaptive (Ziegler et al.)", choices=("fixed", "adaptive"))
+    kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)")
+    kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)")
+    entropy_coef: float = knob(0.0, "entropy bonus coefficient")
+    reward: str = knob("exact_match:1.0", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1'")
+    eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)")
+    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)")
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
+    seed: int = knob(0, "seed for prompt order, sampling and minibatch order")
+    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard", choices=("jsonl", "tensorboard"))
+    threads: int | None = knob(None, "torch CPU threads (None = torch default)")
+    progress: bool = knob(True, "show a progress bar")
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
+    alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
+
+    def __post_init__(self):
+        for name in ("steps", "prompts_per_step", "num_generations", "max_new_tokens", "lr", "mu", "minibatches", "grad_accum"):
+            check_positive(name, getattr(self, name))
+        for name in ("warmup_steps", "weight_decay", "grad_clip", "beta", "entropy_coef", "eval_every", "save_every"):
+            check_positive(name, getattr(self, name), allow_zero=True)
+        check_choice("algo", self.algo, tuple(ADVANTAGE_ESTIMATORS))
+        check_choice("loss_agg", self.loss_agg, tuple(AGGREGATIONS))
+        check_choice("kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
+        check_choice("kl_in", self.kl_in, ("loss", "reward"))
+        check_choice("kl_control", self.kl_control, ("fixed", "adaptive"))
+        check_choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
+        check_choice("reinforce_baseline", self.reinforce_baseline, ("none", "batch_mean"))
+        check_choice("ratio_level", self.ratio_level, ("token", "sequence"))
+        if self.temperature <= 0:
+            raise ConfigError("temperature must be > 0 for RL sampling")
+        if self.algo == "rloo" and self.num_generations < 2:
+            raise ConfigError("algo=rloo needs num_generations >= 2")
+        n = self.prompts_per_step * self.num_generations
+        if n % self.minibatches or (n // self.minibatches) % self.grad_accum:
+            raise ConfigError(f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
+                              f"x grad_accum={self.grad_accum}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("min_lr_ratio must be in [0, 1]")
+        if self.kl_control == "adaptive" and self.beta == 0:
+            raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, num_samples=self.num_generations)
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": {},
+    "rloo": {"algo": "rloo"},
+    "reinforce": {"algo": "reinforce"},
+    "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
+    "dr_grpo": {"scale_rewards": "none", "loss_agg": "seq_mean_token_sum_norm"},
+}
+
+# Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
+ESTIMATOR_OPTIONS = {
+    "grpo": lambda c: {"scale_rewards": c.scale_rewards},
+    "rloo": lambda c: {},
+    "reinforce": lambda c: {"baseline": c.reinforce_baseline},
+}
+
+
+def build_reference(model: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the starting policy (eval mode, no gradients)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
+
+
+@dataclass
+class Rollout:
+    """One rollout batch, everything the update needs (rows prompt-major: G samples per prompt)."""
+
+    sequences: torch.Tensor  # (N, P+T)
+    attention_mask: torch.Tensor  # (N, P+T)
+    completion_mask: torch.Tensor  # (N, T)
+    old_logps: torch.Tensor  # (N, T) sampling-distribution log-probs (pi_old)
+    ref_logps: torch.Tensor | None  # (N, T) or None when beta = 0
+    advantages: torch.Tensor  # (N,)
+    prompt_length: int
+    metrics: dict
+
+
+class PolicyGradientTrainer:
+    """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here."""
+
+    def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None):
+        if not cfg.init and not resume:
+            raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
+        self.cfg = cfg
+        common.set_threads(cfg.threads)
+        self.out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+        self.task = ArithmeticTask(cfg.task)
+        self.prompts = self.task.rl_prompts()
+        self.evals = self.task.eval_problems()
+        self.reward_fn = build_reward(cfg.reward)
+        common.seed_everything(cfg.seed)
+        self.start_step = 0
+        ckpt = None
+        if resume:
+            ckpt = load_checkpoint(resume, with_training_state=True, prefer_latest=True)
+            self.start_step = ckpt.step
+            if ckpt.state.get("trainer") != "policy_gradient":
+                raise UserError(f"{ckpt.path} is not a policy-gradient checkpoint (trainer={ckpt.state.get('trainer')!r})")
+        init = load_checkpoint(cfg.init) if cfg.init else None
+        src = ckpt or init
+        self.model, self.tokenizer = src.model, src.tokenizer
+        self.model.train()
+        # the reference is the *initial* policy: from --init, or from the resumed run's own init
+        self.ref_model = None
+        if cfg.beta > 0:
+            ref_src = init.model if init is not None else load_checkpoint(ckpt.state["config"]["init"]).model
+            self.ref_model = build_reference(ref_src)
+        self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
+                       else FixedKLController(cfg.beta))
+        self.alarms = Alarms(cfg.alarms)
+        self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
+        if ckpt is not None:
+            self.opt.load_state_dict(ckpt.optimizer_state)
+            if ckpt.rng_state is not None:
+                restore_rng(ckpt.rng_state)
+            self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
+            self.alarms.load_state_dict(ckpt.state["alarms"])
+        max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
+        if max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
+            raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
+        self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
+        self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
+
+    # ------------------------------------------------------------------------------------------ rollout
+    def rollout(self, step: int) -> Rollout:
+        cfg = self.cfg
+        idx = batch_indices(len(self.prompts), cfg.prompts_per_step, step, cfg.seed + 17)
+        problems = [self.prompts[i] for i in idx.tolist()]
+        t0 = time.perf_counter()
+        gen = generate(self.model, [encode_prompt(self.tokenizer, p.prompt) for p in problems],
+                       pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, cfg=cfg.sampling,
+                       generator=step_generator(cfg.seed, step))
+        t1 = time.perf_counter()
+        texts = decode_completions(self.tokenizer, gen)
+        G = cfg.num_generations
+        prompts = [p.prompt for p in problems for _ in range(G)]
+        answers = [p.answer for p in problems for _ in range(G)]
+        rewards = torch.tensor(self.reward_fn(prompts, texts, answer=answers), dtype=torch.float32)  # (N,)
+        if not torch.isfinite(rewards).all():
+            raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
+        correct = torch.tensor([exact_verify(c, a) for c, a in zip(texts, answers)], dtype=torch.float32)
+        t2 = time.perf_counter()
+        ref_logps = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logps = completion_logps(self.ref_model, gen.sequences, gen.attention_mask, gen.prompt_length,
+                                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                             completion_mask=gen.completion_mask)
+        shaped = rewards
+        if ref_logps is not None and cfg.kl_in == "reward":
+            shaped = kl_penalized_rewards(rewards, gen.logps, ref_logps, gen.completion_mask, self.kl_ctl.value,
+                                          cfg.kl_estimator)
+        advantages, adv_metrics = ADVANTAGE_ESTIMATORS[cfg.algo](shaped, G, **ESTIMATOR_OPTIONS[cfg.algo](cfg))
+        lengths = gen.completion_mask.sum(-1).float()
+        metrics = {
+            "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+            "accuracy": correct.mean().item(), "completion_length": lengths.mean().item(),
+            "truncated_frac": gen.truncated.float().mean().item(), **adv_metrics,
+            "time_generate": t1 - t0, "time_score": t2 - t1,
+        }
+        return Rollout(gen.sequences, gen.attention_mask, gen.completion_mask, gen.logps, ref_logps, advantages,
+                       gen.prompt_length, metrics)
+
+    # ------------------------------------------------------------------------------------------ update
+    def _micro_loss(self, ro: Rollout, rows: torch.Tensor, norms: dict):
+        cfg = self.cfg
+        mask = ro.completion_mask[rows]
+        width = int(mask.sum(-1).max()) if mask.any() else 1  # trim completion padding shared by all rows
+        P = ro.prompt_length
+        seqs, attn = ro.sequences[rows, : P + width], ro.attention_mask[rows, : P + width]
+        logps, entropy = completion_logps(self.model, seqs, attn, P, temperature=cfg.temperature, top_k=cfg.top_k,
+                                          top_p=cfg.top_p, completion_mask=mask[:, :width], return_entropy=True)
+        return policy_loss(
+            logps, ro.old_logps[rows, :width], ro.advantages[rows], mask[:, :width],
+            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, dual_clip=cfg.dual_clip,
+            ratio_level=cfg.ratio_level, agg=cfg.loss_agg, entropy=entropy, entropy_coef=cfg.entropy_coef,
+            ref_logps=ro.ref_logps[rows, :width] if ro.ref_logps is not None else None,
+            beta=self.kl_ctl.value if cfg.kl_in == "loss" else 0.0, kl_estimator=cfg.kl_estimator, **norms,
+        )
+
+    def update(self, ro: Rollout, step: int) -> dict:
+        cfg = self.cfg
+        N = ro.sequences.shape[0]
+        per_mb = N // cfg.minibatches
+        per_micro = per_mb // cfg.grad_accum
+        parts, gnorms, skipped = [], [], 0
+        for epoch in range(cfg.mu):
+            order = torch.randperm(N, generator=step_generator(cfg.seed, step, salt=1 + epoch)) if cfg.minibatches > 1 \
+                else torch.arange(N)
+            for mb in range(cfg.minibatches):
+                rows = order[mb * per_mb : (mb + 1) * per_mb]
+                norms = batch_normalizers(ro.completion_mask[rows], max_len=cfg.max_new_tokens)
+                mb_parts = []
+                for m in range(cfg.grad_accum):
+                    loss, met = self._micro_loss(ro, rows[m * per_micro : (m + 1) * per_micro], norms)
+                    loss.backward()
+                    mb_parts.append(met)
+                gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip)
+                met = merge_metrics(mb_parts)
+                if math.isfinite(gnorm) and math.isfinite(met["loss"]):
+                    self.opt.step()
+                else:
+                    skipped += 1  # a non-finite step is skipped and reported, never applied
+                self.opt.zero_grad(set_to_none=True)
+                parts.append(met)
+                gnorms.append(gnorm)
+        out = merge_metrics(parts)
+        out["loss"] = out["loss"] / len(parts)  # mean over optimizer steps
+        out["pg_loss"] = out["pg_loss"] / len(parts)
+        out["grad_norm"] = max(gnorms) if all(map(math.isfinite, gnorms)) else float("nan")
+        out["skipped_updates"] = skipped
+        return out
+
+    # ------------------------------------------------------------------------------------------ loop
+    def evaluate(self):
+        r = evaluate(self.model, self.tokenizer, [p.prompt for p in self.evals], [p.answer for p in self.evals],
+                     max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        self.model.train()
+        return r
+
+    def _state(self, step: int, extra: dict | None = None) -> dict:
+        return {"step": step, "trainer": "policy_gradient", "config": dataclasses.asdict(self.cfg),
+                "kl_controller": self.kl_ctl.state_dict(), "alarms": self.alarms.state_dict(), **(extra or {})}
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        n_params = sum(p.numel() for p in self.model.parameters())
+        print(f"{cfg.algo.upper()}: {len(self.prompts)} training prompts, {cfg.prompts_per_step} x {cfg.num_generations} "
+              f"samples/step, model {n_params / 1e6:.2f}M params, reference model: "
+              f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}")
+        t_start = time.perf_counter()
+        initial = self.evaluate() if self.start_step == 0 else None
+        if initial is not None:
+            print(f"held-out accuracy at start: {initial.accuracy:.3f}")
+            self.logger.log(0, {"heldout_accuracy": initial.accuracy})
+        last_eval, stopped = None, False
+        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps, desc=cfg.algo,
+                   disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+        for step in bar:
+            t0 = time.perf_counter()
+            common.set_lr(self.opt, common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+            ro = self.rollout(step)
+            t1 = time.perf_counter()
+            upd = self.update(ro, step)
+            metrics = {**ro.metrics, **upd, "time_update": time.perf_counter() - t1,
+                       "step_time": time.perf_counter() - t0, "beta": self.kl_ctl.value}
+            if "kl" in upd:
+                self.kl_ctl.update(upd["kl"], 1)
+            warnings = self.alarms.update(step + 1, metrics)
+            for w in warnings:
+                tqdm.write(f"ALARM step {step + 1}: {w}")
+            if warnings:
+                metrics["alarms"] = warnings
+            done = step + 1
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                last_eval = self.evaluate()
+                metrics["heldout_accuracy"] = last_eval.accuracy
+            self.logger.log(done, metrics)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
+                            **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+            if self.alarms.should_stop:
+                tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
+                stopped = True
+                break
+            if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
+                self.manager.save(done, model=self.model, tokenizer=self.tokenizer, state=self._state(done),
+                                  optimizer=self.opt, rng_state=rng_state())
+        bar.close()
+        self.logger.close()
+        if last_eval is None:
+            last_eval = self.evaluate()
+        final_step = done if stopped else cfg.steps
+        final = None
+        if not stopped:
+            final = save_checkpoint(Path(self.out) / "model", model=self.model, tokenizer=self.tokenizer,
+                                    state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
+                                    optimizer=self.opt, rng_state=rng_state())
+        summary = {
+            "trainer": cfg.algo, "steps": final_step, "stopped_early": stopped,
+            "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
+            "heldout_n": last_eval.n, "train_seconds": time.perf_counter() - t_start,
+            "alarms": self.alarms.summary(), "model_dir": str(final) if final else None, "samples": last_eval.samples,
+        }
+        path = common.write_summary(self.out, summary)
+        start = f"{initial.accuracy:.3f} -> " if initial else ""
+        print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
+        print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))
+        return summary
+
+
+def train_policy_gradient(cfg: PolicyGradientConfig, resume: str | None = None) -> dict:
+    return PolicyGradientTrainer(cfg, resume=resume).train()
