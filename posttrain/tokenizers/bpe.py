@@ -52,6 +52,50 @@ def merge_ids(ids: list[int], a: int, b: int, new: int) -> list[int]:
     return out
 
 
+def merge_word(w: list[int], a: int, b: int, c: int):
+    """Merge (a, b) -> c in word ``w`` and report which adjacent pairs changed, for incremental counts.
+
+    Returns None if (a, b) does not occur, else (new_word, removed_pairs, added_pairs): pairs that
+    overlap a merge site disappear, pairs touching a new ``c`` appear; every other pair is unchanged.
+    w=[x, a, b, a, b, y] -> [x, c, c, y], removed [(x,a), (a,b), (b,a), (a,b), (b,y)],
+    added [(x,c), (c,c), (c,y)]."""
+    n = len(w)
+    out: list[int] = []
+    merged: list[int] = []
+    removed: list[tuple[int, int]] = []
+    last = -1  # last old pair position already removed
+    i = 0
+    while True:
+        try:
+            j = w.index(a, i)
+        except ValueError:
+            break
+        if j + 1 < n and w[j + 1] == b:
+            out.extend(w[i:j])
+            merged.append(len(out))
+            out.append(c)
+            for q in (j - 1, j, j + 1):
+                if q > last and 0 <= q < n - 1:
+                    removed.append((w[q], w[q + 1]))
+                    last = q
+            i = j + 2
+        else:
+            out.extend(w[i:j + 1])
+            i = j + 1
+    if not merged:
+        return None
+    out.extend(w[i:])
+    m = len(out)
+    added: list[tuple[int, int]] = []
+    last = -1
+    for k in merged:
+        for q in (k - 1, k):
+            if q > last and 0 <= q < m - 1:
+                added.append((out[q], out[q + 1]))
+                last = q
+    return out, removed, added
+
+
 # ------------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------------
@@ -149,17 +193,15 @@ def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | No
             str_to_id[new_str] = c_id
             n_new += 1
         delta: dict[tuple[int, int], int] = defaultdict(int)
-        for wi in list(where.pop((a, b), ())):
-            w = words[wi]
-            if len(w) < 2:
+        for wi in where.pop((a, b), ()):
+            r = merge_word(words[wi], a, b, c_id)
+            if r is None:
                 continue
-            nw = merge_ids(w, a, b, c_id)
-            if len(nw) == len(w):
-                continue
+            nw, removed, added = r
             cnt = counts[wi]
-            for p in zip(w, w[1:]):
+            for p in removed:
                 delta[p] -= cnt
-            for p in zip(nw, nw[1:]):
+            for p in added:
                 delta[p] += cnt
                 where[p].add(wi)
             words[wi] = nw
@@ -202,7 +244,7 @@ def check_vocab_size(vocab_size: int, n_specials: int, alphabet_size: int, what:
 class BPEModel:
     """Encode a pre-tokenised word: characters (suffix on the last), then merges lowest-rank-first.
 
-    ``ranks[(id_a, id_b)] = (rank, id_merged)``. A character missing from the vocabulary becomes its
+    ``ranks[(id_a, id_b)] = (rank, id_merged, id_a, id_b)``. A character missing from the vocabulary becomes its
     UTF-8 ``<0xNN>`` byte tokens (``byte_fallback``) or ``unk_token`` (consecutive unknowns fused with
     ``fuse_unk``); without either it is dropped, as in ``tokenizers``.
     """
@@ -219,7 +261,7 @@ class BPEModel:
         self.unk_id = vocab.get(unk_token) if unk_token is not None else None
         if unk_token is not None and self.unk_id is None:
             raise UserError(f"BPE unk_token {unk_token!r} is not in the vocabulary")
-        self.ranks: dict[tuple[int, int], tuple[int, int]] = {}
+        self.ranks: dict[tuple[int, int], tuple[int, int, int, int]] = {}  # (a, b) -> (rank, merged, a, b)
         plen = len(self.prefix) if self.prefix else 0
         for r, (a, b) in enumerate(self.merges):
             ia, ib = vocab.get(a), vocab.get(b)
@@ -228,7 +270,7 @@ class BPEModel:
             if ia is None or ib is None or inew is None:
                 raise UserError(f"BPE merge {a!r} {b!r} uses a token missing from the vocabulary")
             if (ia, ib) not in self.ranks:
-                self.ranks[(ia, ib)] = (r, inew)
+                self.ranks[(ia, ib)] = (r, inew, ia, ib)
 
     def tokenize(self, word: str) -> list[int]:
         vocab = self.vocab
@@ -263,16 +305,15 @@ class BPEModel:
         return self.apply_merges(ids)
 
     def apply_merges(self, ids: list[int]) -> list[int]:
-        ranks = self.ranks
+        """Repeatedly merge every occurrence of the lowest-rank adjacent pair (equivalent to tokenizers'
+        one-at-a-time leftmost-lowest-rank loop: a merge's result only ever forms higher-rank pairs)."""
+        get = self.ranks.get
         while len(ids) >= 2:
-            best, best_r = None, None
-            for p in zip(ids, ids[1:]):
-                r = ranks.get(p)
-                if r is not None and (best_r is None or r[0] < best_r[0]):
-                    best, best_r = p, r
-            if best is None:
+            cands = [r for r in map(get, zip(ids, ids[1:])) if r is not None]
+            if not cands:
                 break
-            ids = merge_ids(ids, best[0], best[1], best_r[1])
+            _, new, a, b = min(cands)
+            ids = merge_ids(ids, a, b, new)
         return ids
 
     def to_json(self) -> dict:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posttrain.errors import UserError
-from posttrain.tokenizers.bpe import merge_ids
+from posttrain.tokenizers.bpe import merge_word
 
 PREFIX = "##"
 
@@ -170,19 +170,19 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
                 symc = np.concatenate([symc, np.zeros(len(symc))])
         out.append((id_to_str[a], id_to_str[b], new))
         delta: dict[tuple[int, int], int] = defaultdict(int)
-        for wi in list(where.pop(best, ())):
-            w = words[wi]
-            nw = merge_ids(w, a, b, c_id)
-            k = len(w) - len(nw)
-            if k == 0:
+        for wi in where.pop(best, ()):
+            r = merge_word(words[wi], a, b, c_id)
+            if r is None:
                 continue
+            nw, removed, added = r
+            k = len(words[wi]) - len(nw)
             cnt = counts[wi]
             symc[a] -= k * cnt
             symc[b] -= k * cnt
             symc[c_id] += k * cnt
-            for p in zip(w, w[1:]):
+            for p in removed:
                 delta[p] -= cnt
-            for p in zip(nw, nw[1:]):
+            for p in added:
                 delta[p] += cnt
                 where[slot(p)].add(wi)
             words[wi] = nw

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from posttrain.tokenizers import BPETrainer
-from posttrain.tokenizers.bpe import BPEModel, merge_ids, train_merges, train_merges_slow
+from posttrain.tokenizers.bpe import BPEModel, merge_ids, merge_word, train_merges, train_merges_slow
 
 
 def test_worked_example_low_lower_lowest():
@@ -76,3 +76,27 @@ def test_decode_inverts_whitespace_split(train_texts):
     tok = BPETrainer(vocab_size=500, workers=1).train(train_texts)
     s = "the quick brown fox , jumps"
     assert tok.decode(tok.encode(s)) == s
+
+
+def test_merge_word_docstring_example():
+    x, a, b, c, y = 0, 1, 2, 9, 3
+    nw, removed, added = merge_word([x, a, b, a, b, y], a, b, c)
+    assert nw == [x, c, c, y]
+    assert removed == [(x, a), (a, b), (b, a), (a, b), (b, y)]
+    assert added == [(x, c), (c, c), (c, y)]
+    assert merge_word([a, a], a, b, c) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=12), st.integers(0, 3), st.integers(0, 3))
+def test_merge_word_reports_exact_pair_count_change(w, a, b):
+    from collections import Counter
+
+    r = merge_word(w, a, b, 7)
+    if r is None:
+        assert merge_ids(w, a, b, 7) == w
+        return
+    nw, removed, added = r
+    assert nw == merge_ids(w, a, b, 7)
+    before, after = Counter(zip(w, w[1:])), Counter(zip(nw, nw[1:]))
+    assert before - Counter(removed) + Counter(added) == after
