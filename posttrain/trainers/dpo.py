@@ -1,0 +1,384 @@
+"""Direct preference optimisation: the DPO family trained from an SFT checkpoint against a frozen reference.
+
+Key insight: with r(x, y) = beta * log pi(y|x) / pi_ref(y|x) the reward model disappears, and one
+optimizer step is a classification step over (chosen, rejected) pairs:
+
+    seq_logps = sum_{t in completion} log pi(y_t | x, y_<t)        (2B,)  chosen rows, then rejected rows
+    loss, metrics = PREFERENCE_LOSSES[cfg.loss](policy_chosen_logps=seq_logps[:B], ...,
+                                                ref_chosen_logps=ref[:B], ref_rejected_logps=ref[B:], beta=beta)
+
+The loss is a lookup in :data:`~posttrain.losses.preference.PREFERENCE_LOSSES`; what a variant needs
+beyond the log-probs (lengths for SimPO/IPO/R-DPO, the chosen NLL for RPO) comes from
+:data:`~posttrain.losses.preference.LOSS_EXTRAS` and :data:`EXTRA_INPUTS` below, never from a branch on
+the loss name. The reference model is a second copy of the init checkpoint, frozen (``eval()``, no
+gradients). The reference log-probs depend only on the data, so by default they are computed once
+for the whole dataset before training (``precompute_ref``), which removes one of the two forward
+passes per step; SimPO (:data:`REFERENCE_FREE_LOSSES`) needs no reference at all. KTO
+(:data:`UNPAIRED_LOSSES`) trains on labelled single completions; its KL reference point uses
+mismatched (prompt, completion) pairs that change with each batch, so it keeps the reference model.
+
+Batches are a pure function of (seed, step) and the pairs are cached in the run directory
+(``pairs.jsonl``), so a resumed run ends bitwise equal to an uninterrupted one on CPU (tested), as in SFT.
+
+Not handled: gradient accumulation (beta-DPO's batch statistics would change with it), multi-GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from posttrain.config import check_choice, check_positive, knob
+from posttrain.data.io import iter_jsonl
+from posttrain.data.preference import (
+    collate_kto,
+    collate_preference,
+    load_kto_examples,
+    load_preference_pairs,
+    pairs_to_kto,
+)
+from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, on_policy_pairs, stats_dict
+from posttrain.errors import ConfigError, UserError
+from posttrain.evaluation import evaluate
+from posttrain.losses.logprobs import completion_logps, sequence_logps
+from posttrain.losses.preference import (
+    LOSS_EXTRAS,
+    PREFERENCE_LOSSES,
+    REFERENCE_FREE_LOSSES,
+    UNPAIRED_LOSSES,
+    BetaDPOState,
+)
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.trainers import common
+from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.sft import batch_indices, load_pairs
+
+
+@dataclass
+class DPOConfig:
+    out: str = knob("runs/dpo", "output directory (metrics.jsonl, summary.json, pairs.jsonl, checkpoints/, model/)")
+    init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
+    loss: str = knob("dpo", "preference loss (a key of PREFERENCE_LOSSES)", choices=tuple(PREFERENCE_LOSSES))
+    beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)")
+    loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
+    steps: int = knob(150, "optimizer steps")
+    batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)")
+    lr: float = knob(3e-4, "peak learning rate (AdamW)")
+    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)")
+    warmup_steps: int = knob(10, "linear warmup steps")
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)")
+    precompute_ref: bool = knob(True, "compute reference log-probs once for the dataset (one forward pass per step)")
+    eval_every: int = knob(50, "steps between held-out greedy evaluations (0 = only at the end)")
+    save_every: int = knob(50, "steps between checkpoints (0 = only the final model)")
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
+    seed: int = knob(0, "seed for data order and the loss's own sampling (beta-DPO filtering)")
+    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
+    threads: int | None = knob(None, "torch CPU threads (None = torch default)")
+    data: str | None = knob(None, "JSONL of {prompt, chosen, rejected} pairs (KTO: {prompt, completion, label}); "
+                                  "default: on-policy pairs sampled from --init on the embedded task")
+    eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
+    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
+    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
+    max_new_tokens: int = knob(8, "generation length for evaluation")
+    progress: bool = knob(True, "show a progress bar")
+    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+
+    def __post_init__(self):
+        check_choice("loss", self.loss, tuple(PREFERENCE_LOSSES))
+        for name in ("steps", "batch_size", "lr"):
+            check_positive(name, getattr(self, name))
+        for name in ("warmup_steps", "eval_every", "save_every", "weight_decay", "grad_clip"):
+            check_positive(name, getattr(self, name), allow_zero=True)
+        check_positive("keep_checkpoints", self.keep_checkpoints)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("min_lr_ratio must be in [0, 1]")
+        if self.beta is not None and not self.beta > 0:
+            raise ConfigError(f"beta={self.beta} must be > 0")
+        if not isinstance(self.loss_kwargs, dict):
+            raise ConfigError(f"loss_kwargs must be a JSON object, got {self.loss_kwargs!r}")
+        allowed = loss_options(self.loss)
+        unknown = sorted(set(self.loss_kwargs) - set(allowed))
+        if unknown:
+            raise ConfigError(f"loss_kwargs {unknown} not accepted by loss {self.loss!r}; its options: "
+                              f"{', '.join(allowed) or '(none)'}")
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": {},
+    "small": {"steps": 400, "pairs": {"num_prompts": 4096}},
+}
+
+# ---------------------------------------------------------------------------------------------
+# what a loss needs, by declaration
+
+EXTRA_INPUTS = {
+    "chosen_lengths": lambda batch, token_lp, B: batch["chosen_lengths"],
+    "rejected_lengths": lambda batch, token_lp, B: batch["rejected_lengths"],
+    # RPO's NLL as Pang et al. define it: the chosen completion's length-normalised negative log-likelihood
+    "chosen_nll": lambda batch, token_lp, B: -sequence_logps(token_lp[:B], batch["completion_mask"][:B], average=True),
+}
+"""Per-sequence tensors named in LOSS_EXTRAS: fn(batch, token_logps (2B, C), B) -> (B,)."""
+
+STATEFUL_LOSSES = {"beta_dpo": BetaDPOState.from_metrics}
+"""Losses that carry state between steps (passed as ``state=``): name -> how to read the new state from metrics."""
+
+_PROVIDED = {"policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps", "policy_logps",
+             "ref_logps", "labels", "policy_kl_logps", "ref_kl_logps", "kl", "beta", "state", "generator"}
+
+
+def loss_options(loss: str) -> list[str]:
+    """Keyword arguments of a loss that a user may set through ``loss_kwargs``."""
+    params = inspect.signature(PREFERENCE_LOSSES[loss]).parameters
+    return [n for n in params if n not in _PROVIDED and n not in LOSS_EXTRAS.get(loss, ())]
+
+
+def default_beta(loss: str) -> float:
+    return float(inspect.signature(PREFERENCE_LOSSES[loss]).parameters["beta"].default)
+
+
+def seq_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence completion log-probs (N,) and token log-probs (N, C) of a collated batch (one forward)."""
+    lp = completion_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
+                          completion_mask=batch["completion_mask"])  # (N, C)
+    return sequence_logps(lp, batch["completion_mask"]), lp
+
+
+@torch.no_grad()
+def reference_logps(ref_model, batches) -> torch.Tensor:
+    """Concatenated per-sequence log-probs of ``ref_model`` over collated batches (no grad)."""
+    return torch.cat([seq_logps(ref_model, b)[0] for b in batches])
+
+
+def freeze(model: torch.nn.Module) -> torch.nn.Module:
+    """The reference model: eval mode (no dropout) and no gradients."""
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# paired and unpaired data: same interface, chosen by UNPAIRED_LOSSES
+
+
+class PairedData:
+    """(chosen, rejected) pairs; a batch is (2B, P + C), chosen rows first. Ref log-probs (N, 2) per pair."""
+
+    def __init__(self, examples, tokenizer, cfg: DPOConfig):
+        self.examples, self.tokenizer, self.cfg = examples, tokenizer, cfg
+
+    def collate(self, idx: list[int]) -> dict:
+        return collate_preference([self.examples[i] for i in idx], self.tokenizer,
+                                  max_prompt_length=self.cfg.max_prompt_length,
+                                  max_completion_length=self.cfg.max_completion_length)
+
+    def precompute(self, ref_model, chunk: int = 256) -> torch.Tensor:
+        out = []
+        for s in range(0, len(self.examples), chunk):
+            b = self.collate(list(range(s, min(s + chunk, len(self.examples)))))
+            lp = reference_logps(ref_model, [b])  # (2n,)
+            out.append(torch.stack(lp.chunk(2), dim=1))  # (n, 2) chosen, rejected
+        return torch.cat(out)
+
+    def loss_inputs(self, policy, ref_model, batch, ref_rows: torch.Tensor | None) -> dict:
+        """Keyword arguments of a paired loss: policy/reference log-probs and the loss's declared extras."""
+        B = batch["chosen_lengths"].shape[0]
+        pol, token_lp = seq_logps(policy, batch)  # (2B,), (2B, C)
+        kw = {"policy_chosen_logps": pol[:B], "policy_rejected_logps": pol[B:]}
+        if ref_rows is None and ref_model is not None:
+            ref_rows = torch.stack(reference_logps(ref_model, [batch]).chunk(2), dim=1)  # (B, 2)
+        if ref_rows is not None:
+            kw["ref_chosen_logps"], kw["ref_rejected_logps"] = ref_rows[:, 0], ref_rows[:, 1]
+        for name in LOSS_EXTRAS.get(self.cfg.loss, ()):
+            kw[name] = EXTRA_INPUTS[name](batch, token_lp, B)
+        return kw
+
+
+class UnpairedData:
+    """KTO's labelled completions; each batch also carries the mismatched KL batch. Ref log-probs (N, 1)."""
+
+    def __init__(self, examples, tokenizer, cfg: DPOConfig):
+        self.examples, self.tokenizer, self.cfg = examples, tokenizer, cfg
+
+    def collate(self, idx: list[int]) -> dict:
+        return collate_kto([self.examples[i] for i in idx], self.tokenizer,
+                           max_prompt_length=self.cfg.max_prompt_length,
+                           max_completion_length=self.cfg.max_completion_length)
+
+    def precompute(self, ref_model, chunk: int = 256) -> torch.Tensor:
+        out = []
+        for s in range(0, len(self.examples), chunk):
+            out.append(reference_logps(ref_model, [self.collate(list(range(s, min(s + chunk, len(self.examples)))))]))
+        return torch.cat(out)[:, None]
+
+    def loss_inputs(self, policy, ref_model, batch, ref_rows: torch.Tensor | None) -> dict:
+        kl_batch = {k[3:]: v for k, v in batch.items() if k.startswith("kl_")}
+        pol, _ = seq_logps(policy, batch)  # (B,)
+        with torch.no_grad():  # z0 is detached: no gradient through the mismatched pairs
+            pol_kl, _ = seq_logps(policy, kl_batch)
+            ref_kl = reference_logps(ref_model, [kl_batch])
+        ref = ref_rows[:, 0] if ref_rows is not None else reference_logps(ref_model, [batch])
+        return {"policy_logps": pol, "ref_logps": ref, "labels": batch["labels"],
+                "policy_kl_logps": pol_kl, "ref_kl_logps": ref_kl}
+
+
+def load_user_data(path: str, unpaired: bool):
+    """Pairs file, or for KTO a {prompt, completion, label} file (a pairs file is split into both labels)."""
+    first = next(iter(iter_jsonl(path)), None)
+    if first is None:
+        raise UserError(f"{path}: no records (the file is empty)")
+    if unpaired:
+        return load_kto_examples(path) if "label" in first[1] else pairs_to_kto(load_preference_pairs(path))
+    return load_preference_pairs(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer
+
+
+def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
+    """Run a DPO-family trainer; returns the summary dict (also written to ``cfg.out/summary.json``)."""
+    if not cfg.init:
+        raise UserError("dpo needs --init SFT_CHECKPOINT (the starting policy and the frozen reference)")
+    common.set_threads(cfg.threads)
+    out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+    common.seed_everything(cfg.seed)
+    init = load_checkpoint(cfg.init)
+    tokenizer = init.tokenizer
+    task = ArithmeticTask(cfg.task)
+    loss_fn = PREFERENCE_LOSSES[cfg.loss]
+    unpaired = cfg.loss in UNPAIRED_LOSSES
+    beta = cfg.beta if cfg.beta is not None else default_beta(cfg.loss)
+
+    # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
+    pair_info: dict = {}
+    if cfg.data:
+        examples = load_user_data(cfg.data, unpaired)
+    else:
+        meta = {"init": str(Path(cfg.init).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
+                "task": dataclasses.asdict(cfg.task)}
+        print(f"sampling preference pairs from {cfg.init} ...")
+        pairs, pair_info = cached_pairs(Path(out) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
+        examples = pairs_to_kto(pairs) if unpaired else pairs
+    evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
+    data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
+    per_step = cfg.batch_size * (2 if unpaired else 1)
+
+    start_step, ckpt, loss_state = 0, None, None
+    if resume:
+        ckpt = load_checkpoint(resume, with_training_state=True, prefer_latest=True)
+        policy, start_step = ckpt.model, ckpt.step
+        if start_step > cfg.steps:
+            raise UserError(f"checkpoint {ckpt.path} is at step {start_step}, beyond steps={cfg.steps}")
+        if ckpt.state.get("loss_state") is not None:
+            loss_state = BetaDPOState(*ckpt.state["loss_state"])
+    else:
+        policy = copy.deepcopy(init.model)
+    ref_model = None if cfg.loss in REFERENCE_FREE_LOSSES else freeze(init.model)
+    ref_table = None
+    if ref_model is not None and cfg.precompute_ref:
+        t0 = time.perf_counter()
+        ref_table = data.precompute(ref_model)  # (N, 2) or (N, 1)
+        print(f"reference log-probs precomputed for {len(examples)} examples in {time.perf_counter() - t0:.1f}s")
+        if not unpaired:
+            ref_model = None  # no longer needed: one forward pass per step
+
+    opt = common.make_optimizer(policy, cfg.lr, cfg.weight_decay)
+    loss_gen = torch.Generator().manual_seed(cfg.seed)
+    params = inspect.signature(loss_fn).parameters
+    if ckpt is not None:
+        opt.load_state_dict(ckpt.optimizer_state)
+        if ckpt.rng_state is not None:
+            restore_rng(ckpt.rng_state, {"loss": loss_gen})
+    logger = common.MetricsLogger(out, cfg.logger, resume_step=start_step if resume else None)
+    manager = CheckpointManager(out, keep=cfg.keep_checkpoints)
+    n_params = sum(p.numel() for p in policy.parameters())
+    print(f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
+          f"model {n_params / 1e6:.2f}M params, reference {'none' if cfg.loss in REFERENCE_FREE_LOSSES else 'precomputed' if ref_table is not None else 'model'}, "
+          f"steps {start_step}->{cfg.steps}")
+
+    def run_eval():
+        return evaluate(policy, tokenizer, [p for p, _ in evals], [a for _, a in evals],
+                        max_new_tokens=cfg.max_new_tokens, keep_samples=5)
+
+    def state(step, extra=None):
+        return {"step": step, "trainer": "dpo", "config": dataclasses.asdict(cfg),
+                "loss_state": list(loss_state) if loss_state is not None else None, **(extra or {})}
+
+    init_eval = None if resume else run_eval()
+    if init_eval is not None:
+        print(f"held-out accuracy at init: {init_eval.accuracy:.3f}")
+    last_eval, t_start = None, time.perf_counter()
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=cfg.loss,
+               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+    policy.train()
+    for step in bar:
+        t0 = time.perf_counter()
+        lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        common.set_lr(opt, lr)
+        idx = batch_indices(len(examples), per_step, step, cfg.seed).tolist()
+        batch = data.collate(idx)
+        kw = data.loss_inputs(policy, ref_model, batch, ref_table[idx] if ref_table is not None else None)
+        if "state" in params:
+            kw["state"] = loss_state
+        if "generator" in params:
+            kw["generator"] = loss_gen
+        loss, m = loss_fn(**kw, beta=beta, **cfg.loss_kwargs)
+        loss.backward()
+        gnorm = common.grad_norm_and_clip(policy, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cfg.loss in STATEFUL_LOSSES:
+            loss_state = STATEFUL_LOSSES[cfg.loss](m)
+        dt = time.perf_counter() - t0
+        metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
+                   "step_time": dt}
+        done = step + 1
+        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+            last_eval = run_eval()
+            metrics["heldout_accuracy"] = last_eval.accuracy
+            policy.train()
+        logger.log(done, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{m.get('rewards/accuracies', torch.tensor(0.0)).item():.2f}",
+                        **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+        if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
+            manager.save(done, model=policy, tokenizer=tokenizer, state=state(done, {"metrics": metrics}),
+                         optimizer=opt, rng_state=rng_state({"loss": loss_gen}))
+    bar.close()
+    logger.close()
+    if last_eval is None:  # resumed at the end: evaluate the loaded model
+        last_eval = run_eval()
+    final = save_checkpoint(Path(out) / "model", model=policy, tokenizer=tokenizer,
+                            state=state(cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
+                            optimizer=opt, rng_state=rng_state({"loss": loss_gen}))
+    summary = {
+        "trainer": "dpo", "loss": cfg.loss, "beta": beta, "steps": cfg.steps,
+        "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
+        **({"heldout_accuracy_init": init_eval.accuracy} if init_eval is not None else {}),
+        "num_examples": len(examples), "pairs": pair_info, "params": n_params,
+        "reference": "none" if cfg.loss in REFERENCE_FREE_LOSSES else "precomputed" if ref_table is not None else "model",
+        "train_seconds": time.perf_counter() - t_start, "model_dir": str(final), "samples": last_eval.samples,
+    }
+    path = common.write_summary(out, summary)
+    before = f"{init_eval.accuracy:.3f} -> " if init_eval is not None else ""
+    print(f"held-out accuracy: {before}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
+    for s in last_eval.samples:
+        print(f"  {s['prompt']}{s['completion']!s:<6} {'ok' if s['correct'] else 'want ' + s['answer']}")
+    print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
+    return summary
+
+
+def _build_pairs(init, task: ArithmeticTask, pcfg: PairDataConfig):
+    pairs, stats = on_policy_pairs(init.model, init.tokenizer, task.rl_prompts(), pcfg)
+    info = stats_dict(stats)
+    print(f"  {info['pairs']} pairs from {info['prompts_with_pairs']}/{info['prompts']} prompts "
+          f"(sample accuracy {info['sample_accuracy']:.3f})")
+    return pairs, info
