@@ -1,0 +1,116 @@
+import json
+
+import pytest
+import torch
+
+from posttrain.errors import ConfigError, UserError
+from posttrain.models.gpt import GPTConfig
+from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
+from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.trainers import policy_gradient as pg
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer, train_policy_gradient
+from posttrain.trainers.sft import SFTConfig, train_sft
+
+TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft")
+    train_sft(SFTConfig(out=str(out), steps=30, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
+                        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    return out
+
+
+def cfg(sft_dir, out, **kw):
+    base = dict(init=str(sft_dir), out=str(out), steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
+                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0)
+    base.update(kw)
+    return PolicyGradientConfig(**base)
+
+
+@pytest.mark.parametrize("algo", ["reinforce", "rloo", "grpo"])
+def test_each_algorithm_runs_and_logs_one_vocabulary(sft_dir, tmp_path, algo):
+    s = train_policy_gradient(cfg(sft_dir, tmp_path / algo, algo=algo, steps=2))
+    assert 0 <= s["heldout_accuracy"] <= 1
+    rows = [json.loads(ln) for ln in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
+    step_rows = [r for r in rows if r["step"] > 0]
+    for key in ("reward_mean", "reward_std", "accuracy", "advantage_mean", "approx_kl", "clip_frac_low",
+                "clip_frac_high", "ratio_mean", "ratio_max", "entropy", "completion_length", "truncated_frac",
+                "zero_std_frac", "time_generate", "time_score", "time_update"):
+        assert key in step_rows[0], key
+
+
+def test_beta_zero_never_builds_a_reference(sft_dir, tmp_path, monkeypatch):
+    def boom(model):
+        raise AssertionError("reference model built with beta=0")
+
+    monkeypatch.setattr(pg, "build_reference", boom)
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path / "b0", steps=1))
+    assert t.ref_model is None
+    t.train()
+
+
+@pytest.mark.parametrize("kl_in,estimator", [("loss", "k3"), ("reward", "k1"), ("loss", "k2")])
+def test_kl_to_reference(sft_dir, tmp_path, kl_in, estimator):
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path / "kl", steps=3, beta=0.1, kl_in=kl_in, kl_estimator=estimator, lr=1e-2))
+    assert t.ref_model is not None and not any(p.requires_grad for p in t.ref_model.parameters())
+    t.train()
+    rows = [json.loads(ln) for ln in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
+    assert all("kl" in r for r in rows if r["step"] > 0)
+    assert rows[1]["kl"] == pytest.approx(0.0, abs=1e-5)  # the first rollout is sampled from the reference itself
+
+
+def test_adaptive_kl_state_is_checkpointed(sft_dir, tmp_path):
+    out = tmp_path / "ad"
+    train_policy_gradient(cfg(sft_dir, out, steps=2, save_every=1, beta=0.1, kl_control="adaptive", kl_target=1e-6,
+                              kl_horizon=10, lr=1e-2))
+    state = json.loads((out / "checkpoints" / "step-00000001" / "trainer_state.json").read_text())
+    assert state["kl_controller"]["kind"] == "adaptive" and state["kl_controller"]["value"] != 0.1
+
+
+def test_resume_reproduces_uninterrupted_run(sft_dir, tmp_path):
+    import shutil
+
+    full = tmp_path / "full"
+    train_policy_gradient(cfg(sft_dir, full))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "checkpoints" / "step-00000002", resumed / "checkpoints" / "step-00000002")
+    (resumed / "checkpoints" / "latest").write_text("step-00000002\n")
+    train_policy_gradient(cfg(sft_dir, resumed), resume=str(resumed))
+    a, b = load_checkpoint(full).model.state_dict(), load_checkpoint(resumed).model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_grad_accum_and_minibatches_do_not_change_the_update(sft_dir, tmp_path):
+    runs = {}
+    for name, kw in {"one": {}, "accum": {"grad_accum": 4}}.items():
+        out = tmp_path / name
+        train_policy_gradient(cfg(sft_dir, out, steps=1, save_every=0, lr=1e-2, **kw))
+        runs[name] = load_checkpoint(out).model.state_dict()
+    for k in runs["one"]:
+        torch.testing.assert_close(runs["one"][k], runs["accum"][k], atol=1e-6, rtol=1e-5)
+
+
+def test_alarm_on_identical_rewards(sft_dir, tmp_path, capsys):
+    if "always_zero" not in REWARD_FUNCTIONS:
+        register_reward("always_zero", lambda **_: (lambda prompts, completions, **c: [0.0] * len(completions)))
+    c = cfg(sft_dir, tmp_path / "z", steps=3, save_every=0, reward="always_zero")
+    c.alarms.reward_patience = 2
+    train_policy_gradient(c)
+    assert "ALARM" in capsys.readouterr().out
+    rows = [json.loads(ln) for ln in (tmp_path / "z" / "metrics.jsonl").read_text().splitlines()]
+    assert any("alarms" in r for r in rows)
+
+
+def test_errors(sft_dir, tmp_path):
+    with pytest.raises(UserError, match="--init"):
+        PolicyGradientTrainer(PolicyGradientConfig(out=str(tmp_path / "x"), progress=False))
+    with pytest.raises(ConfigError, match="split evenly"):
+        cfg(sft_dir, tmp_path / "x", minibatches=3)
+    with pytest.raises(ConfigError, match="rloo"):
+        cfg(sft_dir, tmp_path / "x", algo="rloo", num_generations=1)
+    with pytest.raises(ConfigError, match="unknown reward"):
+        PolicyGradientTrainer(cfg(sft_dir, tmp_path / "x", reward="nope"))
