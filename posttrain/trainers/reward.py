@@ -1,0 +1,381 @@
+"""Reward-model training: a scalar head on an LM backbone, fitted to preference pairs with Bradley-Terry.
+
+Key insight: comparisons are learned as P(y_w > y_l) = sigma(r(x, y_w) - r(x, y_l)), so one step is
+
+    r = rm([prompt | completion])                      (2B,)  read at the last real token (the EOS)
+    L = -log sigma(r[:B] - r[B:] - margin) + c * (r[:B] + r[B:])^2      (bradley_terry_loss)
+
+The reward's offset is free under BT (only differences are seen), so after training the RM scores the
+training completions once and saves their mean/std (:class:`~posttrain.models.heads.RewardStats`) beside
+the weights: RL then uses z-scored rewards (:meth:`LoadedRewardModel.__call__` with ``normalize``).
+
+Data: ``--data`` pairs, or the embedded task's pairs: on-policy samples of ``--init`` labelled by the
+verifier (chosen correct, rejected wrong), or, with no model to sample, the reference answer against
+corrupted answers (:func:`~posttrain.data.preference_pairs.synthetic_pairs`). Held-out pairs come from
+the held-out split the same way; held-out pairwise accuracy is reported overall and per bucket of the
+pair's margin (its ``margin`` field, else the numeric distance |chosen - rejected| of the answers).
+
+Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_checkpoint``) plus
+``reward_head.safetensors`` and ``reward_stats.json``, written atomically as one directory.
+:func:`load_reward_model` reads it back; the reward registry gets a ``reward_model`` entry
+(``fn(prompts, completions) -> list[float]``) so RL can train against it.
+
+Not handled: Plackett-Luce rankings and pointwise scores from files (the losses exist in
+``losses/preference.py``), gradient accumulation, reward ensembles at training time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from posttrain.config import check_choice, check_positive, knob
+from posttrain.data.io import atomic_dir, atomic_write_text
+from posttrain.data.preference import (
+    PreferencePair,
+    collate_preference,
+    encode_completion,
+    encode_prompt,
+    load_preference_pairs,
+    pack_prompt_completion,
+)
+from posttrain.data.preference_pairs import (
+    PairDataConfig,
+    answer_distance,
+    cached_pairs,
+    on_policy_pairs,
+    stats_dict,
+    synthetic_pairs,
+)
+from posttrain.errors import ConfigError, UserError
+from posttrain.losses.preference import accuracy_by_margin_bucket, bradley_terry_loss
+from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tokenizers.char import CharTokenizer
+from posttrain.trainers import common
+from posttrain.trainers.checkpoint import load_checkpoint, resolve_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.sft import batch_indices
+
+HEAD_FILE = "reward_head.safetensors"
+
+
+@dataclass
+class RMConfig:
+    out: str = knob("runs/rm", "output directory (metrics.jsonl, summary.json, pairs.jsonl, checkpoints/, model/)")
+    init: str | None = knob(None, "backbone from this (SFT) checkpoint; without it a fresh GPT of --model shape")
+    source: str = knob("auto", "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
+                       choices=("auto", "policy", "synthetic"))
+    steps: int = knob(300, "optimizer steps")
+    batch_size: int = knob(32, "pairs per optimizer step")
+    lr: float = knob(1e-3, "peak learning rate (AdamW)")
+    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)")
+    warmup_steps: int = knob(20, "linear warmup steps")
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)")
+    center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)")
+    use_margin: bool = knob(False, "subtract each pair's 'margin' field inside the BT loss (Llama 2)")
+    bucket_edges: tuple[float, ...] = knob((1.5, 10.0, 100.0), "margin-bucket edges for held-out accuracy")
+    eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs")
+    stats_pairs: int = knob(1024, "training pairs whose completions define the saved reward mean/std")
+    eval_every: int = knob(100, "steps between held-out evaluations (0 = only at the end)")
+    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)")
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
+    seed: int = knob(0, "seed for init, data order")
+    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
+    threads: int | None = knob(None, "torch CPU threads (None = torch default)")
+    data: str | None = knob(None, "JSONL of {prompt, chosen, rejected[, margin]} training pairs (default: embedded)")
+    eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
+    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
+    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
+    progress: bool = knob(True, "show a progress bar")
+    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
+    model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+
+    def __post_init__(self):
+        check_choice("source", self.source, ("auto", "policy", "synthetic"))
+        for name in ("steps", "batch_size", "lr", "eval_prompts", "stats_pairs", "keep_checkpoints"):
+            check_positive(name, getattr(self, name))
+        for name in ("warmup_steps", "eval_every", "save_every", "weight_decay", "grad_clip", "center_coef"):
+            check_positive(name, getattr(self, name), allow_zero=True)
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("min_lr_ratio must be in [0, 1]")
+        if list(self.bucket_edges) != sorted(self.bucket_edges):
+            raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": {},
+    "small": {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# checkpoints and loading
+
+
+def save_reward_checkpoint(directory: str | Path, rm: RewardModel, tokenizer, state: dict, optimizer=None,
+                           rng: dict | None = None, stats: RewardStats | None = None) -> Path:
+    """Backbone LM checkpoint + ``reward_head.safetensors`` (+ ``reward_stats.json``), as one atomic directory."""
+    directory = Path(directory)
+    with atomic_dir(directory) as tmp:
+        save_checkpoint(tmp, model=rm.backbone.model, tokenizer=tokenizer, state={**state, "reward_model": True},
+                        optimizer=optimizer, rng_state=rng)
+        save_file({k: v.detach().contiguous() for k, v in rm.head.state_dict().items()}, str(tmp / HEAD_FILE))
+        if stats is not None:
+            stats.save(tmp / REWARD_STATS_FILE)
+    return directory
+
+
+@dataclass
+class LoadedRewardModel:
+    """A reward model ready to score text: ``rewards = loaded(prompts, completions)`` (list of floats)."""
+
+    model: RewardModel
+    tokenizer: object
+    stats: RewardStats | None
+    path: Path
+    state: dict = dataclasses.field(default_factory=dict)
+
+    @torch.no_grad()
+    def score(self, prompts: Sequence[str], completions: Sequence[str], normalize: bool = False,
+              batch_size: int = 256) -> torch.Tensor:
+        """Rewards (N,) of [BOS] prompt | completion [EOS], z-scored with the saved stats if ``normalize``."""
+        if len(prompts) != len(completions):
+            raise UserError(f"{len(prompts)} prompts for {len(completions)} completions")
+        if normalize and self.stats is None:
+            raise UserError(f"{self.path} has no {REWARD_STATS_FILE}: cannot normalise rewards")
+        self.model.eval()
+        tok, out = self.tokenizer, []
+        pad = tok.pad_id if tok.pad_id is not None else 0
+        for s in range(0, len(prompts), batch_size):
+            b = pack_prompt_completion([encode_prompt(tok, p) for p in prompts[s : s + batch_size]],
+                                       [encode_completion(tok, c) for c in completions[s : s + batch_size]], pad)
+            out.append(self.model(b["input_ids"], b["attention_mask"]))
+        r = torch.cat(out) if out else torch.zeros(0)
+        return self.stats.normalize(r) if normalize else r
+
+    def __call__(self, prompts: list[str], completions: list[str], normalize: bool = True, **columns) -> list[float]:
+        return self.score(prompts, completions, normalize=normalize).tolist()
+
+
+def load_reward_model(path: str | Path, device: str = "cpu", with_training_state: bool = False,
+                      prefer_latest: bool = False) -> LoadedRewardModel:
+    """Rebuild a reward model saved by ``posttrain rm`` (a checkpoint or run directory) in eval mode."""
+    p = resolve_checkpoint(path, prefer_latest=prefer_latest)
+    if not (p / HEAD_FILE).is_file():
+        raise UserError(f"{p} is not a reward-model checkpoint (no {HEAD_FILE}); train one with `posttrain rm`")
+    ckpt = load_checkpoint(p, device=device)
+    rm = RewardModel(ckpt.model)
+    rm.head.load_state_dict(load_file(str(p / HEAD_FILE), device=str(device)))
+    stats = RewardStats.load(p) if (p / REWARD_STATS_FILE).is_file() else None
+    return LoadedRewardModel(model=rm.eval(), tokenizer=ckpt.tokenizer, stats=stats, path=p, state=ckpt.state)
+
+
+def reward_model_reward(rm_path: str | None = None, rm_normalize: bool = True, **_):
+    """Reward-registry factory: ``get_reward("reward_model", rm_path=DIR)`` -> fn(prompts, completions)."""
+    if not rm_path:
+        raise ConfigError("the reward_model reward needs rm_path (a `posttrain rm` output directory)")
+    loaded = load_reward_model(rm_path)
+
+    def reward_model(prompts: list[str], completions: list[str], **columns) -> list[float]:
+        return loaded(prompts, completions, normalize=rm_normalize)
+
+    return reward_model
+
+
+def _register() -> None:
+    from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
+
+    if REWARD_FUNCTIONS.get("reward_model") is None:
+        register_reward("reward_model", reward_model_reward)
+
+
+_register()
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation
+
+
+def bucket_values(pairs: Sequence[PreferencePair]) -> torch.Tensor:
+    """Per-pair bucketing quantity: the pairs' margins when all have one, else |chosen - rejected| as numbers."""
+    if all(p.margin is not None for p in pairs):
+        return torch.tensor([p.margin for p in pairs], dtype=torch.float64)
+    return torch.tensor([answer_distance(p.chosen, p.rejected) for p in pairs], dtype=torch.float64)
+
+
+@torch.no_grad()
+def pair_rewards(rm: RewardModel, pairs: Sequence[PreferencePair], tokenizer, cfg: RMConfig, chunk: int = 256):
+    """(chosen rewards (N,), rejected rewards (N,)) in eval mode."""
+    was = rm.training
+    rm.eval()
+    ch, rj = [], []
+    for s in range(0, len(pairs), chunk):
+        b = collate_preference(pairs[s : s + chunk], tokenizer, max_prompt_length=cfg.max_prompt_length,
+                               max_completion_length=cfg.max_completion_length)
+        r = rm(b["input_ids"], b["attention_mask"])  # (2n,)
+        c, x = r.chunk(2)
+        ch.append(c)
+        rj.append(x)
+    rm.train(was)
+    return torch.cat(ch), torch.cat(rj)
+
+
+def evaluate_pairs(rm, pairs, tokenizer, cfg: RMConfig) -> dict[str, float]:
+    """Held-out pairwise accuracy, reward mean/std, and accuracy per margin bucket."""
+    c, r = pair_rewards(rm, pairs, tokenizer, cfg)
+    loss, m = bradley_terry_loss(c, r)
+    out = {"heldout/loss": loss.item(), **{f"heldout/{k}": v.item() for k, v in m.items()}}
+    buckets = accuracy_by_margin_bucket(c.double(), r.double(), bucket_values(pairs), tuple(cfg.bucket_edges))
+    out.update({f"heldout/{k}": v.item() for k, v in buckets.items()})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the trainer
+
+
+def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
+    source = cfg.source if cfg.source != "auto" else ("policy" if init is not None else "synthetic")
+    if source == "policy" and init is None:
+        raise UserError("--source policy samples the --init model: pass --init SFT_CHECKPOINT")
+    rng_problems = random.Random(f"rm-prompts:{cfg.pairs.seed}")
+    train_p = rng_problems.sample(task.train_problems, min(cfg.pairs.num_prompts, len(task.train_problems)))
+    held_p = rng_problems.sample(task.heldout_problems, min(cfg.eval_prompts, len(task.heldout_problems)))
+    meta = {"source": source, "init": str(Path(cfg.init).resolve()) if cfg.init else None,
+            "pairs": dataclasses.asdict(cfg.pairs), "task": dataclasses.asdict(cfg.task), "eval_prompts": cfg.eval_prompts}
+
+    def build(problems):
+        if source == "synthetic":
+            pairs = synthetic_pairs(problems, per_prompt=cfg.pairs.max_pairs_per_prompt, seed=cfg.pairs.seed)
+            return pairs, {"source": "synthetic", "prompts": len(problems), "pairs": len(pairs)}
+        pairs, st = on_policy_pairs(init.model, init.tokenizer, problems, cfg.pairs, num_prompts=len(problems))
+        return pairs, {"source": "policy", **stats_dict(st)}
+
+    print(f"building {source} preference pairs ...")
+    train, info = cached_pairs(out / "pairs.jsonl", meta, lambda: build(train_p))
+    held, held_info = cached_pairs(out / "eval_pairs.jsonl", meta, lambda: build(held_p))
+    return train, held, {"train": info, "heldout": held_info}
+
+
+def _save_periodic(out: Path, step: int, keep: int, **kw) -> Path:
+    root = out / "checkpoints"
+    name = f"step-{step:08d}"
+    path = save_reward_checkpoint(root / name, **kw)
+    atomic_write_text(root / "latest", name + "\n")
+    old = sorted(d for d in root.glob("step-*") if d.is_dir() and not d.name.endswith(".old"))
+    for d in old[: max(0, len(old) - keep)]:
+        if d.name != name:
+            shutil.rmtree(d, ignore_errors=True)
+    return path
+
+
+def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
+    """Train a Bradley-Terry reward model; returns the summary (also ``cfg.out/summary.json``)."""
+    common.set_threads(cfg.threads)
+    out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+    common.seed_everything(cfg.seed)
+    task = ArithmeticTask(cfg.task)
+    init = load_checkpoint(cfg.init) if cfg.init else None
+    start_step, opt_state, rng = 0, None, None
+    if resume:
+        loaded = load_reward_model(resume, prefer_latest=True)
+        ck = load_checkpoint(loaded.path, with_training_state=True)
+        rm, tokenizer, start_step, opt_state, rng = loaded.model, loaded.tokenizer, ck.step, ck.optimizer_state, ck.rng_state
+        if start_step > cfg.steps:
+            raise UserError(f"checkpoint {loaded.path} is at step {start_step}, beyond steps={cfg.steps}")
+    elif init is not None:
+        tokenizer = init.tokenizer
+        rm = RewardModel(init.model)  # pairs are sampled from it before any training step
+    else:
+        tokenizer = CharTokenizer(task.alphabet)
+        rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
+
+    pair_info: dict = {}
+    if cfg.data or cfg.eval_data:
+        if not (cfg.data and cfg.eval_data):
+            raise UserError("pass both --data and --eval-data (held-out pairs), or neither for the embedded task")
+        train, held = load_preference_pairs(cfg.data), load_preference_pairs(cfg.eval_data)
+    else:
+        train, held, pair_info = _embedded_pairs(cfg, task, init, Path(out))
+
+    opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
+        if rng is not None:
+            restore_rng(rng)
+    logger = common.MetricsLogger(out, cfg.logger, resume_step=start_step if resume else None)
+    n_params = sum(p.numel() for p in rm.parameters())
+    print(f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {n_params / 1e6:.2f}M params, "
+          f"steps {start_step}->{cfg.steps}")
+
+    def state(step, extra=None):
+        return {"step": step, "trainer": "rm", "config": dataclasses.asdict(cfg), **(extra or {})}
+
+    last_eval, t_start = None, time.perf_counter()
+    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="rm",
+               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
+    rm.train()
+    for step in bar:
+        t0 = time.perf_counter()
+        lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        common.set_lr(opt, lr)
+        idx = batch_indices(len(train), cfg.batch_size, step, cfg.seed).tolist()
+        batch = collate_preference([train[i] for i in idx], tokenizer, max_prompt_length=cfg.max_prompt_length,
+                                   max_completion_length=cfg.max_completion_length)
+        r = rm(batch["input_ids"], batch["attention_mask"])  # (2B,)
+        chosen, rejected = r.chunk(2)
+        margin = batch.get("margin") if cfg.use_margin else None
+        if cfg.use_margin and margin is None:
+            raise UserError("--use-margin needs a numeric 'margin' field on every pair")
+        loss, m = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
+        loss.backward()
+        gnorm = common.grad_norm_and_clip(rm, cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
+                   "step_time": time.perf_counter() - t0}
+        done = step + 1
+        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+            last_eval = evaluate_pairs(rm, held, tokenizer, cfg)
+            metrics.update(last_eval)
+        logger.log(done, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}",
+                        **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}))
+        if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
+            _save_periodic(Path(out), done, cfg.keep_checkpoints, rm=rm, tokenizer=tokenizer,
+                           state=state(done, {"metrics": metrics}), optimizer=opt, rng=rng_state())
+    bar.close()
+    logger.close()
+    if last_eval is None:
+        last_eval = evaluate_pairs(rm, held, tokenizer, cfg)
+    c, x = pair_rewards(rm, train[: cfg.stats_pairs], tokenizer, cfg)
+    stats = RewardStats.from_rewards(torch.cat([c, x]))
+    final = save_reward_checkpoint(Path(out) / "model", rm, tokenizer, state(cfg.steps, {"heldout": last_eval}),
+                                   optimizer=opt, rng=rng_state(), stats=stats)
+    summary = {
+        "trainer": "rm", "steps": cfg.steps, "heldout_pairwise_accuracy": last_eval["heldout/accuracy"],
+        "heldout_pairs": len(held), "train_pairs": len(train), **last_eval,
+        "reward_stats": dataclasses.asdict(stats), "pairs": pair_info, "params": n_params,
+        "train_seconds": time.perf_counter() - t_start, "model_dir": str(final),
+    }
+    path = common.write_summary(out, summary)
+    print(f"held-out pairwise accuracy: {last_eval['heldout/accuracy']:.3f} on {len(held)} pairs")
+    for k, v in last_eval.items():
+        if k.startswith("heldout/accuracy/bucket_"):
+            name = k.rsplit("/", 1)[-1]
+            print(f"  |chosen - rejected| in {name[7:]}: {v:.3f} ({int(last_eval['heldout/count/' + name])} pairs)")
+    print(f"reward mean {stats.mean:.3f} std {stats.std:.3f} (saved in {final / REWARD_STATS_FILE})")
+    print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
+    return summary
