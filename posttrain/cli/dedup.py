@@ -5,8 +5,6 @@ paragraph dedup and a contamination check in one streaming command. Flags map 1:
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 NAME = "dedup"
 HELP = "remove near-duplicate documents (MinHash+LSH, SimHash, exact) and check benchmark contamination"
