@@ -198,3 +198,13 @@ def test_line_units(tmp_path, bloom):
     stats, _, kept = _run(tmp_path, _write(tmp_path / "in.jsonl", recs), units="line", bloom=bloom)
     assert [r["text"].count("Cookie notice") for r in kept] == [1, 0, 0]
     assert stats["units_removed"] == 2 and kept[2]["text"] == f"{BASE[2]}\n2"
+
+
+def test_verify_exact_uses_true_jaccard(tmp_path):
+    from posttrain.data.dedup.shingles import jaccard, normalize, shingle_strings
+
+    stats, clusters, _ = _run(tmp_path, _corpus(tmp_path), verify="exact")
+    assert clusters["copy0"] == "d0" and clusters["edit2"] == "d2"
+    a, b = (normalize(t) for t in (BASE[2], BASE[2].replace("two weeks", "three weeks")))
+    assert jaccard(shingle_strings(a), shingle_strings(b)) >= 0.8
+    assert stats["verified_pairs_exact"] == 3  # copy0~d0, case1~d1, edit2~d2
