@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import median_time, print_table  # noqa: E402
+# benchmarks/tokenizers.py is named like the `tokenizers` package: keep this directory off the import path
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+from benchmarks._util import median_time, print_table  # noqa: E402
 
 from posttrain.generate import SamplingConfig, generate  # noqa: E402
 from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
