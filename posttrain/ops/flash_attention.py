@@ -18,6 +18,14 @@ The backward recomputes each tile from L: P = exp(S - L) exactly, then (Alg. 2)
 
 where D_i = <dP_i, P_i> is replaced by <dO_i, O_i> so P never has to be kept.
 
+Two CPU-side economies, both exact:
+  * the row shifts ride inside the matrix products through one augmented column,
+    [scale Q, -m] [K, 1]^T = S - m  and  P~ [V, 1] = [P~ V, rowsum P~]  (backward:
+    [scale Q, -L] [K, 1]^T = S - L,  [dO, -D] [V, 1]^T = dP - D), saving full passes over each tile;
+  * lazy rescaling: the forward keeps a row's shift m until a tile's logits exceed it by more than
+    ``RESCALE_GAP`` (softmax is exact for ANY shift; the gap only bounds exp() by e^8), so most
+    tiles skip the rescale of (o~, l) entirely (the trick FlashAttention-4 uses on GPUs).
+
 Layout: to batch many small products into one ``bmm`` we view q (B, H, Nq, D) as
 (B*Hkv, G*bq, D) per query block, G = H / Hkv: the G query heads that share a K/V head become
 extra rows of one matrix, so grouped-query attention costs no K/V copies and dK/dV sum over the
