@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/attention.py                 # N in 1k,4k,8k,16k (~10 min on 2 busy cores)
     .venv/bin/python benchmarks/attention.py --sizes 1k,4k   # a subset
     .venv/bin/python benchmarks/attention.py --device cuda   # adds the Triton kernel
+    .venv/bin/python benchmarks/attention.py --threads 1     # on an oversubscribed machine (see docs)
 
 B=1, H=4, D=64, float32 (bf16 on CUDA), causal and not, forward and forward+backward.  Time = median
 over --repeats runs, the implementations interleaved within each repeat so that noise from a shared
@@ -53,9 +54,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--naive-max-gb", type=float, default=6.0, help="skip naive where its estimate exceeds this")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads for every implementation (0 = torch's default)")
     ap.add_argument("--no-memory", action="store_true", help="skip the (slow, profiler-based) memory measurement")
     args = ap.parse_args(argv)
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is visible", file=sys.stderr)

@@ -149,6 +149,7 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
                 acc.mul_(torch.exp(-delta).clamp_(max=1.0)[..., None])  # alpha = exp(m - m'); fresh rows are 0
             s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
             acc.baddbmm_(s, va)  # [o~, l] += P~ [V, 1]
+            del s, ka, va  # free this tile before the next is allocated: one tile alive, not two
         l = acc[..., d]
         empty = l == 0  # rows with no visible key
         o = acc[..., :d].div_(l.masked_fill(empty, 1.0)[..., None])  # in place: no extra block of memory
@@ -194,6 +195,7 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
             ds = torch.bmm(doa, va.transpose(1, 2)).mul_(p)  # dS = P * (dO V^T - D)
             dqb.baddbmm_(ds, ka[..., :d])  # dQ_i += dS K_j   (times scale below)
             dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qa[..., :d])  # dK_j += dS^T (scale Q_i)
+            del p, ds, ka, va  # one tile alive at a time
         dq[:, :, i0:i1] = (dqb * scale).view(b * hkv, g, bq, d)
     dq = dq.view(b, h, nq, d)
     return dq, dk.view(b, hkv, nk, d).to(k.dtype), dv.view(b, hkv, nk, d).to(v.dtype)
