@@ -227,12 +227,13 @@ _B1 = np.uint64(1_000_003)
 _B2 = np.uint64(0x9E3779B97F4A7C15)
 
 
-def substrings(strings: list[str], max_len: int, exclude_full: bool = False):
-    """Every substring of length <= max_len of every string, as arrays (sid, begin, length, h1, h2).
+def iter_substrings(strings: list[str], max_len: int, exclude_full: bool = False):
+    """Every substring of length <= max_len of every string, yielded in blocks (sid, begin, length, h1, h2).
 
     h1, h2 are two polynomial hashes mod 2^64 (bases 1000003 and 0x9E37...): the substring's identity
     without materialising millions of Python strings. Strings are bucketed by length so each bucket is
-    one (k, n) code-point matrix; ``H[:, j] - H[:, i] * B**(j-i)`` hashes s[i:j] for all rows at once."""
+    one (k, n) code-point matrix; ``H[:, j] - H[:, i] * B**(j-i)`` hashes s[i:j] for all rows at once.
+    One block per (string length, substring length), so memory stays bounded by the largest block."""
     by_len: dict[int, list[int]] = defaultdict(list)
     for k, s in enumerate(strings):
         by_len[len(s)].append(k)
@@ -242,12 +243,11 @@ def substrings(strings: list[str], max_len: int, exclude_full: bool = False):
         for l in range(1, max_len + 1):
             P1[l] = P1[l - 1] * _B1
             P2[l] = P2[l - 1] * _B2
-    out = defaultdict(list)
-    with np.errstate(over="ignore"):
-        for n, idx in sorted(by_len.items()):
-            if n == 0:
-                continue
-            idx_np = np.array(idx, dtype=np.int64)
+    for n, idx in sorted(by_len.items()):
+        if n == 0:
+            continue
+        idx_np = np.array(idx, dtype=np.int32)
+        with np.errstate(over="ignore"):
             codes = np.frombuffer("".join(strings[k] for k in idx).encode("utf-32-le", "surrogatepass"),
                                   dtype=np.uint32).reshape(len(idx), n).astype(np.uint64) + np.uint64(1)
             H1 = np.zeros((len(idx), n + 1), dtype=np.uint64)
@@ -258,18 +258,51 @@ def substrings(strings: list[str], max_len: int, exclude_full: bool = False):
             for l in range(1, min(max_len, n) + 1):
                 if exclude_full and l == n:
                     continue
-                h1 = H1[:, l:] - H1[:, : n + 1 - l] * P1[l]
-                h2 = H2[:, l:] - H2[:, : n + 1 - l] * P2[l]
                 m = n + 1 - l
-                out["sid"].append(np.repeat(idx_np, m))
-                out["begin"].append(np.tile(np.arange(m, dtype=np.int64), len(idx)))
-                out["len"].append(np.full(len(idx) * m, l, dtype=np.int64))
-                out["h1"].append(h1.ravel())
-                out["h2"].append(h2.ravel())
-    if not out:
-        z = np.zeros(0, dtype=np.int64)
+                yield (np.repeat(idx_np, m), np.tile(np.arange(m, dtype=np.int32), len(idx)), l,
+                       (H1[:, l:] - H1[:, :m] * P1[l]).ravel(), (H2[:, l:] - H2[:, :m] * P2[l]).ravel())
+
+
+def substrings(strings: list[str], max_len: int, exclude_full: bool = False):
+    """All of ``iter_substrings`` concatenated: arrays (sid, begin, length, h1, h2)."""
+    blocks = list(iter_substrings(strings, max_len, exclude_full))
+    if not blocks:
+        z = np.zeros(0, dtype=np.int32)
         return z, z, z, z.astype(np.uint64), z.astype(np.uint64)
-    return tuple(np.concatenate(out[k]) for k in ("sid", "begin", "len", "h1", "h2"))
+    return (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]),
+            np.concatenate([np.full(b[0].size, b[2], dtype=np.int32) for b in blocks]),
+            np.concatenate([b[3] for b in blocks]), np.concatenate([b[4] for b in blocks]))
+
+
+def _reduce_by_hash(h1, h2, w, sid, beg, ln):
+    """Sum weights of equal h1; keep the first (h2, sid, begin, length); raise if equal h1 has two h2."""
+    order = np.argsort(h1, kind="stable")
+    h1s = h1[order]
+    if h1s.size == 0:
+        return h1, h2, w, sid, beg, ln
+    gstart = np.concatenate([[0], np.flatnonzero(np.diff(h1s)) + 1])
+    _check_collisions(h1s, h2[order], gstart)
+    first = order[gstart]
+    return h1s[gstart], h2[first], np.add.reduceat(w[order], gstart), sid[first], beg[first], ln[first]
+
+
+def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, chunk: int = 1 << 23):
+    """Distinct substrings with their total count (weighted by ``counts``): arrays (h1, h2, count, sid,
+    begin, length), reduced block by block so the peak is the distinct substrings, not all occurrences."""
+    acc: list[tuple] = []
+    pending = 0
+    merged = None
+    for sid, beg, l, h1, h2 in iter_substrings(strings, max_len):
+        acc.append(_reduce_by_hash(h1, h2, counts[sid], sid, beg, np.full(sid.size, l, dtype=np.int32)))
+        pending += acc[-1][0].size
+        if pending > chunk:
+            parts = ([merged] if merged is not None else []) + acc
+            merged = _reduce_by_hash(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
+            acc, pending = [], 0
+    parts = ([merged] if merged is not None else []) + acc
+    if not parts:
+        raise UserError("cannot train a Unigram tokenizer on an empty corpus")
+    return _reduce_by_hash(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
 
 
 def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.ndarray) -> None:
@@ -290,9 +323,11 @@ class _Lattice:
         self.ends = self.offsets[1:] - 1
         self.npos = int(self.offsets[-1])
         self.counts = np.asarray(counts, dtype=np.float64)
-        eb = self.starts[sid] + begin
-        ee = eb + length
-        lend = begin + length
+        pos_t = np.int32 if self.npos < 2**31 - 1 else np.int64
+        eb = (self.starts[sid] + begin).astype(pos_t)
+        ee = (eb + length).astype(pos_t)
+        lend = (begin + length).astype(np.int32)
+        begin = np.asarray(begin, dtype=np.int32)
         f = np.lexsort((eb, ee, lend))
         b = np.lexsort((ee, eb, -begin))
         self._full = {
@@ -304,10 +339,13 @@ class _Lattice:
     def restrict(self, piece_alive: np.ndarray | None, string_alive: np.ndarray | None = None):
         self.cur = {}
         for d, full in self._full.items():
-            keep = np.ones(full["ep"].size, dtype=bool) if piece_alive is None else piece_alive[full["ep"]]
-            if string_alive is not None:
-                keep &= string_alive[full["ew"]]
-            a = {k: v[keep] for k, v in full.items()}
+            if piece_alive is None and string_alive is None:
+                a = dict(full)  # no copy
+            else:
+                keep = np.ones(full["ep"].size, dtype=bool) if piece_alive is None else piece_alive[full["ep"]]
+                if string_alive is not None:
+                    keep &= string_alive[full["ew"]]
+                a = {k: v[keep] for k, v in full.items()}
             dst, k = a["dst"], a["k"]
             n = dst.size
             gstart = np.flatnonzero(np.diff(dst)) + 1 if n else np.zeros(0, dtype=np.int64)
@@ -402,50 +440,52 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     L = max_piece_length
 
     # --- seeds: all characters + frequent substrings, scored count * length --------------------
-    sid, beg, ln, h1, h2 = substrings(words, L)
-    order = np.argsort(h1, kind="stable")
-    h1s = h1[order]
-    gstart = np.concatenate([[0], np.flatnonzero(np.diff(h1s)) + 1]) if h1s.size else np.zeros(0, dtype=np.int64)
-    _check_collisions(h1s, h2[order], gstart)
-    grp_sorted = np.zeros(h1s.size, dtype=np.int64)
-    grp_sorted[gstart[1:]] = 1
-    grp_sorted = np.cumsum(grp_sorted)
-    inv = np.empty_like(grp_sorted)
-    inv[order] = grp_sorted  # occurrence -> unique substring
-    rep = order[gstart]  # one occurrence of each unique substring
-    ufreq = np.bincount(inv, weights=counts[sid], minlength=gstart.size)
-    ulen = ln[rep]
-    uh1 = h1s[gstart]
+    uh1, uh2, ufreq, usid, ubeg, ulen = count_substrings(words, counts, L)
     char_u = np.flatnonzero(ulen == 1)
-    char_u = char_u[np.argsort([words[sid[rep[u]]][beg[rep[u]]] for u in char_u.tolist()], kind="stable")]
+    char_u = char_u[np.argsort([words[usid[u]][ubeg[u]] for u in char_u.tolist()], kind="stable")]
     multi_u = np.flatnonzero((ulen > 1) & (ufreq > 1))
     multi_u = multi_u[np.lexsort((uh1[multi_u], -(ufreq[multi_u] * ulen[multi_u])))][: max(0, seed_size - char_u.size)]
     seed_u = np.concatenate([char_u, multi_u])
     P = seed_u.size
     n_chars = char_u.size
-    strs = [words[sid[rep[u]]][beg[rep[u]]: beg[rep[u]] + ulen[u]] for u in seed_u.tolist()]
-    piece_of_u = np.full(gstart.size, -1, dtype=np.int64)
-    piece_of_u[seed_u] = np.arange(P)
+    strs = [words[usid[u]][ubeg[u]: ubeg[u] + ulen[u]] for u in seed_u.tolist()]
     is_char = np.zeros(P, dtype=bool)
     is_char[:n_chars] = True
     freq0 = ufreq[seed_u] * np.where(is_char, 1, ulen[seed_u])
     logp = np.log(freq0) - np.log(freq0.sum())
+    seed_h1, seed_h2 = uh1[seed_u], uh2[seed_u]
+    srt = np.argsort(seed_h1, kind="stable")
+    sorted_h1 = seed_h1[srt]
+    del uh1, uh2, ufreq, usid, ubeg, ulen
 
-    occ_piece = piece_of_u[inv]
-    m = occ_piece >= 0
-    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), sid[m], beg[m], ln[m], occ_piece[m], counts)
-    del sid, beg, ln, h1, h2, order, h1s, inv, occ_piece, m
+    def lookup(h1, h2):
+        """piece id of each hash (or -1); a matching h1 with another h2 is a collision."""
+        pos = np.minimum(np.searchsorted(sorted_h1, h1), max(P - 1, 0))
+        cand = srt[pos]
+        hit = seed_h1[cand] == h1
+        if np.any(seed_h2[cand[hit]] != h2[hit]):
+            raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
+        return np.where(hit, cand, -1)
+
+    e_sid, e_beg, e_len, e_piece = [], [], [], []
+    for sid, beg, l, h1, h2 in iter_substrings(words, L):  # second pass: occurrences of seed pieces
+        pid = lookup(h1, h2)
+        keep = pid >= 0
+        e_sid.append(sid[keep])
+        e_beg.append(beg[keep])
+        e_len.append(np.full(int(keep.sum()), l, dtype=np.int32))
+        e_piece.append(pid[keep].astype(np.int32))
+    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), np.concatenate(e_sid),
+                      np.concatenate(e_beg), np.concatenate(e_len), np.concatenate(e_piece), counts)
+    del e_sid, e_beg, e_len, e_piece
 
     # --- the pieces' own lattices (without the full-span edge): their alternative segmentations --
     multi_ids = np.arange(n_chars, P)
     multi = [strs[i] for i in multi_ids.tolist()]
     a_sid, a_beg, a_ln, a_h1, a_h2 = substrings(multi, L, exclude_full=True)
-    seed_h1 = uh1[seed_u]
-    srt = np.argsort(seed_h1, kind="stable")
-    pos = np.searchsorted(seed_h1[srt], a_h1)
-    pos = np.minimum(pos, max(P - 1, 0))
-    cand = srt[pos] if P else pos
-    hit = (seed_h1[cand] == a_h1) if P else np.zeros(a_h1.size, dtype=bool)
+    a_pid = lookup(a_h1, a_h2) if a_h1.size else np.zeros(0, dtype=np.int64)
+    hit = a_pid >= 0
+    cand = a_pid
     alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), a_sid[hit], a_beg[hit], a_ln[hit],
                        cand[hit], np.ones(len(multi)))
     del a_sid, a_beg, a_ln, a_h1, a_h2
