@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 NAME = "demo"
-HELP = "run the pipeline on the embedded arithmetic task and print held-out accuracy per stage"
+HELP = "run SFT -> GRPO -> DPO on the embedded arithmetic task and print held-out accuracy per stage"
 
 
 def add_arguments(p):
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     p.add_argument("--sft-steps", type=int, default=None, help="override SFT steps")
+    p.add_argument("--rl-steps", type=int, default=None, help="override GRPO steps")
+    p.add_argument("--dpo-steps", type=int, default=None, help="override DPO steps")
 
 
 def run(args) -> int:
+    from posttrain.errors import UserError
     from posttrain.pipeline import run_demo
 
-    run_demo(args.out, sft_steps=args.sft_steps)
+    for name in ("sft_steps", "rl_steps", "dpo_steps"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise UserError(f"--{name.replace('_', '-')}={v} must be >= 1")
+    run_demo(args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps, dpo_steps=args.dpo_steps)
     return 0

@@ -33,9 +33,9 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 @dataclass
 class ArithmeticConfig:
     digits: int = knob(2, "operands are integers in [0, 10**digits)")
-    ops: str = knob("+-", "operators to use, from '+-'")
+    ops: str = knob("+", "operators to use, from '+-' (default: two-digit addition)")
     heldout_fraction: float = knob(0.1, "fraction of the problem space held out (by stable hash)")
-    num_demos: int = knob(256, "SFT demonstrations (prompt + answer) drawn from the train split")
+    num_demos: int = knob(320, "SFT demonstrations (prompt + answer) drawn from the train split")
     num_eval: int = knob(256, "held-out problems used for evaluation")
     seed: int = knob(0, "seed for choosing demonstrations and evaluation problems")
 
