@@ -8,7 +8,7 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_
 
 
 def test_split_is_a_partition_of_the_problem_space():
-    t = ArithmeticTask(ArithmeticConfig(digits=2))
+    t = ArithmeticTask(ArithmeticConfig(digits=2, ops="+-"))
     train = {p.prompt for p in t.train_problems}
     held = {p.prompt for p in t.heldout_problems}
     assert not train & held
@@ -19,7 +19,7 @@ def test_split_is_a_partition_of_the_problem_space():
 
 
 def test_answers_are_correct():
-    t = ArithmeticTask(ArithmeticConfig(digits=2, num_demos=50))
+    t = ArithmeticTask(ArithmeticConfig(digits=2, ops="+-", num_demos=50))
     for p in t.demonstrations():
         a, op, b = p.prompt[:-1].partition("+") if "+" in p.prompt else p.prompt[:-1].partition("-")
         assert int(p.answer) == (int(a) + int(b) if op == "+" else int(a) - int(b))
