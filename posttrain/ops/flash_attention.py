@@ -62,8 +62,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 class _Plan:
     """Which key blocks each query block visits, and how they must be masked."""
 
-    def __init__(self, nq, nk, causal, kpm, block_q, block_k, device):
-        self.nq, self.nk, self.causal, self.kpm = nq, nk, causal, kpm
+    def __init__(self, nq, nk, causal, kpm, block_q, block_k, device, g):
+        self.nq, self.nk, self.causal, self.kpm, self.g = nq, nk, causal, kpm, g
+        self._cmasks: dict[tuple[int, int, int], torch.Tensor] = {}
         self.block_q, self.block_k, self.device = block_q, block_k, device
         self.offset = nk - nq  # query i sees keys j <= i + offset
         starts = range(0, nk, block_k)
@@ -74,6 +75,15 @@ class _Plan:
             sizes = [kpm.shape[0] * min(block_k, nk - j0) for j0 in starts]
             self.kpm_state = ["none" if c == 0 else "all" if c == s else "some" for c, s in zip(counts, sizes)]
 
+    def _causal_tile(self, shift: int, bq: int, bk: int) -> torch.Tensor:
+        """(G*bq, bk) True = hidden: key j0+c is hidden from query i0+r iff c - r > -shift; cached by shape."""
+        key = (shift, bq, bk)
+        if key not in self._cmasks:
+            r = torch.arange(bq, device=self.device)[:, None]
+            c = torch.arange(bk, device=self.device)[None, :]
+            self._cmasks[key] = (c + shift > r).repeat(self.g, 1)
+        return self._cmasks[key]
+
     def key_blocks(self, i0: int, i1: int):
         """Yield (j0, j1, causal_mask or None, padding_mask or None) for query rows [i0, i1)."""
         last = self.nk if not self.causal else min(self.nk, i1 - 1 + self.offset + 1)
@@ -83,9 +93,7 @@ class _Plan:
             j1 = min(j0 + self.block_k, self.nk)
             cmask = None
             if self.causal and j1 - 1 > i0 + self.offset:  # some (i, j) in the tile is hidden
-                i = torch.arange(i0, i1, device=self.device)[:, None]
-                j = torch.arange(j0, j1, device=self.device)[None, :]
-                cmask = j > i + self.offset  # (bq, bk) True = hidden
+                cmask = self._causal_tile(j0 - i0 - self.offset, i1 - i0, j1 - j0)
             pmask = None if self.kpm_state[jb] == "all" else ~self.kpm[:, j0:j1]  # (B, bk) True = hidden
             yield j0, j1, cmask, pmask
 
@@ -93,7 +101,7 @@ class _Plan:
 def _mask_tile(s: torch.Tensor, cmask, pmask, g: int, b: int) -> None:
     """In place: s (B*Hkv, G*bq, bk) gets -inf where the causal or padding mask hides a key."""
     if cmask is not None:
-        s.masked_fill_(cmask.repeat(g, 1), float("-inf"))  # (G*bq, bk) broadcast over batch*heads
+        s.masked_fill_(cmask, float("-inf"))  # (G*bq, bk) broadcast over batch*heads
     if pmask is not None:
         s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*G*bq, bk)
 
@@ -111,7 +119,7 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     hkv, nk = k.shape[1], k.shape[2]
     g = h // hkv
     acc_dtype = _acc_dtype(q.dtype)
-    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device)
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device, g)
     qg = q.view(b * hkv, g, nq, d)  # (B*Hkv, G, Nq, D): query heads grouped by their K/V head
     kf = k.view(b * hkv, nk, d)  # (B*Hkv, Nk, D)
     vf = v.view(b * hkv, nk, d)
@@ -164,7 +172,7 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
     hkv, nk = k.shape[1], k.shape[2]
     g = h // hkv
     acc_dtype = _acc_dtype(q.dtype)
-    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device)
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device, g)
     qg = q.view(b * hkv, g, nq, d)
     og = out.view(b * hkv, g, nq, d)
     dog = grad_out.view(b * hkv, g, nq, d)
