@@ -48,7 +48,7 @@ PAIRS_FILE = "pairs.jsonl"
 
 @dataclass
 class PairDataConfig:
-    num_prompts: int = knob(2048, "training-split prompts sampled to build pairs")
+    num_prompts: int = knob(4096, "training-split prompts sampled to build pairs")
     samples_per_prompt: int = knob(8, "completions sampled per prompt (the G of the sampler)")
     temperature: float = knob(1.0, "sampling temperature (1 = the model's own distribution)")
     max_pairs_per_prompt: int = knob(2, "pairs kept per prompt at most (distinct chosen/rejected texts)")

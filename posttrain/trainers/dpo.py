@@ -68,9 +68,9 @@ class DPOConfig:
     loss: str = knob("dpo", "preference loss (a key of PREFERENCE_LOSSES)", choices=tuple(PREFERENCE_LOSSES))
     beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)")
     loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
-    steps: int = knob(150, "optimizer steps")
+    steps: int = knob(250, "optimizer steps")
     batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)")
-    lr: float = knob(3e-4, "peak learning rate (AdamW)")
+    lr: float = knob(1e-4, "peak learning rate (AdamW)")
     min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)")
     warmup_steps: int = knob(10, "linear warmup steps")
     weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
@@ -114,7 +114,7 @@ class DPOConfig:
 
 PRESETS: dict[str, dict] = {
     "tiny": {},
-    "small": {"steps": 400, "pairs": {"num_prompts": 4096}},
+    "small": {"steps": 500, "pairs": {"num_prompts": 8192}},
 }
 
 # ---------------------------------------------------------------------------------------------
