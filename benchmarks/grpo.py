@@ -111,7 +111,6 @@ def hf_char_tokenizer(char_tok: CharTokenizer):
     tk.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
                                   unk_token="<unk>", padding_side="left")
-    tok.add_special_tokens({"additional_special_tokens": []})
     return tok
 
 
@@ -125,9 +124,11 @@ def check_tokenizer(hf_tok, char_tok: CharTokenizer, prompts: list[str]) -> None
     ids_c = [char_tok.encode("85"), char_tok.encode("85") + [char_tok.eos_id, char_tok.pad_id]]
     if hf_tok.batch_decode(ids_c, skip_special_tokens=True) != ["85", "85"]:
         raise SystemExit("HF tokenizer decodes differently from the CharTokenizer")
-    assert (hf_tok.pad_token_id, hf_tok.bos_token_id, hf_tok.eos_token_id) == (char_tok.pad_id, char_tok.bos_id,
-                                                                               char_tok.eos_id)
-    assert tuple(hf_tok.convert_ids_to_tokens(list(range(len(SPECIALS))))) == SPECIALS
+    ids_hf = (hf_tok.pad_token_id, hf_tok.bos_token_id, hf_tok.eos_token_id)
+    if ids_hf != (char_tok.pad_id, char_tok.bos_id, char_tok.eos_id):
+        raise SystemExit(f"HF tokenizer pad/bos/eos ids {ids_hf} differ from the CharTokenizer's")
+    if tuple(hf_tok.convert_ids_to_tokens(list(range(len(SPECIALS))))) != SPECIALS:
+        raise SystemExit("HF tokenizer special tokens differ from the CharTokenizer's")
 
 
 # ------------------------------------------------------------------------------------------ sides
