@@ -85,7 +85,7 @@ class PolicyGradientConfig:
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
     seed: int = knob(0, "seed for prompt order, sampling and minibatch order")
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(None, "torch CPU threads (None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
     progress: bool = knob(True, "show a progress bar")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")

@@ -92,7 +92,7 @@ class RMConfig:
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
     seed: int = knob(0, "seed for init, data order")
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(None, "torch CPU threads (None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
     data: str | None = knob(None, "JSONL of {prompt, chosen, rejected[, margin]} training pairs (default: embedded)")
     eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")

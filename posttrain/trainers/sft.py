@@ -48,7 +48,7 @@ class SFTConfig:
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
     seed: int = knob(0, "seed for init, data order and dropout")
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(None, "torch CPU threads (None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
     init: str | None = knob(None, "start from this checkpoint's weights and tokenizer instead of a fresh model")
     data: str | None = knob(None, "JSONL of {prompt, answer} demonstrations (default: the embedded task's)")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
