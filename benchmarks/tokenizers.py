@@ -253,7 +253,7 @@ def _fmt(r: dict | None, key: str, fmt: str) -> str:
     if r is None:
         return "-"
     if "error" in r:
-        return "failed"
+        return "timeout" if r["error"].startswith("timeout") else "failed"
     return format(r[key], fmt)
 
 
