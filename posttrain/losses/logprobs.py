@@ -127,3 +127,46 @@ def completion_logps(
     if return_entropy:
         return lp, token_entropy(warped)
     return lp
+
+
+def prefix_shared_completion_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_start: int,
+    prompt_index: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    completion_mask: torch.Tensor | None = None,
+):
+    """:func:`completion_logps` (with entropies) computed with each distinct prompt run once.
+
+    Rows sharing ``prompt_index`` (the G samples of a prompt) share the prompt's keys and values: the U
+    distinct prompts go through the model once, their cache is gathered to the N rows (a differentiable
+    index, so gradients reach the prompt positions exactly as in a full forward), then only the
+    completion tokens are run. Work drops from N*(P+T) to U*P + N*T token positions.
+    Needs a model whose ``cache`` argument accepts :class:`posttrain.models.gpt.ConcatKVCache`.
+    """
+    from posttrain.models.gpt import ConcatKVCache
+
+    P = completion_start
+    uniq, inv = torch.unique(prompt_index, return_inverse=True)  # (U,), (N,)
+    first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
+        0, inv, torch.arange(len(inv), device=input_ids.device))  # a representative row per prompt
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)  # (N, P+T)
+    cache = ConcatKVCache()
+    out = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+                position_ids=pos[first, :P], cache=cache, use_cache=True)
+    first_logits = out.logits[:, -1][inv]  # (N, V): predicts completion token 0
+    cache.reorder(inv)
+    out = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache,
+                use_cache=True)
+    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
+    labels = input_ids[:, P:]
+    warped = warp_logits(logits, temperature, top_k, top_p) if (temperature != 1.0 or top_k or top_p) else logits
+    lp = token_logps(warped, labels)
+    if completion_mask is not None:
+        lp = torch.where(completion_mask.bool(), lp, torch.zeros_like(lp))
+    return lp, token_entropy(warped)

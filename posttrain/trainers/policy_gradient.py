@@ -34,7 +34,8 @@ from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_controller_from_state
 from posttrain.losses.kl import kl_penalized_rewards
-from posttrain.losses.logprobs import completion_logps
+from posttrain.losses.logprobs import completion_logps, prefix_shared_completion_logps
+from posttrain.models.gpt import GPT
 from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
@@ -79,6 +80,8 @@ class PolicyGradientConfig:
     kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)")
     kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)")
     entropy_coef: float = knob(0.0, "entropy bonus coefficient")
+    share_prompt_prefix: bool = knob(True, "run each prompt once per update and share its keys/values across its G "
+                                           "samples (exact; posttrain GPT only, HF models use a full forward)")
     reward: str = knob("exact_match:1.0", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1'")
     eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)")
     save_every: int = knob(100, "steps between checkpoints (0 = only the final model)")
@@ -161,6 +164,7 @@ class Rollout:
     ref_logps: torch.Tensor | None  # (N, T) or None when beta = 0
     advantages: torch.Tensor  # (N,)
     prompt_length: int
+    prompt_index: torch.Tensor  # (N,) which prompt each row samples
     metrics: dict
 
 
@@ -248,7 +252,7 @@ class PolicyGradientTrainer:
             "time_generate": t1 - t0, "time_score": t2 - t1,
         }
         return Rollout(gen.sequences, gen.attention_mask, gen.completion_mask, gen.logps, ref_logps, advantages,
-                       gen.prompt_length, metrics)
+                       gen.prompt_length, gen.prompt_index, metrics)
 
     # ------------------------------------------------------------------------------------------ update
     def _micro_loss(self, ro: Rollout, rows: torch.Tensor, norms: dict):
@@ -257,8 +261,13 @@ class PolicyGradientTrainer:
         width = int(mask.sum(-1).max()) if mask.any() else 1  # trim completion padding shared by all rows
         P = ro.prompt_length
         seqs, attn = ro.sequences[rows, : P + width], ro.attention_mask[rows, : P + width]
-        logps, entropy = completion_logps(self.model, seqs, attn, P, temperature=cfg.temperature, top_k=cfg.top_k,
-                                          top_p=cfg.top_p, completion_mask=mask[:, :width], return_entropy=True)
+        if cfg.share_prompt_prefix and isinstance(self.model, GPT):
+            logps, entropy = prefix_shared_completion_logps(
+                self.model, seqs, attn, P, ro.prompt_index[rows], temperature=cfg.temperature, top_k=cfg.top_k,
+                top_p=cfg.top_p, completion_mask=mask[:, :width])
+        else:
+            logps, entropy = completion_logps(self.model, seqs, attn, P, temperature=cfg.temperature, top_k=cfg.top_k,
+                                              top_p=cfg.top_p, completion_mask=mask[:, :width], return_entropy=True)
         return policy_loss(
             logps, ro.old_logps[rows, :width], ro.advantages[rows], mask[:, :width],
             clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, dual_clip=cfg.dual_clip,

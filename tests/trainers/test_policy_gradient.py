@@ -84,14 +84,15 @@ def test_resume_reproduces_uninterrupted_run(sft_dir, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-def test_grad_accum_and_minibatches_do_not_change_the_update(sft_dir, tmp_path):
+def test_grad_accum_and_prefix_sharing_do_not_change_the_update(sft_dir, tmp_path):
     runs = {}
-    for name, kw in {"one": {}, "accum": {"grad_accum": 4}}.items():
+    for name, kw in {"one": {}, "accum": {"grad_accum": 4}, "full_forward": {"share_prompt_prefix": False}}.items():
         out = tmp_path / name
         train_policy_gradient(cfg(sft_dir, out, steps=1, save_every=0, lr=1e-2, **kw))
         runs[name] = load_checkpoint(out).model.state_dict()
-    for k in runs["one"]:
-        torch.testing.assert_close(runs["one"][k], runs["accum"][k], atol=1e-6, rtol=1e-5)
+    for other in ("accum", "full_forward"):
+        for k in runs["one"]:
+            torch.testing.assert_close(runs["one"][k], runs[other][k], atol=1e-6, rtol=1e-5)
 
 
 def test_alarm_on_identical_rewards(sft_dir, tmp_path, capsys):
