@@ -101,9 +101,16 @@ class KVCache:
         return self.length
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows ``index`` (e.g. to drop finished sequences)."""
-        self.k = self.k[:, index]
-        self.v = self.v[:, index]
+        """Rows ``index`` of the batch (repeat a prompt's row for its samples, or drop finished rows).
+
+        Only the filled part [0, length) is gathered; the rest of the new buffer stays empty.
+        """
+        n = self.length
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = old.new_empty((old.shape[0], len(index), *old.shape[2:]))
+            new[:, :, :, :n] = old[:, index, :, :n]
+            setattr(self, name, new)
 
 
 class ConcatKVCache:
