@@ -119,14 +119,18 @@ def completion_logps(
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     logits = out.logits[:, completion_start - 1 : -1]  # (B, Tc, V) predicts input_ids[:, completion_start:]
-    labels = input_ids[:, completion_start:]
+    lp, warped = _completion_token_logps(logits, input_ids[:, completion_start:], temperature, top_k, top_p,
+                                         completion_mask)
+    return (lp, token_entropy(warped)) if return_entropy else lp
+
+
+def _completion_token_logps(logits, labels, temperature, top_k, top_p, completion_mask):
+    """Warp, pick the labels' log-probs, zero masked positions. -> (logps (B, T), warped logits)."""
     warped = warp_logits(logits, temperature, top_k, top_p) if (temperature != 1.0 or top_k or top_p) else logits
     lp = token_logps(warped, labels)
     if completion_mask is not None:
         lp = torch.where(completion_mask.bool(), lp, torch.zeros_like(lp))
-    if return_entropy:
-        return lp, token_entropy(warped)
-    return lp
+    return lp, warped
 
 
 def prefix_shared_completion_logps(
@@ -164,9 +168,5 @@ def prefix_shared_completion_logps(
     out = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache,
                 use_cache=True)
     logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
-    labels = input_ids[:, P:]
-    warped = warp_logits(logits, temperature, top_k, top_p) if (temperature != 1.0 or top_k or top_p) else logits
-    lp = token_logps(warped, labels)
-    if completion_mask is not None:
-        lp = torch.where(completion_mask.bool(), lp, torch.zeros_like(lp))
+    lp, warped = _completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
     return lp, token_entropy(warped)

@@ -137,9 +137,10 @@ class CheckpointManager:
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
 
-    def save(self, step: int, **kwargs) -> Path:
+    def save(self, step: int, save_fn=None, **kwargs) -> Path:
+        """Write ``step-NNNNNNNN`` with ``save_fn`` (default :func:`save_checkpoint`), point ``latest`` at it, prune."""
         name = f"step-{step:08d}"
-        path = save_checkpoint(self.root / name, **kwargs)
+        path = (save_fn or save_checkpoint)(self.root / name, **kwargs)
         atomic_write_text(self.root / "latest", name + "\n")
         self._prune(current=name)
         return path

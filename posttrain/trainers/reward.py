@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from posttrain.config import check_choice, check_positive, knob
-from posttrain.data.io import atomic_dir, atomic_write_text
+from posttrain.data.io import atomic_dir
 from posttrain.data.preference import (
     PreferencePair,
     collate_preference,
@@ -63,7 +62,7 @@ from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import load_checkpoint, resolve_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, resolve_checkpoint, restore_rng, rng_state, save_checkpoint
 from posttrain.trainers.sft import batch_indices
 
 HEAD_FILE = "reward_head.safetensors"
@@ -269,18 +268,6 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     return train, held, {"train": info, "heldout": held_info}
 
 
-def _save_periodic(out: Path, step: int, keep: int, **kw) -> Path:
-    root = out / "checkpoints"
-    name = f"step-{step:08d}"
-    path = save_reward_checkpoint(root / name, **kw)
-    atomic_write_text(root / "latest", name + "\n")
-    old = sorted(d for d in root.glob("step-*") if d.is_dir() and not d.name.endswith(".old"))
-    for d in old[: max(0, len(old) - keep)]:
-        if d.name != name:
-            shutil.rmtree(d, ignore_errors=True)
-    return path
-
-
 def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
     """Train a Bradley-Terry reward model; returns the summary (also ``cfg.out/summary.json``)."""
     common.set_threads(cfg.threads)
@@ -354,8 +341,9 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
         bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}",
                         **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}))
         if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-            _save_periodic(Path(out), done, cfg.keep_checkpoints, rm=rm, tokenizer=tokenizer,
-                           state=state(done, {"metrics": metrics}), optimizer=opt, rng=rng_state())
+            CheckpointManager(out, keep=cfg.keep_checkpoints).save(
+                done, save_fn=save_reward_checkpoint, rm=rm, tokenizer=tokenizer,
+                state=state(done, {"metrics": metrics}), optimizer=opt, rng=rng_state())
     bar.close()
     logger.close()
     if last_eval is None:

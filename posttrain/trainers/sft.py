@@ -193,9 +193,9 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         dt = time.perf_counter() - t0
-        tokens_seen += int((b_ids != tokenizer.pad_id).sum())
-        metrics = {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt,
-                   "tokens_per_s": int((b_ids != tokenizer.pad_id).sum()) / max(dt, 1e-9)}
+        n_real = int((b_ids != tokenizer.pad_id).sum())
+        tokens_seen += n_real
+        metrics = {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
         done = step + 1
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = run_eval()
