@@ -79,6 +79,17 @@ class UnigramModel:
         self.min_score = min(self.scores) if self.scores else 0.0
         self.unk_score = self.min_score - UNK_PENALTY
         self.max_len = max((len(p) for p, _ in self.pieces), default=1)
+        # prefix table (a trie flattened into one dict): every prefix of every piece -> (id, score) of the
+        # piece spelt by that prefix, or (-1, 0.0) if it is only a prefix. Viterbi extends a match only
+        # while the substring is still a prefix, so it does ~(match depth + 1) lookups per position
+        # instead of max_len.
+        table: dict[str, tuple[int, float]] = {}
+        for p in self.vocab:
+            for k in range(1, len(p)):
+                table.setdefault(p[:k], (-1, 0.0))
+        for p, i in self.vocab.items():
+            table[p] = (i, self.scores[i])
+        self._table = table
 
     def _lattice(self, word: str):
         """For each end position e: list of (begin, piece_id or -1 for unk, score), begins ascending."""
@@ -98,8 +109,50 @@ class UnigramModel:
             lst.sort(key=lambda t: t[0])
         return ends
 
+    def _best_path(self, word: str) -> tuple[list[int], list[int]]:
+        """Viterbi by forward pushes over the prefix table: (back_begin, back_id) per end position, id -1
+        for an unknown character. Begins are visited in ascending order and a tie never replaces, so among
+        equal scores the smallest begin (longest last piece) wins, as in :meth:`viterbi_slow`."""
+        n, table, unk = len(word), self._table, self.unk_score
+        best = [0.0] + [-math.inf] * n
+        back_b = [0] * (n + 1)
+        back_i = [-1] * (n + 1)
+        for b in range(n):
+            base = best[b]
+            e = b + 1
+            t = table.get(word[b])
+            if t is None or t[0] < 0:  # no single-character piece: the unknown edge (b, b+1)
+                v = base + unk
+                if v > best[e]:
+                    best[e], back_b[e], back_i[e] = v, b, -1
+            while t is not None:
+                i = t[0]
+                if i >= 0:
+                    v = base + t[1]
+                    if v > best[e]:
+                        best[e], back_b[e], back_i[e] = v, b, i
+                e += 1
+                if e > n:
+                    break
+                t = table.get(word[b:e])
+        return back_b, back_i
+
     def viterbi(self, word: str) -> list[tuple[str, int]]:
         """Best segmentation as (piece string, id or -1 for unknown)."""
+        if not word:
+            return []
+        back_b, back_i = self._best_path(word)
+        out = []
+        e = len(word)
+        while e > 0:
+            b = back_b[e]
+            out.append((word[b:e], back_i[e]))
+            e = b
+        out.reverse()
+        return out
+
+    def viterbi_slow(self, word: str) -> list[tuple[str, int]]:
+        """The oracle of :meth:`viterbi`: build the whole lattice (ends -> edges), then relax end by end."""
         n = len(word)
         if n == 0:
             return []
@@ -143,7 +196,19 @@ class UnigramModel:
         return ids
 
     def tokenize(self, word: str) -> list[int]:
-        return self._to_ids(self.viterbi(word))
+        if not word:
+            return []
+        back_b, back_i = self._best_path(word)
+        ids = []
+        e = len(word)
+        while e > 0:
+            i = back_i[e]
+            if i < 0:  # unknown characters on the path: fuse / byte-fallback them
+                return self._to_ids(self.viterbi(word))
+            ids.append(i)
+            e = back_b[e]
+        ids.reverse()
+        return ids
 
     def sample(self, word: str, alpha: float = 0.1, rng=None) -> list[int]:
         """Subword regularisation: draw a segmentation with P(s) ∝ prod p(s_i)^alpha (forward-filtering

@@ -47,6 +47,17 @@ def test_viterbi_equals_brute_force(word, rnd):
     assert "".join(got) == word
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.text("abcdx", min_size=0, max_size=14), st.randoms(use_true_random=False))
+def test_fast_viterbi_equals_lattice_viterbi_including_ties(word, rnd):
+    # integer scores make equal-score segmentations common: the tie rule (longest last piece) must agree;
+    # 'x' is never a piece, so unknown edges are exercised too
+    pieces = sorted({"".join(rnd.choice("abcd") for _ in range(rnd.randint(1, 4))) for _ in range(15)})
+    model = UnigramModel([("<unk>", 0.0)] + [(p, -float(rnd.randint(1, 4))) for p in pieces], unk_id=0)
+    assert model.viterbi(word) == model.viterbi_slow(word)
+    assert model.tokenize(word) == model._to_ids(model.viterbi_slow(word))
+
+
 def test_unknown_characters_fuse_to_one_unk_with_penalty():
     m = UnigramModel([("<unk>", 0.0), ("▁a", -1.0), ("a", -2.0)], unk_id=0)
     assert m.unk_score == -2.0 - UNK_PENALTY
