@@ -114,56 +114,89 @@ def _augmented(rows: torch.Tensor, last, dtype) -> torch.Tensor:
     return aug
 
 
+def _tile(flat: torch.Tensor, *shape: int) -> torch.Tensor:
+    """A contiguous (shape) view of the front of a reused flat scratch buffer (no allocation)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return flat[:n].view(shape)
+
+
+class _KeyTiles:
+    """Augmented key tiles [K_j, 1] (B*Hkv, bk, D+1) in a reused buffer whose ones column is written once per tile size."""
+
+    def __init__(self, kf: torch.Tensor, dtype: torch.dtype):
+        self.kf, self.dtype, self.bufs = kf, dtype, {}
+
+    def __call__(self, j0: int, j1: int) -> torch.Tensor:
+        bk = j1 - j0
+        if bk not in self.bufs:  # at most two sizes: the block and the last, shorter block
+            buf = torch.empty(self.kf.shape[0], bk, self.kf.shape[-1] + 1, dtype=self.dtype, device=self.kf.device)
+            buf[..., -1] = 1.0
+            self.bufs[bk] = buf
+        ka = self.bufs[bk]
+        ka[..., :-1].copy_(self.kf[:, j0:j1])
+        return ka
+
+
 def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    g = h // hkv
-    acc_dtype = _acc_dtype(q.dtype)
-    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device, g)
-    qg = q.view(b * hkv, g, nq, d)  # (B*Hkv, G, Nq, D): query heads grouped by their K/V head
-    kf = k.view(b * hkv, nk, d)  # (B*Hkv, Nk, D)
-    vf = v.view(b * hkv, nk, d)
+    g, bh = h // hkv, b * hkv
+    dt, dev = _acc_dtype(q.dtype), q.device
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, dev, g)
+    qg = q.view(bh, g, nq, d)  # (B*Hkv, G, Nq, D): query heads grouped by their K/V head
+    kf = k.view(bh, nk, d).to(dt)  # (B*Hkv, Nk, D); a copy only for bf16/fp16 inputs
+    vf = v.view(bh, nk, d).to(dt)
     out = torch.empty_like(q)  # (B, H, Nq, D)
-    outg = out.view(b * hkv, g, nq, d)
-    lse = torch.empty(b * hkv, g, nq, dtype=acc_dtype, device=q.device)  # (B*Hkv, G, Nq)
+    outg = out.view(bh, g, nq, d)
+    lse = torch.empty(bh, g, nq, dtype=dt, device=dev)  # (B*Hkv, G, Nq)
+    # scratch reused by every block and tile: the only memory besides O and L
+    rows = bh * g * min(block_q, nq)
+    s_flat = torch.empty(rows * min(block_k, nk), dtype=dt, device=dev)  # one tile of logits
+    qa_flat = torch.empty(rows * (d + 1), dtype=dt, device=dev)
+    acc_flat = torch.empty(rows * d, dtype=dt, device=dev)
+    key_tile = _KeyTiles(kf, dt)
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
-        bq = i1 - i0
-        m = torch.zeros((b * hkv, g * bq), dtype=acc_dtype, device=q.device)  # the shift in use (finite)
+        gbq = g * (i1 - i0)
+        m = torch.zeros((bh, gbq), dtype=dt, device=dev)  # the shift in use (finite)
+        l = torch.zeros((bh, gbq), dtype=dt, device=dev)  # running denominator sum P~
         # qa = [scale Q_i, -m]: with ka = [K_j, 1] one bmm gives S - m, the shifted logits
-        qa = _augmented(qg[:, :, i0:i1].reshape(b * hkv, g * bq, d) * scale, -m, acc_dtype)  # (B*Hkv, G*bq, D+1)
-        # acc = [o~, l]: with va = [V_j, 1] one bmm accumulates P~ V and rowsum P~ together
-        acc = torch.zeros((b * hkv, g * bq, d + 1), dtype=acc_dtype, device=q.device)
+        qa = _tile(qa_flat, bh, gbq, d + 1)
+        torch.mul(qg[:, :, i0:i1], scale, out=qa[..., :d].view(bh, g, i1 - i0, d))
+        qa[..., d] = 0.0
+        acc = _tile(acc_flat, bh, gbq, d).zero_()  # o~ = sum P~ V
         all_seen = False  # every row has seen a visible key (then its shift is a real max)
         for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
-            ka = _augmented(kf[:, j0:j1], 1.0, acc_dtype)  # (B*Hkv, bk, D+1)
-            va = _augmented(vf[:, j0:j1], 1.0, acc_dtype)
-            s = torch.bmm(qa, ka.transpose(1, 2))  # (B*Hkv, G*bq, bk) = S - m
+            s = _tile(s_flat, bh, gbq, j1 - j0)
+            torch.bmm(qa, key_tile(j0, j1).transpose(1, 2), out=s)  # (B*Hkv, G*bq, bk) = S - m
             _mask_tile(s, cmask, pmask, g, b)
             rowmax = s.amax(dim=-1)  # (B*Hkv, G*bq), relative to the shift m
             # Lazy rescale: keep the old shift unless the tile exceeds it by more than RESCALE_GAP
             # (exp stays <= e^8, no overflow) or the row has no shift yet.  Any shift is exact.
             if all_seen:
-                jump = rowmax > RESCALE_GAP
+                jump = rowmax > RESCALE_GAP if float(rowmax.max()) > RESCALE_GAP else None
             else:
-                fresh = (acc[..., d] == 0) & (rowmax > float("-inf"))
+                fresh = (l == 0) & (rowmax > float("-inf"))
                 jump = (rowmax > RESCALE_GAP) | fresh
-                all_seen = bool(((acc[..., d] > 0) | fresh).all())
-            if bool(jump.any()):
+                all_seen = bool(((l > 0) | fresh).all())
+            if jump is not None and bool(jump.any()):
                 delta = torch.where(jump, rowmax, 0.0)  # (B*Hkv, G*bq) new shift m' = m + delta
                 s.sub_(delta[..., None])
                 m.add_(delta)
                 qa[..., d] = -m
-                acc.mul_(torch.exp(-delta).clamp_(max=1.0)[..., None])  # alpha = exp(m - m'); fresh rows are 0
+                alpha = torch.exp(-delta).clamp_(max=1.0)  # exp(m - m'); rows with no shift yet hold zeros
+                acc.mul_(alpha[..., None])
+                l.mul_(alpha)
             s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
-            acc.baddbmm_(s, va)  # [o~, l] += P~ [V, 1]
-            del s, ka, va  # free this tile before the next is allocated: one tile alive, not two
-        l = acc[..., d]
+            acc.baddbmm_(s, vf[:, j0:j1])  # o~ += P~ V_j
+            l.add_(s.sum(dim=-1))  # l += rowsum P~
         empty = l == 0  # rows with no visible key
-        o = acc[..., :d].div_(l.masked_fill(empty, 1.0)[..., None])  # in place: no extra block of memory
-        outg[:, :, i0:i1] = o.view(b * hkv, g, bq, d)
+        acc.div_(l.masked_fill(empty, 1.0)[..., None])  # O = o~ / l; empty rows stay 0
+        outg[:, :, i0:i1] = acc.view(bh, g, i1 - i0, d)
         # empty rows: L = +inf so that the backward's exp(S - L) is exactly 0
-        lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(b * hkv, g, bq)
+        lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(bh, g, i1 - i0)
     return out, lse
 
 
