@@ -23,9 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheme", default="oph", choices=("oph", "perm"), help="MinHash scheme: one-permutation+densification or K permutations (default: oph)")
     p.add_argument("--bands", type=int, help="LSH bands b (with --rows); default: chosen for --threshold")
     p.add_argument("--rows", type=int, help="LSH rows per band r")
-    p.add_argument("--fn-weight", type=float, default=0.9, help="auto (b, r): false-negative weight vs false positives (default: 0.9)")
+    p.add_argument("--fn-weight", type=float, default=0.99, help="auto (b, r): false-negative weight vs false positives (default: 0.99)")
     p.add_argument("--seed", type=int, default=1, help="hash seed (default: 1)")
-    p.add_argument("--verify", default="estimate", choices=("estimate", "exact"), help="verify LSH candidates by estimated or exact Jaccard")
+    p.add_argument("--verify", default="borderline", choices=("borderline", "estimate", "exact"),
+                   help="verify LSH candidates by estimated Jaccard, re-deciding by exact Jaccard the borderline ones (default), none, or all")
+    p.add_argument("--borderline-sd", type=float, default=3.0,
+                   help="--verify borderline: re-check pairs whose estimate is within this many s.d. sqrt(t(1-t)/K) of the threshold (default: 3)")
     p.add_argument("--hamming", type=int, default=3, help="SimHash: max Hamming distance (default: 3)")
     p.add_argument("--bloom", action="store_true", help="exact: bounded-memory Bloom filter (representatives unknown)")
     p.add_argument("--bloom-fp-rate", type=float, default=1e-3, help="Bloom false-positive rate (default: 0.001)")
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = DedupConfig(
         method=args.method, threshold=args.threshold, num_perm=args.num_perm, ngram=args.ngram, shingle=args.shingle,
         normalize=args.normalize, scheme=args.scheme, bands=args.bands, rows=args.rows, fn_weight=args.fn_weight, seed=args.seed,
-        verify=args.verify, hamming=args.hamming, bloom=args.bloom, bloom_fp_rate=args.bloom_fp_rate,
+        verify=args.verify, borderline_sd=args.borderline_sd, hamming=args.hamming, bloom=args.bloom, bloom_fp_rate=args.bloom_fp_rate,
         bloom_capacity=args.bloom_capacity, units=args.units, contamination=tuple(args.contamination),
         contamination_ngram=args.contamination_ngram, contamination_field=args.contamination_field, drop_contaminated=args.drop_contaminated,
         semantic=args.semantic, semantic_model=args.semantic_model, semantic_threshold=args.semantic_threshold,
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
           f"empty: {s['empty_documents']}")
     if "lsh" in s:
         print(f"LSH: b={s['lsh']['bands']} r={s['lsh']['rows']} ({'auto' if s['lsh']['auto'] else 'given'}), "
-              f"candidates {s['candidate_pairs']}, verified {s['verified_pairs']}, "
+              f"candidates {s['candidate_pairs']}, verified {s.get('verified_pairs_exact', s['verified_pairs'])}"
+              + (f" ({s['exact_checked_pairs']} by exact Jaccard)" if "exact_checked_pairs" in s else "") + ", "
               f"index {s['index_bytes_per_doc']['total_peak']} B/doc")
     if "contamination" in s:
         c = s["contamination"]

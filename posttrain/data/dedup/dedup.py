@@ -33,7 +33,7 @@ import numpy as np
 from posttrain.config import check_choice, knob
 from posttrain.data.dedup import contamination as C
 from posttrain.data.dedup.exact import BloomFilter, content_hashes, dedup_units, first_occurrence
-from posttrain.data.dedup.lsh import band_keys, candidate_pairs, plan_bands, verify_pairs
+from posttrain.data.dedup.lsh import band_keys, borderline, candidate_pairs, exact_jaccard, plan_bands, verify_pairs
 from posttrain.data.dedup.minhash import MINHASH_SCHEMES
 from posttrain.data.dedup.records import TEXT_KEYS, file_format, iter_raw_batches, parse_line, record_text
 from posttrain.data.dedup.shingles import SHINGLERS, normalize, parse_normalize
@@ -44,6 +44,14 @@ from posttrain.errors import ConfigError, DataError
 
 METHODS = ("minhash", "simhash", "exact")
 SEMANTIC_MODES = ("none", "confirm", "rescue")
+
+# which verified-by-estimate candidates are re-decided by exact Jaccard (re-reading those documents):
+# est (P,), threshold, K, z -> mask (P,)
+EXACT_RECHECK: dict[str, Callable[[np.ndarray, float, int, float], np.ndarray]] = {
+    "estimate": lambda est, t, k, z: np.zeros(len(est), bool),
+    "borderline": borderline,
+    "exact": lambda est, t, k, z: np.ones(len(est), bool),
+}
 UNITS = ("none", "line", "paragraph")
 
 
@@ -60,10 +68,13 @@ class DedupConfig:
     scheme: str = knob("oph", "MinHash scheme: oph (one permutation + densification) or perm (K permutations)", choices=("oph", "perm"))
     bands: int | None = knob(None, "LSH bands b (with rows); default: chosen for the threshold")
     rows: int | None = knob(None, "LSH rows per band r")
-    fn_weight: float = knob(0.9, "auto (b, r): weight of the false-negative area (false positives get 1 - this); "
+    fn_weight: float = knob(0.99, "auto (b, r): weight of the false-negative area (false positives get 1 - this); "
                              "high because candidates are verified, so a false positive only costs one comparison")
     seed: int = knob(1, "hash seed; same seed -> same signatures on any machine")
-    verify: str = knob("estimate", "check LSH candidates by estimated or exact Jaccard", choices=("estimate", "exact"))
+    verify: str = knob("borderline", "check LSH candidates by estimated Jaccard, re-deciding by exact Jaccard those within "
+                       "--borderline-sd standard deviations of the threshold (borderline), none (estimate) or all (exact)",
+                       choices=tuple(EXACT_RECHECK))
+    borderline_sd: float = knob(3.0, "verify=borderline: half-width of the re-checked band in s.d. sqrt(t(1-t)/K)")
     max_bucket: int = knob(50, "LSH buckets larger than this give a star+chain instead of all pairs")
     hamming: int = knob(3, "SimHash: max Hamming distance of duplicate fingerprints")
     bloom: bool = knob(False, "exact and --units: use a Bloom filter (bounded memory, no representatives)")
@@ -97,7 +108,9 @@ class DedupConfig:
         check_choice("key", self.key, TEXT_KEYS)
         check_choice("backend", self.backend, tuple(BACKENDS))
         check_choice("on_bad_line", self.on_bad_line, ("error", "skip"))
-        check_choice("verify", self.verify, ("estimate", "exact"))
+        check_choice("verify", self.verify, tuple(EXACT_RECHECK))
+        if not self.borderline_sd >= 0.0:
+            raise ConfigError(f"borderline_sd={self.borderline_sd} must be >= 0")
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError(f"threshold={self.threshold} must be in (0, 1]")
         for name in ("num_perm", "ngram", "batch_size", "contamination_ngram", "max_bucket"):
@@ -243,10 +256,15 @@ def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats:
     est, ok = verify_pairs(sig, pairs, cfg.threshold)
     stats["candidate_pairs"] = int(len(pairs))
     stats["verified_pairs"] = int(ok.sum())
-    if cfg.verify == "exact" and len(pairs):
-        sets = {i: np.unique(SHINGLERS[cfg.shingle]([txt], cfg.ngram)[0]) for i, txt in reread(set(pairs.ravel().tolist()))}
-        exact = np.array([len(np.intersect1d(sets[a], sets[b])) / max(1, len(np.union1d(sets[a], sets[b]))) for a, b in pairs.tolist()])
-        ok = exact >= cfg.threshold
+    recheck = EXACT_RECHECK[cfg.verify](est, cfg.threshold, cfg.num_perm, cfg.borderline_sd)
+    if cfg.verify != "estimate":
+        stats["exact_checked_pairs"] = int(recheck.sum())
+    if recheck.any():
+        sub = pairs[recheck]
+        exact_ok = exact_jaccard(_shingle_sets(reread, sub, cfg), sub) >= cfg.threshold
+        stats["exact_flipped"] = {"accepted": int((exact_ok & ~ok[recheck]).sum()), "rejected": int((~exact_ok & ok[recheck]).sum())}
+        ok[recheck] = exact_ok
+    if cfg.verify != "estimate":
         stats["verified_pairs_exact"] = int(ok.sum())
     if cfg.semantic != "none" and len(pairs):
         from posttrain.data.dedup.semantic import SEMANTIC_RULES, pair_cosines
@@ -261,6 +279,28 @@ def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats:
     labels = components(n, pairs[ok])
     stats["time_s"]["union_find"] = round(time.perf_counter() - t, 4)
     return labels
+
+
+def _shingle_sets(reread, pairs: np.ndarray, cfg: DedupConfig, batch: int = 256) -> dict[int, np.ndarray]:
+    """Sorted unique shingle hashes of the documents in ``pairs``, re-read from the inputs."""
+    sets: dict[int, np.ndarray] = {}
+    idx, texts = [], []
+
+    def flush():
+        h, off = SHINGLERS[cfg.shingle](texts, cfg.ngram)
+        for j, i in enumerate(idx):
+            sets[i] = np.unique(h[off[j] : off[j + 1]])
+        idx.clear()
+        texts.clear()
+
+    for i, txt in reread(set(pairs.ravel().tolist())):
+        idx.append(i)
+        texts.append(txt)
+        if len(idx) >= batch:
+            flush()
+    if idx:
+        flush()
+    return sets
 
 
 def _simhash_labels(fps: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats: dict, reread) -> np.ndarray:
