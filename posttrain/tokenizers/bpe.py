@@ -116,6 +116,104 @@ def _setup(word_counts: dict[str, int], suffix: str | None, alphabet: list[str] 
     return words, counts, id_to_str, str_to_id
 
 
+def encode_words(word_counts: dict[str, int], suffix: str | None, alphabet: list[str] | None):
+    """Words as *strings of symbol ids*: symbol id ``i`` is the character ``chr(i)``.
+
+    Then a merge is ``str.replace``, a pair is a 2-character string and a pair lookup is ``str.find``,
+    all in C. {"low": 3, "lo": 1} with suffix "</w>" -> alphabet ["l", "o", "o</w>", "w</w>"],
+    words ["\\x00\\x01\\x03", "\\x00\\x02"], counts [3, 1]. Returns (words, counts, id_to_str, str_to_id)."""
+    suffix = suffix or None
+    items = [(w, c) for w, c in word_counts.items() if w]
+    if suffix is None:
+        syms = set("".join(w for w, _ in items))
+    else:
+        syms = set("".join(w[:-1] for w, _ in items))
+        syms.update(w[-1] + suffix for w, _ in items)
+    if alphabet is not None:
+        syms.update(alphabet)
+    id_to_str = sorted(syms)
+    str_to_id = {s: i for i, s in enumerate(id_to_str)}
+    table = {ord(s): chr(i) for s, i in str_to_id.items() if len(s) == 1}
+    if suffix is None:
+        words = [w.translate(table) for w, _ in items]
+    else:
+        last = {s[:-len(suffix)]: chr(i) for s, i in str_to_id.items() if s.endswith(suffix) and len(s) == len(suffix) + 1}
+        words = [w[:-1].translate(table) + last[w[-1]] for w, _ in items]
+    counts = [c for _, c in items]
+    return words, counts, id_to_str, str_to_id
+
+
+def count_pairs(words: list[str], counts: list[int]):
+    """Initial {pair: weighted count} and {pair: set of word indices}; pairs are 2-char strings.
+
+    Vectorised: all words joined by a separator into one code-point array, pair keys
+    ``left << 21 | right``, grouped by one sort. ["ab", "abb"], counts [2, 1] -> {"ab": 3, "bb": 1},
+    {"ab": {0, 1}, "bb": {1}}."""
+    import numpy as np
+
+    pc: dict[str, int] = {}
+    where: dict[str, set[int]] = defaultdict(set)
+    if not words:
+        return pc, where
+    sep = 0x10FFFF
+    arr = np.frombuffer(chr(sep).join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    wid = np.cumsum(arr == sep)  # word index of each position
+    left, right = arr[:-1], arr[1:]
+    ok = (left != sep) & (right != sep)
+    keys = (left[ok].astype(np.int64) << 21) | right[ok]  # (P,)
+    wof = wid[:-1][ok]  # (P,)
+    del arr, wid, left, right, ok
+    if not keys.size:
+        return pc, where
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    wof = wof[order]
+    del order
+    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))  # (U,)
+    weights = np.asarray(counts, dtype=np.int64)[wof]
+    totals = np.add.reduceat(weights, starts).tolist()
+    uniq = keys[starts].tolist()
+    bounds = starts.tolist() + [len(keys)]
+    wl = wof.tolist()
+    mask = (1 << 21) - 1
+    for g, k in enumerate(uniq):
+        p = chr(k >> 21) + chr(k & mask)
+        pc[p] = totals[g]
+        where[p] = set(wl[bounds[g]:bounds[g + 1]])
+    return pc, where
+
+
+def merge_string(s: str, ab: str, c: str):
+    """``merge_word`` for a word held as a string of symbol characters; same (new, removed, added),
+    with pairs as 2-character strings. s="xababy", ab="ab", c="C" -> ("xCCy", ["xa", "ab", "ba", "ab", "by"],
+    ["xC", "CC", "Cy"]); None when ``ab`` does not occur."""
+    j = s.find(ab)
+    if j < 0:
+        return None
+    n = len(s)
+    removed: list[str] = []
+    sites: list[int] = []
+    last = -1
+    while j >= 0:
+        sites.append(j - len(sites))  # the merged symbol's position in the new word
+        for q in (j - 1, j, j + 1):
+            if q > last and 0 <= q < n - 1:
+                removed.append(s[q:q + 2])
+                last = q
+        j = s.find(ab, j + 2)
+    ns = s.replace(ab, c)
+    m = len(ns)
+    added: list[str] = []
+    last = -1
+    for k in sites:
+        for q in (k - 1, k):
+            if q > last and 0 <= q < m - 1:
+                added.append(ns[q:q + 2])
+                last = q
+    return ns, removed, added
+
+
+
 def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
                       min_frequency: int = 1, alphabet: list[str] | None = None):
     """Oracle: recount every pair before each merge until ``n_merges`` new tokens exist.
@@ -162,25 +260,34 @@ def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | No
     """Fast BPE trainer: incremental pair counts + pair->words index + lazy max-heap.
 
     Returns (alphabet sorted, merges as (left, right) string pairs), identical to ``train_merges_slow``.
-    The heap holds (-count, left, right); an entry is stale when its count is not the pair's current
-    count, and every count change pushes a fresh entry, so the top valid entry is the true argmax.
+    Words are strings of symbol characters (``encode_words``), so finding and applying a merge in a
+    word is ``str.find``/``str.replace``; a pair is a 2-character string. A merge touches only the
+    words that contain its pair (``where``) and, when the pair occurs once in a word (the common
+    case), only the two neighbouring pairs: ``x a b y -> x C y`` removes ``xa, by`` and adds
+    ``xC, Cy``.
+
+    The heap holds (-count, left, right, pair) and is lazy in both directions: a count increase pushes
+    a fresh entry; a decrease pushes nothing, and an entry popped with a count above the pair's current
+    one is pushed back with the current count. Every live pair thus always has an entry at or above
+    its true count, so the first popped entry that matches its pair's count is the true argmax (ties:
+    smallest (left, right) strings).
     """
-    words, counts, id_to_str, str_to_id = _setup(word_counts, suffix, alphabet)
+    words, counts, id_to_str, str_to_id = encode_words(word_counts, suffix, alphabet)
     alphabet_out = list(id_to_str)
-    pc: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)
-    for wi, (w, c) in enumerate(zip(words, counts)):
-        for p in zip(w, w[1:]):
-            pc[p] += c
-            where[p].add(wi)
-    heap = [(-c, id_to_str[a], id_to_str[b], a, b) for (a, b), c in pc.items()]
+    if len(id_to_str) + n_merges >= 0x10FFFF:
+        raise UserError(f"BPE training supports vocabularies below {0x10FFFF} tokens")
+    pc, where = count_pairs(words, counts)
+    heap = [(-c, id_to_str[ord(p[0])], id_to_str[ord(p[1])], p) for p, c in pc.items()]
     heapq.heapify(heap)
+    heappush, heappop = heapq.heappush, heapq.heappop
     merges: list[tuple[str, str]] = []
     n_new = 0
     while n_new < n_merges and heap:
-        negc, sa, sb, a, b = heapq.heappop(heap)
-        cur = pc.get((a, b), 0)
-        if cur != -negc or cur <= 0:
+        negc, sa, sb, ab = heappop(heap)
+        cur = pc.get(ab, 0)
+        if cur != -negc:
+            if 0 < cur < -negc:
+                heappush(heap, (-cur, sa, sb, ab))  # a stale, too-high entry: requeue at the true count
             continue
         if cur < min_frequency:
             break
@@ -192,32 +299,52 @@ def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | No
             id_to_str.append(new_str)
             str_to_id[new_str] = c_id
             n_new += 1
-        delta: dict[tuple[int, int], int] = defaultdict(int)
-        for wi in where.pop((a, b), ()):
-            r = merge_word(words[wi], a, b, c_id)
-            if r is None:
+        a, b, c = ab[0], ab[1], chr(c_id)
+        del pc[ab]  # every occurrence is merged, and a merge never re-creates `ab` (c differs from a, b)
+        delta: dict[str, int] = defaultdict(int)
+        for wi in where.pop(ab, ()):
+            s = words[wi]
+            j = s.find(ab)
+            if j < 0:  # the index is allowed to hold words that lost the pair
                 continue
-            nw, removed, added = r
-            cnt = counts[wi]
-            for p in removed:
-                delta[p] -= cnt
-            for p in added:
-                delta[p] += cnt
-                where[p].add(wi)
-            words[wi] = nw
+            n = counts[wi]
+            if s.find(ab, j + 2) < 0:  # one occurrence: x a b y -> x c y
+                words[wi] = s[:j] + c + s[j + 2:]
+                if j:
+                    x = s[j - 1]
+                    delta[x + a] -= n
+                    p = x + c
+                    delta[p] += n
+                    where[p].add(wi)
+                if j + 2 < len(s):
+                    y = s[j + 2]
+                    delta[b + y] -= n
+                    p = c + y
+                    delta[p] += n
+                    where[p].add(wi)
+            else:
+                words[wi], removed, added = merge_string(s, ab, c)
+                for p in removed:
+                    delta[p] -= n
+                for p in added:
+                    delta[p] += n
+                    where[p].add(wi)
+        delta.pop(ab, None)
         for p, d in delta.items():
-            if d == 0:
+            if not d:
                 continue
-            v = pc[p] + d
+            v = pc.get(p, 0) + d
             if v > 0:
                 pc[p] = v
-                heapq.heappush(heap, (-v, id_to_str[p[0]], id_to_str[p[1]], p[0], p[1]))
+                if d > 0:
+                    heappush(heap, (-v, id_to_str[ord(p[0])], id_to_str[ord(p[1])], p))
             else:
                 pc.pop(p, None)
                 where.pop(p, None)
         if progress is not None:
             progress(len(merges))
     return alphabet_out, merges
+
 
 
 def build_vocab(specials: list[str], alphabet: list[str], merges: list[tuple[str, str]], vocab_size: int) -> dict[str, int]:

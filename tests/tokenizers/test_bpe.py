@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from posttrain.tokenizers import BPETrainer
-from posttrain.tokenizers.bpe import BPEModel, merge_ids, merge_word, train_merges, train_merges_slow
+from posttrain.tokenizers.bpe import (BPEModel, count_pairs, encode_words, merge_ids, merge_string, merge_word,
+                                      train_merges, train_merges_slow)
 
 
 def test_worked_example_low_lower_lowest():
@@ -100,3 +101,50 @@ def test_merge_word_reports_exact_pair_count_change(w, a, b):
     assert nw == merge_ids(w, a, b, 7)
     before, after = Counter(zip(w, w[1:])), Counter(zip(nw, nw[1:]))
     assert before - Counter(removed) + Counter(added) == after
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=12), st.integers(0, 3), st.integers(0, 3))
+def test_merge_string_matches_merge_word(w, a, b):
+    s, ab, c = "".join(map(chr, w)), chr(a) + chr(b), chr(7)
+    r, r2 = merge_word(w, a, b, 7), merge_string(s, ab, c)
+    if r is None:
+        assert r2 is None
+        return
+    nw, removed, added = r
+    assert r2 == ("".join(map(chr, nw)), [chr(x) + chr(y) for x, y in removed], [chr(x) + chr(y) for x, y in added])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text("abcé", max_size=6), st.integers(1, 9), max_size=12),
+       st.sampled_from([None, "</w>"]))
+def test_encode_words_and_count_pairs_match_brute_force(wc, suffix):
+    from collections import Counter
+
+    words, counts, id_to_str, str_to_id = encode_words(wc, suffix, None)
+    kept = [(w, c) for w, c in wc.items() if w]
+    assert id_to_str == sorted({s for w, _ in kept for s in _initial(w, suffix)})
+    assert [[id_to_str[ord(ch)] for ch in s] for s in words] == [_initial(w, suffix) for w, _ in kept]
+    assert counts == [c for _, c in kept]
+    pc, where = count_pairs(words, counts)
+    want, want_where = Counter(), {}
+    for wi, s in enumerate(words):
+        for p in zip(s, s[1:]):
+            want[p[0] + p[1]] += counts[wi]
+            want_where.setdefault(p[0] + p[1], set()).add(wi)
+    assert pc == dict(want) and dict(where) == want_where
+
+
+def _initial(w, suffix):
+    syms = list(w)
+    if suffix:
+        syms[-1] += suffix
+    return syms
+
+
+def test_heap_trainer_matches_oracle_on_repetitive_words():
+    # long runs of one repeated pair: many merge sites per word, overlapping (a, a) merges, ties
+    wc = {"ab" * k + "a" * j: k + j for k in range(1, 7) for j in range(0, 5)}
+    wc.update({"a" * k: 2 for k in range(2, 12)})
+    for suffix in (None, "</w>"):
+        assert train_merges(wc, 30, suffix=suffix) == train_merges_slow(wc, 30, suffix=suffix)

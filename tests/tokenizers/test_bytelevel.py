@@ -34,13 +34,14 @@ def tok(request, train_texts):
 @given(st.text())
 def test_roundtrip_arbitrary_unicode(tok, s):
     s = s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")  # a str that is valid UTF-8
-    assert tok.decode(tok.encode(s)) == s
+    # keep special tokens: a text may spell one ("<bos>"), which encodes to that special id
+    assert tok.decode(tok.encode(s), skip_special_tokens=False) == s
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=64))
 def test_roundtrip_arbitrary_bytes(tok, b):
-    assert tok.decode_bytes(tok.encode_bytes(b)) == b
+    assert tok.decode_bytes(tok.encode_bytes(b), skip_special_tokens=False) == b
 
 
 def test_invalid_utf8_roundtrips_at_bytes_level(tok):
