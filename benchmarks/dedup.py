@@ -22,7 +22,8 @@ first-match shortcut) for all systems. posttrain: its defaults (auto (b, r) with
 MinHash.update_batch + MinHashLSH with the same band weights, hence the same (b, r) = (18, 7), verified
 by estimated Jaccard (MinHash.jaccard). rensa: RMinHash.from_token_sets + RMinHashLSH with 16 bands (it
 needs b | K), verified by estimated Jaccard. Each measurement runs in a fresh subprocess (peak RSS = ru_maxrss of the process
-plus its largest child); the table shows medians over repeats and ratios to datasketch.
+plus its largest child; the driver process stays small, since on Linux a child's ru_maxrss starts
+at its parent's peak); the table shows medians over repeats and ratios to datasketch.
 
 - sig docs/s: signatures from in-memory normalised texts, one core (posttrain: batches of 256, rensa: 1000).
 - dedup docs/s: the whole file -> kept-file run (posttrain with 2 worker processes and with 1).
@@ -157,8 +158,8 @@ def truth_pairs(path: Path) -> set[tuple[int, int]]:
     return {(a, b) for g in groups.values() for i, a in enumerate(g) for b in g[i + 1 :]}
 
 
-def oracle_pairs(path: Path, truth: set[tuple[int, int]]) -> set[tuple[int, int]]:
-    """Pairs clustered together by exact Jaccard >= THRESHOLD over the true pairs (transitive closure)."""
+def oracle_labels(path: Path, truth: set[tuple[int, int]]) -> list[int]:
+    """Clusters of exact Jaccard >= THRESHOLD over the true pairs (transitive closure), as labels."""
     import numpy as np
 
     from posttrain.data.dedup.lsh import exact_jaccard
@@ -173,7 +174,7 @@ def oracle_pairs(path: Path, truth: set[tuple[int, int]]) -> set[tuple[int, int]
             sets[s + j] = np.unique(h[off[j] : off[j + 1]])
     tp = np.array(sorted(truth), np.int64).reshape(-1, 2)
     ok = exact_jaccard(sets, tp) >= THRESHOLD
-    return predicted_pairs(components(len(texts), tp[ok]).tolist())
+    return components(len(texts), tp[ok]).tolist()
 
 
 def predicted_pairs(labels: list[int]) -> set[tuple[int, int]]:
@@ -348,7 +349,13 @@ def main() -> None:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
     ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--_prepare", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args._prepare:  # corpus + oracle in a child: the parent stays small, and children inherit its peak RSS via exec
+        n, seed, corpus = int(args._prepare[0]), int(args._prepare[1]), Path(args._prepare[2])
+        make_corpus(n, corpus, seed=seed)
+        corpus.with_suffix(".oracle.json").write_text(json.dumps(oracle_labels(corpus, truth_pairs(corpus))))
+        return
     if args._child:
         system, mode, corpus, workdir = args._child
         print(json.dumps(_child(system, mode, Path(corpus), Path(workdir))))
@@ -364,9 +371,10 @@ def main() -> None:
         for n, repeats in zip(sizes, reps):
             for si, seed in enumerate(seeds):
                 corpus = tmp / f"corpus{n}_s{seed}.jsonl"
-                make_corpus(n, corpus, seed=seed)
+                subprocess.run([sys.executable, __file__, "--_prepare", str(n), str(seed), str(corpus)], check=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
                 truth = truth_pairs(corpus)
-                oracle = oracle_pairs(corpus, truth)
+                oracle = predicted_pairs(json.loads(corpus.with_suffix(".oracle.json").read_text()))
                 qual.append((n, seed, "threshold oracle", {"precision": 1.0, "recall": len(truth & oracle) / max(1, len(truth)),
                                                            "precision_t": 1.0}))
                 mb = corpus.stat().st_size / 1e6

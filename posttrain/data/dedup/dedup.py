@@ -261,7 +261,10 @@ def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats:
         stats["exact_checked_pairs"] = int(recheck.sum())
     if recheck.any():
         sub = pairs[recheck]
-        exact_ok = exact_jaccard(_shingle_sets(reread, sub, cfg), sub) >= cfg.threshold
+        exact = np.empty(len(sub))
+        for s0, s1 in _pair_chunks(sub, EXACT_MAX_DOCS):  # one re-read per chunk bounds the shingle sets held
+            exact[s0:s1] = exact_jaccard(_shingle_sets(reread, sub[s0:s1], cfg), sub[s0:s1])
+        exact_ok = exact >= cfg.threshold
         stats["exact_flipped"] = {"accepted": int((exact_ok & ~ok[recheck]).sum()), "rejected": int((~exact_ok & ok[recheck]).sum())}
         ok[recheck] = exact_ok
     if cfg.verify != "estimate":
@@ -279,6 +282,24 @@ def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats:
     labels = components(n, pairs[ok])
     stats["time_s"]["union_find"] = round(time.perf_counter() - t, 4)
     return labels
+
+
+EXACT_MAX_DOCS = 32768  # documents whose shingle sets are held at once by exact verification (~10 KB each at 1.2 KB)
+
+
+def _pair_chunks(pairs: np.ndarray, max_docs: int) -> list[tuple[int, int]]:
+    """Consecutive slices of ``pairs`` each touching at most ``max_docs`` distinct documents (>= 1 pair each)."""
+    out, start, seen = [], 0, set()
+    for p, (a, b) in enumerate(pairs.tolist()):
+        new = {a, b} - seen
+        if seen and len(seen) + len(new) > max_docs:
+            out.append((start, p))
+            start, seen = p, set()
+            new = {a, b}
+        seen |= new
+    if len(pairs):
+        out.append((start, len(pairs)))
+    return out
 
 
 def _shingle_sets(reread, pairs: np.ndarray, cfg: DedupConfig, batch: int = 256) -> dict[int, np.ndarray]:
