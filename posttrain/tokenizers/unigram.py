@@ -377,95 +377,135 @@ def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.n
 
 class _Lattice:
     """All strings' lattices as one edge list over a flat position space (string k has positions
-    offsets[k] .. offsets[k] + len). Edges are kept in two sorted copies: forward (by offset of the end
-    inside its string, then end, then begin) and backward (by begin offset descending, then begin), so
-    the forward/backward/Viterbi sweeps are one vectorised step per offset. ``restrict`` drops edges of
-    removed pieces by masking, which keeps both orders sorted."""
+    offsets[k] .. offsets[k] + len), so forward, backward and Viterbi are one vectorised step per
+    offset inside a string, over all strings at once.
+
+    Forward order: edges sorted by (offset of the end inside its string, end, begin), i.e. grouped by end
+    position, within a group by begin ascending (a Viterbi tie keeps the first = longest last piece, the
+    encoder's rule). Backward order (only what the beta sweep reads: its source = the edge's end, its
+    piece, its destination = the begin): by begin offset descending, then begin. Arrays are int32.
+
+    Pieces only ever die, so :meth:`drop_dead` compacts the edges in place (no second full copy) and only
+    when enough of them are dead; until then a dead piece's ``logp = -inf`` gives its edges zero weight
+    (every position keeps its always-alive single-character edge, so no group is all ``-inf``).
+    """
 
     def __init__(self, lengths: np.ndarray, sid, begin, length, piece, counts):
-        self.offsets = np.concatenate([[0], np.cumsum(lengths + 1)]).astype(np.int64)
-        self.starts = self.offsets[:-1]
-        self.ends = self.offsets[1:] - 1
-        self.npos = int(self.offsets[-1])
+        offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64) + 1)])
+        self.starts, self.ends = offsets[:-1], offsets[1:] - 1
+        self.npos = int(offsets[-1])
+        if self.npos >= 2**31 - 1:
+            raise UserError("unigram: corpus too large for one lattice (over 2^31 character positions)")
         self.counts = np.asarray(counts, dtype=np.float64)
-        pos_t = np.int32 if self.npos < 2**31 - 1 else np.int64
-        eb = (self.starts[sid] + begin).astype(pos_t)
-        ee = (eb + length).astype(pos_t)
-        lend = (begin + length).astype(np.int32)
-        begin = np.asarray(begin, dtype=np.int32)
-        f = np.lexsort((eb, ee, lend))
-        b = np.lexsort((ee, eb, -begin))
-        self._full = {
-            "f": dict(src=eb[f], dst=ee[f], k=lend[f], ep=piece[f], ew=sid[f]),
-            "b": dict(src=ee[b], dst=eb[b], k=begin[b], ep=piece[b], ew=sid[b]),
-        }
-        self.restrict(None)
+        span = int(max(int(np.max(lengths, initial=0)), 1)) + 1
+        eb = self.starts[sid].astype(np.int64) + begin  # (E,) flat begin positions
+        ee = eb + length  # (E,)
+        key = (np.asarray(begin, dtype=np.int64) + length) * self.npos + ee
+        key *= span
+        key += span - 1 - np.asarray(length, dtype=np.int64)  # within an end: longest piece (smallest begin) first
+        order = np.argsort(key)
+        del key
+        self.eb, self.ee = eb[order].astype(np.int32), ee[order].astype(np.int32)
+        self.ep, self.ew = np.asarray(piece)[order].astype(np.int32), np.asarray(sid)[order].astype(np.int32)
+        self.fk = (np.asarray(begin)[order] + np.asarray(length)[order]).astype(np.int16)  # end offset
+        del order
+        key = (span - 1 - np.asarray(begin, dtype=np.int64)) * self.npos + eb
+        order = np.argsort(key)
+        del key
+        self.b_src, self.b_dst = ee[order].astype(np.int32), eb[order].astype(np.int32)
+        self.b_ep, self.bk = np.asarray(piece)[order].astype(np.int32), np.asarray(begin)[order].astype(np.int16)
+        del order, eb, ee
+        self._index()
 
-    def restrict(self, piece_alive: np.ndarray | None, string_alive: np.ndarray | None = None):
-        self.cur = {}
-        for d, full in self._full.items():
-            if piece_alive is None and string_alive is None:
-                a = dict(full)  # no copy
-            else:
-                keep = np.ones(full["ep"].size, dtype=bool) if piece_alive is None else piece_alive[full["ep"]]
-                if string_alive is not None:
-                    keep &= string_alive[full["ew"]]
-                a = {k: v[keep] for k, v in full.items()}
-            dst, k = a["dst"], a["k"]
-            n = dst.size
-            gstart = np.flatnonzero(np.diff(dst)) + 1 if n else np.zeros(0, dtype=np.int64)
-            gstart = np.concatenate([[0], gstart]).astype(np.int64) if n else gstart
-            grp = np.zeros(n, dtype=np.int64)
-            if n:
-                grp[gstart[1:]] = 1
-                grp = np.cumsum(grp)
-            kcut = np.flatnonzero(np.diff(k)) + 1 if n else np.zeros(0, dtype=np.int64)
-            bounds = np.concatenate([[0], kcut, [n]]).astype(np.int64) if n else np.zeros(1, dtype=np.int64)
-            slices = []
-            for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-                g_lo, g_hi = int(grp[lo]), int(grp[hi - 1]) + 1
-                slices.append((lo, hi, g_lo, g_hi, gstart[g_lo:g_hi] - lo, grp[lo:hi] - g_lo))
-            a["slices"], a["dfirst"] = slices, dst[gstart] if n else dst
-            self.cur[d] = a
-        self.ep, self.ew = self.cur["f"]["ep"], self.cur["f"]["ew"]
-        self.eb, self.ee = self.cur["f"]["src"], self.cur["f"]["dst"]
+    @staticmethod
+    def _slices(dst: np.ndarray, k: np.ndarray):
+        """Per offset k: (lo, hi, local group starts, local group of each edge, destination of each group)."""
+        n = dst.size
+        if n == 0:
+            return []
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(dst[1:], dst[:-1], out=new[1:])
+        gstart = np.flatnonzero(new)  # (G,)
+        grp = np.cumsum(new, dtype=np.int32)
+        grp -= 1  # (E,) group of each edge
+        del new
+        kcut = np.flatnonzero(k[1:] != k[:-1]) + 1
+        bounds = [0] + kcut.tolist() + [n]
+        out = []
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            g_lo, g_hi = int(grp[lo]), int(grp[hi - 1]) + 1
+            out.append((lo, hi, (gstart[g_lo:g_hi] - lo).astype(np.int32), grp[lo:hi] - np.int32(g_lo),
+                        dst[gstart[g_lo:g_hi]]))
+        return out
+
+    def _index(self):
+        self.f_slices = self._slices(self.ee, self.fk)
+        self.b_slices = self._slices(self.b_dst, self.bk)
+
+    def drop_dead(self, piece_alive: np.ndarray, min_fraction: float = 0.0) -> None:
+        """Remove the edges of dead pieces if at least ``min_fraction`` of the edges are dead."""
+        keep = piece_alive[self.ep]
+        n_dead = keep.size - int(np.count_nonzero(keep))
+        if n_dead == 0 or n_dead < min_fraction * keep.size:
+            return
+        for name in ("eb", "ee", "ep", "ew", "fk"):
+            setattr(self, name, getattr(self, name)[keep])
+        keep = piece_alive[self.b_ep]
+        for name in ("b_src", "b_dst", "b_ep", "bk"):
+            setattr(self, name, getattr(self, name)[keep])
+        del keep
+        self._index()
 
     def _sweep(self, logp, forward: bool, mode: str):
         """'lse' -> log-sum-exp over paths (forward alpha / backward beta); 'max' -> Viterbi + back-pointers."""
-        a = self.cur["f" if forward else "b"]
-        src, ep, dfirst = a["src"], a["ep"], a["dfirst"]
+        src, ep, slices = (self.eb, self.ep, self.f_slices) if forward else (self.b_src, self.b_ep, self.b_slices)
         val = np.full(self.npos, -np.inf)
         val[self.starts if forward else self.ends] = 0.0
         back = np.full(self.npos, -1, dtype=np.int64) if mode == "max" else None
-        for lo, hi, g_lo, g_hi, gs, grp in a["slices"]:
-            x = val[src[lo:hi]] + logp[ep[lo:hi]]
-            m = np.maximum.reduceat(x, gs)
+        for lo, hi, gs, grp, dfirst in slices:
+            x = val[src[lo:hi]]  # (n,) score of the path to each edge's source
+            x += logp[ep[lo:hi]]
+            m = np.maximum.reduceat(x, gs)  # (groups,)
             if mode == "lse":
-                with np.errstate(invalid="ignore"):
-                    s = np.add.reduceat(np.exp(x - m[grp]), gs)
-                val[dfirst[g_lo:g_hi]] = m + np.log(s)
+                x -= m[grp]
+                np.exp(x, out=x)
+                s = np.add.reduceat(x, gs)
+                np.log(s, out=s)
+                s += m
+                val[dfirst] = s
             else:
                 idx = np.flatnonzero(x == m[grp])
                 g = grp[idx]
                 first = idx[np.concatenate([[True], g[1:] != g[:-1]])]
-                val[dfirst[g_lo:g_hi]] = m
-                back[dfirst[g_lo:g_hi]] = lo + first
+                val[dfirst] = m
+                back[dfirst] = lo + first
         return val, back
 
     def expected_counts(self, logp, n_pieces):
+        """Expected count of every piece (posterior edge marginals weighted by string counts) and the
+        corpus log-likelihood sum_w count_w * log Z_w."""
         alpha, _ = self._sweep(logp, True, "lse")
         beta, _ = self._sweep(logp, False, "lse")
         z = alpha[self.ends]
-        post = np.exp(alpha[self.eb] + logp[self.ep] + beta[self.ee] - z[self.ew]) * self.counts[self.ew]
+        post = alpha[self.eb]  # (E,) log posterior of each edge, built in place
+        post += logp[self.ep]
+        post += beta[self.ee]
+        del alpha, beta
+        post -= z[self.ew]
+        np.exp(post, out=post)
+        post *= self.counts[self.ew]
         return np.bincount(self.ep, weights=post, minlength=n_pieces), float((z * self.counts).sum())
 
-    def viterbi_paths(self, logp):
-        """(string index, piece) for every piece on every string's best path."""
+    def viterbi_paths(self, logp, string_alive: np.ndarray | None = None):
+        """(string index, piece) for every piece on every (alive) string's best path."""
         _, back = self._sweep(logp, True, "max")
         cur = self.ends.copy()
         wid = np.arange(cur.size)
         ws, ps = [], []
-        active = (cur > self.starts) & (back[cur] >= 0)  # strings without any edges (dropped owners) skipped
+        active = (cur > self.starts) & (back[cur] >= 0)  # strings without any edges skipped
+        if string_alive is not None:
+            active &= string_alive
         while active.any():
             wid, cur = wid[active], cur[active]
             e = back[cur]
@@ -564,7 +604,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
             drop = alive & ~is_char & (expected < 0.5)
             if drop.any():
                 alive &= ~drop
-                corpus.restrict(alive)
+                corpus.drop_dead(alive, 0.2)
             freq = np.where(alive, np.maximum(expected, np.where(is_char, 1.0, 0.0)), 0.0)
             lp = np.full(P, -np.inf)
             lp[alive] = digamma(freq[alive]) - digamma(np.array([freq[alive].sum()]))[0]
@@ -578,11 +618,12 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
         # --- prune: Viterbi frequencies and per-piece loss of removing it --------------------
         wid, pid = corpus.viterbi_paths(logp)
         vfreq = np.bincount(pid, weights=corpus.counts[wid], minlength=P)
-        uniq = np.unique(wid * P + pid)
-        F = np.bincount(uniq % P, weights=corpus.counts[uniq // P], minlength=P) / corpus.counts.sum()
+        # F_i: occurrences on Viterbi paths / number of words, as sentencepiece (its inverted index holds
+        # one entry per occurrence, so a piece used twice in a word counts twice)
+        F = vfreq / corpus.counts.sum()
         total = vfreq.sum()
-        alt_lat.restrict(alive, alive[multi_ids])
-        awid, apid = alt_lat.viterbi_paths(logp)
+        alt_lat.drop_dead(alive, 0.2)
+        awid, apid = alt_lat.viterbi_paths(logp, alive[multi_ids])
         owner = multi_ids[awid]
         n_alt = np.bincount(owner, minlength=P).astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -597,8 +638,8 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
         keep = is_char & alive
         keep[ranked[:n_keep]] = True
         alive = keep
-        corpus.restrict(alive)
         logp = np.where(alive, logp, -np.inf)
+        corpus.drop_dead(alive, 0.2)
     # --- finalise: characters plus the best-scoring pieces, sorted by score --------------------
     ids = np.flatnonzero(alive & ~is_char)
     ids = ids[np.lexsort((ids, -logp[ids]))][: max(0, target - n_chars)]

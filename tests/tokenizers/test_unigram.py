@@ -127,3 +127,56 @@ def test_sampling_varies_and_converges_to_viterbi(train_texts):
     for s in samples:
         assert tok.decode(list(s)) == tok.decode(best)
     assert sample_encode(tok, text, alpha=50.0, seed=0) == best
+
+
+def _enumerate_segmentations(word, ids):
+    """Every segmentation of ``word`` into pieces of ``ids`` (piece string -> id), as lists of ids."""
+    if not word:
+        return [[]]
+    out = []
+    for e in range(1, len(word) + 1):
+        if word[:e] in ids:
+            out += [[ids[word[:e]]] + rest for rest in _enumerate_segmentations(word[e:], ids)]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text("abc", min_size=1, max_size=7), min_size=1, max_size=6, unique=True),
+       st.randoms(use_true_random=False), st.booleans())
+def test_flat_lattice_equals_brute_force(words, rnd, compact):
+    """The trainer's vectorised lattice (all words at once) against per-word enumeration: expected piece
+    counts, log-likelihood and Viterbi paths (ties included: integer log-probs), before and after pieces die."""
+    np = pytest.importorskip("numpy")
+    from posttrain.tokenizers.unigram import _Lattice
+
+    pieces = ["a", "b", "c"] + sorted({"".join(rnd.choice("abc") for _ in range(rnd.randint(2, 4))) for _ in range(10)})
+    ids = {p: i for i, p in enumerate(pieces)}
+    counts = [rnd.randint(1, 5) for _ in words]
+    edges = [(k, b, e - b, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
+             for e in range(b + 1, len(w) + 1) if w[b:e] in ids]
+    sid, beg, ln, pid = (np.array(c, dtype=np.int32) for c in zip(*edges))
+    lat = _Lattice(np.array([len(w) for w in words]), sid, beg, ln, pid, counts)
+    logp = np.array([-float(rnd.randint(1, 4)) for _ in pieces])
+    alive = np.ones(len(pieces), dtype=bool)
+    for round_ in range(2):
+        expected, ll = lat.expected_counts(logp, len(pieces))
+        want, want_ll = np.zeros(len(pieces)), 0.0
+        live = {p: i for p, i in ids.items() if alive[i]}
+        for w, c in zip(words, counts):
+            segs = _enumerate_segmentations(w, live)
+            scores = np.array([sum(logp[i] for i in s) for s in segs])
+            z = np.log(np.exp(scores).sum())
+            want_ll += c * z
+            for s, sc in zip(segs, scores):
+                for i in s:
+                    want[i] += c * np.exp(sc - z)
+        assert expected == pytest.approx(want, rel=1e-9, abs=1e-12)
+        assert ll == pytest.approx(want_ll, rel=1e-12)
+        model = UnigramModel([(p, logp[i] if alive[i] else -1e9) for p, i in ids.items()], unk_id=None)
+        wid, path = lat.viterbi_paths(logp)
+        got = [[int(p) for w_, p in zip(wid, path) if w_ == k][::-1] for k in range(len(words))]
+        assert got == [[i for _, i in model.viterbi_slow(w)] for w in words]
+        # kill some multi-character pieces: logp -> -inf, edges compacted away or not
+        alive[3:] = [rnd.random() < 0.5 for _ in pieces[3:]]
+        logp = np.where(alive, logp, -np.inf)
+        lat.drop_dead(alive, 0.0 if compact else 1.1)
