@@ -42,6 +42,8 @@ Not handled: dropout, attention bias beyond the masks, and double backward.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from posttrain.ops.attention import check_attention_inputs
@@ -90,7 +92,7 @@ class _Plan:
         for jb, j0 in enumerate(range(0, max(last, 0), self.block_k)):
             if self.kpm_state[jb] == "none":
                 continue
-            j1 = min(j0 + self.block_k, self.nk)
+            j1 = min(j0 + self.block_k, last)  # a causal block ends where the last query's keys end
             cmask = None
             if self.causal and j1 - 1 > i0 + self.offset:  # some (i, j) in the tile is hidden
                 cmask = self._causal_tile(j0 - i0 - self.offset, i1 - i0, j1 - j0)
@@ -114,12 +116,24 @@ def _augmented(rows: torch.Tensor, last, dtype) -> torch.Tensor:
     return aug
 
 
-def _tile(flat: torch.Tensor, *shape: int) -> torch.Tensor:
-    """A contiguous (shape) view of the front of a reused flat scratch buffer (no allocation)."""
-    n = 1
-    for s in shape:
-        n *= s
-    return flat[:n].view(shape)
+class _Scratch:
+    """Flat scratch buffers, allocated once per call; ``view(name, *shape)`` is a contiguous view of the front."""
+
+    def __init__(self, dtype, device, **sizes):
+        self.dtype, self.device, self.sizes, self.bufs = dtype, device, sizes, {}
+        self.views: dict[tuple, torch.Tensor] = {}
+
+    def view(self, name: str, *shape: int) -> torch.Tensor:
+        key = (name, *shape)
+        t = self.views.get(key)
+        if t is None:
+            n = math.prod(shape)
+            buf = self.bufs.get(name)
+            if buf is None or buf.numel() < n:
+                buf = self.bufs[name] = torch.empty(max(n, self.sizes.get(name, 0)), dtype=self.dtype, device=self.device)
+                self.views = {k: v for k, v in self.views.items() if k[0] != name}
+            t = self.views[key] = buf[:n].view(shape)
+        return t
 
 
 class _KeyTiles:
@@ -153,45 +167,21 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     lse = torch.empty(bh, g, nq, dtype=dt, device=dev)  # (B*Hkv, G, Nq)
     # scratch reused by every block and tile: the only memory besides O and L
     rows = bh * g * min(block_q, nq)
-    s_flat = torch.empty(rows * min(block_k, nk), dtype=dt, device=dev)  # one tile of logits
-    qa_flat = torch.empty(rows * (d + 1), dtype=dt, device=dev)
-    acc_flat = torch.empty(rows * d, dtype=dt, device=dev)
+    scratch = _Scratch(dt, dev, s=rows * min(block_k, nk), qa=rows * (d + 1), acc=rows * d)
     key_tile = _KeyTiles(kf, dt)
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
         gbq = g * (i1 - i0)
-        m = torch.zeros((bh, gbq), dtype=dt, device=dev)  # the shift in use (finite)
-        l = torch.zeros((bh, gbq), dtype=dt, device=dev)  # running denominator sum P~
+        tiles = list(plan.key_blocks(i0, i1))
         # qa = [scale Q_i, -m]: with ka = [K_j, 1] one bmm gives S - m, the shifted logits
-        qa = _tile(qa_flat, bh, gbq, d + 1)
+        qa = scratch.view("qa", bh, gbq, d + 1)
         torch.mul(qg[:, :, i0:i1], scale, out=qa[..., :d].view(bh, g, i1 - i0, d))
         qa[..., d] = 0.0
-        acc = _tile(acc_flat, bh, gbq, d).zero_()  # o~ = sum P~ V
-        all_seen = False  # every row has seen a visible key (then its shift is a real max)
-        for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
-            s = _tile(s_flat, bh, gbq, j1 - j0)
-            torch.bmm(qa, key_tile(j0, j1).transpose(1, 2), out=s)  # (B*Hkv, G*bq, bk) = S - m
-            _mask_tile(s, cmask, pmask, g, b)
-            rowmax = s.amax(dim=-1)  # (B*Hkv, G*bq), relative to the shift m
-            # Lazy rescale: keep the old shift unless the tile exceeds it by more than RESCALE_GAP
-            # (exp stays <= e^8, no overflow) or the row has no shift yet.  Any shift is exact.
-            if all_seen:
-                jump = rowmax > RESCALE_GAP if float(rowmax.max()) > RESCALE_GAP else None
-            else:
-                fresh = (l == 0) & (rowmax > float("-inf"))
-                jump = (rowmax > RESCALE_GAP) | fresh
-                all_seen = bool(((l > 0) | fresh).all())
-            if jump is not None and bool(jump.any()):
-                delta = torch.where(jump, rowmax, 0.0)  # (B*Hkv, G*bq) new shift m' = m + delta
-                s.sub_(delta[..., None])
-                m.add_(delta)
-                qa[..., d] = -m
-                alpha = torch.exp(-delta).clamp_(max=1.0)  # exp(m - m'); rows with no shift yet hold zeros
-                acc.mul_(alpha[..., None])
-                l.mul_(alpha)
-            s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
-            acc.baddbmm_(s, vf[:, j0:j1])  # o~ += P~ V_j
-            l.add_(s.sum(dim=-1))  # l += rowsum P~
+        acc = scratch.view("acc", bh, gbq, d)  # o~ = sum P~ V
+        res = _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b) if tiles else None
+        if res is None:
+            res = _forward_block_safe(qa, acc, tiles, key_tile, vf, scratch, g, b)
+        m, l = res
         empty = l == 0  # rows with no visible key
         acc.div_(l.masked_fill(empty, 1.0)[..., None])  # O = o~ / l; empty rows stay 0
         outg[:, :, i0:i1] = acc.view(bh, g, i1 - i0, d)
@@ -200,44 +190,113 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     return out, lse
 
 
+def _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b):
+    """One query block with the shift m fixed to the first tile's row max: no max pass after that tile.
+
+    Exact for any shift; returns None (caller falls back to ``_forward_block_safe``) when a row sees
+    no key in the first tile or when exp(S - m) overflowed somewhere (a later tile far above m).
+    """
+    bh, gbq, d = acc.shape
+    lsums = scratch.view("lsum", len(tiles), bh, gbq)  # rowsum P~ per tile, summed once at the end
+    for t, (j0, j1, cmask, pmask) in enumerate(tiles):
+        s = scratch.view("s", bh, gbq, j1 - j0)
+        torch.bmm(qa, key_tile(j0, j1).transpose(1, 2), out=s)  # (B*Hkv, G*bq, bk) = S - m
+        _mask_tile(s, cmask, pmask, g, b)
+        if t == 0:
+            m = s.amax(dim=-1)  # (B*Hkv, G*bq): the shift for the whole block
+            if bool(torch.isinf(m).any()):  # a row with no visible key here: its shift must wait
+                return None
+            s.sub_(m[..., None])
+            qa[..., d] = -m
+        s.exp_()  # P~ = exp(S - m), hidden keys -> 0
+        if t == 0:
+            torch.bmm(s, vf[:, j0:j1], out=acc)  # o~ = P~ V_j
+        else:
+            acc.baddbmm_(s, vf[:, j0:j1])  # o~ += P~ V_j
+        torch.sum(s, dim=-1, out=lsums[t])
+    l = lsums.sum(dim=0)
+    if not math.isfinite(float(l.sum() + acc.sum())):  # overflow (or inf/nan inputs): redo with rescaling
+        return None
+    return m, l
+
+
+def _forward_block_safe(qa, acc, tiles, key_tile, vf, scratch, g, b):
+    """One query block with the lazy rescale: the shift moves when a tile exceeds it by RESCALE_GAP."""
+    bh, gbq, d = acc.shape
+    m = torch.zeros((bh, gbq), dtype=acc.dtype, device=acc.device)  # the shift in use (finite)
+    l = torch.zeros((bh, gbq), dtype=acc.dtype, device=acc.device)  # running denominator sum P~
+    qa[..., d] = 0.0  # the fast path may have set a shift
+    acc.zero_()
+    all_seen = False  # every row has seen a visible key (then its shift is a real max)
+    for j0, j1, cmask, pmask in tiles:
+        s = scratch.view("s", bh, gbq, j1 - j0)
+        torch.bmm(qa, key_tile(j0, j1).transpose(1, 2), out=s)  # (B*Hkv, G*bq, bk) = S - m
+        _mask_tile(s, cmask, pmask, g, b)
+        rowmax = s.amax(dim=-1)  # (B*Hkv, G*bq), relative to the shift m
+        # Keep the old shift unless the tile exceeds it by more than RESCALE_GAP (exp stays <= e^8,
+        # no overflow) or the row has no shift yet.  Any shift is exact.
+        if all_seen:
+            jump = rowmax > RESCALE_GAP
+        else:
+            fresh = (l == 0) & (rowmax > float("-inf"))
+            jump = (rowmax > RESCALE_GAP) | fresh
+            all_seen = bool(((l > 0) | fresh).all())
+        if bool(jump.any()):
+            delta = torch.where(jump, rowmax, 0.0)  # (B*Hkv, G*bq) new shift m' = m + delta
+            s.sub_(delta[..., None])
+            m.add_(delta)
+            qa[..., d] = -m
+            alpha = torch.exp(-delta).clamp_(max=1.0)  # exp(m - m'); rows with no shift yet hold zeros
+            acc.mul_(alpha[..., None])
+            l.mul_(alpha)
+        s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
+        acc.baddbmm_(s, vf[:, j0:j1])  # o~ += P~ V_j
+        l.add_(s.sum(dim=-1))  # l += rowsum P~
+    return m, l
+
+
 def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, block_k):
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    g = h // hkv
-    acc_dtype = _acc_dtype(q.dtype)
-    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, q.device, g)
-    qg = q.view(b * hkv, g, nq, d)
-    og = out.view(b * hkv, g, nq, d)
-    dog = grad_out.view(b * hkv, g, nq, d)
-    kf = k.view(b * hkv, nk, d)
-    vf = v.view(b * hkv, nk, d)
-    dq = torch.empty(b * hkv, g, nq, d, dtype=q.dtype, device=q.device)  # (B*Hkv, G, Nq, D)
-    dk = torch.zeros(b * hkv, nk, d, dtype=acc_dtype, device=q.device)  # (B*Hkv, Nk, D)
-    dv = torch.zeros(b * hkv, nk, d, dtype=acc_dtype, device=q.device)
-    big = torch.finfo(acc_dtype).max / 4  # stands in for L = +inf of empty rows: exp(S - big) = 0, no inf arithmetic
+    g, bh = h // hkv, b * hkv
+    dt, dev = _acc_dtype(q.dtype), q.device
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, dev, g)
+    qg = q.view(bh, g, nq, d)
+    og = out.view(bh, g, nq, d)
+    dog = grad_out.view(bh, g, nq, d)
+    key_tile = _KeyTiles(k.view(bh, nk, d), dt)  # [K_j, 1]
+    value_tile = _KeyTiles(v.view(bh, nk, d), dt)  # [V_j, 1]
+    dq = torch.empty(bh, g, nq, d, dtype=q.dtype, device=dev)  # (B*Hkv, G, Nq, D)
+    dk = torch.zeros(bh, nk, d, dtype=dt, device=dev)  # (B*Hkv, Nk, D)
+    dv = torch.zeros(bh, nk, d, dtype=dt, device=dev)
+    big = torch.finfo(dt).max / 4  # stands in for L = +inf of empty rows: exp(S - big) = 0, no inf arithmetic
+    rows = bh * g * min(block_q, nq)
+    scratch = _Scratch(dt, dev, p=rows * min(block_k, nk), ds=rows * min(block_k, nk), qa=rows * (d + 1), doa=rows * (d + 1), dq=rows * d)
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
-        bq = i1 - i0
-        dob = dog[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)  # (B*Hkv, G*bq, D)
-        ob = og[:, :, i0:i1].reshape(b * hkv, g * bq, d).to(acc_dtype)
-        delta = (dob * ob).sum(dim=-1)  # (B*Hkv, G*bq)  D_i = rowsum(dO * O)
-        lse_b = lse[:, :, i0:i1].reshape(b * hkv, g * bq).clamp(max=big)
+        bq, gbq = i1 - i0, g * (i1 - i0)
         # augmented columns fold the row shifts into the products: [sQ, -L][K, 1]^T = S - L, [dO, -D][V, 1]^T = dP - D
-        qa = _augmented(qg[:, :, i0:i1].reshape(b * hkv, g * bq, d) * scale, -lse_b, acc_dtype)  # (B*Hkv, G*bq, D+1)
-        doa = _augmented(dob, -delta, acc_dtype)
-        dqb = torch.zeros(b * hkv, g * bq, d, dtype=acc_dtype, device=q.device)
+        qa = scratch.view("qa", bh, gbq, d + 1)  # (B*Hkv, G*bq, D+1)
+        doa = scratch.view("doa", bh, gbq, d + 1)
+        qs, dob = qa[..., :d], doa[..., :d]  # scale Q_i and dO_i, (B*Hkv, G*bq, D) strided views
+        torch.mul(qg[:, :, i0:i1], scale, out=qs.view(bh, g, bq, d))
+        dob.view(bh, g, bq, d).copy_(dog[:, :, i0:i1])
+        ob = og[:, :, i0:i1].reshape(bh, gbq, d)
+        torch.sum(dob * ob, dim=-1, out=doa[..., d]).neg_()  # -D_i = -rowsum(dO * O)
+        torch.clamp(lse[:, :, i0:i1].reshape(bh, gbq), max=big, out=qa[..., d]).neg_()  # -L_i
+        dqb = scratch.view("dq", bh, gbq, d).zero_()
         for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
-            ka = _augmented(kf[:, j0:j1], 1.0, acc_dtype)  # (B*Hkv, bk, D+1)
-            va = _augmented(vf[:, j0:j1], 1.0, acc_dtype)
-            p = torch.bmm(qa, ka.transpose(1, 2))  # (B*Hkv, G*bq, bk) = S - L
+            ka, va = key_tile(j0, j1), value_tile(j0, j1)  # (B*Hkv, bk, D+1)
+            p = scratch.view("p", bh, gbq, j1 - j0)
+            torch.bmm(qa, ka.transpose(1, 2), out=p)  # (B*Hkv, G*bq, bk) = S - L
             _mask_tile(p, cmask, pmask, g, b)
             p.exp_()  # P = exp(S - L), recomputed
             dv[:, j0:j1].baddbmm_(p.transpose(1, 2), dob)  # dV_j += P^T dO
-            ds = torch.bmm(doa, va.transpose(1, 2)).mul_(p)  # dS = P * (dO V^T - D)
+            ds = scratch.view("ds", bh, gbq, j1 - j0)
+            torch.bmm(doa, va.transpose(1, 2), out=ds).mul_(p)  # dS = P * (dO V^T - D)
             dqb.baddbmm_(ds, ka[..., :d])  # dQ_i += dS K_j   (times scale below)
-            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qa[..., :d])  # dK_j += dS^T (scale Q_i)
-            del p, ds, ka, va  # one tile alive at a time
-        dq[:, :, i0:i1] = (dqb * scale).view(b * hkv, g, bq, d)
+            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qs)  # dK_j += dS^T (scale Q_i)
+        dq[:, :, i0:i1] = dqb.mul_(scale).view(bh, g, bq, d)
     dq = dq.view(b, h, nq, d)
     return dq, dk.view(b, hkv, nk, d).to(k.dtype), dv.view(b, hkv, nk, d).to(v.dtype)
 
