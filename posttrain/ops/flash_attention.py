@@ -49,10 +49,15 @@ import torch
 from posttrain.ops.attention import check_attention_inputs
 
 BLOCK_Q = 256
-"""Query rows per tile.  256 x 256 keeps the extra memory near SDPA's (a tile of B*H*256*256 floats);
+"""Forward: query rows per tile.  256 x 256 keeps the extra memory near SDPA's (a tile of B*H*256*256 floats);
 larger tiles are a little faster on the CPU but cost memory (see docs/attention.md)."""
 BLOCK_K = 256
-"""Key rows per tile."""
+"""Forward: key rows per tile."""
+BWD_BLOCK_Q = 512
+"""Backward: query rows per tile.  The backward already holds dQ, dK, dV (3x the input size), so its two
+tiles (P and dS) can be 4x the forward's while the peak stays near SDPA's; fewer, larger products."""
+BWD_BLOCK_K = 512
+"""Backward: key rows per tile."""
 RESCALE_GAP = 8.0
 """Forward keeps a row's shift until a tile's logits exceed it by this much (e^8 ~ 3e3: no overflow)."""
 
@@ -305,12 +310,12 @@ class FlashAttention(torch.autograd.Function):
     """Tiled attention; saves q, k, v, O and the per-row log-sum-exp (no N x N tensor)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, key_padding_mask, scale, block_q, block_k):
+    def forward(ctx, q, k, v, causal, key_padding_mask, scale, fwd_blocks, bwd_blocks):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         kpm = None if key_padding_mask is None else key_padding_mask.to(torch.bool)
-        out, lse = _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k)
+        out, lse = _flash_forward(q, k, v, causal, kpm, scale, *fwd_blocks)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.kpm, ctx.causal, ctx.scale, ctx.blocks = kpm, causal, scale, (block_q, block_k)
+        ctx.kpm, ctx.causal, ctx.scale, ctx.blocks = kpm, causal, scale, bwd_blocks
         return out
 
     @staticmethod
@@ -328,8 +333,8 @@ def flash_attention(
     scale: float | None = None,
     key_padding_mask: torch.Tensor | None = None,
     *,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(scale Q K^T + mask) V, tiled.  q (B, H, Nq, D), k/v (B, Hkv, Nk, D) -> (B, H, Nq, D).
 
@@ -340,10 +345,13 @@ def flash_attention(
     check_attention_inputs(q, k, v, key_padding_mask)
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if block_q < 1 or block_k < 1:
+    if (block_q is not None and block_q < 1) or (block_k is not None and block_k < 1):
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    # an explicit block size applies to both passes; otherwise each pass takes its own default
+    fwd_blocks = (int(block_q or BLOCK_Q), int(block_k or BLOCK_K))
+    bwd_blocks = (int(block_q or BWD_BLOCK_Q), int(block_k or BWD_BLOCK_K))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return FlashAttention.apply(q, k, v, bool(causal), key_padding_mask, scale, int(block_q), int(block_k))
+    return FlashAttention.apply(q, k, v, bool(causal), key_padding_mask, scale, fwd_blocks, bwd_blocks)
 
 
 def flash_attention_backend(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
