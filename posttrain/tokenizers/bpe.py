@@ -25,8 +25,11 @@ when training (it is honoured when encoding a loaded file).
 from __future__ import annotations
 
 import heapq
+from operator import itemgetter
 from dataclasses import dataclass
 from collections import defaultdict
+
+import numpy as np
 
 from posttrain.errors import UserError
 
@@ -144,15 +147,13 @@ def encode_words(word_counts: dict[str, int], suffix: str | None, alphabet: list
 
 
 def count_pairs(words: list[str], counts: list[int]):
-    """Initial {pair: weighted count} and {pair: set of word indices}; pairs are 2-char strings.
+    """Initial {pair: weighted count} and {pair: [indices of the words holding it]}; pairs are 2-char strings.
 
     Vectorised: all words joined by a separator into one code-point array, pair keys
     ``left << 21 | right``, grouped by one sort. ["ab", "abb"], counts [2, 1] -> {"ab": 3, "bb": 1},
-    {"ab": {0, 1}, "bb": {1}}."""
-    import numpy as np
-
+    {"ab": [0, 1], "bb": [1]} (a word holding a pair twice is listed twice)."""
     pc: dict[str, int] = {}
-    where: dict[str, set[int]] = defaultdict(set)
+    where: dict[str, list[int]] = defaultdict(list)
     if not words:
         return pc, where
     sep = 0x10FFFF
@@ -179,7 +180,7 @@ def count_pairs(words: list[str], counts: list[int]):
     for g, k in enumerate(uniq):
         p = chr(k >> 21) + chr(k & mask)
         pc[p] = totals[g]
-        where[p] = set(wl[bounds[g]:bounds[g + 1]])
+        where[p] = wl[bounds[g]:bounds[g + 1]]
     return pc, where
 
 
@@ -277,6 +278,7 @@ def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | No
     if len(id_to_str) + n_merges >= 0x10FFFF:
         raise UserError(f"BPE training supports vocabularies below {0x10FFFF} tokens")
     pc, where = count_pairs(words, counts)
+    counts_np = np.asarray(counts, dtype=np.int64)
     heap = [(-c, id_to_str[ord(p[0])], id_to_str[ord(p[1])], p) for p, c in pc.items()]
     heapq.heapify(heap)
     heappush, heappop = heapq.heappush, heapq.heappop
@@ -301,34 +303,11 @@ def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | No
             n_new += 1
         a, b, c = ab[0], ab[1], chr(c_id)
         del pc[ab]  # every occurrence is merged, and a merge never re-creates `ab` (c differs from a, b)
-        delta: dict[str, int] = defaultdict(int)
-        for wi in where.pop(ab, ()):
-            s = words[wi]
-            j = s.find(ab)
-            if j < 0:  # the index is allowed to hold words that lost the pair
-                continue
-            n = counts[wi]
-            if s.find(ab, j + 2) < 0:  # one occurrence: x a b y -> x c y
-                words[wi] = s[:j] + c + s[j + 2:]
-                if j:
-                    x = s[j - 1]
-                    delta[x + a] -= n
-                    p = x + c
-                    delta[p] += n
-                    where[p].add(wi)
-                if j + 2 < len(s):
-                    y = s[j + 2]
-                    delta[b + y] -= n
-                    p = c + y
-                    delta[p] += n
-                    where[p].add(wi)
-            else:
-                words[wi], removed, added = merge_string(s, ab, c)
-                for p in removed:
-                    delta[p] -= n
-                for p in added:
-                    delta[p] += n
-                    where[p].add(wi)
+        touched = where.pop(ab, ())
+        if len(touched) >= VECTOR_MIN_WORDS and a != b:
+            delta = _merge_many(words, counts_np, touched, ab, c, where)
+        else:
+            delta = _merge_few(words, counts, touched, ab, c, where)
         delta.pop(ab, None)
         for p, d in delta.items():
             if not d:
@@ -345,6 +324,93 @@ def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | No
             progress(len(merges))
     return alphabet_out, merges
 
+
+VECTOR_MIN_WORDS = 64  # a merge touching at least this many words is applied with numpy (_merge_many)
+_SEP = chr(0x10FFFF)  # never a symbol id (ids stay below it)
+
+
+def _merge_few(words: list[str], counts: list[int], touched, ab: str, c: str, where) -> dict[str, int]:
+    """Merge ``ab`` -> ``c`` in the ``touched`` words, one by one; returns {pair: count change} (``ab``
+    itself excluded) and adds the words to ``where`` under their new pairs."""
+    a, b = ab
+    delta: dict[str, int] = defaultdict(int)
+    for wi in touched:
+        s = words[wi]
+        j = s.find(ab)
+        if j < 0:  # the index is allowed to hold words that lost the pair
+            continue
+        n = counts[wi]
+        if s.find(ab, j + 2) < 0:  # one occurrence: x a b y -> x c y
+            words[wi] = s[:j] + c + s[j + 2:]
+            if j:
+                x = s[j - 1]
+                delta[x + a] -= n
+                p = x + c
+                delta[p] += n
+                where[p].append(wi)
+            if j + 2 < len(s):
+                y = s[j + 2]
+                delta[b + y] -= n
+                p = c + y
+                delta[p] += n
+                where[p].append(wi)
+        else:
+            words[wi], removed, added = merge_string(s, ab, c)
+            for p in removed:
+                delta[p] -= n
+            for p in added:
+                delta[p] += n
+                where[p].append(wi)
+    delta.pop(ab, None)
+    return delta
+
+
+def _merge_many(words: list[str], counts_np, touched, ab: str, c: str, where) -> dict[str, int]:
+    """``_merge_few`` for many words at once (``a != b``, so merge sites never overlap), in numpy.
+
+    The touched words are joined by a separator into one code-point array; merge sites are the
+    positions ``i`` with ``arr[i] == a, arr[i+1] == b``. Each site with left neighbour ``x`` and right
+    neighbour ``y`` removes ``xa``/``by`` and adds ``xc``/``cy``; when the site two to the left is also
+    one (``..a b a b..``), the pair between them is ``ba`` -> ``cc``, counted once, by the right site."""
+    a, b, cc = ord(ab[0]), ord(ab[1]), ord(c)
+    touched_np = np.unique(np.asarray(touched, dtype=np.int64))  # (T,) the index may repeat a word
+    touched = touched_np.tolist()
+    joined = _SEP.join(itemgetter(*touched)(words) if len(touched) > 1 else [words[touched[0]]])
+    list(map(words.__setitem__, touched, joined.replace(ab, c).split(_SEP)))
+    sep = ord(_SEP)
+    arr = np.frombuffer(joined.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)  # (L,)
+    pos = np.flatnonzero((arr[:-1] == a) & (arr[1:] == b))  # (S,) merge sites
+    if not pos.size:
+        return {}
+    word_of = np.searchsorted(np.flatnonzero(arr == sep), pos)  # (S,) index into touched
+    w = counts_np[touched_np[word_of]]  # (S,) weight of each site
+    padded = np.concatenate(([sep], arr, [sep])).astype(np.uint32)  # padded[i + 1] == arr[i]
+    x, y = padded[pos].astype(np.int64), padded[pos + 3].astype(np.int64)  # (S,) neighbours (sep: none)
+    site = np.zeros(len(arr) + 4, dtype=bool)
+    site[pos + 2] = True
+    left_site, right_site = site[pos], site[pos + 4]  # (S,) another site two to the left / right
+    has_x = (x != sep) & ~left_site
+    has_y = (y != sep) & ~right_site
+    n_ll = int(left_site.sum())
+    sh = 21
+    # removed pairs (weight -w) and added pairs (+w, and indexed in `where`)
+    rem_keys = np.concatenate(((x[has_x] << sh) | a, (b << sh) | y[has_y], np.full(n_ll, (b << sh) | a)))
+    add_keys = np.concatenate(((x[has_x] << sh) | cc, (cc << sh) | y[has_y], np.full(n_ll, (cc << sh) | cc)))
+    site_w = np.concatenate((w[has_x], w[has_y], w[left_site]))
+    uniq, inv = np.unique(np.concatenate((rem_keys, add_keys)), return_inverse=True)
+    tot = np.rint(np.bincount(inv.ravel(), weights=np.concatenate((-site_w, site_w)))).astype(np.int64)  # exact < 2**53
+    mask = (1 << sh) - 1
+    delta = {chr(k >> sh) + chr(k & mask): d for k, d in zip(uniq.tolist(), tot.tolist())}
+    if add_keys.size:
+        add_word = touched_np[np.concatenate((word_of[has_x], word_of[has_y], word_of[left_site]))]
+        order = np.argsort(add_keys, kind="stable")
+        ks = add_keys[order]
+        starts = np.flatnonzero(np.concatenate(([True], ks[1:] != ks[:-1])))
+        bounds = starts.tolist() + [len(ks)]
+        wl = add_word[order].tolist()
+        for g, k in enumerate(ks[starts].tolist()):
+            where[chr(k >> sh) + chr(k & mask)].extend(wl[bounds[g]:bounds[g + 1]])
+    return delta
 
 
 def build_vocab(specials: list[str], alphabet: list[str], merges: list[tuple[str, str]], vocab_size: int) -> dict[str, int]:

@@ -30,9 +30,18 @@ def _random_counts(rng: random.Random, n_words: int, alphabet: str) -> dict[str,
     return out
 
 
+@pytest.fixture(params=["per-word", "vectorised"])
+def merge_path(request, monkeypatch):
+    """Run a test with every merge applied word by word, then with every merge (a != b) in numpy."""
+    import posttrain.tokenizers.bpe as bpe
+
+    monkeypatch.setattr(bpe, "VECTOR_MIN_WORDS", 10**9 if request.param == "per-word" else 1)
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("suffix", [None, "</w>"])
-def test_heap_trainer_matches_recount_oracle(seed, suffix):
+def test_heap_trainer_matches_recount_oracle(seed, suffix, merge_path):
     rng = random.Random(seed)
     wc = _random_counts(rng, 60, "abcde" if seed % 2 else "abcdefghij")  # small alphabets -> many ties
     fast = train_merges(wc, 40, suffix=suffix)
@@ -40,11 +49,18 @@ def test_heap_trainer_matches_recount_oracle(seed, suffix):
     assert fast == slow
 
 
+@pytest.mark.parametrize("vector_min", [10**9, 1])
 @settings(max_examples=40, deadline=None)
 @given(st.dictionaries(st.text("xyz", min_size=1, max_size=7), st.integers(1, 5), min_size=1, max_size=15),
        st.integers(1, 3))
-def test_heap_trainer_matches_oracle_property(wc, min_freq):
-    assert train_merges(wc, 25, min_frequency=min_freq) == train_merges_slow(wc, 25, min_frequency=min_freq)
+def test_heap_trainer_matches_oracle_property(vector_min, wc, min_freq):
+    import posttrain.tokenizers.bpe as bpe
+
+    bpe.VECTOR_MIN_WORDS, old = vector_min, bpe.VECTOR_MIN_WORDS
+    try:
+        assert train_merges(wc, 25, min_frequency=min_freq) == train_merges_slow(wc, 25, min_frequency=min_freq)
+    finally:
+        bpe.VECTOR_MIN_WORDS = old
 
 
 def test_same_corpus_same_vocabulary(train_texts):
@@ -132,7 +148,7 @@ def test_encode_words_and_count_pairs_match_brute_force(wc, suffix):
         for p in zip(s, s[1:]):
             want[p[0] + p[1]] += counts[wi]
             want_where.setdefault(p[0] + p[1], set()).add(wi)
-    assert pc == dict(want) and dict(where) == want_where
+    assert pc == dict(want) and {p: set(v) for p, v in where.items()} == want_where
 
 
 def _initial(w, suffix):
@@ -142,7 +158,7 @@ def _initial(w, suffix):
     return syms
 
 
-def test_heap_trainer_matches_oracle_on_repetitive_words():
+def test_heap_trainer_matches_oracle_on_repetitive_words(merge_path):
     # long runs of one repeated pair: many merge sites per word, overlapping (a, a) merges, ties
     wc = {"ab" * k + "a" * j: k + j for k in range(1, 7) for j in range(0, 5)}
     wc.update({"a" * k: 2 for k in range(2, 12)})
