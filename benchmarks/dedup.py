@@ -48,7 +48,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-K, NGRAM, THRESHOLD, FN_WEIGHT = 128, 5, 0.8, 0.99
+K, NGRAM, THRESHOLD = 128, 5, 0.8
+FN_WEIGHT = float(os.environ.get("DEDUP_BENCH_FN_WEIGHT", 0.99))  # set by --fn-weight for the child processes
+VERIFY = os.environ.get("DEDUP_BENCH_VERIFY", "borderline")  # posttrain's --verify, set by --verify
 STEPS = ("nfkc", "lower", "whitespace")
 
 # ------------------------------------------------------------------------------------------------
@@ -162,7 +164,7 @@ def oracle_labels(path: Path, truth: set[tuple[int, int]]) -> list[int]:
     """Clusters of exact Jaccard >= THRESHOLD over the true pairs (transitive closure), as labels."""
     import numpy as np
 
-    from posttrain.data.dedup.lsh import exact_jaccard
+    from posttrain.data.dedup.lsh import exact_jaccard, sorted_set
     from posttrain.data.dedup.shingles import char_shingles
     from posttrain.data.dedup.unionfind import components
 
@@ -171,7 +173,7 @@ def oracle_labels(path: Path, truth: set[tuple[int, int]]) -> list[int]:
     for s in range(0, len(texts), 1024):
         h, off = char_shingles(texts[s : s + 1024], NGRAM)
         for j in range(len(off) - 1):
-            sets[s + j] = np.unique(h[off[j] : off[j + 1]])
+            sets[s + j] = sorted_set(h[off[j] : off[j + 1]])
     tp = np.array(sorted(truth), np.int64).reshape(-1, 2)
     ok = exact_jaccard(sets, tp) >= THRESHOLD
     return components(len(texts), tp[ok]).tolist()
@@ -239,7 +241,8 @@ def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
     from posttrain.data.dedup.dedup import DedupConfig, dedup
 
     clusters = out.with_suffix(".clusters.jsonl")
-    dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False),
+    dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False,
+                                      fn_weight=FN_WEIGHT, verify=VERIFY),
           clusters=clusters)
     return [json.loads(line)["representative"] for line in open(clusters)]
 
@@ -348,6 +351,9 @@ def main() -> None:
                     "(timing uses the first seed; the others get one dedup run per system)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
+    ap.add_argument("--fn-weight", type=float, default=0.99, help="false-negative weight of the auto (b, r), for posttrain "
+                    "and datasketch (default: 0.99 -> (18, 7); 0.9 -> (14, 9))")
+    ap.add_argument("--verify", default="borderline", choices=("borderline", "estimate", "exact"), help="posttrain's --verify")
     ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--_prepare", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -360,7 +366,9 @@ def main() -> None:
         system, mode, corpus, workdir = args._child
         print(json.dumps(_child(system, mode, Path(corpus), Path(workdir))))
         return
+    os.environ["DEDUP_BENCH_FN_WEIGHT"], os.environ["DEDUP_BENCH_VERIFY"] = str(args.fn_weight), args.verify
     systems = [s.strip() for s in args.systems.split(",")]
+    print(f"# posttrain: verify={args.verify}; posttrain and datasketch: fn_weight={args.fn_weight}", file=sys.stderr)
     seeds = [int(x) for x in args.corpus_seeds.split(",")]
     rows, qual = [], []  # qual: (n, seed, system, quality dict); system "oracle" = exact J >= t closure
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.data.dedup.dedup import DedupConfig, _pair_chunks, dedup
-from posttrain.data.dedup.lsh import borderline, exact_jaccard, plan_bands
+from posttrain.data.dedup.lsh import borderline, exact_jaccard, plan_bands, sorted_set
 from posttrain.data.dedup.minhash import oph_signatures
 from posttrain.data.dedup.shingles import char_shingles, jaccard, normalize, shingle_strings
 from posttrain.errors import ConfigError
@@ -26,6 +26,12 @@ def test_borderline_band_edges():
     assert borderline(est, 0.8, 128, 0.0).tolist() == [False, False, False, True, False, False, False, False]
 
 
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=50))
+def test_sorted_set_matches_python_sorted_set(xs):
+    got = sorted_set(np.array(xs, np.uint64))
+    assert got.dtype == np.uint64 and got.tolist() == sorted(set(xs))
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.text(alphabet="abcde ", min_size=0, max_size=40), min_size=2, max_size=6))
 def test_exact_jaccard_matches_string_sets(texts):
@@ -33,7 +39,7 @@ def test_exact_jaccard_matches_string_sets(texts):
     if len(texts) < 2:
         return
     h, off = char_shingles(texts, 3)
-    sets = {i: np.unique(h[off[i] : off[i + 1]]) for i in range(len(texts))}
+    sets = {i: sorted_set(h[off[i] : off[i + 1]]) for i in range(len(texts))}
     pairs = np.array([(i, j) for i in range(len(texts)) for j in range(i + 1, len(texts))])
     got = exact_jaccard(sets, pairs)
     want = [jaccard(shingle_strings(texts[i], 3), shingle_strings(texts[j], 3)) for i, j in pairs]

@@ -33,7 +33,7 @@ import numpy as np
 from posttrain.config import check_choice, knob
 from posttrain.data.dedup import contamination as C
 from posttrain.data.dedup.exact import BloomFilter, content_hashes, dedup_units, first_occurrence
-from posttrain.data.dedup.lsh import band_keys, borderline, candidate_pairs, exact_jaccard, plan_bands, verify_pairs
+from posttrain.data.dedup.lsh import band_keys, borderline, candidate_pairs, exact_jaccard, plan_bands, sorted_set, verify_pairs
 from posttrain.data.dedup.minhash import MINHASH_SCHEMES
 from posttrain.data.dedup.records import TEXT_KEYS, file_format, iter_raw_batches, parse_line, record_text
 from posttrain.data.dedup.shingles import SHINGLERS, normalize, parse_normalize
@@ -310,7 +310,7 @@ def _shingle_sets(reread, pairs: np.ndarray, cfg: DedupConfig, batch: int = 256)
     def flush():
         h, off = SHINGLERS[cfg.shingle](texts, cfg.ngram)
         for j, i in enumerate(idx):
-            sets[i] = np.unique(h[off[j] : off[j + 1]])
+            sets[i] = sorted_set(h[off[j] : off[j + 1]])
         idx.clear()
         texts.clear()
 

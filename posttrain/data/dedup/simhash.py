@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from posttrain.data.dedup.lsh import bucket_pairs
+from posttrain.data.dedup.lsh import bucket_pairs, sorted_set
 from posttrain.data.dedup.shingles import fmix64, fmix64_int
 
 U64 = np.uint64
@@ -81,6 +81,6 @@ def simhash_pairs(fps: np.ndarray, max_distance: int = 3, valid: np.ndarray | No
             enc.append(idx[p[:, 0]] * n + idx[p[:, 1]])
     if not enc:
         return np.empty((0, 2), np.int64)
-    u = np.unique(np.concatenate(enc))
+    u = sorted_set(np.concatenate(enc))
     pairs = np.stack([u // n, u % n], 1)
     return pairs[hamming(fps[pairs[:, 0]], fps[pairs[:, 1]]) <= max_distance]
