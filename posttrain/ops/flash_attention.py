@@ -113,14 +113,6 @@ def _mask_tile(s: torch.Tensor, cmask, pmask, g: int, b: int) -> None:
         s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*G*bq, bk)
 
 
-def _augmented(rows: torch.Tensor, last, dtype) -> torch.Tensor:
-    """[rows, last]: (..., n, D) and a (..., n) column or a scalar -> (..., n, D + 1), a fresh buffer."""
-    aug = torch.empty(*rows.shape[:-1], rows.shape[-1] + 1, dtype=dtype, device=rows.device)
-    aug[..., :-1] = rows
-    aug[..., -1] = last
-    return aug
-
-
 class _Scratch:
     """Flat scratch buffers, allocated once per call; ``view(name, *shape)`` is a contiguous view of the front."""
 
@@ -142,20 +134,43 @@ class _Scratch:
 
 
 class _KeyTiles:
-    """Augmented key tiles [K_j, 1] (B*Hkv, bk, D+1) in a reused buffer whose ones column is written once per tile size."""
+    """Augmented key tiles [K_j, 1] (B*Hkv, bk, D+1) in one reused buffer; the ones column is rewritten only
+    when the tile width changes.  Returns (ka, ka^T, ka[..., :D]) views, cached per width."""
 
-    def __init__(self, kf: torch.Tensor, dtype: torch.dtype):
-        self.kf, self.dtype, self.bufs = kf, dtype, {}
+    def __init__(self, kf: torch.Tensor, dtype: torch.dtype, block: int):
+        self.kf, self.n, self.d = kf, kf.shape[0], kf.shape[-1]
+        self.flat = torch.empty(self.n * min(block, kf.shape[1]) * (self.d + 1), dtype=dtype, device=kf.device)
+        self.views: dict[int, tuple] = {}
+        self.src: dict[tuple[int, int], torch.Tensor] = {}  # (j0, j1) -> kf[:, j0:j1]
+        self.ones_width = -1  # the tile width whose ones column is in place
+
+    def __call__(self, j0: int, j1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bk = j1 - j0
+        views = self.views.get(bk)
+        if views is None:
+            ka = self.flat[: self.n * bk * (self.d + 1)].view(self.n, bk, self.d + 1)
+            views = self.views[bk] = (ka, ka.transpose(1, 2), ka[..., : self.d])
+        if self.ones_width != bk:
+            views[0][..., self.d] = 1.0
+            self.ones_width = bk
+        rows = self.src.get((j0, j1))
+        if rows is None:
+            rows = self.src[(j0, j1)] = self.kf[:, j0:j1]
+        views[2].copy_(rows)
+        return views
+
+
+class _Rows:
+    """Cached row-block views t[:, j0:j1] of a (B*Hkv, N, D) tensor (the same blocks recur for every query block)."""
+
+    def __init__(self, t: torch.Tensor):
+        self.t, self.cache = t, {}
 
     def __call__(self, j0: int, j1: int) -> torch.Tensor:
-        bk = j1 - j0
-        if bk not in self.bufs:  # at most two sizes: the block and the last, shorter block
-            buf = torch.empty(self.kf.shape[0], bk, self.kf.shape[-1] + 1, dtype=self.dtype, device=self.kf.device)
-            buf[..., -1] = 1.0
-            self.bufs[bk] = buf
-        ka = self.bufs[bk]
-        ka[..., :-1].copy_(self.kf[:, j0:j1])
-        return ka
+        r = self.cache.get((j0, j1))
+        if r is None:
+            r = self.cache[(j0, j1)] = self.t[:, j0:j1]
+        return r
 
 
 def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
@@ -173,7 +188,7 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     # scratch reused by every block and tile: the only memory besides O and L
     rows = bh * g * min(block_q, nq)
     scratch = _Scratch(dt, dev, s=rows * min(block_k, nk), qa=rows * (d + 1), acc=rows * d)
-    key_tile = _KeyTiles(kf, dt)
+    key_tile, v_rows = _KeyTiles(kf, dt, block_k), _Rows(vf)
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
         gbq = g * (i1 - i0)
@@ -183,9 +198,9 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
         torch.mul(qg[:, :, i0:i1], scale, out=qa[..., :d].view(bh, g, i1 - i0, d))
         qa[..., d] = 0.0
         acc = scratch.view("acc", bh, gbq, d)  # o~ = sum P~ V
-        res = _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b) if tiles else None
+        res = _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b) if tiles else None
         if res is None:
-            res = _forward_block_safe(qa, acc, tiles, key_tile, vf, scratch, g, b)
+            res = _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b)
         m, l = res
         empty = l == 0  # rows with no visible key
         acc.div_(l.masked_fill(empty, 1.0)[..., None])  # O = o~ / l; empty rows stay 0
@@ -195,7 +210,7 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     return out, lse
 
 
-def _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b):
+def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
     """One query block with the shift m fixed to the first tile's row max: no max pass after that tile.
 
     Exact for any shift; returns None (caller falls back to ``_forward_block_safe``) when a row sees
@@ -205,7 +220,7 @@ def _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b):
     lsums = scratch.view("lsum", len(tiles), bh, gbq)  # rowsum P~ per tile, summed once at the end
     for t, (j0, j1, cmask, pmask) in enumerate(tiles):
         s = scratch.view("s", bh, gbq, j1 - j0)
-        torch.bmm(qa, key_tile(j0, j1).transpose(1, 2), out=s)  # (B*Hkv, G*bq, bk) = S - m
+        torch.bmm(qa, key_tile(j0, j1)[1], out=s)  # (B*Hkv, G*bq, bk) = S - m
         _mask_tile(s, cmask, pmask, g, b)
         if t == 0:
             m = s.amax(dim=-1)  # (B*Hkv, G*bq): the shift for the whole block
@@ -215,9 +230,9 @@ def _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b):
             qa[..., d] = -m
         s.exp_()  # P~ = exp(S - m), hidden keys -> 0
         if t == 0:
-            torch.bmm(s, vf[:, j0:j1], out=acc)  # o~ = P~ V_j
+            torch.bmm(s, v_rows(j0, j1), out=acc)  # o~ = P~ V_j
         else:
-            acc.baddbmm_(s, vf[:, j0:j1])  # o~ += P~ V_j
+            acc.baddbmm_(s, v_rows(j0, j1))  # o~ += P~ V_j
         torch.sum(s, dim=-1, out=lsums[t])
     l = lsums.sum(dim=0)
     if not math.isfinite(float(l.sum() + acc.sum())):  # overflow (or inf/nan inputs): redo with rescaling
@@ -225,7 +240,7 @@ def _forward_block_fast(qa, acc, tiles, key_tile, vf, scratch, g, b):
     return m, l
 
 
-def _forward_block_safe(qa, acc, tiles, key_tile, vf, scratch, g, b):
+def _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
     """One query block with the lazy rescale: the shift moves when a tile exceeds it by RESCALE_GAP."""
     bh, gbq, d = acc.shape
     m = torch.zeros((bh, gbq), dtype=acc.dtype, device=acc.device)  # the shift in use (finite)
@@ -235,7 +250,7 @@ def _forward_block_safe(qa, acc, tiles, key_tile, vf, scratch, g, b):
     all_seen = False  # every row has seen a visible key (then its shift is a real max)
     for j0, j1, cmask, pmask in tiles:
         s = scratch.view("s", bh, gbq, j1 - j0)
-        torch.bmm(qa, key_tile(j0, j1).transpose(1, 2), out=s)  # (B*Hkv, G*bq, bk) = S - m
+        torch.bmm(qa, key_tile(j0, j1)[1], out=s)  # (B*Hkv, G*bq, bk) = S - m
         _mask_tile(s, cmask, pmask, g, b)
         rowmax = s.amax(dim=-1)  # (B*Hkv, G*bq), relative to the shift m
         # Keep the old shift unless the tile exceeds it by more than RESCALE_GAP (exp stays <= e^8,
@@ -255,7 +270,7 @@ def _forward_block_safe(qa, acc, tiles, key_tile, vf, scratch, g, b):
             acc.mul_(alpha[..., None])
             l.mul_(alpha)
         s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
-        acc.baddbmm_(s, vf[:, j0:j1])  # o~ += P~ V_j
+        acc.baddbmm_(s, v_rows(j0, j1))  # o~ += P~ V_j
         l.add_(s.sum(dim=-1))  # l += rowsum P~
     return m, l
 
@@ -269,11 +284,14 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
     qg = q.view(bh, g, nq, d)
     og = out.view(bh, g, nq, d)
     dog = grad_out.view(bh, g, nq, d)
-    key_tile = _KeyTiles(k.view(bh, nk, d), dt)  # [K_j, 1]
-    value_tile = _KeyTiles(v.view(bh, nk, d), dt)  # [V_j, 1]
+    key_tile = _KeyTiles(k.view(bh, nk, d), dt, block_k)  # [K_j, 1]
+    value_tile = _KeyTiles(v.view(bh, nk, d), dt, block_k)  # [V_j, 1]
     dq = torch.empty(bh, g, nq, d, dtype=q.dtype, device=dev)  # (B*Hkv, G, Nq, D)
-    dk = torch.zeros(bh, nk, d, dtype=dt, device=dev)  # (B*Hkv, Nk, D)
-    dv = torch.zeros(bh, nk, d, dtype=dt, device=dev)
+    # dK, dV in a blocked layout (key block, B*Hkv, bk, D): each tile's slice is one contiguous matrix
+    # batch, which lets the batched GEMM accumulate into it directly (a strided slice is done per head)
+    nkb, bk_full = -(-nk // block_k), min(block_k, nk)
+    dk_blk = torch.zeros(nkb, bh, bk_full, d, dtype=dt, device=dev)
+    dv_blk = torch.zeros_like(dk_blk)
     big = torch.finfo(dt).max / 4  # stands in for L = +inf of empty rows: exp(S - big) = 0, no inf arithmetic
     rows = bh * g * min(block_q, nq)
     scratch = _Scratch(dt, dev, p=rows * min(block_k, nk), ds=rows * min(block_k, nk), qa=rows * (d + 1), doa=rows * (d + 1), dq=rows * d)
@@ -291,19 +309,33 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
         torch.clamp(lse[:, :, i0:i1].reshape(bh, gbq), max=big, out=qa[..., d]).neg_()  # -L_i
         dqb = scratch.view("dq", bh, gbq, d).zero_()
         for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
-            ka, va = key_tile(j0, j1), value_tile(j0, j1)  # (B*Hkv, bk, D+1)
+            ka, kat, krows = key_tile(j0, j1)  # [K_j, 1] (B*Hkv, bk, D+1), its transpose, K_j
+            va, vat, _ = value_tile(j0, j1)
+            dk_j, dv_j = (t[j0 // block_k, :, : j1 - j0] for t in (dk_blk, dv_blk))  # (B*Hkv, bk, D)
             p = scratch.view("p", bh, gbq, j1 - j0)
-            torch.bmm(qa, ka.transpose(1, 2), out=p)  # (B*Hkv, G*bq, bk) = S - L
+            torch.bmm(qa, kat, out=p)  # (B*Hkv, G*bq, bk) = S - L
             _mask_tile(p, cmask, pmask, g, b)
             p.exp_()  # P = exp(S - L), recomputed
-            dv[:, j0:j1].baddbmm_(p.transpose(1, 2), dob)  # dV_j += P^T dO
+            dv_j.baddbmm_(p.transpose(1, 2), dob)  # dV_j += P^T dO
             ds = scratch.view("ds", bh, gbq, j1 - j0)
-            torch.bmm(doa, va.transpose(1, 2), out=ds).mul_(p)  # dS = P * (dO V^T - D)
-            dqb.baddbmm_(ds, ka[..., :d])  # dQ_i += dS K_j   (times scale below)
-            dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qs)  # dK_j += dS^T (scale Q_i)
+            torch.bmm(doa, vat, out=ds).mul_(p)  # dS = P * (dO V^T - D)
+            dqb.baddbmm_(ds, krows)  # dQ_i += dS K_j   (times scale below)
+            dk_j.baddbmm_(ds.transpose(1, 2), qs)  # dK_j += dS^T (scale Q_i)
         dq[:, :, i0:i1] = dqb.mul_(scale).view(bh, g, bq, d)
-    dq = dq.view(b, h, nq, d)
-    return dq, dk.view(b, hkv, nk, d).to(k.dtype), dv.view(b, hkv, nk, d).to(v.dtype)
+    del scratch, key_tile, value_tile
+
+    def unblock(t_blk, dtype):  # (key block, B*Hkv, bk, D) -> (B, Hkv, Nk, D)
+        t = torch.empty(b, hkv, nk, d, dtype=dtype, device=dev)
+        t.view(bh, nk, d)[:, : (nk // bk_full) * bk_full].view(bh, nk // bk_full, bk_full, d).copy_(
+            t_blk[: nk // bk_full].transpose(0, 1))
+        if nk % bk_full:
+            t.view(bh, nk, d)[:, (nk // bk_full) * bk_full :] = t_blk[-1, :, : nk % bk_full]
+        return t
+
+    dk = unblock(dk_blk, k.dtype)
+    del dk_blk
+    dv = unblock(dv_blk, v.dtype)
+    return dq.view(b, h, nq, d), dk, dv
 
 
 class FlashAttention(torch.autograd.Function):
