@@ -3,11 +3,13 @@
     .venv/bin/python benchmarks/attention.py                 # N in 1k,4k,8k,16k (~10 min on 2 busy cores)
     .venv/bin/python benchmarks/attention.py --sizes 1k,4k   # a subset
     .venv/bin/python benchmarks/attention.py --device cuda   # adds the Triton kernel
-    .venv/bin/python benchmarks/attention.py --threads 1     # on an oversubscribed machine (see docs)
+    .venv/bin/python benchmarks/attention.py --threads 1 --clock cpu   # on a shared machine (see docs)
 
 B=1, H=4, D=64, float32 (bf16 on CUDA), causal and not, forward and forward+backward.  Time = median
 over --repeats runs, the implementations interleaved within each repeat so that noise from a shared
-machine hits them alike.  Peak memory = bytes allocated during the call above what was live before it
+machine hits them alike.  ``--clock cpu`` times with the process's CPU clock instead of the wall
+clock: on a shared machine it leaves out the time the process waits descheduled (with --threads 1 it is
+the compute time itself; with more threads it sums the threads' times, so use the wall clock there).  Peak memory = bytes allocated during the call above what was live before it
 (inputs excluded; output and gradients included), from ``posttrain.ops.memory``.  Naive attention is
 skipped where its N x N matrices would exceed --naive-max-gb.
 """
@@ -36,13 +38,13 @@ def naive_bytes(n: int, h: int, backward: bool) -> float:
     return (6 if backward else 4) * h * n * n * 4
 
 
-def run_once(fn, q, k, v, go, causal: bool, backward: bool, sync) -> float:
-    t0 = time.perf_counter()
+def run_once(fn, q, k, v, go, causal: bool, backward: bool, sync, clock=time.perf_counter) -> float:
+    t0 = clock()
     out = fn(q, k, v, causal=causal)
     if backward:
         torch.autograd.grad(out, (q, k, v), go)
     sync()
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def main(argv=None) -> int:
@@ -55,11 +57,16 @@ def main(argv=None) -> int:
     ap.add_argument("--naive-max-gb", type=float, default=6.0, help="skip naive where its estimate exceeds this")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads for every implementation (0 = torch's default)")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="wall clock, or this process's CPU time (shared machines, --threads 1)")
     ap.add_argument("--no-memory", action="store_true", help="skip the (slow, profiler-based) memory measurement")
     args = ap.parse_args(argv)
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and args.device == "cuda":
+        print("error: --clock cpu times the host, not the GPU; use --clock wall with --device cuda", file=sys.stderr)
+        return 2
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is visible", file=sys.stderr)
@@ -75,7 +82,7 @@ def main(argv=None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"# attention benchmark: B=1 H={h} D={d} {str(dtype).replace('torch.', '')} on {device.type}, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}, load avg {load:.1f}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, median of {args.repeats}, load avg {load:.1f}"
     )
     print("# time in ms; mem = peak MiB allocated during the call above the inputs; '-' = skipped (would not fit)")
     cols = [f"{i} ms" for i in impls] + [f"{ours}/sdpa t"] + [f"{i} MiB" for i in impls] + [f"{ours}/sdpa mem", f"naive/{ours} mem"]
@@ -94,7 +101,7 @@ def main(argv=None) -> int:
                     run_once(ATTENTION_BACKENDS[i], qq, kk, vv, go, causal, backward, sync)
                 for _ in range(args.repeats):
                     for i in active:
-                        times[i].append(run_once(ATTENTION_BACKENDS[i], qq, kk, vv, go, causal, backward, sync))
+                        times[i].append(run_once(ATTENTION_BACKENDS[i], qq, kk, vv, go, causal, backward, sync, clock))
                 med = {i: statistics.median(ts) * 1e3 for i, ts in times.items()}
                 mem = {}
                 if not args.no_memory:
