@@ -561,8 +561,13 @@ class BPETrainer:
         return (P.Lowercase() if self.lowercase else None), P.Whitespace(), P.BPEDecoder(self.end_of_word_suffix)
 
     def words_fn(self):
+        """Whitespace words never hold or look at whitespace (and lower-casing is per character, with
+        final sigma decided by letters only), so a batch joined by newlines is split in one pass."""
+        from posttrain.tokenizers.corpus import JoinedWords
+
         norm, pre, _ = self.components()
-        return (lambda t: pre(norm(t))) if norm is not None else pre
+        fn = (lambda t: pre(norm(t))) if norm is not None else pre
+        return JoinedWords(fn, fn, sep="\n")
 
     def train(self, texts, log=None):
         from posttrain.tokenizers.corpus import count_words

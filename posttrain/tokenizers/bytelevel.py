@@ -50,9 +50,13 @@ class ByteLevelBPETrainer:
     keep_newlines = True
 
     def words_fn(self):
-        """Raw regex words (byte mapping is applied once per distinct word, after counting)."""
+        """Raw regex words (byte mapping is applied once per distinct word, after counting); for 'gpt2',
+        batches of lines are split by one regex pass (``corpus.JoinedWords``)."""
         if self.pattern == "gpt2":
-            return P.ByteLevel(add_prefix_space=False).split
+            from posttrain.tokenizers.corpus import JoinedWords
+
+            return JoinedWords(P.ByteLevel(add_prefix_space=False).split, regex_findall(P.GPT2_LINES_PATTERN),
+                               sep="", lines=True)
         return regex_findall(P.PATTERNS[self.pattern]) if self.pattern in P.PATTERNS else pre_tokenizer_for(self.pattern)
 
     def train(self, texts, log=None):

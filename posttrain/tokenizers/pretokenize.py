@@ -36,6 +36,13 @@ CL100K_PATTERN = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 PATTERNS = {"gpt2": GPT2_PATTERN, "cl100k": CL100K_PATTERN}
+# GPT2_PATTERN over many lines joined into one string, each line ending in its only "\n": the same words as
+# GPT2_PATTERN line by line. Only the whitespace alternatives can reach a "\n", so they stop after it, as
+# at the end of a line: a run that reaches the "\n" takes it (`\s+(?!\S)` at the end of a string); a run
+# followed by \S in its line keeps all but its last character. Letters come first: no two alternatives
+# can match at the same position except the whitespace ones, so the order of the others is free.
+GPT2_LINES_PATTERN = (r""" ?\p{L}+|'s|'t|'re|'ve|'m|'ll|'d| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+                      r"""|[^\S\n]*\n|[^\S\n]+(?!\S)|[^\S\n]+""")
 METASPACE = "\u2581"  # ▁
 
 # Rust's char::is_whitespace (Unicode White_Space); Python's str.isspace also counts \x1c-\x1f.
