@@ -54,10 +54,14 @@ larger tiles are a little faster on the CPU but cost memory (see docs/attention.
 BLOCK_K = 256
 """Forward: key rows per tile."""
 BWD_BLOCK_Q = 512
-"""Backward: query rows per tile.  The backward already holds dQ, dK, dV (3x the input size), so its two
-tiles (P and dS) can be 4x the forward's while the peak stays near SDPA's; fewer, larger products."""
+"""Backward: query rows per tile when its two tiles (P and dS, 2 * B*H*512*512 floats) are no larger
+than dQ (B*H*Nq*D floats), i.e. from N = 8k at D = 64; else BLOCK_Q.  The backward holds dQ, dK and
+dV anyway, so then its peak stays near SDPA's, and fewer, larger products are ~10% faster."""
 BWD_BLOCK_K = 512
-"""Backward: key rows per tile."""
+"""Backward: key rows per tile, under the same condition (else BLOCK_K)."""
+DIAG_SPLIT = 4
+"""A causal tile on the diagonal is cut into this many narrower tiles, each computed only for the
+queries that see its keys: (1 + 1/DIAG_SPLIT) / 2 of the tile's work instead of all of it."""
 RESCALE_GAP = 8.0
 """Forward keeps a row's shift until a tile's logits exceed it by this much (e^8 ~ 3e3: no overflow)."""
 
@@ -67,11 +71,17 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _Plan:
-    """Which key blocks each query block visits, and how they must be masked."""
+    """Which key tiles each query block visits, from which row on, and how they must be masked.
+
+    Rows of a query block are ordered query-major, row = r * G + head-in-group, so the rows of the
+    queries from r0 on are one contiguous range.  A causal tile on the diagonal is cut into
+    ``DIAG_SPLIT`` narrower tiles, each computed only for the queries that see any of its keys.
+    """
 
     def __init__(self, nq, nk, causal, kpm, block_q, block_k, device, g):
         self.nq, self.nk, self.causal, self.kpm, self.g = nq, nk, causal, kpm, g
         self._cmasks: dict[tuple[int, int, int], torch.Tensor] = {}
+        self._pmasks: dict[tuple[int, int], torch.Tensor] = {}
         self.block_q, self.block_k, self.device = block_q, block_k, device
         self.offset = nk - nq  # query i sees keys j <= i + offset
         starts = range(0, nk, block_k)
@@ -82,35 +92,51 @@ class _Plan:
             sizes = [kpm.shape[0] * min(block_k, nk - j0) for j0 in starts]
             self.kpm_state = ["none" if c == 0 else "all" if c == s else "some" for c, s in zip(counts, sizes)]
 
-    def _causal_tile(self, shift: int, bq: int, bk: int) -> torch.Tensor:
-        """(G*bq, bk) True = hidden: key j0+c is hidden from query i0+r iff c - r > -shift; cached by shape."""
-        key = (shift, bq, bk)
+    def _causal_tile(self, shift: int, nr: int, bk: int) -> torch.Tensor:
+        """(nr*G, bk) True = hidden: key j0+c is hidden from query i0+r iff c - r > -shift; cached by shape."""
+        key = (shift, nr, bk)
         if key not in self._cmasks:
-            r = torch.arange(bq, device=self.device)[:, None]
+            r = torch.arange(nr, device=self.device)[:, None]
             c = torch.arange(bk, device=self.device)[None, :]
-            self._cmasks[key] = (c + shift > r).repeat(self.g, 1)
+            self._cmasks[key] = (c + shift > r).repeat_interleave(self.g, dim=0)
         return self._cmasks[key]
 
-    def key_blocks(self, i0: int, i1: int):
-        """Yield (j0, j1, causal_mask or None, padding_mask or None) for query rows [i0, i1)."""
+    def _padding(self, j0: int, j1: int) -> torch.Tensor:
+        key = (j0, j1)
+        if key not in self._pmasks:
+            self._pmasks[key] = ~self.kpm[:, j0:j1]  # (B, bk) True = hidden
+        return self._pmasks[key]
+
+    def key_blocks(self, i0: int, i1: int) -> list[tuple]:
+        """[(j0, j1, r0, causal_mask or None, padding_mask or None)] for queries [i0, i1): keys [j0, j1)
+        against the queries from i0 + r0 on (earlier ones see none of these keys)."""
         last = self.nk if not self.causal else min(self.nk, i1 - 1 + self.offset + 1)
+        tiles = []
         for jb, j0 in enumerate(range(0, max(last, 0), self.block_k)):
             if self.kpm_state[jb] == "none":
                 continue
             j1 = min(j0 + self.block_k, last)  # a causal block ends where the last query's keys end
-            cmask = None
-            if self.causal and j1 - 1 > i0 + self.offset:  # some (i, j) in the tile is hidden
-                cmask = self._causal_tile(j0 - i0 - self.offset, i1 - i0, j1 - j0)
-            pmask = None if self.kpm_state[jb] == "all" else ~self.kpm[:, j0:j1]  # (B, bk) True = hidden
-            yield j0, j1, cmask, pmask
+            if self.causal and j1 - 1 > i0 + self.offset:  # some (i, j) in the tile is hidden: cut it
+                width = max(1, self.block_k // DIAG_SPLIT)
+                parts = [(c0, min(c0 + width, j1)) for c0 in range(j0, j1, width)]
+            else:
+                parts = [(j0, j1)]
+            for c0, c1 in parts:
+                r0 = max(0, c0 - self.offset - i0) if self.causal else 0  # the first query that sees key c0
+                cmask = None
+                if self.causal and c1 - 1 > i0 + r0 + self.offset:
+                    cmask = self._causal_tile(c0 - i0 - r0 - self.offset, i1 - i0 - r0, c1 - c0)
+                pmask = None if self.kpm_state[jb] == "all" else self._padding(c0, c1)
+                tiles.append((c0, c1, r0, cmask, pmask))
+        return tiles
 
 
-def _mask_tile(s: torch.Tensor, cmask, pmask, g: int, b: int) -> None:
-    """In place: s (B*Hkv, G*bq, bk) gets -inf where the causal or padding mask hides a key."""
+def _mask_tile(s: torch.Tensor, cmask, pmask, b: int) -> None:
+    """In place: s (B*Hkv, rows, bk) gets -inf where the causal or padding mask hides a key."""
     if cmask is not None:
-        s.masked_fill_(cmask, float("-inf"))  # (G*bq, bk) broadcast over batch*heads
+        s.masked_fill_(cmask, float("-inf"))  # (rows, bk) broadcast over batch*heads
     if pmask is not None:
-        s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*G*bq, bk)
+        s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*rows, bk)
 
 
 class _Scratch:
@@ -191,11 +217,11 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
     key_tile, v_rows = _KeyTiles(kf, dt, block_k), _Rows(vf)
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
-        gbq = g * (i1 - i0)
-        tiles = list(plan.key_blocks(i0, i1))
-        # qa = [scale Q_i, -m]: with ka = [K_j, 1] one bmm gives S - m, the shifted logits
+        bq, gbq = i1 - i0, g * (i1 - i0)
+        tiles = plan.key_blocks(i0, i1)
+        # qa = [scale Q_i, -m]: with ka = [K_j, 1] one bmm gives S - m, the shifted logits.  Rows query-major.
         qa = scratch.view("qa", bh, gbq, d + 1)
-        torch.mul(qg[:, :, i0:i1], scale, out=qa[..., :d].view(bh, g, i1 - i0, d))
+        torch.mul(qg[:, :, i0:i1].transpose(1, 2), scale, out=qa[..., :d].view(bh, bq, g, d))
         qa[..., d] = 0.0
         acc = scratch.view("acc", bh, gbq, d)  # o~ = sum P~ V
         res = _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b) if tiles else None
@@ -204,9 +230,9 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
         m, l = res
         empty = l == 0  # rows with no visible key
         acc.div_(l.masked_fill(empty, 1.0)[..., None])  # O = o~ / l; empty rows stay 0
-        outg[:, :, i0:i1] = acc.view(bh, g, i1 - i0, d)
+        outg[:, :, i0:i1] = acc.view(bh, bq, g, d).transpose(1, 2)
         # empty rows: L = +inf so that the backward's exp(S - L) is exactly 0
-        lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(bh, g, i1 - i0)
+        lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(bh, bq, g).transpose(1, 2)
     return out, lse
 
 
@@ -217,14 +243,19 @@ def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
     no key in the first tile or when exp(S - m) overflowed somewhere (a later tile far above m).
     """
     bh, gbq, d = acc.shape
+    if tiles[0][2] != 0:  # the first tile does not cover every query
+        return None
     lsums = scratch.view("lsum", len(tiles), bh, gbq)  # rowsum P~ per tile, summed once at the end
-    for t, (j0, j1, cmask, pmask) in enumerate(tiles):
-        s = scratch.view("s", bh, gbq, j1 - j0)
-        torch.bmm(qa, key_tile(j0, j1)[1], out=s)  # (B*Hkv, G*bq, bk) = S - m
-        _mask_tile(s, cmask, pmask, g, b)
+    if any(r0 for _, _, r0, _, _ in tiles):
+        lsums.zero_()
+    for t, (j0, j1, r0, cmask, pmask) in enumerate(tiles):
+        s = scratch.view("s", bh, gbq - r0 * g, j1 - j0)
+        qa_t = qa if r0 == 0 else qa[:, r0 * g :]  # the queries that see any of these keys
+        torch.bmm(qa_t, key_tile(j0, j1)[1], out=s)  # (B*Hkv, rows, bk) = S - m
+        _mask_tile(s, cmask, pmask, b)
         if t == 0:
             m = s.amax(dim=-1)  # (B*Hkv, G*bq): the shift for the whole block
-            if bool(torch.isinf(m).any()):  # a row with no visible key here: its shift must wait
+            if float(m.min()) == float("-inf"):  # a row with no visible key here: its shift must wait
                 return None
             s.sub_(m[..., None])
             qa[..., d] = -m
@@ -232,8 +263,8 @@ def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
         if t == 0:
             torch.bmm(s, v_rows(j0, j1), out=acc)  # o~ = P~ V_j
         else:
-            acc.baddbmm_(s, v_rows(j0, j1))  # o~ += P~ V_j
-        torch.sum(s, dim=-1, out=lsums[t])
+            (acc if r0 == 0 else acc[:, r0 * g :]).baddbmm_(s, v_rows(j0, j1))  # o~ += P~ V_j
+        torch.sum(s, dim=-1, out=lsums[t] if r0 == 0 else lsums[t, :, r0 * g :])
     l = lsums.sum(dim=0)
     if not math.isfinite(float(l.sum() + acc.sum())):  # overflow (or inf/nan inputs): redo with rescaling
         return None
@@ -248,30 +279,31 @@ def _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
     qa[..., d] = 0.0  # the fast path may have set a shift
     acc.zero_()
     all_seen = False  # every row has seen a visible key (then its shift is a real max)
-    for j0, j1, cmask, pmask in tiles:
-        s = scratch.view("s", bh, gbq, j1 - j0)
-        torch.bmm(qa, key_tile(j0, j1)[1], out=s)  # (B*Hkv, G*bq, bk) = S - m
-        _mask_tile(s, cmask, pmask, g, b)
-        rowmax = s.amax(dim=-1)  # (B*Hkv, G*bq), relative to the shift m
+    for j0, j1, r0, cmask, pmask in tiles:
+        rows = slice(r0 * g, None)  # the queries that see any of these keys
+        qa_t, acc_t, m_t, l_t = qa[:, rows], acc[:, rows], m[:, rows], l[:, rows]
+        s = scratch.view("s", bh, gbq - r0 * g, j1 - j0)
+        torch.bmm(qa_t, key_tile(j0, j1)[1], out=s)  # (B*Hkv, rows, bk) = S - m
+        _mask_tile(s, cmask, pmask, b)
+        rowmax = s.amax(dim=-1)  # (B*Hkv, rows), relative to the shift m
         # Keep the old shift unless the tile exceeds it by more than RESCALE_GAP (exp stays <= e^8,
         # no overflow) or the row has no shift yet.  Any shift is exact.
-        if all_seen:
-            jump = rowmax > RESCALE_GAP
-        else:
-            fresh = (l == 0) & (rowmax > float("-inf"))
-            jump = (rowmax > RESCALE_GAP) | fresh
-            all_seen = bool(((l > 0) | fresh).all())
+        jump = rowmax > RESCALE_GAP
+        if not all_seen:
+            jump |= (l_t == 0) & (rowmax > float("-inf"))  # fresh rows take the tile max as their shift
         if bool(jump.any()):
-            delta = torch.where(jump, rowmax, 0.0)  # (B*Hkv, G*bq) new shift m' = m + delta
+            delta = torch.where(jump, rowmax, 0.0)  # (B*Hkv, rows) new shift m' = m + delta
             s.sub_(delta[..., None])
-            m.add_(delta)
-            qa[..., d] = -m
+            m_t.add_(delta)
+            qa_t[..., d] = -m_t
             alpha = torch.exp(-delta).clamp_(max=1.0)  # exp(m - m'); rows with no shift yet hold zeros
-            acc.mul_(alpha[..., None])
-            l.mul_(alpha)
+            acc_t.mul_(alpha[..., None])
+            l_t.mul_(alpha)
         s.exp_()  # P~ = exp(S - m'), hidden keys -> 0
-        acc.baddbmm_(s, v_rows(j0, j1))  # o~ += P~ V_j
-        l.add_(s.sum(dim=-1))  # l += rowsum P~
+        acc_t.baddbmm_(s, v_rows(j0, j1))  # o~ += P~ V_j
+        l_t.add_(s.sum(dim=-1))  # l += rowsum P~
+        if not all_seen:
+            all_seen = bool((l > 0).all())
     return m, l
 
 
@@ -294,34 +326,36 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
     dv_blk = torch.zeros_like(dk_blk)
     big = torch.finfo(dt).max / 4  # stands in for L = +inf of empty rows: exp(S - big) = 0, no inf arithmetic
     rows = bh * g * min(block_q, nq)
-    scratch = _Scratch(dt, dev, p=rows * min(block_k, nk), ds=rows * min(block_k, nk), qa=rows * (d + 1), doa=rows * (d + 1), dq=rows * d)
+    scratch = _Scratch(dt, dev, p=rows * bk_full, ds=rows * bk_full, qa=rows * (d + 1), doa=rows * (d + 1), dq=rows * d)
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
         bq, gbq = i1 - i0, g * (i1 - i0)
         # augmented columns fold the row shifts into the products: [sQ, -L][K, 1]^T = S - L, [dO, -D][V, 1]^T = dP - D
-        qa = scratch.view("qa", bh, gbq, d + 1)  # (B*Hkv, G*bq, D+1)
+        qa = scratch.view("qa", bh, gbq, d + 1)  # (B*Hkv, G*bq, D+1), rows query-major
         doa = scratch.view("doa", bh, gbq, d + 1)
-        qs, dob = qa[..., :d], doa[..., :d]  # scale Q_i and dO_i, (B*Hkv, G*bq, D) strided views
-        torch.mul(qg[:, :, i0:i1], scale, out=qs.view(bh, g, bq, d))
-        dob.view(bh, g, bq, d).copy_(dog[:, :, i0:i1])
-        ob = og[:, :, i0:i1].reshape(bh, gbq, d)
-        torch.sum(dob * ob, dim=-1, out=doa[..., d]).neg_()  # -D_i = -rowsum(dO * O)
-        torch.clamp(lse[:, :, i0:i1].reshape(bh, gbq), max=big, out=qa[..., d]).neg_()  # -L_i
+        torch.mul(qg[:, :, i0:i1].transpose(1, 2), scale, out=qa[..., :d].view(bh, bq, g, d))
+        doa[..., :d].view(bh, bq, g, d).copy_(dog[:, :, i0:i1].transpose(1, 2))
+        ob = og[:, :, i0:i1].transpose(1, 2)  # (B*Hkv, bq, G, D)
+        torch.sum(doa[..., :d].view(bh, bq, g, d) * ob, dim=-1, out=doa[..., d].view(bh, bq, g)).neg_()  # -D_i = -rowsum(dO * O)
+        torch.clamp(lse[:, :, i0:i1].transpose(1, 2), max=big, out=qa[..., d].view(bh, bq, g)).neg_()  # -L_i
         dqb = scratch.view("dq", bh, gbq, d).zero_()
-        for j0, j1, cmask, pmask in plan.key_blocks(i0, i1):
+        for j0, j1, r0, cmask, pmask in plan.key_blocks(i0, i1):
+            sl = slice(r0 * g, None)  # the queries that see any of these keys
+            qa_t, doa_t = qa[:, sl], doa[:, sl]
             ka, kat, krows = key_tile(j0, j1)  # [K_j, 1] (B*Hkv, bk, D+1), its transpose, K_j
             va, vat, _ = value_tile(j0, j1)
-            dk_j, dv_j = (t[j0 // block_k, :, : j1 - j0] for t in (dk_blk, dv_blk))  # (B*Hkv, bk, D)
-            p = scratch.view("p", bh, gbq, j1 - j0)
-            torch.bmm(qa, kat, out=p)  # (B*Hkv, G*bq, bk) = S - L
-            _mask_tile(p, cmask, pmask, g, b)
+            jb, c0 = divmod(j0, block_k)
+            dk_j, dv_j = (t[jb, :, c0 : c0 + j1 - j0] for t in (dk_blk, dv_blk))  # (B*Hkv, bk, D)
+            p = scratch.view("p", bh, gbq - r0 * g, j1 - j0)
+            torch.bmm(qa_t, kat, out=p)  # (B*Hkv, rows, bk) = S - L
+            _mask_tile(p, cmask, pmask, b)
             p.exp_()  # P = exp(S - L), recomputed
-            dv_j.baddbmm_(p.transpose(1, 2), dob)  # dV_j += P^T dO
-            ds = scratch.view("ds", bh, gbq, j1 - j0)
-            torch.bmm(doa, vat, out=ds).mul_(p)  # dS = P * (dO V^T - D)
-            dqb.baddbmm_(ds, krows)  # dQ_i += dS K_j   (times scale below)
-            dk_j.baddbmm_(ds.transpose(1, 2), qs)  # dK_j += dS^T (scale Q_i)
-        dq[:, :, i0:i1] = dqb.mul_(scale).view(bh, g, bq, d)
+            dv_j.baddbmm_(p.transpose(1, 2), doa_t[..., :d])  # dV_j += P^T dO
+            ds = scratch.view("ds", bh, gbq - r0 * g, j1 - j0)
+            torch.bmm(doa_t, vat, out=ds).mul_(p)  # dS = P * (dO V^T - D)
+            (dqb if r0 == 0 else dqb[:, sl]).baddbmm_(ds, krows)  # dQ_i += dS K_j   (times scale below)
+            dk_j.baddbmm_(ds.transpose(1, 2), qa_t[..., :d])  # dK_j += dS^T (scale Q_i)
+        dq[:, :, i0:i1] = dqb.mul_(scale).view(bh, bq, g, d).transpose(1, 2)
     del scratch, key_tile, value_tile
 
     def unblock(t_blk, dtype):  # (key block, B*Hkv, bk, D) -> (B, Hkv, Nk, D)
@@ -381,7 +415,8 @@ def flash_attention(
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
     # an explicit block size applies to both passes; otherwise each pass takes its own default
     fwd_blocks = (int(block_q or BLOCK_Q), int(block_k or BLOCK_K))
-    bwd_blocks = (int(block_q or BWD_BLOCK_Q), int(block_k or BWD_BLOCK_K))
+    large = 2 * BWD_BLOCK_Q * BWD_BLOCK_K <= q.shape[-2] * q.shape[-1]  # the two backward tiles <= dQ
+    bwd_blocks = (int(block_q or (BWD_BLOCK_Q if large else BLOCK_Q)), int(block_k or (BWD_BLOCK_K if large else BLOCK_K)))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return FlashAttention.apply(q, k, v, bool(causal), key_padding_mask, scale, fwd_blocks, bwd_blocks)
 
