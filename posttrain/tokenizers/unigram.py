@@ -41,6 +41,18 @@ BYTE_PIECES = [f"<0x{b:02X}>" for b in range(256)]
 META = "\u2581"
 
 
+def release_memory() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps the pages of many mid-sized freed numpy arrays
+    (its mmap threshold grows after large frees), so without this the seeding phase's peak would stay
+    resident through training. No-op where glibc is absent."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def digamma(x: np.ndarray) -> np.ndarray:
     """psi(x) for x > 0: recurrence psi(x) = psi(x+1) - 1/x up to x >= 10, then the asymptotic series
     (truncation error < 1e-12)."""
@@ -289,6 +301,7 @@ def split_uncovered(word_counts: dict[str, int], kept: set[str], max_len: int) -
 
 
 _B1 = np.uint64(1_000_003)
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: an odd multiplier spreads small hashes over the top bits
 _B2 = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -328,46 +341,133 @@ def iter_substrings(strings: list[str], max_len: int, exclude_full: bool = False
                        (H1[:, l:] - H1[:, :m] * P1[l]).ravel(), (H2[:, l:] - H2[:, :m] * P2[l]).ravel())
 
 
-def substrings(strings: list[str], max_len: int, exclude_full: bool = False):
-    """All of ``iter_substrings`` concatenated: arrays (sid, begin, length, h1, h2)."""
-    blocks = list(iter_substrings(strings, max_len, exclude_full))
-    if not blocks:
-        z = np.zeros(0, dtype=np.int32)
-        return z, z, z, z.astype(np.uint64), z.astype(np.uint64)
-    return (np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]),
-            np.concatenate([np.full(b[0].size, b[2], dtype=np.int32) for b in blocks]),
-            np.concatenate([b[3] for b in blocks]), np.concatenate([b[4] for b in blocks]))
+def _reduce_sorted(h1, h2, w, ln):
+    """Group equal h1 (after sorting): summed weight, first h2 and length; raise if equal h1 has two h2."""
+    order = np.argsort(h1)
+    h1 = h1[order]
+    new = np.empty(h1.size, dtype=bool)
+    new[:1] = True
+    np.not_equal(h1[1:], h1[:-1], out=new[1:])
+    gstart = np.flatnonzero(new)
+    del new
+    h2 = h2[order]
+    _check_collisions(h1, h2, gstart)
+    return h1[gstart], h2[gstart], np.add.reduceat(w[order], gstart), ln[order][gstart]
 
 
-def _reduce_by_hash(h1, h2, w, sid, beg, ln):
-    """Sum weights of equal h1; keep the first (h2, sid, begin, length); raise if equal h1 has two h2."""
-    order = np.argsort(h1, kind="stable")
-    h1s = h1[order]
-    if h1s.size == 0:
-        return h1, h2, w, sid, beg, ln
-    gstart = np.concatenate([[0], np.flatnonzero(np.diff(h1s)) + 1])
-    _check_collisions(h1s, h2[order], gstart)
-    first = order[gstart]
-    return h1s[gstart], h2[first], np.add.reduceat(w[order], gstart), sid[first], beg[first], ln[first]
+def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_top: int | None = None,
+                     n_buckets: int = 64, min_reduce: int = 1 << 20):
+    """Distinct substrings (length <= max_len) with their total count weighted by ``counts``: arrays
+    (h1, h2, count, length), in no particular order. With ``keep_top``, only single characters and the ``keep_top``
+    multi-character substrings of count >= 2 with the largest count * length (plus ties) are returned.
 
+    Occurrences are routed by the top bits of ``h1 * _MIX`` into ``n_buckets`` hash buckets; a bucket is reduced
+    (sort + segment sums) when its pending occurrences reach its reduced size (at least ``min_reduce``),
+    so every occurrence is sorted about twice and only inside its bucket. A bucket's counts are final
+    once all strings are seen, so the top-k filter runs bucket by bucket and the peak memory is the
+    distinct substrings (h1, h2, count, length: 25 bytes each), never all occurrences."""
+    bits = max(1, int(n_buckets - 1).bit_length())
+    n_buckets = 1 << bits
+    shift = np.uint64(64 - bits)
+    state: list[tuple | None] = [None] * n_buckets
+    pend: list[list] = [[] for _ in range(n_buckets)]
+    n_pend = [0] * n_buckets
 
-def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, chunk: int = 1 << 23):
-    """Distinct substrings with their total count (weighted by ``counts``): arrays (h1, h2, count, sid,
-    begin, length), reduced block by block so the peak is the distinct substrings, not all occurrences."""
-    acc: list[tuple] = []
-    pending = 0
-    merged = None
-    for sid, beg, l, h1, h2 in iter_substrings(strings, max_len):
-        acc.append(_reduce_by_hash(h1, h2, counts[sid], sid, beg, np.full(sid.size, l, dtype=np.int32)))
-        pending += acc[-1][0].size
-        if pending > chunk:
-            parts = ([merged] if merged is not None else []) + acc
-            merged = _reduce_by_hash(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
-            acc, pending = [], 0
-    parts = ([merged] if merged is not None else []) + acc
-    if not parts:
+    def reduce(j):
+        parts = ([state[j]] if state[j] is not None else []) + pend[j]
+        state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+        pend[j], n_pend[j] = [], 0
+
+    seen = False
+    for sid, _, l, h1, h2 in iter_substrings(strings, max_len):
+        seen = True
+        with np.errstate(over="ignore"):
+            b = ((h1 * _MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
+        order = np.argsort(b, kind="stable")  # radix sort of small keys
+        cuts = np.concatenate([[0], np.cumsum(np.bincount(b, minlength=n_buckets))]).tolist()
+        h1, h2, w = h1[order], h2[order], counts[sid[order]]
+        ln = np.full(order.size, l, dtype=np.int8)
+        del order, b
+        for j in range(n_buckets):
+            lo, hi = cuts[j], cuts[j + 1]
+            if hi > lo:
+                pend[j].append((h1[lo:hi], h2[lo:hi], w[lo:hi], ln[lo:hi]))
+                n_pend[j] += hi - lo
+                if n_pend[j] >= max(min_reduce, 0 if state[j] is None else state[j][0].size):
+                    reduce(j)
+    if not seen:
         raise UserError("cannot train a Unigram tokenizer on an empty corpus")
-    return _reduce_by_hash(*(np.concatenate([p[i] for p in parts]) for i in range(6)))
+    out: list[tuple] = []
+    n_out = 0
+    for j in range(n_buckets):
+        if pend[j]:
+            reduce(j)
+        st, state[j] = state[j], None
+        if st is None:
+            continue
+        if keep_top is not None:
+            h1, h2, w, ln = st
+            sel = np.flatnonzero((ln == 1) | (w >= 2))
+            st = tuple(a[sel] for a in st)
+        out.append(st)
+        n_out += st[0].size
+        if keep_top is not None and n_out > 2 * keep_top + (1 << 16):  # keep the running top-k (+ ties) only
+            out = [_top_substrings(*(np.concatenate([o[i] for o in out]) for i in range(4)), keep_top)]
+            n_out = out[0][0].size
+    res = tuple(np.concatenate([o[i] for o in out]) for i in range(4))
+    return res if keep_top is None else _top_substrings(*res, keep_top)
+
+
+def _top_substrings(h1, h2, w, ln, k):
+    """All single characters plus the k multi-character substrings of count >= 2 with the largest
+    count * length (and everything tied with the k-th)."""
+    multi = np.flatnonzero((ln > 1) & (w >= 2))
+    if multi.size > k:
+        score = w[multi] * ln[multi]
+        thr = np.partition(score, multi.size - k)[multi.size - k] if k > 0 else np.inf
+        multi = multi[score >= thr]
+    sel = np.sort(np.concatenate([np.flatnonzero(ln == 1), multi]))
+    return h1[sel], h2[sel], w[sel], ln[sel]
+
+
+class _HashIndex:
+    """Exact lookup of 64-bit hashes (ids = positions in ``h1``), a sorted array with a radix directory:
+    the top ``bits`` bits of a key give the range of sorted keys to check, so a query costs a few
+    gathers instead of a binary search. Keys are ``h1 * _MIX`` (a bijection mod 2^64: polynomial hashes
+    of short strings are small numbers, all in the first range otherwise). A matching h1 with another h2
+    is reported as a collision."""
+
+    def __init__(self, h1: np.ndarray, h2: np.ndarray):
+        self.h1, self.h2 = h1, h2
+        with np.errstate(over="ignore"):
+            key = h1 * _MIX
+        self.srt = np.argsort(key)
+        self.sorted_h1 = key[self.srt]
+        self.bits = max(8, int(max(h1.size, 1)).bit_length() + 1)
+        self.shift = np.uint64(64 - self.bits)
+        self.first = np.searchsorted(self.sorted_h1 >> self.shift,
+                                     np.arange((1 << self.bits) + 1, dtype=np.uint64)).astype(np.int32)
+
+    def __call__(self, q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
+        """id of each query hash, or -1."""
+        out = np.full(q1.size, -1, dtype=np.int64)
+        if self.h1.size == 0 or q1.size == 0:
+            return out
+        with np.errstate(over="ignore"):
+            q1 = q1 * _MIX
+        j = (q1 >> self.shift).astype(np.int64)
+        pos, hi = self.first[j].astype(np.int64), self.first[j + 1]
+        todo = np.arange(q1.size)
+        while todo.size:
+            ok = pos < hi
+            todo, pos, hi = todo[ok], pos[ok], hi[ok]
+            hit = self.sorted_h1[pos] == q1[todo]
+            out[todo[hit]] = self.srt[pos[hit]]
+            todo, pos, hi = todo[~hit], pos[~hit] + 1, hi[~hit]
+        found = out >= 0
+        if np.any(self.h2[out[found]] != q2[found]):
+            raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
+        return out
 
 
 def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.ndarray) -> None:
@@ -390,7 +490,7 @@ class _Lattice:
     (every position keeps its always-alive single-character edge, so no group is all ``-inf``).
     """
 
-    def __init__(self, lengths: np.ndarray, sid, begin, length, piece, counts):
+    def __init__(self, lengths: np.ndarray, sid, begin, length, piece, counts, backward: bool = True):
         offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64) + 1)])
         self.starts, self.ends = offsets[:-1], offsets[1:] - 1
         self.npos = int(offsets[-1])
@@ -398,28 +498,34 @@ class _Lattice:
             raise UserError("unigram: corpus too large for one lattice (over 2^31 character positions)")
         self.counts = np.asarray(counts, dtype=np.float64)
         span = int(max(int(np.max(lengths, initial=0)), 1)) + 1
-        eb = self.starts[sid].astype(np.int64) + begin  # (E,) flat begin positions
-        ee = eb + length  # (E,)
-        key = (np.asarray(begin, dtype=np.int64) + length) * self.npos + ee
+        eb = self.starts.astype(np.int32)[sid]  # (E,) flat begin positions
+        eb += begin
+        ee = eb + np.asarray(length, dtype=np.int32)  # (E,) flat end positions
+        key = ee.astype(np.int64)  # forward: (end offset, end, longest piece first)
+        key += (np.asarray(begin, dtype=np.int64) + length) * self.npos
         key *= span
-        key += span - 1 - np.asarray(length, dtype=np.int64)  # within an end: longest piece (smallest begin) first
+        key += span - 1 - np.asarray(length, dtype=np.int64)
         order = np.argsort(key)
         del key
-        self.eb, self.ee = eb[order].astype(np.int32), ee[order].astype(np.int32)
-        self.ep, self.ew = np.asarray(piece)[order].astype(np.int32), np.asarray(sid)[order].astype(np.int32)
-        self.fk = (np.asarray(begin)[order] + np.asarray(length)[order]).astype(np.int16)  # end offset
+        self.eb, self.ee = eb[order], ee[order]
+        self.ep, self.ew = np.asarray(piece, dtype=np.int32)[order], np.asarray(sid, dtype=np.int32)[order]
+        self.fk = (self.ee - self.starts.astype(np.int32)[self.ew]).astype(np.int16)  # end offset
         del order
-        key = (span - 1 - np.asarray(begin, dtype=np.int64)) * self.npos + eb
-        order = np.argsort(key)
-        del key
-        self.b_src, self.b_dst = ee[order].astype(np.int32), eb[order].astype(np.int32)
-        self.b_ep, self.bk = np.asarray(piece)[order].astype(np.int32), np.asarray(begin)[order].astype(np.int16)
-        del order, eb, ee
+        self.backward = backward
+        if backward:  # backward: (begin offset descending, begin)
+            key = (span - 1 - np.asarray(begin, dtype=np.int64)) * self.npos
+            key += eb
+            order = np.argsort(key)
+            del key
+            self.b_src, self.b_dst = ee[order], eb[order]
+            self.b_ep, self.bk = np.asarray(piece, dtype=np.int32)[order], np.asarray(begin, dtype=np.int16)[order]
+            del order
+        del eb, ee
         self._index()
 
     @staticmethod
     def _slices(dst: np.ndarray, k: np.ndarray):
-        """Per offset k: (lo, hi, local group starts, local group of each edge, destination of each group)."""
+        """Per offset k: (lo, hi, local group starts, group sizes, destination of each group)."""
         n = dst.size
         if n == 0:
             return []
@@ -427,21 +533,20 @@ class _Lattice:
         new[0] = True
         np.not_equal(dst[1:], dst[:-1], out=new[1:])
         gstart = np.flatnonzero(new)  # (G,)
-        grp = np.cumsum(new, dtype=np.int32)
-        grp -= 1  # (E,) group of each edge
         del new
         kcut = np.flatnonzero(k[1:] != k[:-1]) + 1
         bounds = [0] + kcut.tolist() + [n]
+        gcut = np.searchsorted(gstart, bounds).tolist()  # a group never straddles two offsets
         out = []
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            g_lo, g_hi = int(grp[lo]), int(grp[hi - 1]) + 1
-            out.append((lo, hi, (gstart[g_lo:g_hi] - lo).astype(np.int32), grp[lo:hi] - np.int32(g_lo),
-                        dst[gstart[g_lo:g_hi]]))
+        for lo, hi, g_lo, g_hi in zip(bounds[:-1], bounds[1:], gcut[:-1], gcut[1:]):
+            gs = (gstart[g_lo:g_hi] - lo).astype(np.int32)
+            sizes = np.diff(gs, append=np.int32(hi - lo))
+            out.append((lo, hi, gs, sizes, dst[gstart[g_lo:g_hi]]))
         return out
 
     def _index(self):
         self.f_slices = self._slices(self.ee, self.fk)
-        self.b_slices = self._slices(self.b_dst, self.bk)
+        self.b_slices = self._slices(self.b_dst, self.bk) if self.backward else None
 
     def drop_dead(self, piece_alive: np.ndarray, min_fraction: float = 0.0) -> None:
         """Remove the edges of dead pieces if at least ``min_fraction`` of the edges are dead."""
@@ -451,11 +556,13 @@ class _Lattice:
             return
         for name in ("eb", "ee", "ep", "ew", "fk"):
             setattr(self, name, getattr(self, name)[keep])
-        keep = piece_alive[self.b_ep]
-        for name in ("b_src", "b_dst", "b_ep", "bk"):
-            setattr(self, name, getattr(self, name)[keep])
+        if self.backward:
+            keep = piece_alive[self.b_ep]
+            for name in ("b_src", "b_dst", "b_ep", "bk"):
+                setattr(self, name, getattr(self, name)[keep])
         del keep
         self._index()
+        release_memory()
 
     def _sweep(self, logp, forward: bool, mode: str):
         """'lse' -> log-sum-exp over paths (forward alpha / backward beta); 'max' -> Viterbi + back-pointers."""
@@ -463,20 +570,20 @@ class _Lattice:
         val = np.full(self.npos, -np.inf)
         val[self.starts if forward else self.ends] = 0.0
         back = np.full(self.npos, -1, dtype=np.int64) if mode == "max" else None
-        for lo, hi, gs, grp, dfirst in slices:
+        for lo, hi, gs, sizes, dfirst in slices:
             x = val[src[lo:hi]]  # (n,) score of the path to each edge's source
             x += logp[ep[lo:hi]]
             m = np.maximum.reduceat(x, gs)  # (groups,)
             if mode == "lse":
-                x -= m[grp]
+                x -= np.repeat(m, sizes)
                 np.exp(x, out=x)
                 s = np.add.reduceat(x, gs)
                 np.log(s, out=s)
                 s += m
                 val[dfirst] = s
             else:
-                idx = np.flatnonzero(x == m[grp])
-                g = grp[idx]
+                idx = np.flatnonzero(x == np.repeat(m, sizes))
+                g = np.searchsorted(gs, idx, side="right")
                 first = idx[np.concatenate([[True], g[1:] != g[:-1]])]
                 val[dfirst] = m
                 back[dfirst] = lo + first
@@ -518,6 +625,23 @@ class _Lattice:
         return np.concatenate(ws), np.concatenate(ps)
 
 
+def _seed_edges(strings: list[str], max_len: int, lookup: "_HashIndex", exclude_full: bool = False):
+    """Every occurrence of a seed piece in ``strings``: arrays (sid, begin, length, piece), filtered block
+    by block so all substrings never exist at once."""
+    e_sid, e_beg, e_len, e_piece = [], [], [], []
+    for sid, beg, l, h1, h2 in iter_substrings(strings, max_len, exclude_full):
+        pid = lookup(h1, h2)
+        keep = np.flatnonzero(pid >= 0)
+        e_sid.append(sid[keep])
+        e_beg.append(beg[keep])
+        e_len.append(np.full(keep.size, l, dtype=np.int8))
+        e_piece.append(pid[keep].astype(np.int32))
+    if not e_sid:
+        z = np.zeros(0, dtype=np.int32)
+        return z, z, z.astype(np.int8), z
+    return tuple(np.concatenate(a) for a in (e_sid, e_beg, e_len, e_piece))
+
+
 def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: int = 0,
                   character_coverage: float = 0.9995, seed_size: int | None = None, max_piece_length: int = 16,
                   shrinking_factor: float = 0.75, n_sub_iterations: int = 2, max_word_length: int = 32,
@@ -545,55 +669,41 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     L = max_piece_length
 
     # --- seeds: all characters + frequent substrings, scored count * length --------------------
-    uh1, uh2, ufreq, usid, ubeg, ulen = count_substrings(words, counts, L)
+    n_multi = max(0, seed_size - len(chars))
+    uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi)
     char_u = np.flatnonzero(ulen == 1)
-    char_u = char_u[np.argsort([words[usid[u]][ubeg[u]] for u in char_u.tolist()], kind="stable")]
-    multi_u = np.flatnonzero((ulen > 1) & (ufreq > 1))
-    multi_u = multi_u[np.lexsort((uh1[multi_u], -(ufreq[multi_u] * ulen[multi_u])))][: max(0, seed_size - char_u.size)]
+    char_u = char_u[np.argsort(uh1[char_u])]  # a character's hash is its code point + 1: by h1 = by character
+    multi_u = np.flatnonzero(ulen > 1)
+    multi_u = multi_u[np.lexsort((uh1[multi_u], -(ufreq[multi_u] * ulen[multi_u])))][:n_multi]
     seed_u = np.concatenate([char_u, multi_u])
     P = seed_u.size
     n_chars = char_u.size
-    strs = [words[usid[u]][ubeg[u]: ubeg[u] + ulen[u]] for u in seed_u.tolist()]
     is_char = np.zeros(P, dtype=bool)
     is_char[:n_chars] = True
-    freq0 = ufreq[seed_u] * np.where(is_char, 1, ulen[seed_u])
+    seed_len = ulen[seed_u].astype(np.int64)
+    freq0 = ufreq[seed_u] * np.where(is_char, 1, seed_len)
     logp = np.log(freq0) - np.log(freq0.sum())
-    seed_h1, seed_h2 = uh1[seed_u], uh2[seed_u]
-    srt = np.argsort(seed_h1, kind="stable")
-    sorted_h1 = seed_h1[srt]
-    del uh1, uh2, ufreq, usid, ubeg, ulen
+    lookup = _HashIndex(uh1[seed_u], uh2[seed_u])
+    del uh1, uh2, ufreq, ulen
+    release_memory()
 
-    def lookup(h1, h2):
-        """piece id of each hash (or -1); a matching h1 with another h2 is a collision."""
-        pos = np.minimum(np.searchsorted(sorted_h1, h1), max(P - 1, 0))
-        cand = srt[pos]
-        hit = seed_h1[cand] == h1
-        if np.any(seed_h2[cand[hit]] != h2[hit]):
-            raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
-        return np.where(hit, cand, -1)
-
-    e_sid, e_beg, e_len, e_piece = [], [], [], []
-    for sid, beg, l, h1, h2 in iter_substrings(words, L):  # second pass: occurrences of seed pieces
-        pid = lookup(h1, h2)
-        keep = pid >= 0
-        e_sid.append(sid[keep])
-        e_beg.append(beg[keep])
-        e_len.append(np.full(int(keep.sum()), l, dtype=np.int32))
-        e_piece.append(pid[keep].astype(np.int32))
-    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), np.concatenate(e_sid),
-                      np.concatenate(e_beg), np.concatenate(e_len), np.concatenate(e_piece), counts)
+    e_sid, e_beg, e_len, e_piece = _seed_edges(words, L, lookup)
+    where = np.zeros(P, dtype=np.int64)
+    where[e_piece] = np.arange(e_piece.size)  # some occurrence of every seed: its string
+    strs = [words[k][b:b + n] for k, b, n in zip(e_sid[where].tolist(), e_beg[where].tolist(), seed_len.tolist())]
+    del where
+    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), e_sid, e_beg, e_len, e_piece, counts)
     del e_sid, e_beg, e_len, e_piece
+    release_memory()
 
     # --- the pieces' own lattices (without the full-span edge): their alternative segmentations --
     multi_ids = np.arange(n_chars, P)
     multi = [strs[i] for i in multi_ids.tolist()]
-    a_sid, a_beg, a_ln, a_h1, a_h2 = substrings(multi, L, exclude_full=True)
-    a_pid = lookup(a_h1, a_h2) if a_h1.size else np.zeros(0, dtype=np.int64)
-    hit = a_pid >= 0
-    cand = a_pid
-    alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), a_sid[hit], a_beg[hit], a_ln[hit],
-                       cand[hit], np.ones(len(multi)))
-    del a_sid, a_beg, a_ln, a_h1, a_h2
+    a_sid, a_beg, a_len, a_pid = _seed_edges(multi, L, lookup, exclude_full=True)
+    alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), a_sid, a_beg, a_len, a_pid,
+                       np.ones(len(multi)), backward=False)  # only Viterbi runs on it
+    del a_sid, a_beg, a_len, a_pid
+    release_memory()
 
     alive = np.ones(P, dtype=bool)
     desired = int(target * 1.1)

@@ -6,7 +6,7 @@ import math
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from posttrain.tokenizers import UnigramTrainer, sample_encode
 from posttrain.tokenizers.unigram import UNK_PENALTY, UnigramModel, digamma
@@ -81,6 +81,8 @@ def bf_tok(train_texts):
 @given(st.text(st.characters(blacklist_characters="\u2581", blacklist_categories=("Cs",))))
 def test_byte_fallback_roundtrip_arbitrary_unicode(bf_tok, s):
     s = s.lstrip(" ")  # a leading space is the one Metaspace cannot tell from the prepended '▁'
+    # a special token written in the text encodes to its id, which decode drops by contract
+    assume(not any(t["content"] in s for t in bf_tok.added_tokens))
     ids = bf_tok.encode(s)
     assert bf_tok.unk_id not in ids
     assert bf_tok.decode(ids) == s
