@@ -190,3 +190,85 @@ def test_flash_rejects_bad_inputs():
         flash_attention(q, k.float(), v)
     with pytest.raises(ValueError, match="multiple"):
         flash_attention(q, *make(1, 3, 3, 3, 3, 4)[1:])
+
+
+def _flash_module():
+    import importlib
+
+    return importlib.import_module("posttrain.ops.flash_attention")  # the module (the package attribute is the function)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_fast_and_rescaling_paths_both_match_the_oracle(monkeypatch, causal, padded):
+    """The forward's fixed-shift fast path and its lazy-rescale fallback are each exact on their own."""
+    shape = (2, 4, 2, 37, 29, 8)
+    q, k, v = make(*shape, seed=21, mult=2.0)
+    kpm = None
+    if padded:
+        kpm = torch.rand(2, 29, generator=torch.Generator().manual_seed(22)) > 0.3
+    go = torch.randn(2, 4, 37, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
+    ref = grads(lambda q, k, v: reference_attention(q, k, v, causal, kpm), q, k, v, go)
+    fast = grads(lambda q, k, v: flash_attention(q, k, v, causal, None, kpm, block_q=8, block_k=8), q, k, v, go)
+    assert_all_close(fast, ref, atol=1e-10, rtol=1e-8)
+    monkeypatch.setattr(_flash_module(), "_forward_block_fast", lambda *a: None)  # force the fallback
+    safe = grads(lambda q, k, v: flash_attention(q, k, v, causal, None, kpm, block_q=8, block_k=8), q, k, v, go)
+    assert_all_close(safe, ref, atol=1e-10, rtol=1e-8)
+
+
+def test_fast_path_overflow_falls_back_to_rescaling(monkeypatch):
+    """float32: the first key tile's logits are ~0, a later tile's ~+200, so exp(S - m) with m fixed at the
+    first tile's max overflows; the block must be redone with rescaling and stay exact."""
+    fa = _flash_module()
+    g = torch.Generator().manual_seed(31)
+    q = torch.zeros(1, 1, 6, 4)
+    q[..., 0] = 1.0
+    k = torch.randn(1, 1, 16, 4, generator=g) * 0.1
+    k[:, :, 8:, 0] = 400.0 + torch.randn(8, generator=g)  # logits 0.5 * 400 = 200 > log(float32 max) = 88.7
+    v = torch.randn(1, 1, 16, 4, generator=g)
+    go = torch.randn(1, 1, 6, 4, generator=g)
+    calls = []
+    safe = fa._forward_block_safe
+    monkeypatch.setattr(fa, "_forward_block_safe", lambda *a: calls.append(1) or safe(*a))
+    got = grads(lambda q, k, v: flash_attention(q, k, v, block_q=8, block_k=8), q, k, v, go)
+    assert calls, "the overflow was not detected"
+    ref = grads(lambda q, k, v: reference_attention(q, k, v, False), q.double(), k.double(), v.double(), go.double())
+    assert all(torch.isfinite(t).all() for t in got)
+    for x, y in zip(got, ref):
+        torch.testing.assert_close(x, y.float(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("split", [1, 3, 4, 16])
+@pytest.mark.parametrize("shape", [(1, 2, 1, 40, 40, 8), (2, 4, 2, 33, 45, 8), (1, 2, 2, 45, 30, 4)])
+def test_causal_diagonal_split_is_exact(monkeypatch, split, shape):
+    """Diagonal tiles cut into `split` narrower tiles that start at the first query seeing them (GQA, Nq != Nk)."""
+    monkeypatch.setattr(_flash_module(), "DIAG_SPLIT", split)
+    b, h, hkv, nq, nk, d = shape
+    q, k, v = make(*shape, seed=split)
+    go = torch.randn(b, h, nq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(41))
+    ref = grads(lambda q, k, v: reference_attention(q, k, v, True), q, k, v, go)
+    got = grads(lambda q, k, v: flash_attention(q, k, v, causal=True, block_q=16, block_k=16), q, k, v, go)
+    assert_all_close(got, ref, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_tiles_differ_from_forward_tiles(causal):
+    """Default-style tiling at a small N: forward 64x64, backward one partial 512x512 tile (and the reverse)."""
+    q, k, v = make(1, 2, 1, 300, 300, 8, seed=51)
+    go = torch.randn(1, 2, 300, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(52))
+    ref = grads(lambda q, k, v: reference_attention(q, k, v, causal, None, 0.3), q, k, v, go)
+    for fwd, bwd in (((64, 64), (512, 512)), ((512, 512), (64, 32))):
+        got = grads(lambda q, k, v: FlashAttention.apply(q, k, v, causal, None, 0.3, fwd, bwd), q, k, v, go)
+        assert_all_close(got, ref, atol=1e-10, rtol=1e-8)
+
+
+def test_default_tiles_grow_for_the_backward_only_when_small_against_dq(monkeypatch):
+    fa = _flash_module()
+    seen = []
+    monkeypatch.setattr(fa.FlashAttention, "apply", lambda *a: seen.append(a[-2:]))
+    for n, d in ((8192, 64), (4096, 64), (4096, 128), (100, 64)):
+        fa.flash_attention(torch.empty(1, 1, n, d), torch.empty(1, 1, n, d), torch.empty(1, 1, n, d))
+    big, small = (fa.BWD_BLOCK_Q, fa.BWD_BLOCK_K), (fa.BLOCK_Q, fa.BLOCK_K)
+    assert seen == [(small, big), (small, small), (small, big), (small, small)]
+    fa.flash_attention(torch.empty(1, 1, 8192, 64), torch.empty(1, 1, 8192, 64), torch.empty(1, 1, 8192, 64), block_q=32)
+    assert seen[-1] == ((32, fa.BLOCK_K), (32, fa.BWD_BLOCK_K))  # an explicit size applies to both passes
