@@ -84,7 +84,13 @@ def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_
 
 
 def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequency: int = 1, progress=None):
-    """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)])."""
+    """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)]).
+
+    Every pair has a slot in numpy arrays (left id, right id, count, score). A merge (a, b) -> c
+    changes the counts of the pairs around its sites and the symbol counts of a, b and c, so it
+    rescores, in one vectorised step, the changed pairs and every pair that holds a or b
+    (``sym_pairs``: symbol -> its pairs' slots). argmax picks the best score; ties (common: many rare
+    pairs score exactly 1/(count(a)count(b))) go to the smallest left string, then right string."""
     split = [(word_symbols(w), c) for w, c in word_counts.items() if w]
     alphabet = sorted({s for w, _ in split for s in w})
     id_to_str = list(alphabet)
@@ -97,9 +103,8 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
     slot_of: dict[tuple[int, int], int] = {}
     pa: list[int] = []
     pb: list[int] = []
-    pc_d: dict[int, int] = defaultdict(int)  # slot -> count
     where: dict[int, set[int]] = defaultdict(set)
-    sym_pairs: dict[int, set[int]] = defaultdict(set)
+    sym_pairs: dict[int, list[int]] = defaultdict(list)  # symbol -> slots of the pairs holding it
 
     def slot(p):
         s = slot_of.get(p)
@@ -108,16 +113,18 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
             slot_of[p] = s
             pa.append(p[0])
             pb.append(p[1])
-            sym_pairs[p[0]].add(s)
-            sym_pairs[p[1]].add(s)
+            sym_pairs[p[0]].append(s)
+            if p[1] != p[0]:
+                sym_pairs[p[1]].append(s)
         return s
 
+    init: dict[int, int] = defaultdict(int)
     for wi, (w, c) in enumerate(zip(words, counts)):
         for s in w:
             symc[s] += c
         for p in zip(w, w[1:]):
             k = slot(p)
-            pc_d[k] += c
+            init[k] += c
             where[k].add(wi)
 
     cap = max(1024, 2 * len(pa))
@@ -125,29 +132,36 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
     pa_np = np.zeros(cap, dtype=np.int64)
     pb_np = np.zeros(cap, dtype=np.int64)
     cnt_np = np.zeros(cap, dtype=np.float64)
+    synced = 0  # slots [0, synced) have pa_np/pb_np filled
+    min_count = max(min_frequency, 1)
 
-    def rescore(slots):
-        nonlocal cap, scores, pa_np, pb_np, cnt_np
+    def grow():
+        nonlocal cap, scores, pa_np, pb_np, cnt_np, synced
         if len(pa) > cap:
-            new_cap = 2 * len(pa)
-            scores = np.concatenate([scores, np.full(new_cap - cap, -1.0)])
-            pa_np = np.concatenate([pa_np, np.zeros(new_cap - cap, dtype=np.int64)])
-            pb_np = np.concatenate([pb_np, np.zeros(new_cap - cap, dtype=np.int64)])
-            cnt_np = np.concatenate([cnt_np, np.zeros(new_cap - cap)])
-            cap = new_cap
-        idx = np.fromiter(slots, dtype=np.int64, count=len(slots))
-        if idx.size == 0:
-            return
-        pa_np[idx] = [pa[i] for i in idx.tolist()]
-        pb_np[idx] = [pb[i] for i in idx.tolist()]
-        c = np.array([pc_d.get(i, 0) for i in idx.tolist()], dtype=np.float64)
-        cnt_np[idx] = c
+            extra = 2 * len(pa) - cap
+            scores = np.concatenate([scores, np.full(extra, -1.0)])
+            pa_np = np.concatenate([pa_np, np.zeros(extra, dtype=np.int64)])
+            pb_np = np.concatenate([pb_np, np.zeros(extra, dtype=np.int64)])
+            cnt_np = np.concatenate([cnt_np, np.zeros(extra)])
+            cap += extra
+        pa_np[synced:len(pa)] = pa[synced:]
+        pb_np[synced:len(pb)] = pb[synced:]
+        synced = len(pa)
+
+    def rescore(idx):
+        c = cnt_np[idx]  # (k,)
         with np.errstate(divide="ignore", invalid="ignore"):
-            sc = c / (symc[pa_np[idx]] * symc[pb_np[idx]])
-        sc[c < max(min_frequency, 1)] = -1.0
+            sc = c / (symc[pa_np[idx]] * symc[pb_np[idx]])  # (k,) the oracle's count(ab) / (count(a) count(b))
+        sc[c < min_count] = -1.0
         scores[idx] = sc
 
-    rescore(list(range(len(pa))))
+    grow()
+    if init:
+        ks = np.fromiter(init.keys(), dtype=np.int64, count=len(init))
+        cnt_np[ks] = np.fromiter(init.values(), dtype=np.float64, count=len(init))
+    rescore(np.arange(len(pa)))
+    del init
+    key = id_to_str.__getitem__
     out = []
     n_new = 0
     while n_new < n_merges:
@@ -156,8 +170,11 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
         if top <= 0:
             break
         cand = np.flatnonzero(scores == top)
-        if cand.size > 1:
-            best = min(cand.tolist(), key=lambda s: (id_to_str[pa[s]], id_to_str[pb[s]]))
+        if cand.size > 1:  # smallest left string, then smallest right string, without a Python key per slot
+            a_min = min(np.unique(pa_np[cand]).tolist(), key=key)
+            cand = cand[pa_np[cand] == a_min]
+            b_min = min(np.unique(pb_np[cand]).tolist(), key=key)
+            best = int(cand[pb_np[cand] == b_min][0])
         a, b = pa[best], pb[best]
         new = merged(id_to_str[a], id_to_str[b])
         c_id = str_to_id.get(new)
@@ -186,16 +203,15 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
                 delta[p] += cnt
                 where[slot(p)].add(wi)
             words[wi] = nw
-        touched = set(sym_pairs.get(a, ())) | set(sym_pairs.get(b, ()))
-        for p, d in delta.items():
-            if d:
-                s = slot(p)
-                pc_d[s] += d
-                touched.add(s)
-        for s in touched:
-            if pc_d.get(s, 0) <= 0:
-                pc_d.pop(s, None)
-        rescore(touched)
+        changed = [(slot(p), d) for p, d in delta.items() if d]
+        grow()
+        if changed:
+            ks = np.fromiter((s for s, _ in changed), dtype=np.int64, count=len(changed))
+            cnt_np[ks] += np.fromiter((d for _, d in changed), dtype=np.float64, count=len(changed))
+        else:
+            ks = np.zeros(0, dtype=np.int64)
+        rescore(np.concatenate([ks, np.asarray(sym_pairs.get(a, ()), dtype=np.int64),
+                                np.asarray(sym_pairs.get(b, ()), dtype=np.int64)]))
         if progress is not None:
             progress(len(out))
     return alphabet, out

