@@ -113,8 +113,10 @@ class JoinedWords:
 
     def count(self, batch: list[str]) -> Counter:
         text = self.sep.join(batch)
-        if self.lines and batch and not (all(map(_ends_with_newline, batch[:-1]))  # the last may lack it
-                                         and text.count("\n") == len(batch) - (not text.endswith("\n"))):
+        if self.lines:
+            ends = list(map(_ends_with_newline, batch))
+            one_line_each = all(ends[:-1]) and text.count("\n") == sum(ends)  # the last text may lack its "\n"
+        if self.lines and not one_line_each:
             c: Counter = Counter()
             for t in batch:
                 c.update(self.words(t))

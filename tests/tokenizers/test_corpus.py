@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 import regex
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer
 from posttrain.tokenizers import pretokenize as P
@@ -34,6 +34,8 @@ def test_gpt2_lines_pattern_on_joined_lines_equals_gpt2_line_by_line(lines, last
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(_CHARS | st.just("\n"), max_size=12).map("".join), max_size=8))
+@example(["\n\n", ""])  # two newlines in one text, then an empty last text
+@example(["a\n", " b\n", "c"])  # a file's last line without its newline: the joined pass applies
 def test_byte_level_batch_count_equals_per_text_for_any_texts(texts):
     # texts with inner newlines (JSONL fields) or none at all must fall back to text-by-text splitting
     fn = ByteLevelBPETrainer().words_fn()
