@@ -307,23 +307,11 @@ def _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
     return m, l
 
 
-def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, block_k):
-    b, h, nq, d = q.shape
-    hkv, nk = k.shape[1], k.shape[2]
-    g, bh = h // hkv, b * hkv
-    dt, dev = _acc_dtype(q.dtype), q.device
-    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, dev, g)
-    qg = q.view(bh, g, nq, d)
-    og = out.view(bh, g, nq, d)
-    dog = grad_out.view(bh, g, nq, d)
-    key_tile = _KeyTiles(k.view(bh, nk, d), dt, block_k)  # [K_j, 1]
-    value_tile = _KeyTiles(v.view(bh, nk, d), dt, block_k)  # [V_j, 1]
-    dq = torch.empty(bh, g, nq, d, dtype=q.dtype, device=dev)  # (B*Hkv, G, Nq, D)
-    # dK, dV in a blocked layout (key block, B*Hkv, bk, D): each tile's slice is one contiguous matrix
-    # batch, which lets the batched GEMM accumulate into it directly (a strided slice is done per head)
-    nkb, bk_full = -(-nk // block_k), min(block_k, nk)
-    dk_blk = torch.zeros(nkb, bh, bk_full, d, dtype=dt, device=dev)
-    dv_blk = torch.zeros_like(dk_blk)
+def _backward_tiles(qg, og, dog, lse, plan, key_tile, value_tile, dq, dk_blk, dv_blk, scale, block_q, block_k, b):
+    """The backward's loop over query blocks and their key tiles; its scratch is freed when it returns."""
+    bh, g, nq, d = qg.shape
+    dt, dev = dk_blk.dtype, dk_blk.device
+    bk_full = dk_blk.shape[2]
     big = torch.finfo(dt).max / 4  # stands in for L = +inf of empty rows: exp(S - big) = 0, no inf arithmetic
     rows = bh * g * min(block_q, nq)
     scratch = _Scratch(dt, dev, p=rows * bk_full, ds=rows * bk_full, qa=rows * (d + 1), doa=rows * (d + 1), dq=rows * d)
@@ -356,7 +344,26 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
             (dqb if r0 == 0 else dqb[:, sl]).baddbmm_(ds, krows)  # dQ_i += dS K_j   (times scale below)
             dk_j.baddbmm_(ds.transpose(1, 2), qa_t[..., :d])  # dK_j += dS^T (scale Q_i)
         dq[:, :, i0:i1] = dqb.mul_(scale).view(bh, bq, g, d).transpose(1, 2)
-    del scratch, key_tile, value_tile
+
+
+def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, block_k):
+    b, h, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    g, bh = h // hkv, b * hkv
+    dt, dev = _acc_dtype(q.dtype), q.device
+    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, dev, g)
+    qg = q.view(bh, g, nq, d)
+    og = out.view(bh, g, nq, d)
+    dog = grad_out.view(bh, g, nq, d)
+    key_tile = _KeyTiles(k.view(bh, nk, d), dt, block_k)  # [K_j, 1]
+    value_tile = _KeyTiles(v.view(bh, nk, d), dt, block_k)  # [V_j, 1]
+    dq = torch.empty(bh, g, nq, d, dtype=q.dtype, device=dev)  # (B*Hkv, G, Nq, D)
+    # dK, dV in a blocked layout (key block, B*Hkv, bk, D): each tile's slice is one contiguous matrix
+    # batch, which lets the batched GEMM accumulate into it directly (a strided slice is done per head)
+    nkb, bk_full = -(-nk // block_k), min(block_k, nk)
+    dk_blk = torch.zeros(nkb, bh, bk_full, d, dtype=dt, device=dev)
+    dv_blk = torch.zeros_like(dk_blk)
+    _backward_tiles(qg, og, dog, lse, plan, key_tile, value_tile, dq, dk_blk, dv_blk, scale, block_q, block_k, b)
 
     def unblock(t_blk, dtype):  # (key block, B*Hkv, bk, D) -> (B, Hkv, Nk, D)
         t = torch.empty(b, hkv, nk, d, dtype=dtype, device=dev)
