@@ -18,19 +18,30 @@ The backward recomputes each tile from L: P = exp(S - L) exactly, then (Alg. 2)
 
 where D_i = <dP_i, P_i> is replaced by <dO_i, O_i> so P never has to be kept.
 
-Two CPU-side economies, both exact:
-  * the row shifts ride inside the matrix products through one augmented column,
-    [scale Q, -m] [K, 1]^T = S - m  and  P~ [V, 1] = [P~ V, rowsum P~]  (backward:
-    [scale Q, -L] [K, 1]^T = S - L,  [dO, -D] [V, 1]^T = dP - D), saving full passes over each tile;
-  * lazy rescaling: the forward keeps a row's shift m until a tile's logits exceed it by more than
-    ``RESCALE_GAP`` (softmax is exact for ANY shift; the gap only bounds exp() by e^8), so most
-    tiles skip the rescale of (o~, l) entirely (the trick FlashAttention-4 uses on GPUs).
+CPU-side economies, all exact.  On the CPU the products run at the BLAS's speed; what costs is
+every full pass over a tile besides them (a max, an exp, a sum, a mask, a copy) and each torch call's
+fixed cost.  So per forward tile we issue one bmm, one exp, one bmm-accumulate and one row sum:
+  * the row shift rides inside the product through one augmented column,
+    [scale Q, -m] [K, 1]^T = S - m  (backward: [scale Q, -L] [K, 1]^T = S - L and
+    [dO, -D] [V, 1]^T = dP - D); [K_j, 1] is copied into one reused buffer whose ones column stays;
+  * fixed shift per query block (fast path): softmax is exact for ANY finite shift, so each query
+    block takes the row max of its FIRST tile as m and keeps it: no max pass, no rescale and no
+    host sync on the later tiles.  Only overflow can break this (a later logit more than ~88 above
+    m in float32); it is detected once per block (non-finite l or o~) and that block is redone by
+    the lazy-rescale path, which moves a row's shift when a tile exceeds it by ``RESCALE_GAP``;
+  * causal diagonal tiles are cut into ``DIAG_SPLIT`` narrower tiles, each computed only for the
+    queries that see any of its keys (rows are query-major, so those are one contiguous range):
+    5/8 of a diagonal tile's work instead of all of it; tiles hidden entirely are skipped;
+  * scratch (tiles, [scale Q, -m], o~) is allocated once per call and reused by every tile;
+  * the backward takes its own, larger tiles when they are small next to dQ (``BWD_BLOCK_Q``), and
+    accumulates dK/dV in a blocked (key block, B*Hkv, bk, D) layout so that each tile's update is
+    one contiguous batched GEMM.
 
 Layout: to batch many small products into one ``bmm`` we view q (B, H, Nq, D) as
-(B*Hkv, G*bq, D) per query block, G = H / Hkv: the G query heads that share a K/V head become
-extra rows of one matrix, so grouped-query attention costs no K/V copies and dK/dV sum over the
-group for free.  Tiles are large (hundreds of rows) because on the CPU each torch op has a fixed
-cost; the loops in Python run over blocks, never over rows.
+(B*Hkv, bq*G, D) per query block, G = H / Hkv, rows ordered (query, head in group): the G query
+heads that share a K/V head become extra rows of one matrix, so grouped-query attention costs no
+K/V copies and dK/dV sum over the group for free.  Tiles are large (hundreds of rows) because on
+the CPU each torch op has a fixed cost; the loops in Python run over blocks, never over rows.
 
 Conventions are ``dispatch.sdpa_attention``'s: causal aligned to the end (query i sees keys
 j <= i + Nk - Nq), ``key_padding_mask`` (B, Nk) True = real key, rows with no visible key give
@@ -63,7 +74,7 @@ DIAG_SPLIT = 4
 """A causal tile on the diagonal is cut into this many narrower tiles, each computed only for the
 queries that see its keys: (1 + 1/DIAG_SPLIT) / 2 of the tile's work instead of all of it."""
 RESCALE_GAP = 8.0
-"""Forward keeps a row's shift until a tile's logits exceed it by this much (e^8 ~ 3e3: no overflow)."""
+"""Rescaling path (the fallback): a row keeps its shift until a tile's logits exceed it by this much (e^8 ~ 3e3)."""
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
