@@ -9,8 +9,9 @@ best segmentation of piece ``i`` without itself; repeat until the vocabulary fit
 are never pruned, so every kept character can always be spelt.
 
 Encoding is Viterbi: ``best[e] = max_{b<e, x[b:e] in V} best[b] + log p(x[b:e])`` (ties: longest last
-piece, as in ``tokenizers``); a character not in the vocabulary becomes ``<unk>`` with score
-``min_score - 10`` (consecutive ones fused) or, with ``byte_fallback``, its UTF-8 ``<0xNN>`` pieces.
+piece, as in ``tokenizers``), computed by forward pushes over a prefix table (a trie flattened into
+one dict); a character not in the vocabulary becomes ``<unk>`` with score ``min_score - 10``
+(consecutive ones fused) or, with ``byte_fallback``, its UTF-8 ``<0xNN>`` pieces.
 Subword regularisation: ``sample`` draws a segmentation with probability ``∝ P(s)^alpha`` by
 forward-filtering backward-sampling.
 
@@ -20,8 +21,11 @@ Words are SentencePiece-style: ``' '`` -> ``'▁'`` and each word starts with ``
 which is what makes an 8k vocabulary possible on English + Chinese text.
 
 The trainer is vectorised with numpy over a flat lattice of all distinct words (positions of all
-words concatenated; edges = (begin, end, piece)): forward, backward and Viterbi loop only over the
-offset inside a word. ``viterbi_slow`` / brute force in the tests are its oracles.
+words concatenated; edges = (begin, end, piece), int32, compacted as pieces die): forward, backward
+and Viterbi loop only over the offset inside a word. Seeds come from counting all substrings by two
+64-bit hashes in hash buckets with a running top-k. Oracles in the tests: brute-force enumeration of
+segmentations for the flat lattice (expected counts, likelihood, Viterbi paths) and for the encoder,
+whose lattice-building twin ``viterbi_slow`` also checks its tie rule.
 
 Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, n-best encoding.
 """
