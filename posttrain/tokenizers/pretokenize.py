@@ -96,10 +96,70 @@ def is_bert_punctuation(c: str) -> bool:
     return unicodedata.category(c).startswith("P")
 
 
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+               (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+
+
 def is_chinese_char(c: str) -> bool:
     cp = ord(c)
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF or 0x2A700 <= cp <= 0x2B73F
-            or 0x2B740 <= cp <= 0x2B81F or 0x2B920 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
+    return any(a <= cp <= b for a, b in _CJK_RANGES)
+
+
+def _class_of(member) -> str:
+    """A ``re`` character class body holding exactly the code points ``cp`` with ``member[cp]`` true."""
+    import numpy as np
+
+    m = np.asarray(member, dtype=np.int8)  # (0x110000,)
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], m, [0]))))  # starts and ends (exclusive) of runs
+    return "".join(f"\\U{a:08x}" if a == b - 1 else f"\\U{a:08x}-\\U{b - 1:08x}"
+                   for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+def _runs_of(member) -> str:
+    """A pattern for runs of member code points, fast in ``re``: a class of hundreds of ranges is
+    scanned range by range, but a class within the BMP is a bitmap, so astral code points get their
+    own branch, entered only at an astral character."""
+    import numpy as np
+
+    bmp, astral = np.array(member, dtype=bool), np.array(member, dtype=bool)
+    bmp[0x10000:] = False
+    astral[:0x10000] = False
+    pats = [f"[{_class_of(bmp)}]+"] if bmp.any() else []
+    if astral.any():
+        pats.append(f"(?=[\\U00010000-\\U0010ffff])[{_class_of(astral)}]+")
+    return "|".join(pats) or "(?!)"
+
+
+@lru_cache(maxsize=1)
+def bert_regexes() -> dict:
+    """BERT's per-character rules as ``re`` patterns, built once from the same predicates as the
+    per-character reference (``bert_normalize_slow``, ``bert_pre_tokenize_slow``), so they agree on
+    every code point; ~0.3 s, once per process."""
+    import re
+
+    import numpy as np
+
+    n = 0x110000
+    codes = {k: i for i, k in enumerate("Lu Ll Lt Lm Lo Mn Mc Me Nd Nl No Pc Pd Ps Pe Pi Pf Po Sm Sc Sk So Zs Zl Zp Cc Cf Cs Co Cn".split())}
+    cat = np.fromiter(map(codes.__getitem__, map(unicodedata.category, map(chr, range(n)))), dtype=np.int16, count=n)
+    in_cats = lambda pred: np.isin(cat, [i for k, i in codes.items() if pred(k)])  # noqa: E731
+    cp = np.arange(n)
+    is_ws = np.isin(cp, [ord(c) for c in _WHITESPACE])
+    ws = "".join(f"\\U{ord(c):08x}" for c in sorted(_WHITESPACE))
+    drop = _runs_of(~is_ws & ((cp == 0) | (cp == 0xFFFD) | in_cats(lambda k: k[0] == "C")))
+    ascii_punct = ((33 <= cp) & (cp <= 47)) | ((58 <= cp) & (cp <= 64)) | ((91 <= cp) & (cp <= 96)) | ((123 <= cp) & (cp <= 126))
+    punct = _class_of(ascii_punct | in_cats(lambda k: k[0] == "P"))  # is_bert_punctuation
+    cjk = np.zeros(n, dtype=bool)
+    for a, b in _CJK_RANGES:  # is_chinese_char
+        cjk[a:b + 1] = True
+    mn = _runs_of(in_cats(lambda k: k == "Mn"))
+    return {
+        "space": re.compile(f"[{ws}]"),
+        "drop": re.compile(drop),
+        "cjk": re.compile(f"[{_class_of(cjk)}]"),
+        "mn": re.compile(mn),
+        "words": re.compile(f"[^{ws}{punct}]+|[{punct}]"),
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -177,7 +237,10 @@ class Strip:
 
 class BertNormalizer:
     """BERT cleaning: drop NUL/U+FFFD/control (category C* except \\t\\n\\r), whitespace -> ' ',
-    ' 中 ' around CJK ideographs, then NFD + drop Mn (strip_accents; default = lowercase), then lower()."""
+    ' 中 ' around CJK ideographs, then NFD + drop Mn (strip_accents; default = lowercase), then lower().
+
+    Each rule is one ``re`` substitution over the whole text (``bert_regexes``), not a Python loop per
+    character; ``bert_normalize_slow`` is the per-character reference."""
 
     def __init__(self, clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True):
         self.clean_text, self.handle_chinese_chars = clean_text, handle_chinese_chars
@@ -185,22 +248,13 @@ class BertNormalizer:
         self.strip_accents = lowercase if strip_accents is None else strip_accents
 
     def __call__(self, text: str) -> str:
-        if self.clean_text or self.handle_chinese_chars:
-            out = []
-            for c in text:
-                if self.clean_text:
-                    if c in _WHITESPACE:
-                        out.append(" ")
-                        continue
-                    if c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C":
-                        continue
-                if self.handle_chinese_chars and is_chinese_char(c):
-                    out.append(" " + c + " ")
-                else:
-                    out.append(c)
-            text = "".join(out)
+        r = bert_regexes()
+        if self.clean_text:  # whitespace first: \t \n \r are controls too, but become spaces
+            text = r["drop"].sub("", r["space"].sub(" ", text))
+        if self.handle_chinese_chars:
+            text = r["cjk"].sub(_pad, text)
         if self.strip_accents:
-            text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+            text = r["mn"].sub("", unicodedata.normalize("NFD", text))
         if self.lowercase:
             text = text.lower()
         return text
@@ -208,6 +262,34 @@ class BertNormalizer:
     def to_json(self) -> dict:
         return {"type": "BertNormalizer", "clean_text": self.clean_text, "handle_chinese_chars": self.handle_chinese_chars,
                 "strip_accents": self.strip_accents_opt, "lowercase": self.lowercase}
+
+
+def _pad(m) -> str:
+    return " " + m.group() + " "
+
+
+def bert_normalize_slow(text: str, clean_text=True, handle_chinese_chars=True, strip_accents=True,
+                        lowercase=True) -> str:
+    """Per-character reference for ``BertNormalizer`` (test oracle)."""
+    if clean_text or handle_chinese_chars:
+        out = []
+        for c in text:
+            if clean_text:
+                if c in _WHITESPACE:
+                    out.append(" ")
+                    continue
+                if c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C":
+                    continue
+            if handle_chinese_chars and is_chinese_char(c):
+                out.append(" " + c + " ")
+            else:
+                out.append(c)
+        text = "".join(out)
+    if strip_accents:
+        text = "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+    if lowercase:
+        text = text.lower()
+    return text
 
 
 class NormalizerSequence:
@@ -333,28 +415,35 @@ class WhitespaceSplit:
 
 
 class BertPreTokenizer:
-    """Split on whitespace (dropped) and on every punctuation character (kept alone): "a,b  c" -> [a , b c]."""
+    """Split on whitespace (dropped) and on every punctuation character (kept alone): "a,b  c" -> [a , b c].
+
+    One ``re.findall`` (``bert_regexes()["words"]``); ``bert_pre_tokenize_slow`` is the per-character reference."""
 
     def __call__(self, text: str) -> list[str]:
-        out, cur = [], []
-        for c in text:
-            if c in _WHITESPACE:
-                if cur:
-                    out.append("".join(cur))
-                    cur = []
-            elif is_bert_punctuation(c):
-                if cur:
-                    out.append("".join(cur))
-                    cur = []
-                out.append(c)
-            else:
-                cur.append(c)
-        if cur:
-            out.append("".join(cur))
-        return out
+        return bert_regexes()["words"].findall(text)
 
     def to_json(self) -> dict:
         return {"type": "BertPreTokenizer"}
+
+
+def bert_pre_tokenize_slow(text: str) -> list[str]:
+    """Per-character reference for ``BertPreTokenizer`` (test oracle)."""
+    out, cur = [], []
+    for c in text:
+        if c in _WHITESPACE:
+            if cur:
+                out.append("".join(cur))
+                cur = []
+        elif is_bert_punctuation(c):
+            if cur:
+                out.append("".join(cur))
+                cur = []
+            out.append(c)
+        else:
+            cur.append(c)
+    if cur:
+        out.append("".join(cur))
+    return out
 
 
 class Metaspace:

@@ -290,7 +290,14 @@ class WordPieceTrainer:
 
     def words_fn(self):
         norm, pre, _ = self.components()
-        return _Compose(norm, pre)
+        from posttrain.tokenizers import pretokenize as P
+        from posttrain.tokenizers.corpus import JoinedWords
+
+        P.bert_regexes()  # build once here, before the counting workers fork
+        # every BERT rule is per character (NFD never reorders across a newline; final sigma sees the
+        # newline, turned into a space, as a word end), so a batch joined by newlines splits the same
+        fn = _Compose(norm, pre)
+        return JoinedWords(fn, fn, sep="\n")
 
     def train(self, texts, log=None):
         from posttrain.tokenizers.corpus import count_words

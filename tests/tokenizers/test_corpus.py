@@ -6,7 +6,7 @@ import pytest
 import regex
 from hypothesis import example, given, settings, strategies as st
 
-from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer
+from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer, WordPieceTrainer
 from posttrain.tokenizers import pretokenize as P
 from posttrain.tokenizers.corpus import JoinedWords, count_words
 
@@ -52,7 +52,15 @@ def test_whitespace_batch_count_equals_per_text(texts, lowercase):
     assert BPETrainer(lowercase=lowercase).words_fn().count(texts) == _per_text(one, texts)
 
 
-@pytest.mark.parametrize("trainer", [ByteLevelBPETrainer(), BPETrainer(lowercase=True)])
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(_CHARS | st.sampled_from(["\n", "ς", "İ", "\u0301", "\x00", ",", "中"]), max_size=12).map("".join),
+                max_size=8), st.booleans(), st.sampled_from([None, True, False]))
+def test_wordpiece_batch_count_equals_per_text(texts, lowercase, strip_accents):
+    fn = WordPieceTrainer(lowercase=lowercase, strip_accents=strip_accents).words_fn()
+    assert fn.count(texts) == _per_text(fn.words, texts)
+
+
+@pytest.mark.parametrize("trainer", [ByteLevelBPETrainer(), BPETrainer(lowercase=True), WordPieceTrainer()])
 def test_count_words_same_for_any_batching_and_workers(trainer, train_texts):
     texts = [t + "\n" for t in train_texts] if trainer.keep_newlines else train_texts
     want = dict(_per_text(trainer.words_fn().words, texts))

