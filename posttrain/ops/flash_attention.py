@@ -115,7 +115,7 @@ class _Plan:
     def _padding(self, j0: int, j1: int) -> torch.Tensor:
         key = (j0, j1)
         if key not in self._pmasks:
-            self._pmasks[key] = ~self.kpm[:, j0:j1]  # (B, bk) True = hidden
+            self._pmasks[key] = ~self.kpm[:, None, j0:j1]  # (B*Hkv, 1, bk) True = hidden
         return self._pmasks[key]
 
     def key_blocks(self, i0: int, i1: int) -> list[tuple]:
@@ -142,12 +142,12 @@ class _Plan:
         return tiles
 
 
-def _mask_tile(s: torch.Tensor, cmask, pmask, b: int) -> None:
+def _mask_tile(s: torch.Tensor, cmask, pmask) -> None:
     """In place: s (B*Hkv, rows, bk) gets -inf where the causal or padding mask hides a key."""
     if cmask is not None:
         s.masked_fill_(cmask, float("-inf"))  # (rows, bk) broadcast over batch*heads
     if pmask is not None:
-        s.view(b, -1, s.shape[-1]).masked_fill_(pmask[:, None, :], float("-inf"))  # (B, Hkv*rows, bk)
+        s.masked_fill_(pmask, float("-inf"))  # (B*Hkv, 1, bk) broadcast over the rows
 
 
 class _Scratch:
@@ -181,6 +181,13 @@ class _KeyTiles:
         self.src: dict[tuple[int, int], torch.Tensor] = {}  # (j0, j1) -> kf[:, j0:j1]
         self.ones_width = -1  # the tile width whose ones column is in place
 
+    def rebind(self, kf: torch.Tensor) -> None:
+        """Take key rows from another (at most as wide) chunk of heads; the buffer is reused."""
+        if kf.shape[0] != self.n:
+            self.flat = self.flat[: kf.shape[0] * (self.flat.numel() // self.n)]
+            self.n, self.views, self.ones_width = kf.shape[0], {}, -1
+        self.kf, self.src = kf, {}
+
     def __call__(self, j0: int, j1: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bk = j1 - j0
         views = self.views.get(bk)
@@ -210,22 +217,35 @@ class _Rows:
         return r
 
 
-def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
+def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k, head_chunk=None):
+    """Forward over chunks of ``head_chunk`` (batch, K/V head) pairs at a time (default: all of them)."""
     b, h, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     g, bh = h // hkv, b * hkv
     dt, dev = _acc_dtype(q.dtype), q.device
-    plan = _Plan(nq, nk, causal, kpm, block_q, block_k, dev, g)
+    kpm = None if kpm is None else kpm.repeat_interleave(hkv, dim=0)  # (B*Hkv, Nk)
     qg = q.view(bh, g, nq, d)  # (B*Hkv, G, Nq, D): query heads grouped by their K/V head
     kf = k.view(bh, nk, d).to(dt)  # (B*Hkv, Nk, D); a copy only for bf16/fp16 inputs
     vf = v.view(bh, nk, d).to(dt)
     out = torch.empty_like(q)  # (B, H, Nq, D)
     outg = out.view(bh, g, nq, d)
     lse = torch.empty(bh, g, nq, dtype=dt, device=dev)  # (B*Hkv, G, Nq)
-    # scratch reused by every block and tile: the only memory besides O and L
-    rows = bh * g * min(block_q, nq)
+    hc = min(head_chunk or bh, bh)
+    # scratch reused by every chunk, block and tile: the only memory besides O and L
+    rows = hc * g * min(block_q, nq)
     scratch = _Scratch(dt, dev, s=rows * min(block_k, nk), qa=rows * (d + 1), acc=rows * d)
-    key_tile, v_rows = _KeyTiles(kf, dt, block_k), _Rows(vf)
+    key_tile = _KeyTiles(kf[:hc], dt, block_k)
+    for h0 in range(0, bh, hc):
+        h1 = min(h0 + hc, bh)
+        if h0:
+            key_tile.rebind(kf[h0:h1])
+        plan = _Plan(nq, nk, causal, None if kpm is None else kpm[h0:h1], block_q, block_k, dev, g)
+        _forward_chunk(qg[h0:h1], outg[h0:h1], lse[h0:h1], plan, key_tile, _Rows(vf[h0:h1]), scratch, scale, block_q)
+    return out, lse
+
+
+def _forward_chunk(qg, outg, lse, plan, key_tile, v_rows, scratch, scale, block_q):
+    bh, g, nq, d = qg.shape
     for i0 in range(0, nq, block_q):
         i1 = min(i0 + block_q, nq)
         bq, gbq = i1 - i0, g * (i1 - i0)
@@ -235,19 +255,18 @@ def _flash_forward(q, k, v, causal, kpm, scale, block_q, block_k):
         torch.mul(qg[:, :, i0:i1].transpose(1, 2), scale, out=qa[..., :d].view(bh, bq, g, d))
         qa[..., d] = 0.0
         acc = scratch.view("acc", bh, gbq, d)  # o~ = sum P~ V
-        res = _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b) if tiles else None
+        res = _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g) if tiles else None
         if res is None:
-            res = _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b)
+            res = _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g)
         m, l = res
         empty = l == 0  # rows with no visible key
         acc.div_(l.masked_fill(empty, 1.0)[..., None])  # O = o~ / l; empty rows stay 0
         outg[:, :, i0:i1] = acc.view(bh, bq, g, d).transpose(1, 2)
         # empty rows: L = +inf so that the backward's exp(S - L) is exactly 0
         lse[:, :, i0:i1] = (m + torch.log(l)).masked_fill(empty, float("inf")).view(bh, bq, g).transpose(1, 2)
-    return out, lse
 
 
-def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
+def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g):
     """One query block with the shift m fixed to the first tile's row max: no max pass after that tile.
 
     Exact for any shift; returns None (caller falls back to ``_forward_block_safe``) when a row sees
@@ -263,7 +282,7 @@ def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
         s = scratch.view("s", bh, gbq - r0 * g, j1 - j0)
         qa_t = qa if r0 == 0 else qa[:, r0 * g :]  # the queries that see any of these keys
         torch.bmm(qa_t, key_tile(j0, j1)[1], out=s)  # (B*Hkv, rows, bk) = S - m
-        _mask_tile(s, cmask, pmask, b)
+        _mask_tile(s, cmask, pmask)
         if t == 0:
             m = s.amax(dim=-1)  # (B*Hkv, G*bq): the shift for the whole block
             if float(m.min()) == float("-inf"):  # a row with no visible key here: its shift must wait
@@ -282,7 +301,7 @@ def _forward_block_fast(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
     return m, l
 
 
-def _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
+def _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g):
     """One query block with the lazy rescale: the shift moves when a tile exceeds it by RESCALE_GAP."""
     bh, gbq, d = acc.shape
     m = torch.zeros((bh, gbq), dtype=acc.dtype, device=acc.device)  # the shift in use (finite)
@@ -295,7 +314,7 @@ def _forward_block_safe(qa, acc, tiles, key_tile, v_rows, scratch, g, b):
         qa_t, acc_t, m_t, l_t = qa[:, rows], acc[:, rows], m[:, rows], l[:, rows]
         s = scratch.view("s", bh, gbq - r0 * g, j1 - j0)
         torch.bmm(qa_t, key_tile(j0, j1)[1], out=s)  # (B*Hkv, rows, bk) = S - m
-        _mask_tile(s, cmask, pmask, b)
+        _mask_tile(s, cmask, pmask)
         rowmax = s.amax(dim=-1)  # (B*Hkv, rows), relative to the shift m
         # Keep the old shift unless the tile exceeds it by more than RESCALE_GAP (exp stays <= e^8,
         # no overflow) or the row has no shift yet.  Any shift is exact.
@@ -347,7 +366,7 @@ def _backward_tiles(qg, og, dog, lse, plan, key_tile, value_tile, dq, dk_blk, dv
             dk_j, dv_j = (t[jb, :, c0 : c0 + j1 - j0] for t in (dk_blk, dv_blk))  # (B*Hkv, bk, D)
             p = scratch.view("p", bh, gbq - r0 * g, j1 - j0)
             torch.bmm(qa_t, kat, out=p)  # (B*Hkv, rows, bk) = S - L
-            _mask_tile(p, cmask, pmask, b)
+            _mask_tile(p, cmask, pmask)
             p.exp_()  # P = exp(S - L), recomputed
             dv_j.baddbmm_(p.transpose(1, 2), doa_t[..., :d])  # dV_j += P^T dO
             ds = scratch.view("ds", bh, gbq - r0 * g, j1 - j0)
@@ -362,6 +381,7 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
     hkv, nk = k.shape[1], k.shape[2]
     g, bh = h // hkv, b * hkv
     dt, dev = _acc_dtype(q.dtype), q.device
+    kpm = None if kpm is None else kpm.repeat_interleave(hkv, dim=0)  # (B*Hkv, Nk)
     plan = _Plan(nq, nk, causal, kpm, block_q, block_k, dev, g)
     qg = q.view(bh, g, nq, d)
     og = out.view(bh, g, nq, d)
@@ -433,6 +453,13 @@ def flash_attention(
         raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
     # an explicit block size applies to both passes; otherwise each pass takes its own default
     fwd_blocks = (int(block_q or BLOCK_Q), int(block_k or BLOCK_K))
+    if block_q is None and block_k is None and not causal:
+        # the default tile's memory (BLOCK_Q queries of every head) spent on as few heads and as many
+        # queries as possible: taller products and fewer [K, 1] copies, the same peak memory.  (Causal
+        # attention keeps short blocks: a tall block puts more of its work on the cut diagonal.)
+        bh, budget = k.shape[0] * k.shape[1], BLOCK_Q * k.shape[0] * k.shape[1]
+        tall = min(q.shape[-2], budget)
+        fwd_blocks = (tall, BLOCK_K, max(1, min(bh, budget // tall)))
     large = 2 * BWD_BLOCK_Q * BWD_BLOCK_K <= q.shape[-2] * q.shape[-1]  # the two backward tiles <= dQ
     bwd_blocks = (int(block_q or (BWD_BLOCK_Q if large else BLOCK_Q)), int(block_k or (BWD_BLOCK_K if large else BLOCK_K)))
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)

@@ -262,13 +262,43 @@ def test_backward_tiles_differ_from_forward_tiles(causal):
         assert_all_close(got, ref, atol=1e-10, rtol=1e-8)
 
 
-def test_default_tiles_grow_for_the_backward_only_when_small_against_dq(monkeypatch):
+def test_default_tiles(monkeypatch):
+    """Pins the tile rule: backward tiles grow only when small next to dQ; the non-causal forward spends the
+    default tile (BLOCK_Q queries of every head) on as few heads as possible; explicit sizes apply to both."""
     fa = _flash_module()
     seen = []
     monkeypatch.setattr(fa.FlashAttention, "apply", lambda *a: seen.append(a[-2:]))
-    for n, d in ((8192, 64), (4096, 64), (4096, 128), (100, 64)):
-        fa.flash_attention(torch.empty(1, 1, n, d), torch.empty(1, 1, n, d), torch.empty(1, 1, n, d))
+
+    def call(b, h, hkv, n, d, causal=True, **kw):
+        fa.flash_attention(torch.empty(b, h, n, d), torch.empty(b, hkv, n, d), torch.empty(b, hkv, n, d), causal, **kw)
+        return seen[-1]
+
     big, small = (fa.BWD_BLOCK_Q, fa.BWD_BLOCK_K), (fa.BLOCK_Q, fa.BLOCK_K)
-    assert seen == [(small, big), (small, small), (small, big), (small, small)]
-    fa.flash_attention(torch.empty(1, 1, 8192, 64), torch.empty(1, 1, 8192, 64), torch.empty(1, 1, 8192, 64), block_q=32)
-    assert seen[-1] == ((32, fa.BLOCK_K), (32, fa.BWD_BLOCK_K))  # an explicit size applies to both passes
+    assert call(1, 1, 1, 8192, 64) == (small, big)
+    assert call(1, 1, 1, 4096, 64) == (small, small)
+    assert call(1, 1, 1, 4096, 128) == (small, big)
+    assert call(1, 1, 1, 100, 64) == (small, small)
+    bq = fa.BLOCK_Q
+    assert call(1, 4, 4, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # one head, 4x the queries
+    assert call(2, 8, 2, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # B*Hkv = 4 (GQA)
+    assert call(8, 4, 4, 100, 64, causal=False) == ((100, fa.BLOCK_K, 32), small)  # short: all heads, all queries
+    assert call(1, 4, 4, 8192, 64, causal=True) == (small, big)
+    assert call(1, 1, 1, 8192, 64, block_q=32) == ((32, fa.BLOCK_K), (32, fa.BWD_BLOCK_K))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+def test_forward_in_head_chunks(causal, padded):
+    """The forward over chunks of (batch, K/V head) pairs (3 of 4, then 1; GQA; padding per batch) is exact."""
+    fa = _flash_module()
+    b, h, hkv, nq, nk, d = 2, 4, 2, 21, 26, 8
+    q, k, v = make(b, h, hkv, nq, nk, d, seed=61)
+    kpm = None
+    if padded:
+        kpm = torch.rand(b, nk, generator=torch.Generator().manual_seed(62)) > 0.3
+        kpm[1, :9] = False  # left padding in the second sequence only
+    go = torch.randn(b, h, nq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(63))
+    ref = grads(lambda q, k, v: reference_attention(q, k, v, causal, kpm, 0.3), q, k, v, go)
+    for fwd in ((8, 8, 3), (nq, 8, 1), (5, 4, 2)):
+        got = grads(lambda q, k, v: fa.FlashAttention.apply(q, k, v, causal, kpm, 0.3, fwd, (8, 8)), q, k, v, go)
+        assert_all_close(got, ref, atol=1e-10, rtol=1e-8)
