@@ -362,14 +362,15 @@ def _reduce_sorted(h1, h2, w, ln):
 def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_top: int | None = None,
                      n_buckets: int = 64, min_reduce: int = 1 << 20):
     """Distinct substrings (length <= max_len) with their total count weighted by ``counts``: arrays
-    (h1, h2, count, length), in no particular order. With ``keep_top``, only single characters and the ``keep_top``
+    (h1, top 32 bits of h2, count, length), in no particular order. With ``keep_top``, only single characters and the ``keep_top``
     multi-character substrings of count >= 2 with the largest count * length (plus ties) are returned.
 
     Occurrences are routed by the top bits of ``h1 * _MIX`` into ``n_buckets`` hash buckets; a bucket is reduced
     (sort + segment sums) when its pending occurrences reach its reduced size (at least ``min_reduce``),
     so every occurrence is sorted about twice and only inside its bucket. A bucket's counts are final
     once all strings are seen, so the top-k filter runs bucket by bucket and the peak memory is the
-    distinct substrings (h1, h2, count, length: 25 bytes each), never all occurrences."""
+    distinct substrings (h1, h2's top half, count as uint32 where exact, length: 17 bytes each), never
+    all occurrences."""
     bits = max(1, int(n_buckets - 1).bit_length())
     n_buckets = 1 << bits
     shift = np.uint64(64 - bits)
@@ -382,9 +383,13 @@ def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_
         state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
         pend[j], n_pend[j] = [], 0
 
+    # weights as uint32 when no substring's total can reach 2^32 (bounded by the corpus's characters)
+    exact32 = float(np.dot(counts, [len(s) for s in strings])) < 2**32 - 1 if strings else True
+    counts = counts.astype(np.uint32) if exact32 else counts.astype(np.float64)
     seen = False
     for sid, _, l, h1, h2 in iter_substrings(strings, max_len):
         seen = True
+        h2 = (h2 >> np.uint64(32)).astype(np.uint32)  # the collision check keeps h2's top 32 bits
         with np.errstate(over="ignore"):
             b = ((h1 * _MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
         order = np.argsort(b, kind="stable")  # radix sort of small keys
@@ -427,7 +432,7 @@ def _top_substrings(h1, h2, w, ln, k):
     count * length (and everything tied with the k-th)."""
     multi = np.flatnonzero((ln > 1) & (w >= 2))
     if multi.size > k:
-        score = w[multi] * ln[multi]
+        score = w[multi].astype(np.float64) * ln[multi]
         thr = np.partition(score, multi.size - k)[multi.size - k] if k > 0 else np.inf
         multi = multi[score >= thr]
     sel = np.sort(np.concatenate([np.flatnonzero(ln == 1), multi]))
@@ -439,10 +444,10 @@ class _HashIndex:
     the top ``bits`` bits of a key give the range of sorted keys to check, so a query costs a few
     gathers instead of a binary search. Keys are ``h1 * _MIX`` (a bijection mod 2^64: polynomial hashes
     of short strings are small numbers, all in the first range otherwise). A matching h1 with another h2
-    is reported as a collision."""
+    is reported as a collision (``h2`` holds the top 32 bits of the second hash)."""
 
     def __init__(self, h1: np.ndarray, h2: np.ndarray):
-        self.h1, self.h2 = h1, h2
+        self.h1, self.h2 = h1, h2.astype(np.uint32)
         with np.errstate(over="ignore"):
             key = h1 * _MIX
         self.srt = np.argsort(key)
@@ -468,8 +473,8 @@ class _HashIndex:
             hit = self.sorted_h1[pos] == q1[todo]
             out[todo[hit]] = self.srt[pos[hit]]
             todo, pos, hi = todo[~hit], pos[~hit] + 1, hi[~hit]
-        found = out >= 0
-        if np.any(self.h2[out[found]] != q2[found]):
+        found = np.flatnonzero(out >= 0)
+        if np.any(self.h2[out[found]] != (q2[found] >> np.uint64(32)).astype(np.uint32)):
             raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
         return out
 
@@ -494,7 +499,11 @@ class _Lattice:
     (every position keeps its always-alive single-character edge, so no group is all ``-inf``).
     """
 
-    def __init__(self, lengths: np.ndarray, sid, begin, length, piece, counts, backward: bool = True):
+    def __init__(self, lengths: np.ndarray, edges: list, counts, backward: bool = True):
+        """``edges`` = [sid, begin, length, piece] arrays (one entry per edge); the list is emptied and each
+        array freed as soon as it is consumed, so the caller should hold no other reference to them."""
+        sid, begin, length, piece = edges
+        edges.clear()
         offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64) + 1)])
         self.starts, self.ends = offsets[:-1], offsets[1:] - 1
         self.npos = int(offsets[-1])
@@ -502,29 +511,37 @@ class _Lattice:
             raise UserError("unigram: corpus too large for one lattice (over 2^31 character positions)")
         self.counts = np.asarray(counts, dtype=np.float64)
         span = int(max(int(np.max(lengths, initial=0)), 1)) + 1
-        eb = self.starts.astype(np.int32)[sid]  # (E,) flat begin positions
+        starts32 = self.starts.astype(np.int32)
+        eb = starts32[sid]  # (E,) flat begin positions
         eb += begin
         ee = eb + np.asarray(length, dtype=np.int32)  # (E,) flat end positions
         key = ee.astype(np.int64)  # forward: (end offset, end, longest piece first)
         key += (np.asarray(begin, dtype=np.int64) + length) * self.npos
         key *= span
         key += span - 1 - np.asarray(length, dtype=np.int64)
+        del length
         order = np.argsort(key)
         del key
+        self.ew = np.asarray(sid, dtype=np.int32)[order]
+        del sid
+        self.ep = np.asarray(piece, dtype=np.int32)[order]
         self.eb, self.ee = eb[order], ee[order]
-        self.ep, self.ew = np.asarray(piece, dtype=np.int32)[order], np.asarray(sid, dtype=np.int32)[order]
-        self.fk = (self.ee - self.starts.astype(np.int32)[self.ew]).astype(np.int16)  # end offset
         del order
+        self.fk = (self.ee - starts32[self.ew]).astype(np.int16)  # end offset
         self.backward = backward
         if backward:  # backward: (begin offset descending, begin)
             key = (span - 1 - np.asarray(begin, dtype=np.int64)) * self.npos
             key += eb
             order = np.argsort(key)
             del key
-            self.b_src, self.b_dst = ee[order], eb[order]
-            self.b_ep, self.bk = np.asarray(piece, dtype=np.int32)[order], np.asarray(begin, dtype=np.int16)[order]
+            self.b_src = ee[order]
+            del ee
+            self.b_dst = eb[order]
+            del eb
+            self.b_ep = np.asarray(piece, dtype=np.int32)[order]
+            del piece
+            self.bk = np.asarray(begin, dtype=np.int16)[order]
             del order
-        del eb, ee
         self._index()
 
     @staticmethod
@@ -675,6 +692,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     # --- seeds: all characters + frequent substrings, scored count * length --------------------
     n_multi = max(0, seed_size - len(chars))
     uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi)
+    ufreq = ufreq.astype(np.float64)
     char_u = np.flatnonzero(ulen == 1)
     char_u = char_u[np.argsort(uh1[char_u])]  # a character's hash is its code point + 1: by h1 = by character
     multi_u = np.flatnonzero(ulen > 1)
@@ -691,23 +709,16 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     del uh1, uh2, ufreq, ulen
     release_memory()
 
-    e_sid, e_beg, e_len, e_piece = _seed_edges(words, L, lookup)
+    edges = list(_seed_edges(words, L, lookup))  # [sid, begin, length, piece]
     where = np.zeros(P, dtype=np.int64)
-    where[e_piece] = np.arange(e_piece.size)  # some occurrence of every seed: its string
-    strs = [words[k][b:b + n] for k, b, n in zip(e_sid[where].tolist(), e_beg[where].tolist(), seed_len.tolist())]
+    where[edges[3]] = np.arange(edges[3].size)  # some occurrence of every seed: its string
+    strs = [words[k][b:b + n] for k, b, n in zip(edges[0][where].tolist(), edges[1][where].tolist(), seed_len.tolist())]
     del where
-    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), e_sid, e_beg, e_len, e_piece, counts)
-    del e_sid, e_beg, e_len, e_piece
+    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), edges, counts)  # consumes edges
     release_memory()
-
-    # --- the pieces' own lattices (without the full-span edge): their alternative segmentations --
-    multi_ids = np.arange(n_chars, P)
-    multi = [strs[i] for i in multi_ids.tolist()]
-    a_sid, a_beg, a_len, a_pid = _seed_edges(multi, L, lookup, exclude_full=True)
-    alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), a_sid, a_beg, a_len, a_pid,
-                       np.ones(len(multi)), backward=False)  # only Viterbi runs on it
-    del a_sid, a_beg, a_len, a_pid
-    release_memory()
+    # the pieces' own lattices (without the full-span edge, so: their alternative segmentations) are
+    # built at the first prune, for the pieces EM left alive (a fraction of the seeds)
+    alt_lat = multi_ids = None
 
     alive = np.ones(P, dtype=bool)
     desired = int(target * 1.1)
@@ -736,7 +747,19 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
         # one entry per occurrence, so a piece used twice in a word counts twice)
         F = vfreq / corpus.counts.sum()
         total = vfreq.sum()
-        alt_lat.drop_dead(alive, 0.2)
+        if alt_lat is None:
+            multi_ids = np.flatnonzero(alive & ~is_char)
+            multi = [strs[i] for i in multi_ids.tolist()]
+            edges = list(_seed_edges(multi, L, lookup, exclude_full=True))
+            keep = np.flatnonzero(alive[edges[3]])
+            edges = [a[keep] for a in edges]
+            del keep
+            alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), edges, np.ones(len(multi)),
+                               backward=False)  # only Viterbi runs on it
+            del lookup, multi
+            release_memory()
+        else:
+            alt_lat.drop_dead(alive, 0.2)
         awid, apid = alt_lat.viterbi_paths(logp, alive[multi_ids])
         owner = multi_ids[awid]
         n_alt = np.bincount(owner, minlength=P).astype(np.float64)

@@ -157,7 +157,7 @@ def test_flat_lattice_equals_brute_force(words, rnd, compact):
     edges = [(k, b, e - b, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
              for e in range(b + 1, len(w) + 1) if w[b:e] in ids]
     sid, beg, ln, pid = (np.array(c, dtype=np.int32) for c in zip(*edges))
-    lat = _Lattice(np.array([len(w) for w in words]), sid, beg, ln, pid, counts)
+    lat = _Lattice(np.array([len(w) for w in words]), [sid, beg, ln, pid], counts)
     logp = np.array([-float(rnd.randint(1, 4)) for _ in pieces])
     alive = np.ones(len(pieces), dtype=bool)
     for round_ in range(2):
