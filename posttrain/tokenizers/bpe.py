@@ -15,8 +15,10 @@ hash iteration order, so its merges can differ run to run; ours never do.
 
 Training here works on a word-frequency table (the corpus collapsed by the pre-tokeniser):
 ``train_merges`` keeps pair counts incrementally, an index pair -> words containing it, and a lazy
-max-heap, so one merge costs time proportional to the words it touches; ``train_merges_slow``
-recounts every pair for every merge and is the test oracle.
+max-heap, so one merge costs time proportional to the words it touches. Words are strings of symbol
+characters (``chr(id)``), so a merge inside a word is ``str.replace``; a merge touching many words
+runs in numpy over the joined words (``_merge_many``). ``train_merges_slow`` recounts every pair for
+every merge and is the test oracle.
 
 Not handled: BPE dropout (``dropout`` in tokenizer.json must be null), ``continuing_subword_prefix``
 when training (it is honoured when encoding a loaded file).
