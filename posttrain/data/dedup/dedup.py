@@ -7,7 +7,8 @@ digest), plus the id and any contamination hits. Results are consumed in input o
 backend and worker count yields the same arrays and therefore the same clusters.
 
 In memory: those arrays and the ids, never the texts. Clustering runs on them (LSH + verification +
-union-find for MinHash; block search for SimHash; sort-unique for exact); each cluster keeps its first
+union-find for MinHash, where candidates whose estimate is within a few s.d. of the threshold are
+re-read and decided by exact Jaccard; block search for SimHash; sort-unique for exact); each cluster keeps its first
 document. Pass 2 re-reads the inputs and writes the kept records (unchanged bytes for JSONL unless a
 line/paragraph stage edited the text), ``clusters.jsonl`` and the stats JSON.
 
@@ -44,6 +45,7 @@ from posttrain.errors import ConfigError, DataError
 
 METHODS = ("minhash", "simhash", "exact")
 SEMANTIC_MODES = ("none", "confirm", "rescue")
+UNITS = ("none", "line", "paragraph")
 
 # which verified-by-estimate candidates are re-decided by exact Jaccard (re-reading those documents):
 # est (P,), threshold, K, z -> mask (P,)
@@ -52,7 +54,6 @@ EXACT_RECHECK: dict[str, Callable[[np.ndarray, float, int, float], np.ndarray]] 
     "borderline": borderline,
     "exact": lambda est, t, k, z: np.ones(len(est), bool),
 }
-UNITS = ("none", "line", "paragraph")
 
 
 @dataclass
