@@ -142,3 +142,20 @@ def test_borderline_rereads_in_chunks(tmp_path, monkeypatch):
         for k in range(i + 1, len(texts)):
             if jaccard(sets[i], sets[k]) >= 0.8:
                 assert labels[i] == labels[k]
+
+
+def test_cli_verify_flags(tmp_path, capsys):
+    from posttrain.cli import main as cli_main
+
+    a, b, _, _ = _wrong_side_pair(True)  # exact >= 0.8, estimate < 0.8
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(json.dumps({"text": t}) + "\n" for t in (a, b)))
+    common = ["dedup", str(inp), "--workers", "1", "--no-progress", "--bands", "32", "--rows", "4"]
+    assert cli_main([*common, "--output", str(tmp_path / "e.jsonl"), "--verify", "estimate"]) == 0
+    assert "kept: 2" in capsys.readouterr().out
+    assert cli_main([*common, "--output", str(tmp_path / "n.jsonl"), "--borderline-sd", "0"]) == 0  # band of width 0: estimate only
+    assert "kept: 2" in capsys.readouterr().out
+    assert cli_main([*common, "--output", str(tmp_path / "b.jsonl")]) == 0  # default: borderline, 3 s.d.
+    out = capsys.readouterr().out
+    assert "kept: 1" in out and "(1 by exact Jaccard)" in out
+    assert cli_main([*common, "--output", str(tmp_path / "x.jsonl"), "--borderline-sd", "-1"]) == 2
