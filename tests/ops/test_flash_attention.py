@@ -274,15 +274,17 @@ def test_default_tiles(monkeypatch):
         return seen[-1]
 
     big, small = (fa.BWD_BLOCK_Q, fa.BWD_BLOCK_K), (fa.BLOCK_Q, fa.BLOCK_K)
-    assert call(1, 1, 1, 8192, 64) == (small, big)
-    assert call(1, 1, 1, 4096, 64) == (small, small)
-    assert call(1, 1, 1, 4096, 128) == (small, big)
-    assert call(1, 1, 1, 100, 64) == (small, small)
+    assert call(1, 1, 1, 8192, 64) == ((*small, 1), big)
+    assert call(1, 1, 1, 4096, 64) == ((*small, 1), small)
+    assert call(1, 1, 1, 4096, 128) == ((*small, 1), big)
+    assert call(1, 1, 1, 100, 64) == ((100, fa.BLOCK_K, 1), small)
     bq = fa.BLOCK_Q
     assert call(1, 4, 4, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # one head, 4x the queries
     assert call(2, 8, 2, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # B*Hkv = 4 (GQA)
     assert call(8, 4, 4, 100, 64, causal=False) == ((100, fa.BLOCK_K, 32), small)  # short: all heads, all queries
-    assert call(1, 4, 4, 8192, 64, causal=True) == (small, big)
+    assert call(1, 4, 4, 8192, 64, causal=True) == ((4 * bq, fa.BLOCK_K, 1), big)  # Nq/8 = 1024 queries
+    assert call(1, 4, 4, 4096, 64, causal=True) == ((2 * bq, fa.BLOCK_K, 2), small)  # Nq/8 = 512: two heads
+    assert call(1, 4, 4, 1024, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # at least BLOCK_Q
     assert call(1, 1, 1, 8192, 64, block_q=32) == ((32, fa.BLOCK_K), (32, fa.BWD_BLOCK_K))
 
 
