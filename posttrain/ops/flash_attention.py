@@ -105,7 +105,8 @@ class _Plan:
             self.kpm_state = ["none" if c == 0 else "all" if c == s else "some" for c, s in zip(counts, sizes)]
 
     def _causal_tile(self, shift: int, nr: int, bk: int) -> torch.Tensor:
-        """(nr*G, bk) True = hidden: key j0+c is hidden from query i0+r iff c - r > -shift; cached by shape."""
+        """(nr*G, bk) True = hidden: key j0+c is hidden from query i0+r iff c - r > -shift; cached by shape.
+        Only the first rows of a tile have hidden keys, so nr is that count, not the tile's."""
         key = (shift, nr, bk)
         if key not in self._cmasks:
             r = torch.arange(nr, device=self.device)[:, None]
@@ -136,8 +137,9 @@ class _Plan:
             for c0, c1 in parts:
                 r0 = max(0, c0 - self.offset - i0) if self.causal else 0  # the first query that sees key c0
                 cmask = None
-                if self.causal and c1 - 1 > i0 + r0 + self.offset:
-                    cmask = self._causal_tile(c0 - i0 - r0 - self.offset, i1 - i0 - r0, c1 - c0)
+                if self.causal and c1 - 1 > i0 + r0 + self.offset:  # only the first rows have hidden keys
+                    masked = min(i1 - i0 - r0, c1 - 1 - i0 - r0 - self.offset)
+                    cmask = self._causal_tile(c0 - i0 - r0 - self.offset, masked, c1 - c0)
                 pmask = None if self.kpm_state[jb] == "all" else self._padding(c0, c1)
                 tiles.append((c0, c1, r0, cmask, pmask))
         return tiles
@@ -146,7 +148,7 @@ class _Plan:
 def _mask_tile(s: torch.Tensor, cmask, pmask) -> None:
     """In place: s (B*Hkv, rows, bk) gets -inf where the causal or padding mask hides a key."""
     if cmask is not None:
-        s.masked_fill_(cmask, float("-inf"))  # (rows, bk) broadcast over batch*heads
+        s[:, : cmask.shape[0]].masked_fill_(cmask, float("-inf"))  # (first rows, bk) broadcast over batch*heads
     if pmask is not None:
         s.masked_fill_(pmask, float("-inf"))  # (B*Hkv, 1, bk) broadcast over the rows
 
