@@ -31,8 +31,10 @@ fixed cost.  So per forward tile we issue one bmm, one exp, one bmm-accumulate a
     the lazy-rescale path, which moves a row's shift when a tile exceeds it by ``RESCALE_GAP``;
   * causal diagonal tiles are cut into ``DIAG_SPLIT`` narrower tiles, each computed only for the
     queries that see any of its keys (rows are query-major, so those are one contiguous range):
-    5/8 of a diagonal tile's work instead of all of it; tiles hidden entirely are skipped;
-  * scratch (tiles, [scale Q, -m], o~) is allocated once per call and reused by every tile;
+    3/4 of a diagonal tile's work instead of all of it; tiles hidden entirely are skipped;
+  * scratch (tiles, [scale Q, -m], o~) is allocated once per call and reused by every tile; by
+    default the forward spends its tile budget (BLOCK_Q queries of every head) on as few heads and
+    as many queries as possible, processing chunks of heads in turn: taller products, fewer copies;
   * the backward takes its own, larger tiles when they are small next to dQ (``BWD_BLOCK_Q``), and
     accumulates dK/dV in a blocked (key block, B*Hkv, bk, D) layout so that each tile's update is
     one contiguous batched GEMM.
