@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/dedup.py                       # 10k documents, 3 repeats
     .venv/bin/python benchmarks/dedup.py --sizes 10000,100000 --repeats 3,1
     .venv/bin/python benchmarks/dedup.py --corpus-seeds 0,1,2,3,4 --repeats 1   # quality over 5 corpora
+    .venv/bin/python benchmarks/dedup.py --corpus-seeds 0,1,2,3,4 --hash-seeds 1,2,3 --repeats 1 --skip-sig-for ...
 
 Corpus: "real-looking" English text (words of the bundled MiniLM WordPiece vocabulary, Zipf-distributed,
 in sentences and paragraphs, ~1 KB per document) where 30% of documents are near-duplicates of an
@@ -54,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 K, NGRAM, THRESHOLD = 128, 5, 0.8
 FN_WEIGHT = float(os.environ.get("DEDUP_BENCH_FN_WEIGHT", 0.99))  # set by --fn-weight for the child processes
 VERIFY = os.environ.get("DEDUP_BENCH_VERIFY", "borderline")  # posttrain's --verify, set by --verify
+HASH_SEED = int(os.environ.get("DEDUP_BENCH_HASH_SEED", 1))  # MinHash seed of every system (rensa: 41 + it), set by --hash-seeds
 STEPS = ("nfkc", "lower", "whitespace")
 
 # ------------------------------------------------------------------------------------------------
@@ -218,7 +220,7 @@ def sig_posttrain(texts):
     from posttrain.data.dedup.shingles import char_shingles
 
     for s in range(0, len(texts), 256):
-        oph_signatures(*char_shingles(texts[s : s + 256], NGRAM), K, 1)
+        oph_signatures(*char_shingles(texts[s : s + 256], NGRAM), K, HASH_SEED)
 
 
 def sig_datasketch(texts):
@@ -227,7 +229,7 @@ def sig_datasketch(texts):
     from posttrain.data.dedup.shingles import shingle_strings
 
     for t in texts:
-        m = MinHash(num_perm=K, seed=1)
+        m = MinHash(num_perm=K, seed=HASH_SEED)
         m.update_batch([s.encode("utf-8") for s in shingle_strings(t, NGRAM)])
 
 
@@ -237,7 +239,7 @@ def sig_rensa(texts):
     from posttrain.data.dedup.shingles import shingle_strings
 
     for s in range(0, len(texts), 1000):
-        rensa.RMinHash.digest_matrix_from_token_sets([list(shingle_strings(t, NGRAM)) for t in texts[s : s + 1000]], K, 42)
+        rensa.RMinHash.digest_matrix_from_token_sets([list(shingle_strings(t, NGRAM)) for t in texts[s : s + 1000]], K, 41 + HASH_SEED)
 
 
 def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
@@ -245,7 +247,7 @@ def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
 
     clusters = out.with_suffix(".clusters.jsonl")
     dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False,
-                                      fn_weight=FN_WEIGHT, verify=VERIFY),
+                                      fn_weight=FN_WEIGHT, verify=VERIFY, seed=HASH_SEED),
           clusters=clusters)
     return [json.loads(line)["representative"] for line in open(clusters)]
 
@@ -264,7 +266,7 @@ def dedup_datasketch(path: Path, out: Path) -> list[int]:
     lsh = MinHashLSH(threshold=THRESHOLD, num_perm=K, weights=(1 - FN_WEIGHT, FN_WEIGHT))  # same (b, r) as ours
     mhs = []
     for i, sh in enumerate(_peer_pass1(path)):
-        m = MinHash(num_perm=K, seed=1)
+        m = MinHash(num_perm=K, seed=HASH_SEED)
         m.update_batch([s.encode("utf-8") for s in sh])
         lsh.insert(i, m)
         mhs.append(m)
@@ -281,7 +283,7 @@ def dedup_rensa(path: Path, out: Path) -> list[int]:
     mhs, batch = [], []
 
     def flush():
-        ms = rensa.RMinHash.from_token_sets(batch, K, 42)
+        ms = rensa.RMinHash.from_token_sets(batch, K, 41 + HASH_SEED)
         lsh.insert_many(ms, len(mhs))
         mhs.extend(ms)
         batch.clear()
@@ -360,6 +362,8 @@ def main() -> None:
     ap.add_argument("--repeats", default="3", help="timing repeats per size (on the first corpus seed), one number or one per size (e.g. 3,1)")
     ap.add_argument("--corpus-seeds", default="0", help="comma-separated corpus seeds; quality is reported per seed and as the mean "
                     "(timing uses the first seed; the others get one dedup run per system)")
+    ap.add_argument("--hash-seeds", default="1", help="comma-separated MinHash seeds, applied to every system; quality is "
+                    "reported per (corpus seed, hash seed) (timing uses the first of each)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
     ap.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
@@ -384,7 +388,8 @@ def main() -> None:
     systems = [s.strip() for s in args.systems.split(",")]
     print(f"# posttrain: verify={args.verify}; posttrain and datasketch: fn_weight={args.fn_weight}", file=sys.stderr)
     seeds = [int(x) for x in args.corpus_seeds.split(",")]
-    rows, qual = [], []  # qual: (n, seed, system, quality dict); system "oracle" = exact J >= t closure
+    hseeds = [int(x) for x in args.hash_seeds.split(",")]
+    rows, qual = [], []  # qual: (n, corpus seed, row name, quality dict); "threshold oracle" = exact J >= t closure
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
         tmp = Path(tmp)
         sizes = [int(x) for x in args.sizes.split(",")]
@@ -402,25 +407,31 @@ def main() -> None:
                 mb = corpus.stat().st_size / 1e6
                 print(f"# corpus: {n} docs, seed {seed}, {mb:.1f} MB, {len(truth)} true duplicate pairs, "
                       f"oracle recall {qual[-1][3]['recall']:.5f}", file=sys.stderr)
-                for system in systems:
-                    runs = defaultdict(list)
-                    for r in range(repeats if si == 0 else 1):
-                        for mode in ("sig", "dedup"):
-                            if mode == "sig" and (si > 0 or SYSTEMS[system][1] > 1 or system in args.skip_sig_for):
-                                continue  # signature timing is single-core for everyone, first seed only
-                            for k, v in _run_child(system, mode, corpus, tmp).items():
-                                runs[k].append(v)
-                        print(f"#   {system} seed {seed} repeat {r + 1}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in runs.items()), file=sys.stderr)
-                    name, workers = SYSTEMS[system]
-                    labels = json.loads((tmp / f"labels.{name}.{workers}.{corpus.stem}.json").read_text())
-                    q = _quality(labels, truth, oracle)
-                    qual.append((n, seed, system, q))
-                    print(f"#   {system} seed {seed}: " + ", ".join(f"{k}={v:.5f}" for k, v in q.items()), file=sys.stderr)
-                    if si == 0:
-                        rows.append((n, system, {**{k: statistics.median(v) for k, v in runs.items()}, **q}))
+                for hi, hseed in enumerate(hseeds):
+                    os.environ["DEDUP_BENCH_HASH_SEED"] = str(hseed)
+                    first = si == 0 and hi == 0
+                    for system in systems:
+                        if not first and system == "posttrain (2 procs)" and "posttrain (1 proc)" in systems:
+                            continue  # same clusters as 1 process (tested); quality-only runs skip it
+                        runs = defaultdict(list)
+                        for r in range(repeats if first else 1):
+                            for mode in ("sig", "dedup"):
+                                if mode == "sig" and (not first or SYSTEMS[system][1] > 1 or system in args.skip_sig_for):
+                                    continue  # signature timing is single-core for everyone, first seeds only
+                                for k, v in _run_child(system, mode, corpus, tmp).items():
+                                    runs[k].append(v)
+                            print(f"#   {system} seed {seed} hash {hseed} repeat {r + 1}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in runs.items()), file=sys.stderr)
+                        name, workers = SYSTEMS[system]
+                        labels = json.loads((tmp / f"labels.{name}.{workers}.{corpus.stem}.json").read_text())
+                        q = _quality(labels, truth, oracle)
+                        qual.append((n, seed, system if len(hseeds) == 1 else f"{system}, hash {hseed}", q))
+                        print(f"#   {system} seed {seed} hash {hseed}: " + ", ".join(f"{k}={v:.5f}" for k, v in q.items()), file=sys.stderr)
+                        if first:
+                            rows.append((n, system, {**{k: statistics.median(v) for k, v in runs.items()}, **q}))
     base = {n: m for n, s, m in rows if s == "datasketch"}
     sk, dk, unit = ("sig_docs_cpu_s", "dedup_docs_cpu_s", "docs/CPU-s") if args.clock == "cpu" else ("sig_docs_s", "dedup_docs_s", "docs/s")
-    print(f"\nThroughput: {unit} (clock={args.clock}), medians over repeats on corpus seed {seeds[0]}; ratios to datasketch from the same run.")
+    print(f"\nThroughput: {unit} (clock={args.clock}), medians over repeats on corpus seed {seeds[0]}, hash seed {hseeds[0]}; "
+          "ratios to datasketch from the same run.")
     print(f"\n| docs | system | sig {unit} | x datasketch | dedup {unit} | x datasketch | peak RSS MB | precision | recall | kept |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, s, m in rows:
@@ -431,9 +442,10 @@ def main() -> None:
         dd_x = f"{m[dk] / b[dk]:.1f}" if b.get(dk) else "-"
         print(f"| {n} | {s} | {sig_s} | {sig_x} | {m[dk]:,.0f} | {dd_x} | {m['rss_mb']:.0f} | "
               f"{m['precision']:.4f} | {m['recall']:.4f} | {m['kept']:.0f} |")
-    names = ["threshold oracle"] + [s for s in systems if not (s == "posttrain (2 procs)" and "posttrain (1 proc)" in systems)]  # same clusters
-    print(f"\nQuality over corpus seeds {args.corpus_seeds} (recall per seed; precision vs ground truth; "
-          f"precision@t = share of predicted pairs also joined by exact Jaccard >= {THRESHOLD}):\n")
+    shown = [s for s in systems if not (s == "posttrain (2 procs)" and "posttrain (1 proc)" in systems)]  # same clusters
+    names = ["threshold oracle"] + [s if len(hseeds) == 1 else f"{s}, hash {h}" for s in shown for h in hseeds]
+    print(f"\nQuality over corpus seeds {args.corpus_seeds}, hash seeds {args.hash_seeds} (recall per corpus seed; precision vs "
+          f"ground truth; precision@t = share of predicted pairs also joined by exact Jaccard >= {THRESHOLD}):\n")
     print("| docs | system | " + " | ".join(f"recall s{sd}" for sd in seeds) + " | mean recall | min precision | mean precision@t |")
     print("|---:|---|" + "---:|" * (len(seeds) + 3))
     for n in sizes:
@@ -442,6 +454,18 @@ def main() -> None:
             rec = [qs[sd]["recall"] for sd in seeds]
             print(f"| {n} | {name} | " + " | ".join(f"{r:.5f}" for r in rec) + f" | {statistics.mean(rec):.5f} | "
                   f"{min(q['precision'] for q in qs.values()):.4f} | {statistics.mean(q['precision_t'] for q in qs.values()):.5f} |")
+    if len(hseeds) > 1 or len(seeds) > 1:
+        print(f"\nOver all {len(seeds) * len(hseeds)} (corpus seed, hash seed) runs: recall vs the threshold oracle of the same corpus\n")
+        print("| docs | system | mean recall | min recall | runs = oracle | runs below | runs above | mean precision@t |")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|")
+        for n in sizes:
+            orc = {sd: q["recall"] for nn, sd, s, q in qual if nn == n and s == "threshold oracle"}
+            for s in ["threshold oracle"] + shown:
+                qs = [(sd, q) for nn, sd, name, q in qual if nn == n and (name == s or name.startswith(s + ", hash "))]
+                rec = [q["recall"] for _, q in qs]
+                d = [q["recall"] - orc[sd] for sd, q in qs]
+                print(f"| {n} | {s} | {statistics.mean(rec):.5f} | {min(rec):.5f} | {sum(abs(x) < 1e-12 for x in d)} | "
+                      f"{sum(x < -1e-12 for x in d)} | {sum(x > 1e-12 for x in d)} | {statistics.mean(q['precision_t'] for _, q in qs):.5f} |")
 
 
 if __name__ == "__main__":
