@@ -11,7 +11,7 @@ serialises all of them. Encoding a text:
    repeat, so most lookups hit the cache).
 
 ``encode`` never adds bos/eos (the caller decides); ``decode`` drops special tokens unless asked.
-``encode_batch`` fans big batches out over processes (fork), a few large contiguous chunks per worker;
+``encode_batch`` fans big batches out over processes (fork), contiguous chunks balanced by characters;
 small batches stay in process, where the word cache is already warm.
 
 Not handled: offsets, truncation/padding and post-processors (templates adding [CLS]/[SEP]): a loaded
@@ -35,6 +35,7 @@ ROLE_NAMES = {
 
 _CACHE_MAX = 1 << 20
 FORK_MIN_CHARS = 1 << 19  # ~0.5 M characters per worker (~0.2 s of cold encoding) before forking pays
+CHUNKS_PER_WORKER = 8  # a worker keeps its word cache across its chunks, so small chunks cost little
 
 
 class SubwordTokenizer:
@@ -138,7 +139,7 @@ class SubwordTokenizer:
 
         global _WORKER_TOK, _WORKER_TEXTS
         _WORKER_TOK, _WORKER_TEXTS = self, texts
-        bounds, acc, step = [0], 0, n_chars / (2 * workers)  # 2 chunks per worker: some load balance
+        bounds, acc, step = [0], 0, n_chars / (CHUNKS_PER_WORKER * workers)  # dynamic load balance
         for k, t in enumerate(texts):
             acc += len(t)
             if acc >= step * len(bounds) and k + 1 < len(texts):
