@@ -284,6 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/tmp/posttrain_tok_bench")
     ap.add_argument("--encode-only", action="store_true",
                     help="skip training; encode with the files an earlier run left in --workdir")
+    ap.add_argument("--train-libs", nargs="+", default=["ours", "hf", "spm"], choices=["ours", "hf", "spm"],
+                    help="libraries to train (e.g. leave out hf for unigram: its trainer runs for many minutes)")
     ap.add_argument("--_job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._job:
@@ -304,7 +306,7 @@ def main(argv=None) -> int:
         for vocab in ([] if args.encode_only else args.vocab_sizes):
             res = {}
             for lib in ("ours", "hf", "spm"):
-                if lib == "spm" and model not in SPM_TYPES:
+                if (lib == "spm" and model not in SPM_TYPES) or lib not in args.train_libs:
                     res[lib] = None
                     continue
                 dest = str(work / (f"{lib}_{model}_{vocab}" + (".json" if lib != "spm" else "")))

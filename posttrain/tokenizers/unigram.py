@@ -33,6 +33,7 @@ Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, 
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -484,6 +485,10 @@ def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.n
         raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
 
 
+PARALLEL_SWEEP_EDGES = 1_000_000
+"""E-step: lattices with at least this many edges run the forward and backward sweeps in two threads."""
+
+
 class _Lattice:
     """All strings' lattices as one edge list over a flat position space (string k has positions
     offsets[k] .. offsets[k] + len), so forward, backward and Viterbi are one vectorised step per
@@ -613,8 +618,14 @@ class _Lattice:
     def expected_counts(self, logp, n_pieces):
         """Expected count of every piece (posterior edge marginals weighted by string counts) and the
         corpus log-likelihood sum_w count_w * log Z_w."""
-        alpha, _ = self._sweep(logp, True, "lse")
-        beta, _ = self._sweep(logp, False, "lse")
+        if self.eb.size >= PARALLEL_SWEEP_EDGES:  # the two sweeps are independent: the backward one in a
+            with ThreadPoolExecutor(max_workers=1) as pool:  # second thread (numpy releases the GIL in its loops)
+                backward = pool.submit(self._sweep, logp, False, "lse")
+                alpha, _ = self._sweep(logp, True, "lse")
+                beta, _ = backward.result()
+        else:
+            alpha, _ = self._sweep(logp, True, "lse")
+            beta, _ = self._sweep(logp, False, "lse")
         z = alpha[self.ends]
         post = alpha[self.eb]  # (E,) log posterior of each edge, built in place
         post += logp[self.ep]

@@ -144,12 +144,24 @@ def _enumerate_segmentations(word, ids):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.text("abc", min_size=1, max_size=7), min_size=1, max_size=6, unique=True),
-       st.randoms(use_true_random=False), st.booleans())
-def test_flat_lattice_equals_brute_force(words, rnd, compact):
+       st.randoms(use_true_random=False), st.booleans(), st.booleans())
+def test_flat_lattice_equals_brute_force(words, rnd, compact, threaded):
     """The trainer's vectorised lattice (all words at once) against per-word enumeration: expected piece
-    counts, log-likelihood and Viterbi paths (ties included: integer log-probs), before and after pieces die."""
+    counts, log-likelihood and Viterbi paths (ties included: integer log-probs), before and after pieces die;
+    with the E-step's forward and backward sweeps in one thread or two."""
     np = pytest.importorskip("numpy")
+    from posttrain.tokenizers import unigram
     from posttrain.tokenizers.unigram import _Lattice
+
+    saved = unigram.PARALLEL_SWEEP_EDGES
+    unigram.PARALLEL_SWEEP_EDGES = 0 if threaded else 10**12
+    try:
+        _check_flat_lattice(words, rnd, compact, np, _Lattice)
+    finally:
+        unigram.PARALLEL_SWEEP_EDGES = saved
+
+
+def _check_flat_lattice(words, rnd, compact, np, _Lattice):
 
     pieces = ["a", "b", "c"] + sorted({"".join(rnd.choice("abc") for _ in range(rnd.randint(2, 4))) for _ in range(10)})
     ids = {p: i for i, p in enumerate(pieces)}
