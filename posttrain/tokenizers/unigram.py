@@ -486,7 +486,9 @@ def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.n
 
 
 PARALLEL_SWEEP_EDGES = 1_000_000
-"""E-step: lattices with at least this many edges run the forward and backward sweeps in two threads."""
+"""E-step: lattices with at least this many edges run the sweeps and the edge posteriors in two threads."""
+POSTERIOR_CHUNK = 1 << 21
+"""E-step: edge posteriors are computed and summed in chunks of this many edges (bounded scratch memory)."""
 
 
 class _Lattice:
@@ -617,24 +619,43 @@ class _Lattice:
 
     def expected_counts(self, logp, n_pieces):
         """Expected count of every piece (posterior edge marginals weighted by string counts) and the
-        corpus log-likelihood sum_w count_w * log Z_w."""
-        if self.eb.size >= PARALLEL_SWEEP_EDGES:  # the two sweeps are independent: the backward one in a
-            with ThreadPoolExecutor(max_workers=1) as pool:  # second thread (numpy releases the GIL in its loops)
+        corpus log-likelihood sum_w count_w * log Z_w.
+
+        Lattices of at least ``PARALLEL_SWEEP_EDGES`` edges use two threads (numpy releases the GIL in
+        its array loops): the forward and backward sweeps are independent given log p, and so are the
+        posteriors of different edges. The edges are always summed in the same fixed chunks, in order, so
+        the result does not depend on the number of threads."""
+        pool = ThreadPoolExecutor(max_workers=2) if self.eb.size >= PARALLEL_SWEEP_EDGES else None
+        try:
+            if pool is not None:
                 backward = pool.submit(self._sweep, logp, False, "lse")
                 alpha, _ = self._sweep(logp, True, "lse")
                 beta, _ = backward.result()
-        else:
-            alpha, _ = self._sweep(logp, True, "lse")
-            beta, _ = self._sweep(logp, False, "lse")
-        z = alpha[self.ends]
-        post = alpha[self.eb]  # (E,) log posterior of each edge, built in place
-        post += logp[self.ep]
-        post += beta[self.ee]
-        del alpha, beta
-        post -= z[self.ew]
-        np.exp(post, out=post)
-        post *= self.counts[self.ew]
-        return np.bincount(self.ep, weights=post, minlength=n_pieces), float((z * self.counts).sum())
+            else:
+                alpha, _ = self._sweep(logp, True, "lse")
+                beta, _ = self._sweep(logp, False, "lse")
+            z = alpha[self.ends]
+
+            def part(lo: int) -> np.ndarray:  # (P,) expected counts from edges [lo, lo + chunk)
+                hi = min(lo + POSTERIOR_CHUNK, self.eb.size)
+                post = alpha[self.eb[lo:hi]]  # log posterior of each edge, built in place
+                post += logp[self.ep[lo:hi]]
+                post += beta[self.ee[lo:hi]]
+                w = self.ew[lo:hi]
+                post -= z[w]
+                np.exp(post, out=post)
+                post *= self.counts[w]
+                return np.bincount(self.ep[lo:hi], weights=post, minlength=n_pieces)
+
+            starts = range(0, self.eb.size, POSTERIOR_CHUNK)
+            parts = list(pool.map(part, starts) if pool is not None else map(part, starts))
+        finally:
+            if pool is not None:
+                pool.shutdown()
+        expected = np.zeros(n_pieces)
+        for c in parts:  # fixed order: the same sums whatever the thread count
+            expected += c
+        return expected, float((z * self.counts).sum())
 
     def viterbi_paths(self, logp, string_alive: np.ndarray | None = None):
         """(string index, piece) for every piece on every (alive) string's best path."""

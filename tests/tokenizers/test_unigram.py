@@ -153,12 +153,13 @@ def test_flat_lattice_equals_brute_force(words, rnd, compact, threaded):
     from posttrain.tokenizers import unigram
     from posttrain.tokenizers.unigram import _Lattice
 
-    saved = unigram.PARALLEL_SWEEP_EDGES
+    saved = unigram.PARALLEL_SWEEP_EDGES, unigram.POSTERIOR_CHUNK
     unigram.PARALLEL_SWEEP_EDGES = 0 if threaded else 10**12
+    unigram.POSTERIOR_CHUNK = 3 if threaded else saved[1]  # many chunks of edges
     try:
         _check_flat_lattice(words, rnd, compact, np, _Lattice)
     finally:
-        unigram.PARALLEL_SWEEP_EDGES = saved
+        unigram.PARALLEL_SWEEP_EDGES, unigram.POSTERIOR_CHUNK = saved
 
 
 def _check_flat_lattice(words, rnd, compact, np, _Lattice):
