@@ -282,8 +282,9 @@ def test_default_tiles(monkeypatch):
     assert call(1, 4, 4, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # one head, 4x the queries
     assert call(2, 8, 2, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # B*Hkv = 4 (GQA)
     assert call(8, 4, 4, 100, 64, causal=False) == ((100, fa.BLOCK_K, 32), small)  # short: all heads, all queries
-    assert call(1, 4, 4, 8192, 64, causal=True) == ((4 * bq, fa.BLOCK_K, 1), big)  # Nq/8 = 1024 queries
-    assert call(1, 4, 4, 4096, 64, causal=True) == ((2 * bq, fa.BLOCK_K, 2), small)  # Nq/8 = 512: two heads
+    assert call(1, 4, 4, 16384, 64, causal=True) == ((4 * bq, fa.BLOCK_K, 1), big)  # Nq/16 = 1024 queries
+    assert call(1, 4, 4, 8192, 64, causal=True) == ((2 * bq, fa.BLOCK_K, 2), big)  # Nq/16 = 512: two heads
+    assert call(1, 4, 4, 4096, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # Nq/16 = 256: all heads
     assert call(1, 4, 4, 1024, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # at least BLOCK_Q
     assert call(1, 1, 1, 8192, 64, block_q=32) == ((32, fa.BLOCK_K), (32, fa.BWD_BLOCK_K))
 
