@@ -250,19 +250,21 @@ def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str
         if a + b not in known:
             known.add(a + b)
             n_new += 1
-        new_words = []
-        for w in words:
-            out, i = [], 0
-            while i < len(w):
-                if i < len(w) - 1 and w[i] == a and w[i + 1] == b:
-                    out.append(a + b)
-                    i += 2
-                else:
-                    out.append(w[i])
-                    i += 1
-            new_words.append(out)
-        words = new_words
+        words = [merge_symbols_slow(w, a, b, a + b) for w in words]
     return id_to_str, merges
+
+
+def merge_symbols_slow(word: list[str], a: str, b: str, new: str) -> list[str]:
+    """The slow oracles' merge: ``word`` with every non-overlapping (a, b), left to right, replaced by ``new``."""
+    out, i = [], 0
+    while i < len(word):
+        if i < len(word) - 1 and word[i] == a and word[i + 1] == b:
+            out.append(new)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
 
 
 def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posttrain.errors import UserError
-from posttrain.tokenizers.bpe import merge_word
+from posttrain.tokenizers.bpe import merge_symbols_slow, merge_word
 
 PREFIX = "##"
 
@@ -68,18 +68,7 @@ def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_
         if new not in known:
             known.add(new)
             n_new += 1
-        nws = []
-        for w in words:
-            r, i = [], 0
-            while i < len(w):
-                if i < len(w) - 1 and w[i] == a and w[i + 1] == b:
-                    r.append(new)
-                    i += 2
-                else:
-                    r.append(w[i])
-                    i += 1
-            nws.append(r)
-        words = nws
+        words = [merge_symbols_slow(w, a, b, new) for w in words]
     return alphabet, out
 
 
