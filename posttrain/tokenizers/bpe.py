@@ -46,8 +46,9 @@ def initial_symbols(word: str, suffix: str | None) -> list[str]:
     return syms
 
 
-def merge_ids(ids: list[int], a: int, b: int, new: int) -> list[int]:
-    """ids=[1, 2, 3, 1, 2], pair=(1, 2), new=4 -> [4, 3, 4] (left to right, non-overlapping)."""
+def merge_ids(ids: list, a, b, new) -> list:
+    """ids=[1, 2, 3, 1, 2], pair=(1, 2), new=4 -> [4, 3, 4] (left to right, non-overlapping); any symbols
+    (ids, or the slow oracles' strings)."""
     out, i, n = [], 0, len(ids)
     while i < n:
         if i < n - 1 and ids[i] == a and ids[i + 1] == b:
@@ -250,21 +251,8 @@ def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str
         if a + b not in known:
             known.add(a + b)
             n_new += 1
-        words = [merge_symbols_slow(w, a, b, a + b) for w in words]
+        words = [merge_ids(w, a, b, a + b) for w in words]
     return id_to_str, merges
-
-
-def merge_symbols_slow(word: list[str], a: str, b: str, new: str) -> list[str]:
-    """The slow oracles' merge: ``word`` with every non-overlapping (a, b), left to right, replaced by ``new``."""
-    out, i = [], 0
-    while i < len(word):
-        if i < len(word) - 1 and word[i] == a and word[i + 1] == b:
-            out.append(new)
-            i += 2
-        else:
-            out.append(word[i])
-            i += 1
-    return out
 
 
 def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posttrain.errors import UserError
-from posttrain.tokenizers.bpe import merge_symbols_slow, merge_word
+from posttrain.tokenizers.bpe import merge_ids, merge_word
 
 PREFIX = "##"
 
@@ -68,7 +68,7 @@ def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_
         if new not in known:
             known.add(new)
             n_new += 1
-        words = [merge_symbols_slow(w, a, b, new) for w in words]
+        words = [merge_ids(w, a, b, new) for w in words]
     return alphabet, out
 
 
