@@ -327,13 +327,18 @@ NORMALIZERS = {
 }
 
 
-def normalizer_from_json(d: dict | None):
+def _from_json(d: dict | None, table: dict, kind: str):
+    """The component a tokenizer.json ``{"type": ...}`` entry describes, built by ``table[type]``; None stays None."""
     if d is None:
         return None
     t = d.get("type")
-    if t not in NORMALIZERS:
-        raise UserError(f"unsupported normalizer {t!r} in tokenizer.json (supported: {', '.join(NORMALIZERS)})")
-    return NORMALIZERS[t](d)
+    if t not in table:
+        raise UserError(f"unsupported {kind} {t!r} in tokenizer.json (supported: {', '.join(table)})")
+    return table[t](d)
+
+
+def normalizer_from_json(d: dict | None):
+    return _from_json(d, NORMALIZERS, "normalizer")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -508,12 +513,7 @@ PRE_TOKENIZERS = {
 
 
 def pre_tokenizer_from_json(d: dict | None):
-    if d is None:
-        return None
-    t = d.get("type")
-    if t not in PRE_TOKENIZERS:
-        raise UserError(f"unsupported pre_tokenizer {t!r} in tokenizer.json (supported: {', '.join(PRE_TOKENIZERS)})")
-    return PRE_TOKENIZERS[t](d)
+    return _from_json(d, PRE_TOKENIZERS, "pre_tokenizer")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -686,9 +686,4 @@ DECODERS = {
 
 
 def decoder_from_json(d: dict | None):
-    if d is None:
-        return None
-    t = d.get("type")
-    if t not in DECODERS:
-        raise UserError(f"unsupported decoder {t!r} in tokenizer.json (supported: {', '.join(DECODERS)})")
-    return DECODERS[t](d)
+    return _from_json(d, DECODERS, "decoder")
