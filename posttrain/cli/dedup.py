@@ -5,6 +5,7 @@ paragraph dedup and a contamination check in one streaming command. Flags map 1:
 from __future__ import annotations
 
 import argparse
+import sys
 
 NAME = "dedup"
 HELP = "remove near-duplicate documents (MinHash+LSH, SimHash, exact) and check benchmark contamination"
@@ -72,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     )
     stats_path = args.stats or str(args.output) + ".stats.json"
     s = dedup(args.inputs, args.output, cfg, clusters=args.clusters, stats_path=stats_path)
+    if s["documents_in"] == 0:
+        print(f"posttrain dedup: warning: no documents in {', '.join(map(str, args.inputs))} "
+              f"(empty input{' or every line rejected' if s['bad_lines'] else ''}); wrote an empty {args.output}",
+              file=sys.stderr)
     removed = ", ".join(f"{k}={v}" for k, v in s["removed"].items())
     print(f"documents in: {s['documents_in']}  kept: {s['kept']}  removed: {removed}  bad lines: {s['bad_lines']}  "
           f"empty: {s['empty_documents']}")

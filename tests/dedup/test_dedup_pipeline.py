@@ -192,6 +192,13 @@ def test_cli_smoke(tmp_path, capsys):
     assert rc == 2 and "not found" in capsys.readouterr().err
 
 
+def test_cli_empty_input_warns(tmp_path, capsys):
+    (tmp_path / "empty.jsonl").write_text("")
+    rc = cli_main(["dedup", str(tmp_path / "empty.jsonl"), "--output", str(tmp_path / "o.jsonl"), "--no-progress"])
+    assert rc == 0 and (tmp_path / "o.jsonl").read_text() == ""
+    assert "warning: no documents in" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bloom", [False, True])
 def test_line_units(tmp_path, bloom):
     recs = [{"id": i, "text": f"{BASE[i]}\nCookie notice: we use cookies.\n{i}"} for i in range(3)]
