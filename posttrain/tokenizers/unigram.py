@@ -310,40 +310,70 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: an odd multiplier spr
 _B2 = np.uint64(0x9E3779B97F4A7C15)
 
 
-def iter_substrings(strings: list[str], max_len: int, exclude_full: bool = False):
-    """Every substring of length <= max_len of every string, yielded in blocks (sid, begin, length, h1, h2).
-
-    h1, h2 are two polynomial hashes mod 2^64 (bases 1000003 and 0x9E37...): the substring's identity
-    without materialising millions of Python strings. Strings are bucketed by length so each bucket is
-    one (k, n) code-point matrix; ``H[:, j] - H[:, i] * B**(j-i)`` hashes s[i:j] for all rows at once.
-    One block per (string length, substring length), so memory stays bounded by the largest block."""
-    by_len: dict[int, list[int]] = defaultdict(list)
-    for k, s in enumerate(strings):
-        by_len[len(s)].append(k)
+def _hash_powers(max_len: int) -> tuple[np.ndarray, np.ndarray]:
     P1 = np.ones(max_len + 1, dtype=np.uint64)
     P2 = np.ones(max_len + 1, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for l in range(1, max_len + 1):
             P1[l] = P1[l - 1] * _B1
             P2[l] = P2[l - 1] * _B2
+    return P1, P2
+
+
+def length_groups(strings: list[str], max_len: int, max_cells: int | None = None):
+    """Strings bucketed by length n (ascending), optionally in chunks of rows: yields (idx, n, H1, H2) with
+    ``idx`` the strings' indices (int32, ascending) and ``H[:, c]`` the polynomial hash of each string's first
+    c characters, so ``H[:, j] - H[:, i] * B**(j-i)`` hashes s[i:j] for all rows at once. With
+    ``max_cells``, a chunk holds at most max(1, max_cells // (n * min(n, max_len))) rows."""
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for k, s in enumerate(strings):
+        by_len[len(s)].append(k)
     for n, idx in sorted(by_len.items()):
         if n == 0:
             continue
-        idx_np = np.array(idx, dtype=np.int32)
-        with np.errstate(over="ignore"):
-            codes = np.frombuffer("".join(strings[k] for k in idx).encode("utf-32-le", "surrogatepass"),
-                                  dtype=np.uint32).reshape(len(idx), n).astype(np.uint64) + np.uint64(1)
-            H1 = np.zeros((len(idx), n + 1), dtype=np.uint64)
-            H2 = np.zeros((len(idx), n + 1), dtype=np.uint64)
-            for c in range(n):
-                H1[:, c + 1] = H1[:, c] * _B1 + codes[:, c]
-                H2[:, c + 1] = H2[:, c] * _B2 + codes[:, c]
-            for l in range(1, min(max_len, n) + 1):
-                if exclude_full and l == n:
-                    continue
-                m = n + 1 - l
-                yield (np.repeat(idx_np, m), np.tile(np.arange(m, dtype=np.int32), len(idx)), l,
-                       (H1[:, l:] - H1[:, :m] * P1[l]).ravel(), (H2[:, l:] - H2[:, :m] * P2[l]).ravel())
+        step = len(idx) if max_cells is None else max(1, max_cells // (n * min(n, max_len)))
+        for lo in range(0, len(idx), step):
+            part = idx[lo:lo + step]
+            with np.errstate(over="ignore"):
+                codes = np.frombuffer("".join(strings[k] for k in part).encode("utf-32-le", "surrogatepass"),
+                                      dtype=np.uint32).reshape(len(part), n).astype(np.uint64) + np.uint64(1)
+                H1 = np.zeros((len(part), n + 1), dtype=np.uint64)
+                H2 = np.zeros((len(part), n + 1), dtype=np.uint64)
+                for c in range(n):
+                    H1[:, c + 1] = H1[:, c] * _B1 + codes[:, c]
+                    H2[:, c + 1] = H2[:, c] * _B2 + codes[:, c]
+            yield np.array(part, dtype=np.int32), n, H1, H2
+
+
+def string_hashes(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(h1, h2) of each whole string, the same hashes :func:`iter_substrings` gives its substrings."""
+    h1, h2 = np.zeros(len(strings), dtype=np.uint64), np.zeros(len(strings), dtype=np.uint64)
+    for idx, n, H1, H2 in length_groups(strings, max(1, max(map(len, strings), default=1))):
+        h1[idx], h2[idx] = H1[:, n], H2[:, n]
+    return h1, h2
+
+
+def _block_hashes(H1, H2, P1, P2, l: int):
+    """Hashes of all length-l substrings of a length group: two (rows * (n + 1 - l),) arrays, row-major."""
+    m = H1.shape[1] - l
+    with np.errstate(over="ignore"):
+        return (H1[:, l:] - H1[:, :m] * P1[l]).ravel(), (H2[:, l:] - H2[:, :m] * P2[l]).ravel()
+
+
+def iter_substrings(strings: list[str], max_len: int, exclude_full: bool = False):
+    """Every substring of length <= max_len of every string, yielded in blocks (sid, begin, length, h1, h2).
+
+    h1, h2 are two polynomial hashes mod 2^64 (bases 1000003 and 0x9E37...): the substring's identity
+    without materialising millions of Python strings (see :func:`length_groups`). One block per (string
+    length, substring length), so memory stays bounded by the largest block."""
+    P1, P2 = _hash_powers(max_len)
+    for idx, n, H1, H2 in length_groups(strings, max_len):
+        for l in range(1, min(max_len, n) + 1):
+            if exclude_full and l == n:
+                continue
+            m = n + 1 - l
+            h1, h2 = _block_hashes(H1, H2, P1, P2, l)
+            yield np.repeat(idx, m), np.tile(np.arange(m, dtype=np.int32), idx.size), l, h1, h2
 
 
 def _reduce_sorted(h1, h2, w, ln):
@@ -458,6 +488,12 @@ class _HashIndex:
         self.first = np.searchsorted(self.sorted_h1 >> self.shift,
                                      np.arange((1 << self.bits) + 1, dtype=np.uint64)).astype(np.int32)
 
+    @classmethod
+    def of_strings(cls, strings: list[str]) -> "_HashIndex":
+        """The index of whole strings (ids = positions in ``strings``)."""
+        h1, h2 = string_hashes(strings)
+        return cls(h1, h2 >> np.uint64(32))
+
     def __call__(self, q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
         """id of each query hash, or -1."""
         out = np.full(q1.size, -1, dtype=np.int64)
@@ -491,64 +527,123 @@ POSTERIOR_CHUNK = 1 << 21
 """E-step: edge posteriors are computed and summed in chunks of this many edges (bounded scratch memory)."""
 
 
+LATTICE_CHUNK_CELLS = 1 << 22
+"""Lattice build: strings of one length are processed in chunks of rows whose (offset x row x length) cube
+of piece ids has at most this many cells (16 MB of int32 each for the forward and the backward cube)."""
+
+
+def _chunk_edges(idx, n, H1, H2, powers, max_len, lookup, exclude_full, alive, backward):
+    """The edges of one chunk of equal-length strings, already in lattice order.
+
+    For every substring length l, the seed ids of all (row, begin) are looked up at once and written into
+    a cube indexed (end offset - 1, row, max piece length - l) for the forward order and (begin, row, l - 1)
+    for the backward one; the cells that hold a piece, read in memory order, are the edges sorted by end
+    offset, then string, then begin ascending (backward: by begin offset, then string), with no sort.
+    Returns per direction (offset of each edge, string, piece, length) and the edge count per offset."""
+    lmax = min(n, max_len) - (1 if exclude_full and n <= max_len else 0)
+    if lmax <= 0:
+        return None
+    rows = idx.size
+    fwd = np.full((n, rows, lmax), -1, dtype=np.int32)
+    bwd = np.full((n, rows, lmax), -1, dtype=np.int32) if backward else None
+    for l in range(1, lmax + 1):
+        q1, q2 = _block_hashes(H1, H2, *powers, l)
+        ids = lookup(q1, q2).astype(np.int32).reshape(rows, n + 1 - l)
+        del q1, q2
+        if alive is not None:
+            hit = ids >= 0
+            v = ids[hit]
+            v[~alive[v]] = -1
+            ids[hit] = v
+        fwd[l - 1:, :, lmax - l] = ids.T
+        if backward:
+            bwd[: n + 1 - l, :, l - 1] = ids.T
+    out = []
+    for cube, is_fwd in ((fwd, True), (bwd, False)):
+        if cube is None:
+            out.append(None)
+            continue
+        flat = cube.reshape(-1)
+        cells = np.flatnonzero(flat >= 0)
+        piece = flat[cells]
+        off, rem = np.divmod(cells, rows * lmax)
+        row, j = np.divmod(rem, lmax)
+        del cells, rem
+        length = (lmax - j if is_fwd else j + 1).astype(np.int8)
+        per_off = np.bincount(off, minlength=n)
+        out.append(((off + 1 if is_fwd else off).astype(np.int16), idx[row], piece, length, per_off))
+    return out
+
+
 class _Lattice:
     """All strings' lattices as one edge list over a flat position space (string k has positions
     offsets[k] .. offsets[k] + len), so forward, backward and Viterbi are one vectorised step per
     offset inside a string, over all strings at once.
 
-    Forward order: edges sorted by (offset of the end inside its string, end, begin), i.e. grouped by end
-    position, within a group by begin ascending (a Viterbi tie keeps the first = longest last piece, the
-    encoder's rule). Backward order (only what the beta sweep reads: its source = the edge's end, its
-    piece, its destination = the begin): by begin offset descending, then begin. Arrays are int32.
+    Forward order: edges grouped by the offset of their end inside its string, within that by end position
+    (strings of the same length together), within a group by begin ascending (a Viterbi tie keeps the
+    first = longest last piece, the encoder's rule). Backward order (only what the beta sweep reads: its
+    source = the edge's end, its piece, its destination = the begin): by begin offset descending, then
+    grouped by begin. Arrays are int32. The edges are every occurrence of a piece known to ``lookup`` in
+    ``strings``, produced directly in both orders by :func:`_chunk_edges` (no sort of the edges).
 
     Pieces only ever die, so :meth:`drop_dead` compacts the edges in place (no second full copy) and only
     when enough of them are dead; until then a dead piece's ``logp = -inf`` gives its edges zero weight
     (every position keeps its always-alive single-character edge, so no group is all ``-inf``).
     """
 
-    def __init__(self, lengths: np.ndarray, edges: list, counts, backward: bool = True):
-        """``edges`` = [sid, begin, length, piece] arrays (one entry per edge); the list is emptied and each
-        array freed as soon as it is consumed, so the caller should hold no other reference to them."""
-        sid, begin, length, piece = edges
-        edges.clear()
-        offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64) + 1)])
-        self.starts, self.ends = offsets[:-1], offsets[1:] - 1
-        self.npos = int(offsets[-1])
+    def __init__(self, strings: list[str], max_len: int, lookup, counts, *, exclude_full: bool = False,
+                 alive: np.ndarray | None = None, backward: bool = True, chunk_cells: int | None = None):
+        """Edges = occurrences in ``strings`` of the pieces ``lookup(h1, h2) -> id`` knows (length <= max_len;
+        not a whole string with ``exclude_full``; only pieces with ``alive[id]`` if given)."""
+        lengths = np.array([len(w) for w in strings], dtype=np.int64)
+        # positions laid out by string length (then index), the order the edges are produced in: each
+        # offset's edges then read and write the position arrays in ascending order (cache-friendly sweeps)
+        by_len = np.argsort(lengths, kind="stable")
+        self.starts = np.zeros(lengths.size, dtype=np.int64)
+        self.starts[by_len] = np.concatenate([[0], np.cumsum(lengths[by_len] + 1)[:-1]])
+        self.ends = self.starts + lengths
+        self.npos = int(lengths.sum() + lengths.size)
         if self.npos >= 2**31 - 1:
             raise UserError("unigram: corpus too large for one lattice (over 2^31 character positions)")
         self.counts = np.asarray(counts, dtype=np.float64)
-        span = int(max(int(np.max(lengths, initial=0)), 1)) + 1
-        starts32 = self.starts.astype(np.int32)
-        eb = starts32[sid]  # (E,) flat begin positions
-        eb += begin
-        ee = eb + np.asarray(length, dtype=np.int32)  # (E,) flat end positions
-        key = ee.astype(np.int64)  # forward: (end offset, end, longest piece first)
-        key += (np.asarray(begin, dtype=np.int64) + length) * self.npos
-        key *= span
-        key += span - 1 - np.asarray(length, dtype=np.int64)
-        del length
-        order = np.argsort(key)
-        del key
-        self.ew = np.asarray(sid, dtype=np.int32)[order]
-        del sid
-        self.ep = np.asarray(piece, dtype=np.int32)[order]
-        self.eb, self.ee = eb[order], ee[order]
-        del order
-        self.fk = (self.ee - starts32[self.ew]).astype(np.int16)  # end offset
         self.backward = backward
-        if backward:  # backward: (begin offset descending, begin)
-            key = (span - 1 - np.asarray(begin, dtype=np.int64)) * self.npos
-            key += eb
-            order = np.argsort(key)
-            del key
-            self.b_src = ee[order]
-            del ee
-            self.b_dst = eb[order]
-            del eb
-            self.b_ep = np.asarray(piece, dtype=np.int32)[order]
-            del piece
-            self.bk = np.asarray(begin, dtype=np.int16)[order]
-            del order
+        powers = _hash_powers(max_len)
+        parts = [c for c in (_chunk_edges(idx, n, H1, H2, powers, max_len, lookup, exclude_full, alive, backward)
+                             for idx, n, H1, H2 in length_groups(strings, max_len, chunk_cells or LATTICE_CHUNK_CELLS))
+                 if c is not None]
+        starts32 = self.starts.astype(np.int32)
+        span = max((c[0][4].size for c in parts), default=0)
+        for d, name_order in ((0, range(span)), (1, range(span - 1, -1, -1))):
+            if d == 1 and not backward:
+                break
+            # (offset, chunk) order: slice every chunk's arrays at its offset boundaries
+            bounds = [np.concatenate([[0], np.cumsum(c[d][4])]).tolist() for c in parts]
+            pick = [(ci, bounds[ci][o], bounds[ci][o + 1]) for o in name_order for ci in range(len(parts))
+                    if o < parts[ci][d][4].size and bounds[ci][o + 1] > bounds[ci][o]]
+            cols = []
+            for a in range(4):
+                cols.append(np.concatenate([parts[ci][d][a][lo:hi] for ci, lo, hi in pick]) if pick
+                            else np.zeros(0, dtype=(np.int16, np.int32, np.int32, np.int8)[a]))
+            off, ew, piece, length = cols
+            del cols
+            if d == 0:
+                self.fk, self.ew, self.ep = off, ew, piece
+                self.ee = starts32[ew]
+                self.ee += off
+                self.eb = self.ee - length
+            else:
+                self.bk, self.b_ep = off, piece
+                self.b_dst = starts32[ew]
+                self.b_dst += off
+                self.b_src = self.b_dst + length
+            del off, ew, piece, length
+        if not parts:
+            z = np.zeros(0, dtype=np.int32)
+            self.fk, self.ew, self.ep, self.ee, self.eb = z.astype(np.int16), z, z, z, z
+            if backward:
+                self.bk, self.b_ep, self.b_dst, self.b_src = z.astype(np.int16), z, z, z
+        del parts
         self._index()
 
     @staticmethod
@@ -678,23 +773,6 @@ class _Lattice:
         return np.concatenate(ws), np.concatenate(ps)
 
 
-def _seed_edges(strings: list[str], max_len: int, lookup: "_HashIndex", exclude_full: bool = False):
-    """Every occurrence of a seed piece in ``strings``: arrays (sid, begin, length, piece), filtered block
-    by block so all substrings never exist at once."""
-    e_sid, e_beg, e_len, e_piece = [], [], [], []
-    for sid, beg, l, h1, h2 in iter_substrings(strings, max_len, exclude_full):
-        pid = lookup(h1, h2)
-        keep = np.flatnonzero(pid >= 0)
-        e_sid.append(sid[keep])
-        e_beg.append(beg[keep])
-        e_len.append(np.full(keep.size, l, dtype=np.int8))
-        e_piece.append(pid[keep].astype(np.int32))
-    if not e_sid:
-        z = np.zeros(0, dtype=np.int32)
-        return z, z, z.astype(np.int8), z
-    return tuple(np.concatenate(a) for a in (e_sid, e_beg, e_len, e_piece))
-
-
 def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: int = 0,
                   character_coverage: float = 0.9995, seed_size: int | None = None, max_piece_length: int = 16,
                   shrinking_factor: float = 0.75, n_sub_iterations: int = 2, max_word_length: int = 32,
@@ -741,12 +819,12 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     del uh1, uh2, ufreq, ulen
     release_memory()
 
-    edges = list(_seed_edges(words, L, lookup))  # [sid, begin, length, piece]
+    corpus = _Lattice(words, L, lookup, counts)
     where = np.zeros(P, dtype=np.int64)
-    where[edges[3]] = np.arange(edges[3].size)  # some occurrence of every seed: its string
-    strs = [words[k][b:b + n] for k, b, n in zip(edges[0][where].tolist(), edges[1][where].tolist(), seed_len.tolist())]
-    del where
-    corpus = _Lattice(np.array([len(w) for w in words], dtype=np.int64), edges, counts)  # consumes edges
+    where[corpus.ep] = np.arange(corpus.ep.size)  # some occurrence of every seed: its string
+    sid, end = corpus.ew[where], corpus.ee[where]
+    strs = [words[k][e - n:e] for k, e, n in zip(sid.tolist(), (end - corpus.starts[sid]).tolist(), seed_len.tolist())]
+    del where, sid, end
     release_memory()
     # the pieces' own lattices (without the full-span edge, so: their alternative segmentations) are
     # built at the first prune, for the pieces EM left alive (a fraction of the seeds)
@@ -782,11 +860,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
         if alt_lat is None:
             multi_ids = np.flatnonzero(alive & ~is_char)
             multi = [strs[i] for i in multi_ids.tolist()]
-            edges = list(_seed_edges(multi, L, lookup, exclude_full=True))
-            keep = np.flatnonzero(alive[edges[3]])
-            edges = [a[keep] for a in edges]
-            del keep
-            alt_lat = _Lattice(np.array([len(s) for s in multi], dtype=np.int64), edges, np.ones(len(multi)),
+            alt_lat = _Lattice(multi, L, lookup, np.ones(len(multi)), exclude_full=True, alive=alive,
                                backward=False)  # only Viterbi runs on it
             del lookup, multi
             release_memory()

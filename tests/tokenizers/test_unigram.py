@@ -151,26 +151,34 @@ def test_flat_lattice_equals_brute_force(words, rnd, compact, threaded):
     with the E-step's forward and backward sweeps in one thread or two."""
     np = pytest.importorskip("numpy")
     from posttrain.tokenizers import unigram
-    from posttrain.tokenizers.unigram import _Lattice
-
     saved = unigram.PARALLEL_SWEEP_EDGES, unigram.POSTERIOR_CHUNK
     unigram.PARALLEL_SWEEP_EDGES = 0 if threaded else 10**12
     unigram.POSTERIOR_CHUNK = 3 if threaded else saved[1]  # many chunks of edges
     try:
-        _check_flat_lattice(words, rnd, compact, np, _Lattice)
+        _check_flat_lattice(words, rnd, compact, np)
     finally:
         unigram.PARALLEL_SWEEP_EDGES, unigram.POSTERIOR_CHUNK = saved
 
 
-def _check_flat_lattice(words, rnd, compact, np, _Lattice):
+def _check_flat_lattice(words, rnd, compact, np):
+    from posttrain.tokenizers.unigram import _HashIndex, _Lattice
 
     pieces = ["a", "b", "c"] + sorted({"".join(rnd.choice("abc") for _ in range(rnd.randint(2, 4))) for _ in range(10)})
     ids = {p: i for i, p in enumerate(pieces)}
     counts = [rnd.randint(1, 5) for _ in words]
-    edges = [(k, b, e - b, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
-             for e in range(b + 1, len(w) + 1) if w[b:e] in ids]
-    sid, beg, ln, pid = (np.array(c, dtype=np.int32) for c in zip(*edges))
-    lat = _Lattice(np.array([len(w) for w in words]), [sid, beg, ln, pid], counts)
+    lookup = _HashIndex.of_strings(pieces)
+    # tiny chunks of rows: strings of one length are split over several chunks
+    lat = _Lattice(words, 4, lookup, counts, chunk_cells=rnd.choice([1, 20, 1 << 20]))
+    want_edges = sorted((k, b, e, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
+                        for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids)
+    starts = lat.starts[lat.ew]
+    assert sorted(zip(lat.ew.tolist(), (lat.eb - starts).tolist(), (lat.ee - starts).tolist(), lat.ep.tolist())) == want_edges
+    # the pruning lattice: no whole-string edge, only live pieces, forward order only
+    some = np.array([rnd.random() < 0.7 for _ in pieces])
+    alt = _Lattice(words, 4, lookup, counts, exclude_full=True, alive=some, backward=False, chunk_cells=rnd.choice([1, 1 << 20]))
+    starts = alt.starts[alt.ew]
+    assert sorted(zip(alt.ew.tolist(), (alt.eb - starts).tolist(), (alt.ee - starts).tolist(), alt.ep.tolist())) == [
+        (k, b, e, i) for k, b, e, i in want_edges if some[i] and e - b < len(words[k])]
     logp = np.array([-float(rnd.randint(1, 4)) for _ in pieces])
     alive = np.ones(len(pieces), dtype=bool)
     for round_ in range(2):
