@@ -391,7 +391,7 @@ def _reduce_sorted(h1, h2, w, ln):
 
 
 def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_top: int | None = None,
-                     n_buckets: int = 64, min_reduce: int = 1 << 20):
+                     n_buckets: int = 64, min_reduce: int = 1 << 20, threads: int = 2):
     """Distinct substrings (length <= max_len) with their total count weighted by ``counts``: arrays
     (h1, top 32 bits of h2, count, length), in no particular order. With ``keep_top``, only single characters and the ``keep_top``
     multi-character substrings of count >= 2 with the largest count * length (plus ties) are returned.
@@ -401,60 +401,74 @@ def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_
     so every occurrence is sorted about twice and only inside its bucket. A bucket's counts are final
     once all strings are seen, so the top-k filter runs bucket by bucket and the peak memory is the
     distinct substrings (h1, h2's top half, count as uint32 where exact, length: 17 bytes each), never
-    all occurrences."""
+    all occurrences. With ``threads`` > 1, each thread owns a contiguous range of buckets (it hashes
+    every substring and keeps those routed to its buckets); the union of the threads' top-k (+ ties)
+    holds the global top-k (+ ties), so the result is the same for any thread count."""
+    if not any(strings):
+        raise UserError("cannot train a Unigram tokenizer on an empty corpus")
     bits = max(1, int(n_buckets - 1).bit_length())
     n_buckets = 1 << bits
     shift = np.uint64(64 - bits)
-    state: list[tuple | None] = [None] * n_buckets
-    pend: list[list] = [[] for _ in range(n_buckets)]
-    n_pend = [0] * n_buckets
-
-    def reduce(j):
-        parts = ([state[j]] if state[j] is not None else []) + pend[j]
-        state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
-        pend[j], n_pend[j] = [], 0
-
+    threads = max(1, min(threads, n_buckets))
     # weights as uint32 when no substring's total can reach 2^32 (bounded by the corpus's characters)
-    exact32 = float(np.dot(counts, [len(s) for s in strings])) < 2**32 - 1 if strings else True
+    exact32 = float(np.dot(counts, [len(s) for s in strings])) < 2**32 - 1
     counts = counts.astype(np.uint32) if exact32 else counts.astype(np.float64)
-    seen = False
-    for sid, _, l, h1, h2 in iter_substrings(strings, max_len):
-        seen = True
-        h2 = (h2 >> np.uint64(32)).astype(np.uint32)  # the collision check keeps h2's top 32 bits
-        with np.errstate(over="ignore"):
-            b = ((h1 * _MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
-        order = np.argsort(b, kind="stable")  # radix sort of small keys
-        cuts = np.concatenate([[0], np.cumsum(np.bincount(b, minlength=n_buckets))]).tolist()
-        h1, h2, w = h1[order], h2[order], counts[sid[order]]
-        ln = np.full(order.size, l, dtype=np.int8)
-        del order, b
-        for j in range(n_buckets):
-            lo, hi = cuts[j], cuts[j + 1]
-            if hi > lo:
-                pend[j].append((h1[lo:hi], h2[lo:hi], w[lo:hi], ln[lo:hi]))
-                n_pend[j] += hi - lo
-                if n_pend[j] >= max(min_reduce, 0 if state[j] is None else state[j][0].size):
-                    reduce(j)
-    if not seen:
-        raise UserError("cannot train a Unigram tokenizer on an empty corpus")
-    out: list[tuple] = []
-    n_out = 0
-    for j in range(n_buckets):
-        if pend[j]:
-            reduce(j)
-        st, state[j] = state[j], None
-        if st is None:
-            continue
-        if keep_top is not None:
-            h1, h2, w, ln = st
-            sel = np.flatnonzero((ln == 1) | (w >= 2))
-            st = tuple(a[sel] for a in st)
-        out.append(st)
-        n_out += st[0].size
-        if keep_top is not None and n_out > 2 * keep_top + (1 << 16):  # keep the running top-k (+ ties) only
-            out = [_top_substrings(*(np.concatenate([o[i] for o in out]) for i in range(4)), keep_top)]
-            n_out = out[0][0].size
-    res = tuple(np.concatenate([o[i] for o in out]) for i in range(4))
+
+    def buckets(j_lo: int, j_hi: int) -> list[tuple]:
+        state: dict[int, tuple] = {}
+        pend: dict[int, list] = defaultdict(list)
+        n_pend: dict[int, int] = defaultdict(int)
+
+        def reduce(j):
+            parts = ([state[j]] if j in state else []) + pend.pop(j)
+            state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+            n_pend[j] = 0
+
+        for sid, _, l, h1, h2 in iter_substrings(strings, max_len):
+            with np.errstate(over="ignore"):
+                b = ((h1 * _MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
+            if threads > 1:
+                mine = np.flatnonzero((b >= j_lo) & (b < j_hi))
+                sid, h1, h2, b = sid[mine], h1[mine], h2[mine], b[mine]
+            h2 = (h2 >> np.uint64(32)).astype(np.uint32)  # the collision check keeps h2's top 32 bits
+            order = np.argsort(b, kind="stable")  # radix sort of small keys
+            cuts = np.concatenate([[0], np.cumsum(np.bincount(b, minlength=n_buckets))]).tolist()
+            h1, h2, w = h1[order], h2[order], counts[sid[order]]
+            ln = np.full(order.size, l, dtype=np.int8)
+            del order, b
+            for j in range(j_lo, j_hi):
+                lo, hi = cuts[j], cuts[j + 1]
+                if hi > lo:
+                    pend[j].append((h1[lo:hi], h2[lo:hi], w[lo:hi], ln[lo:hi]))
+                    n_pend[j] += hi - lo
+                    if n_pend[j] >= max(min_reduce, state[j][0].size if j in state else 0):
+                        reduce(j)
+        out: list[tuple] = []
+        n_out = 0
+        for j in range(j_lo, j_hi):
+            if pend.get(j):
+                reduce(j)
+            st = state.pop(j, None)
+            if st is None:
+                continue
+            if keep_top is not None:
+                h1, h2, w, ln = st
+                sel = np.flatnonzero((ln == 1) | (w >= 2))
+                st = tuple(a[sel] for a in st)
+            out.append(st)
+            n_out += st[0].size
+            if keep_top is not None and n_out > 2 * keep_top + (1 << 16):  # keep the running top-k (+ ties) only
+                out = [_top_substrings(*(np.concatenate([o[i] for o in out]) for i in range(4)), keep_top)]
+                n_out = out[0][0].size
+        return out
+
+    ranges = [(t * n_buckets // threads, (t + 1) * n_buckets // threads) for t in range(threads)]
+    if threads > 1:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            outs = list(pool.map(lambda r: buckets(*r), ranges))
+    else:
+        outs = [buckets(*ranges[0])]
+    res = tuple(np.concatenate([o[i] for out in outs for o in out]) for i in range(4))
     return res if keep_top is None else _top_substrings(*res, keep_top)
 
 
@@ -471,22 +485,36 @@ def _top_substrings(h1, h2, w, ln, k):
 
 
 class _HashIndex:
-    """Exact lookup of 64-bit hashes (ids = positions in ``h1``), a sorted array with a radix directory:
-    the top ``bits`` bits of a key give the range of sorted keys to check, so a query costs a few
-    gathers instead of a binary search. Keys are ``h1 * _MIX`` (a bijection mod 2^64: polynomial hashes
-    of short strings are small numbers, all in the first range otherwise). A matching h1 with another h2
-    is reported as a collision (``h2`` holds the top 32 bits of the second hash)."""
+    """Exact lookup of 64-bit hashes (ids = positions in ``h1``): an open-addressing table with linear
+    probing, at most a quarter full, built and queried with whole-array numpy operations. A key's home
+    slot is the top bits of ``h1 * _MIX`` (a bijection mod 2^64: polynomial hashes of short strings are
+    small numbers, all in slot 0 otherwise); a query costs two gathers, and only the few that land on
+    another key's slot probe further. A matching h1 with another h2 is reported as a collision (``h2``
+    holds the top 32 bits of the second hash). ``h1`` must be distinct."""
 
     def __init__(self, h1: np.ndarray, h2: np.ndarray):
         self.h1, self.h2 = h1, h2.astype(np.uint32)
         with np.errstate(over="ignore"):
             key = h1 * _MIX
-        self.srt = np.argsort(key)
-        self.sorted_h1 = key[self.srt]
-        self.bits = max(8, int(max(h1.size, 1)).bit_length() + 1)
+        self.bits = max(8, int(max(h1.size, 1)).bit_length() + 2)
+        self.mask = (1 << self.bits) - 1
         self.shift = np.uint64(64 - self.bits)
-        self.first = np.searchsorted(self.sorted_h1 >> self.shift,
-                                     np.arange((1 << self.bits) + 1, dtype=np.uint64)).astype(np.int32)
+        self.keys = np.zeros(1 << self.bits, dtype=np.uint64)
+        self.ids = np.full(1 << self.bits, -1, dtype=np.int32)
+        pending = np.arange(h1.size)
+        slot = (key >> self.shift).astype(np.int64)
+        while pending.size:  # each round: every free slot wanted takes its lowest-numbered applicant
+            free = self.ids[slot] < 0
+            order = np.flatnonzero(free)
+            order = order[np.argsort(slot[order], kind="stable")]
+            first = np.ones(order.size, dtype=bool)
+            np.not_equal(slot[order][1:], slot[order][:-1], out=first[1:])
+            win = order[first]
+            self.ids[slot[win]] = pending[win]
+            self.keys[slot[win]] = key[pending[win]]
+            lost = np.ones(pending.size, dtype=bool)
+            lost[win] = False
+            pending, slot = pending[lost], (slot[lost] + 1) & self.mask
 
     @classmethod
     def of_strings(cls, strings: list[str]) -> "_HashIndex":
@@ -495,21 +523,23 @@ class _HashIndex:
         return cls(h1, h2 >> np.uint64(32))
 
     def __call__(self, q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
-        """id of each query hash, or -1."""
-        out = np.full(q1.size, -1, dtype=np.int64)
+        """id of each query hash (int32), or -1."""
         if self.h1.size == 0 or q1.size == 0:
-            return out
+            return np.full(q1.size, -1, dtype=np.int32)
         with np.errstate(over="ignore"):
-            q1 = q1 * _MIX
-        j = (q1 >> self.shift).astype(np.int64)
-        pos, hi = self.first[j].astype(np.int64), self.first[j + 1]
-        todo = np.arange(q1.size)
-        while todo.size:
-            ok = pos < hi
-            todo, pos, hi = todo[ok], pos[ok], hi[ok]
-            hit = self.sorted_h1[pos] == q1[todo]
-            out[todo[hit]] = self.srt[pos[hit]]
-            todo, pos, hi = todo[~hit], pos[~hit] + 1, hi[~hit]
+            q = q1 * _MIX
+        slot = (q >> self.shift).astype(np.intp)
+        out = self.ids[slot]
+        hit = self.keys[slot] == q
+        probe = np.flatnonzero(~hit & (out >= 0))  # the slot holds another key: the run goes on
+        out[~hit] = -1
+        while probe.size:
+            slot_p = (slot[probe] + 1) & self.mask
+            slot[probe] = slot_p
+            got = self.ids[slot_p]
+            ok = self.keys[slot_p] == q[probe]
+            out[probe[ok]] = got[ok]
+            probe = probe[~ok & (got >= 0)]
         found = np.flatnonzero(out >= 0)
         if np.any(self.h2[out[found]] != (q2[found] >> np.uint64(32)).astype(np.uint32)):
             raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")
@@ -548,7 +578,7 @@ def _chunk_edges(idx, n, H1, H2, powers, max_len, lookup, exclude_full, alive, b
     bwd = np.full((n, rows, lmax), -1, dtype=np.int32) if backward else None
     for l in range(1, lmax + 1):
         q1, q2 = _block_hashes(H1, H2, *powers, l)
-        ids = lookup(q1, q2).astype(np.int32).reshape(rows, n + 1 - l)
+        ids = lookup(q1, q2).reshape(rows, n + 1 - l)
         del q1, q2
         if alive is not None:
             hit = ids >= 0
@@ -593,7 +623,8 @@ class _Lattice:
     """
 
     def __init__(self, strings: list[str], max_len: int, lookup, counts, *, exclude_full: bool = False,
-                 alive: np.ndarray | None = None, backward: bool = True, chunk_cells: int | None = None):
+                 alive: np.ndarray | None = None, backward: bool = True, chunk_cells: int | None = None,
+                 threads: int = 2):
         """Edges = occurrences in ``strings`` of the pieces ``lookup(h1, h2) -> id`` knows (length <= max_len;
         not a whole string with ``exclude_full``; only pieces with ``alive[id]`` if given)."""
         lengths = np.array([len(w) for w in strings], dtype=np.int64)
@@ -609,9 +640,15 @@ class _Lattice:
         self.counts = np.asarray(counts, dtype=np.float64)
         self.backward = backward
         powers = _hash_powers(max_len)
-        parts = [c for c in (_chunk_edges(idx, n, H1, H2, powers, max_len, lookup, exclude_full, alive, backward)
-                             for idx, n, H1, H2 in length_groups(strings, max_len, chunk_cells or LATTICE_CHUNK_CELLS))
-                 if c is not None]
+        def chunk(group):
+            return _chunk_edges(*group, powers, max_len, lookup, exclude_full, alive, backward)
+
+        groups = length_groups(strings, max_len, chunk_cells or LATTICE_CHUNK_CELLS)
+        if threads > 1:  # chunks are independent and numpy releases the GIL: results kept in chunk order
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                parts = [c for c in pool.map(chunk, groups) if c is not None]
+        else:
+            parts = [c for c in map(chunk, groups) if c is not None]
         starts32 = self.starts.astype(np.int32)
         span = max((c[0][4].size for c in parts), default=0)
         for d, name_order in ((0, range(span)), (1, range(span - 1, -1, -1))):

@@ -203,3 +203,69 @@ def _check_flat_lattice(words, rnd, compact, np):
         alive[3:] = [rnd.random() < 0.5 for _ in pieces[3:]]
         logp = np.where(alive, logp, -np.inf)
         lat.drop_dead(alive, 0.0 if compact else 1.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300, unique=True), st.lists(st.integers(0, 2**64 - 1), max_size=300),
+       st.integers(0, 12))
+def test_hash_index_equals_a_dict(keys, queries, crowd):
+    """The open-addressing seed index against a dict, with keys crowded into few home slots (long probe
+    runs, wrap-around at the table's end) and queries both present and absent."""
+    np = pytest.importorskip("numpy")
+    from posttrain.tokenizers.unigram import _MIX, _HashIndex
+
+    inv = pow(int(_MIX), -1, 2**64)
+    # crowd: the mixed keys' top 8 bits all set and the next `crowd` bits clear, so their home slots are a
+    # few at the very end of the table (long runs that wrap around to slot 0)
+    if crowd:
+        keys = [(((0xFF << 56) | (k >> (8 + crowd))) * inv) % 2**64 for k in keys]
+    keys = list(dict.fromkeys(keys))
+    h1 = np.array(keys, dtype=np.uint64)
+    h2 = (h1 ^ np.uint64(0xABCDEF)) >> np.uint64(32)
+    index = _HashIndex(h1, h2)
+    qs = keys[::2] + [q for q in queries if q not in set(keys)]
+    q1 = np.array(qs, dtype=np.uint64)
+    got = index(q1, q1 ^ np.uint64(0xABCDEF)).tolist()
+    pos = {k: i for i, k in enumerate(keys)}
+    assert got == [pos.get(q, -1) for q in qs]
+    if keys:  # same h1, different second hash: a reported collision, never a silent wrong id
+        with pytest.raises(RuntimeError, match="collision"):
+            index(h1[:1], ~(h1[:1] ^ np.uint64(0xABCDEF)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.text("abcé", min_size=0, max_size=9), min_size=1, max_size=12), st.integers(1, 4),
+       st.integers(1, 5), st.sampled_from([None, 0, 3, 10]), st.integers(1, 1 << 20))
+def test_count_substrings_equals_brute_force(words, threads, max_len, keep_top, min_reduce):
+    """Hash-bucketed substring counting (one thread or several, each owning a range of buckets; reduced
+    early or late) against a Counter over every substring, and its top-k filter against a sort."""
+    np = pytest.importorskip("numpy")
+    from collections import Counter
+
+    from posttrain.errors import UserError
+    from posttrain.tokenizers.unigram import _HashIndex, count_substrings
+
+    counts = np.arange(1, len(words) + 1, dtype=np.float64)
+    if not any(words):
+        with pytest.raises(UserError, match="empty corpus"):
+            count_substrings(words, counts, max_len, threads=threads)
+        return
+    want: Counter = Counter()
+    for w, c in zip(words, counts):
+        for b in range(len(w)):
+            for e in range(b + 1, min(len(w), b + max_len) + 1):
+                want[w[b:e]] += int(c)
+    h1, h2, w, ln = count_substrings(words, counts, max_len, keep_top=keep_top, n_buckets=8, min_reduce=min_reduce,
+                                     threads=threads)
+    subs = sorted(want)
+    ids = _HashIndex.of_strings(subs)(h1, h2.astype(np.uint64) << np.uint64(32))
+    assert (ids >= 0).all()
+    got = {subs[i]: (int(c), int(n)) for i, c, n in zip(ids.tolist(), w.tolist(), ln.tolist())}
+    assert all(n == len(s) for s, (_, n) in got.items())
+    if keep_top is None:
+        assert {s: c for s, (c, _) in got.items()} == dict(want)
+        return
+    multi = sorted((c * len(s) for s, c in want.items() if len(s) > 1 and c >= 2), reverse=True)
+    thr = multi[keep_top - 1] if 0 < keep_top <= len(multi) else (0 if keep_top else float("inf"))
+    assert set(got) == {s for s, c in want.items() if len(s) == 1 or (c >= 2 and c * len(s) >= thr)}
+    assert all(got[s][0] == want[s] for s in got)
