@@ -102,11 +102,13 @@ class JoinedWords:
     for a splitter that treats each ``\n`` as the end of a text (``pretokenize.GPT2_LINES_PATTERN``),
     and is used only when every text of the batch is one line ending in its only ``\n`` (what
     ``iter_texts(keep_newlines=True)`` yields for plain text); other batches are split text by text.
+    With ``sep_free=True`` the joined pass is used only when no text holds ``sep`` itself (JSONL fields
+    may hold newlines). ``joined`` may return the words or a ``Counter`` of them.
     """
 
-    def __init__(self, words: Callable[[str], list[str]], joined: Callable[[str], list[str]], *, sep: str = "\n",
-                 lines: bool = False):
-        self.words, self.joined, self.sep, self.lines = words, joined, sep, lines
+    def __init__(self, words: Callable[[str], list[str]], joined: Callable[[str], Iterable[str] | Counter], *,
+                 sep: str = "\n", lines: bool = False, sep_free: bool = False):
+        self.words, self.joined, self.sep, self.lines, self.sep_free = words, joined, sep, lines, sep_free
 
     def __call__(self, text: str) -> list[str]:
         return self.words(text)
@@ -116,12 +118,13 @@ class JoinedWords:
         if self.lines:
             ends = list(map(_ends_with_newline, batch))
             one_line_each = all(ends[:-1]) and text.count("\n") == sum(ends)  # the last text may lack its "\n"
-        if self.lines and not one_line_each:
+        if (self.lines and not one_line_each) or (self.sep_free and text.count(self.sep) != len(batch) - 1):
             c: Counter = Counter()
             for t in batch:
                 c.update(self.words(t))
             return c
-        return Counter(self.joined(text))
+        out = self.joined(text)
+        return out if isinstance(out, Counter) else Counter(out)
 
 
 _ends_with_newline = methodcaller("endswith", "\n")

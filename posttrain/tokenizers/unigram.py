@@ -33,11 +33,13 @@ Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, 
 from __future__ import annotations
 
 import math
+import unicodedata
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+import regex
 
 from posttrain.errors import UserError
 
@@ -928,6 +930,37 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     return [(strs[i], float(logp[i])) for i in final.tolist()]
 
 
+class _JoinedMetaspace:
+    """Counter of the Metaspace words of newline-joined texts (none holding a newline), equal to splitting
+    text by text: NFKC never moves, merges or creates a newline (a starter that composes with nothing),
+    whitespace runs are collapsed within lines (``[^\\S\\n]+``), then every non-empty line is made to start
+    with '▁' so that removing the newlines leaves the word boundaries exactly where they were; one
+    ``split('▁')`` and one ``Counter`` then count the whole batch. ``fallback`` (the per-text splitter)
+    handles a batch whose newlines the normaliser changed."""
+
+    _WS = regex.compile(r"[^\S\n]+")
+    _LINE_START = regex.compile("\n(?=[^\n\u2581])")
+
+    def __init__(self, nfkc: bool, collapse_whitespace: bool, fallback):
+        self.nfkc, self.collapse, self.fallback = nfkc, collapse_whitespace, fallback
+
+    def __call__(self, text: str) -> Counter:
+        raw = text
+        if self.nfkc:
+            text = unicodedata.normalize("NFKC", text)
+        if text.count("\n") != raw.count("\n"):  # cannot happen with NFKC; kept as a guard
+            c: Counter = Counter()
+            for t in raw.split("\n"):
+                c.update(self.fallback(t))
+            return c
+        if self.collapse:
+            text = self._WS.sub(" ", text)
+        text = self._LINE_START.sub("\n" + META, "\n" + text.replace(" ", META)).replace("\n", "")
+        parts = Counter(text.split(META))
+        parts[""] -= 1  # the text starts with '▁' (or is empty): the empty part before it is not a word
+        return Counter({META + p: c for p, c in parts.items() if c > 0})
+
+
 @dataclass
 class UnigramTrainer:
     """SentencePiece-style Unigram: NFKC + whitespace collapse (optional), Metaspace words, EM + pruning,
@@ -965,10 +998,14 @@ class UnigramTrainer:
         return norm, pre, dec
 
     def words_fn(self):
+        """Per text: NFKC, whitespace runs -> ' ', Metaspace words. A batch of texts without newlines is
+        counted in one pass over the texts joined by newlines (:class:`_JoinedMetaspace`)."""
+        from posttrain.tokenizers.corpus import JoinedWords
         from posttrain.tokenizers.wordpiece import _Compose
 
         norm, pre, _ = self.components()
-        return _Compose(norm, pre)
+        return JoinedWords(_Compose(norm, pre), _JoinedMetaspace(self.nfkc, self.collapse_whitespace, _Compose(norm, pre)),
+                           sep="\n", sep_free=True)
 
     def train(self, texts, log=None):
         from posttrain.tokenizers.corpus import count_words

@@ -6,7 +6,7 @@ import pytest
 import regex
 from hypothesis import example, given, settings, strategies as st
 
-from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer, WordPieceTrainer
+from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer, UnigramTrainer, WordPieceTrainer
 from posttrain.tokenizers import pretokenize as P
 from posttrain.tokenizers.corpus import JoinedWords, count_words
 
@@ -60,7 +60,20 @@ def test_wordpiece_batch_count_equals_per_text(texts, lowercase, strip_accents):
     assert fn.count(texts) == _per_text(fn.words, texts)
 
 
-@pytest.mark.parametrize("trainer", [ByteLevelBPETrainer(), BPETrainer(lowercase=True), WordPieceTrainer()])
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(_CHARS | st.sampled_from(["\n", "\u2581", "\u0301", "e\u0301", "ﬁ", "Ａ", "\u3000", "\x1c", "\u2028",
+                                                   "¹", "\u1100\u1161", "ｶﾞ"]), max_size=12).map("".join), max_size=8),
+       st.booleans(), st.booleans())
+def test_unigram_batch_count_equals_per_text(texts, nfkc, collapse):
+    # NFKC (compatibility forms, compositions across what were line ends), whitespace of every kind, literal
+    # '▁' characters, empty texts; texts holding newlines fall back to text-by-text splitting
+    fn = UnigramTrainer(nfkc=nfkc, collapse_whitespace=collapse).words_fn()
+    assert isinstance(fn, JoinedWords)
+    assert fn.count(texts) == _per_text(fn.words, texts)
+
+
+@pytest.mark.parametrize("trainer", [ByteLevelBPETrainer(), BPETrainer(lowercase=True), WordPieceTrainer(),
+                                     UnigramTrainer()])
 def test_count_words_same_for_any_batching_and_workers(trainer, train_texts):
     texts = [t + "\n" for t in train_texts] if trainer.keep_newlines else train_texts
     want = dict(_per_text(trainer.words_fn().words, texts))
