@@ -272,39 +272,59 @@ class UnigramModel:
 # ------------------------------------------------------------------------------------------------
 # Training
 # ------------------------------------------------------------------------------------------------
+def _code_points(words: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """All words' code points concatenated (uint32) and each word's length."""
+    codes = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return codes, np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+
+
 def kept_characters(word_counts: dict[str, int], coverage: float) -> set[str]:
-    """Most frequent characters whose counts cover ``coverage`` of all characters ('▁' always kept)."""
-    cc: dict[str, int] = defaultdict(int)
-    for w, c in word_counts.items():
-        for ch in w:
-            cc[ch] += c
-    total = sum(cc.values())
-    kept, acc = set(), 0
-    for ch, c in sorted(cc.items(), key=lambda t: (-t[1], t[0])):
-        if acc >= coverage * total and kept:
-            break
-        kept.add(ch)
-        acc += c
-    kept.add(META)
-    return kept
+    """Most frequent characters whose counts cover ``coverage`` of all characters ('▁' always kept);
+    ties by code point. Counted with one weighted ``bincount`` over the code points."""
+    words = list(word_counts)
+    codes, lengths = _code_points(words)
+    freq = np.bincount(codes, weights=np.repeat(np.fromiter(word_counts.values(), dtype=np.float64, count=len(words)),
+                                                 lengths))
+    chars = np.flatnonzero(freq)
+    chars = chars[np.argsort(-freq[chars], kind="stable")]  # by count descending, then code point
+    before = np.concatenate([[0.0], np.cumsum(freq[chars])[:-1]])  # characters covered before each one
+    stop = np.flatnonzero(before[1:] >= coverage * freq.sum())  # the first one not needed any more
+    n = int(stop[0]) + 1 if stop.size else chars.size
+    return {chr(c) for c in chars[:n].tolist()} | {META}
 
 
 def split_uncovered(word_counts: dict[str, int], kept: set[str], max_len: int) -> dict[str, int]:
-    """Cut words at characters outside ``kept`` (pieces cannot contain them) and into <= max_len chunks."""
-    out: dict[str, int] = defaultdict(int)
-    for w, c in word_counts.items():
-        cur = []
-        for ch in w:
-            if ch in kept:
-                cur.append(ch)
-            elif cur:
-                out["".join(cur)] += c
-                cur = []
-        if cur:
-            s = "".join(cur)
-            for i in range(0, len(s), max_len):
-                out[s[i:i + max_len]] += c
-    return dict(out)
+    """Cut words at characters outside ``kept`` (pieces cannot contain them) and into <= max_len chunks.
+    Only the words that need it (found by one vectorised pass over the code points) are cut in Python."""
+    words = list(word_counts)
+    codes, lengths = _code_points(words)
+    lut = np.zeros(max(int(codes.max(initial=0)), max(map(ord, kept), default=0)) + 1, dtype=bool)
+    lut[[ord(ch) for ch in kept]] = True
+    bad = np.zeros(len(words), dtype=bool)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    nonempty = np.flatnonzero(lengths)
+    bad[nonempty] = np.logical_or.reduceat(~lut[codes], starts[nonempty]) if codes.size else False
+    bad |= (lengths > max_len) | (lengths == 0)
+    counts = list(word_counts.values())
+    out = {w: c for w, c, b in zip(words, counts, bad.tolist()) if not b}
+    for k in np.flatnonzero(bad).tolist():
+        for run in _kept_runs(words[k], kept):
+            for i in range(0, len(run), max_len):
+                out[run[i:i + max_len]] = out.get(run[i:i + max_len], 0) + counts[k]
+    return out
+
+
+def _kept_runs(word: str, kept: set[str]) -> list[str]:
+    runs, cur = [], []
+    for ch in word:
+        if ch in kept:
+            cur.append(ch)
+        elif cur:
+            runs.append("".join(cur))
+            cur = []
+    if cur:
+        runs.append("".join(cur))
+    return runs
 
 
 _B1 = np.uint64(1_000_003)

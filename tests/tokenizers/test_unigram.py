@@ -1,11 +1,13 @@
 """Unigram: Viterbi == brute-force best segmentation, byte-fallback round trips, character coverage on
 mixed scripts, sampling, determinism, and the vectorised trainer's pieces."""
 
+from collections import Counter
 import itertools
 import math
 import random
 
 import pytest
+import regex
 from hypothesis import assume, given, settings, strategies as st
 
 from posttrain.tokenizers import UnigramTrainer, sample_encode
@@ -269,3 +271,41 @@ def test_count_substrings_equals_brute_force(words, threads, max_len, keep_top, 
     thr = multi[keep_top - 1] if 0 < keep_top <= len(multi) else (0 if keep_top else float("inf"))
     assert set(got) == {s for s, c in want.items() if len(s) == 1 or (c >= 2 and c * len(s) >= thr)}
     assert all(got[s][0] == want[s] for s in got)
+
+
+def _kept_characters_slow(word_counts, coverage):
+    cc = Counter()
+    for w, c in word_counts.items():
+        for ch in w:
+            cc[ch] += c
+    total = sum(cc.values())
+    kept, acc = set(), 0
+    for ch, c in sorted(cc.items(), key=lambda t: (-t[1], t[0])):
+        if acc >= coverage * total and kept:
+            break
+        kept.add(ch)
+        acc += c
+    return kept | {"▁"}
+
+
+def _split_uncovered_slow(word_counts, kept, max_len):
+    out = Counter()
+    for w, c in word_counts.items():
+        for run in regex.split("[^" + "".join(regex.escape(ch) for ch in kept) + "]", w) if kept else [""]:
+            for i in range(0, len(run), max_len):
+                out[run[i:i + max_len]] += c
+    return dict(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text("ab▁中\U0001F600\ud800é", max_size=9), st.integers(1, 50), max_size=12),
+       st.sampled_from([0.0, 0.5, 0.9, 0.9995, 1.0]), st.integers(1, 4))
+def test_character_coverage_and_splitting_equal_brute_force(word_counts, coverage, max_len):
+    """Coverage by frequency (ties by code point; surrogates and astral characters included) and the
+    cutting of words at uncovered characters into <= max_len chunks, against per-character loops."""
+    from posttrain.tokenizers.unigram import kept_characters, split_uncovered
+
+    kept = kept_characters(word_counts, coverage) if word_counts else {"▁"}
+    if word_counts:
+        assert kept == _kept_characters_slow(word_counts, coverage)
+    assert split_uncovered(word_counts, kept, max_len) == _split_uncovered_slow(word_counts, kept, max_len)
