@@ -33,6 +33,7 @@ Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, 
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -307,24 +308,13 @@ def split_uncovered(word_counts: dict[str, int], kept: set[str], max_len: int) -
     bad |= (lengths > max_len) | (lengths == 0)
     counts = list(word_counts.values())
     out = {w: c for w, c, b in zip(words, counts, bad.tolist()) if not b}
+    uncovered = np.unique(codes[~lut[codes]]).tolist()
+    cut = re.compile("[" + "".join(re.escape(chr(c)) for c in uncovered) + "]+").split if uncovered else None
     for k in np.flatnonzero(bad).tolist():
-        for run in _kept_runs(words[k], kept):
+        for run in cut(words[k]) if cut else (words[k],):
             for i in range(0, len(run), max_len):
                 out[run[i:i + max_len]] = out.get(run[i:i + max_len], 0) + counts[k]
     return out
-
-
-def _kept_runs(word: str, kept: set[str]) -> list[str]:
-    runs, cur = [], []
-    for ch in word:
-        if ch in kept:
-            cur.append(ch)
-        elif cur:
-            runs.append("".join(cur))
-            cur = []
-    if cur:
-        runs.append("".join(cur))
-    return runs
 
 
 _B1 = np.uint64(1_000_003)
