@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import unicodedata
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -565,7 +566,7 @@ def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.n
 
 PARALLEL_SWEEP_EDGES = 1_000_000
 """E-step: lattices with at least this many edges run the sweeps and the edge posteriors in two threads."""
-POSTERIOR_CHUNK = 1 << 21
+POSTERIOR_CHUNK = 1 << 19
 """E-step: edge posteriors are computed and summed in chunks of this many edges (bounded scratch memory)."""
 
 
@@ -574,14 +575,16 @@ LATTICE_CHUNK_CELLS = 1 << 22
 of piece ids has at most this many cells (16 MB of int32 each for the forward and the backward cube)."""
 
 
-def _chunk_edges(idx, n, H1, H2, powers, max_len, lookup, exclude_full, alive, backward):
+def _chunk_edges(idx, n, H1, H2, rank0, powers, max_len, lookup, exclude_full, alive, backward, pos_base):
     """The edges of one chunk of equal-length strings, already in lattice order.
 
     For every substring length l, the seed ids of all (row, begin) are looked up at once and written into
     a cube indexed (end offset - 1, row, max piece length - l) for the forward order and (begin, row, l - 1)
     for the backward one; the cells that hold a piece, read in memory order, are the edges sorted by end
     offset, then string, then begin ascending (backward: by begin offset, then string), with no sort.
-    Returns per direction (offset of each edge, string, piece, length) and the edge count per offset."""
+    Position of offset k in the chunk's row r: ``pos_base[k] + rank0 + r`` (see :class:`_Lattice`).
+    Returns per direction the edge arrays (forward: end offset, string, piece, begin and end position;
+    backward: begin offset, piece, end and begin position) and the edge count per offset."""
     lmax = min(n, max_len) - (1 if exclude_full and n <= max_len else 0)
     if lmax <= 0:
         return None
@@ -611,21 +614,34 @@ def _chunk_edges(idx, n, H1, H2, powers, max_len, lookup, exclude_full, alive, b
         off, rem = np.divmod(cells, rows * lmax)
         row, j = np.divmod(rem, lmax)
         del cells, rem
-        length = (lmax - j if is_fwd else j + 1).astype(np.int8)
-        per_off = np.bincount(off, minlength=n)
-        out.append(((off + 1 if is_fwd else off).astype(np.int16), idx[row], piece, length, per_off))
+        if is_fwd:
+            off += 1  # end offset
+            length = lmax - j
+            ee = pos_base[off] + (rank0 + row)
+            eb = pos_base[off - length] + (rank0 + row)
+            cols = (off.astype(np.int16), idx[row], piece, eb.astype(np.int32), ee.astype(np.int32))
+        else:  # begin offset
+            length = j + 1
+            dst = pos_base[off] + (rank0 + row)
+            src = pos_base[off + length] + (rank0 + row)
+            cols = (off.astype(np.int16), piece, src.astype(np.int32), dst.astype(np.int32))
+        out.append((cols, np.bincount(off - 1 if is_fwd else off, minlength=n)))
     return out
 
 
 class _Lattice:
-    """All strings' lattices as one edge list over a flat position space (string k has positions
-    offsets[k] .. offsets[k] + len), so forward, backward and Viterbi are one vectorised step per
-    offset inside a string, over all strings at once.
+    """All strings' lattices as one edge list over a flat position space, so forward, backward and
+    Viterbi are one vectorised step per offset inside a string, over all strings at once.
 
-    Forward order: edges grouped by the offset of their end inside its string, within that by end position
-    (strings of the same length together), within a group by begin ascending (a Viterbi tie keeps the
-    first = longest last piece, the encoder's rule). Backward order (only what the beta sweep reads: its
-    source = the edge's end, its piece, its destination = the begin): by begin offset descending, then
+    Positions are laid out offset-major: strings ranked by (length, index), and the positions at offset k
+    of all strings at least k long form one contiguous block, in rank order (``pos_base[k] + rank``). Each
+    offset's sweep step then writes one contiguous block (every position has its single-character edge,
+    so one group per string) and reads blocks at most ``max_len`` offsets back.
+
+    Forward order: edges grouped by the offset of their end inside its string, within that by end position,
+    within a group by begin ascending (a Viterbi tie keeps the first = longest last piece, the encoder's
+    rule; the group's last edge is its single character). Backward order (only what the beta sweep reads:
+    its source = the edge's end, its piece, its destination = the begin): by begin offset descending, then
     grouped by begin. Arrays are int32. The edges are every occurrence of a piece known to ``lookup`` in
     ``strings``, produced directly in both orders by :func:`_chunk_edges` (no sort of the edges).
 
@@ -640,64 +656,58 @@ class _Lattice:
         """Edges = occurrences in ``strings`` of the pieces ``lookup(h1, h2) -> id`` knows (length <= max_len;
         not a whole string with ``exclude_full``; only pieces with ``alive[id]`` if given)."""
         lengths = np.array([len(w) for w in strings], dtype=np.int64)
-        # positions laid out by string length (then index), the order the edges are produced in: each
-        # offset's edges then read and write the position arrays in ascending order (cache-friendly sweeps)
-        by_len = np.argsort(lengths, kind="stable")
-        self.starts = np.zeros(lengths.size, dtype=np.int64)
-        self.starts[by_len] = np.concatenate([[0], np.cumsum(lengths[by_len] + 1)[:-1]])
-        self.ends = self.starts + lengths
         self.npos = int(lengths.sum() + lengths.size)
         if self.npos >= 2**31 - 1:
             raise UserError("unigram: corpus too large for one lattice (over 2^31 character positions)")
+        by_len = np.argsort(lengths, kind="stable")  # rank -> string
+        rank = np.empty(lengths.size, dtype=np.int64)
+        rank[by_len] = np.arange(lengths.size)
+        span = int(lengths.max(initial=0))
+        at_least = lengths.size - np.searchsorted(lengths[by_len], np.arange(span + 1))  # strings >= k long
+        # position of (offset k, rank r) = start of block k + (r - first rank in block k)
+        pos_base = np.concatenate([[0], np.cumsum(at_least)[:-1]]) - (lengths.size - at_least)
+        self.starts = pos_base[0] + rank
+        self.ends = pos_base[lengths] + rank
+        self.pos_base, self.rank = pos_base, rank  # position of (offset k, string s): pos_base[k] + rank[s]
         self.counts = np.asarray(counts, dtype=np.float64)
         self.backward = backward
         powers = _hash_powers(max_len)
-        def chunk(group):
-            return _chunk_edges(*group, powers, max_len, lookup, exclude_full, alive, backward)
 
-        groups = length_groups(strings, max_len, chunk_cells or LATTICE_CHUNK_CELLS)
+        def chunk(group):
+            return _chunk_edges(*group, powers, max_len, lookup, exclude_full, alive, backward, pos_base)
+
+        def groups():
+            r = 0
+            for idx, n, H1, H2 in length_groups(strings, max_len, chunk_cells or LATTICE_CHUNK_CELLS):
+                yield idx, n, H1, H2, r
+                r += idx.size
+
         if threads > 1:  # chunks are independent and numpy releases the GIL: results kept in chunk order
             with ThreadPoolExecutor(max_workers=threads) as pool:
-                parts = [c for c in pool.map(chunk, groups) if c is not None]
+                parts = [c for c in pool.map(chunk, groups()) if c is not None]
         else:
-            parts = [c for c in map(chunk, groups) if c is not None]
-        starts32 = self.starts.astype(np.int32)
-        span = max((c[0][4].size for c in parts), default=0)
-        for d, name_order in ((0, range(span)), (1, range(span - 1, -1, -1))):
+            parts = [c for c in map(chunk, groups()) if c is not None]
+        names = (("fk", "ew", "ep", "eb", "ee"), ("bk", "b_ep", "b_src", "b_dst"))
+        for d, offsets in ((0, range(span)), (1, range(span - 1, -1, -1))):
             if d == 1 and not backward:
                 break
             # (offset, chunk) order: slice every chunk's arrays at its offset boundaries
-            bounds = [np.concatenate([[0], np.cumsum(c[d][4])]).tolist() for c in parts]
-            pick = [(ci, bounds[ci][o], bounds[ci][o + 1]) for o in name_order for ci in range(len(parts))
-                    if o < parts[ci][d][4].size and bounds[ci][o + 1] > bounds[ci][o]]
-            cols = []
-            for a in range(4):
-                cols.append(np.concatenate([parts[ci][d][a][lo:hi] for ci, lo, hi in pick]) if pick
-                            else np.zeros(0, dtype=(np.int16, np.int32, np.int32, np.int8)[a]))
-            off, ew, piece, length = cols
-            del cols
-            if d == 0:
-                self.fk, self.ew, self.ep = off, ew, piece
-                self.ee = starts32[ew]
-                self.ee += off
-                self.eb = self.ee - length
-            else:
-                self.bk, self.b_ep = off, piece
-                self.b_dst = starts32[ew]
-                self.b_dst += off
-                self.b_src = self.b_dst + length
-            del off, ew, piece, length
-        if not parts:
-            z = np.zeros(0, dtype=np.int32)
-            self.fk, self.ew, self.ep, self.ee, self.eb = z.astype(np.int16), z, z, z, z
-            if backward:
-                self.bk, self.b_ep, self.b_dst, self.b_src = z.astype(np.int16), z, z, z
+            bounds = [np.concatenate([[0], np.cumsum(c[d][1])]).tolist() for c in parts]
+            pick = [(ci, bounds[ci][o], bounds[ci][o + 1]) for o in offsets for ci in range(len(parts))
+                    if o < parts[ci][d][1].size and bounds[ci][o + 1] > bounds[ci][o]]
+            for a, name in enumerate(names[d]):
+                dtype = np.int16 if name in ("fk", "bk") else np.int32
+                setattr(self, name, np.concatenate([parts[ci][d][0][a][lo:hi] for ci, lo, hi in pick]).astype(dtype, copy=False)
+                        if pick else np.zeros(0, dtype=dtype))
+                for c in parts:  # free each chunk's column once it is copied
+                    c[d] = (c[d][0][:a] + (None,) + c[d][0][a + 1:], c[d][1])
         del parts
         self._index()
 
     @staticmethod
     def _slices(dst: np.ndarray, k: np.ndarray):
-        """Per offset k: (lo, hi, local group starts, group sizes, destination of each group)."""
+        """Per offset k: (lo, hi, local group starts, group sizes, destinations of the groups: a slice when
+        they are one contiguous block, as the layout gives, else an index array)."""
         n = dst.size
         if n == 0:
             return []
@@ -713,7 +723,11 @@ class _Lattice:
         for lo, hi, g_lo, g_hi in zip(bounds[:-1], bounds[1:], gcut[:-1], gcut[1:]):
             gs = (gstart[g_lo:g_hi] - lo).astype(np.int32)
             sizes = np.diff(gs, append=np.int32(hi - lo))
-            out.append((lo, hi, gs, sizes, dst[gstart[g_lo:g_hi]]))
+            d = dst[gstart[g_lo:g_hi]]
+            first = int(d[0])
+            if np.array_equal(d, np.arange(first, first + d.size, dtype=d.dtype)):
+                d = slice(first, first + d.size)
+            out.append((lo, hi, gs, sizes, d))
         return out
 
     def _index(self):
@@ -727,38 +741,55 @@ class _Lattice:
         if n_dead == 0 or n_dead < min_fraction * keep.size:
             return
         for name in ("eb", "ee", "ep", "ew", "fk"):
-            setattr(self, name, getattr(self, name)[keep])
+            setattr(self, name, np.compress(keep, getattr(self, name)))
         if self.backward:
             keep = piece_alive[self.b_ep]
             for name in ("b_src", "b_dst", "b_ep", "bk"):
-                setattr(self, name, getattr(self, name)[keep])
+                setattr(self, name, np.compress(keep, getattr(self, name)))
         del keep
         self._index()
         release_memory()
 
     def _sweep(self, logp, forward: bool, mode: str):
-        """'lse' -> log-sum-exp over paths (forward alpha / backward beta); 'max' -> Viterbi + back-pointers."""
+        """'lse' -> log-sum-exp over paths (forward alpha / backward beta); 'max' -> Viterbi + back-pointers.
+
+        Log-sum-exp shifts each group by its single-character edge's score (the last edge of a forward
+        group, the first of a backward one: length ascending), which is always finite and within
+        max_len * |log p| of the group's best, instead of a max-reduction; a group whose sum overflows all the
+        same is recomputed with its maximum as the shift."""
         src, ep, slices = (self.eb, self.ep, self.f_slices) if forward else (self.b_src, self.b_ep, self.b_slices)
         val = np.full(self.npos, -np.inf)
         val[self.starts if forward else self.ends] = 0.0
         back = np.full(self.npos, -1, dtype=np.int64) if mode == "max" else None
-        for lo, hi, gs, sizes, dfirst in slices:
-            x = val[src[lo:hi]]  # (n,) score of the path to each edge's source
-            x += logp[ep[lo:hi]]
-            m = np.maximum.reduceat(x, gs)  # (groups,)
+        n_max = max((hi - lo for lo, hi, *_ in slices), default=0)
+        xbuf, ybuf = np.empty(n_max), np.empty(n_max)  # scratch reused by every offset
+        for lo, hi, gs, sizes, dest in slices:
+            x, y = xbuf[: hi - lo], ybuf[: hi - lo]
+            np.take(val, src[lo:hi], out=x, mode="clip")  # score of the path to each edge's source
+            np.take(logp, ep[lo:hi], out=y, mode="clip")  # (indices are in range: 'clip' skips a copy)
+            x += y
             if mode == "lse":
-                x -= np.repeat(m, sizes)
-                np.exp(x, out=x)
-                s = np.add.reduceat(x, gs)
+                m = x[gs + sizes - 1] if forward else x[gs]
+                np.subtract(x, np.repeat(m, sizes), out=y)
+                np.exp(y, out=y)
+                s = np.add.reduceat(y, gs)
                 np.log(s, out=s)
                 s += m
-                val[dfirst] = s
+                bad = np.flatnonzero(~np.isfinite(s))
+                if bad.size:  # a sum overflowed (or the shift was -inf): shift those groups by their maximum
+                    mx = np.maximum.reduceat(x, gs)[bad]
+                    for g, shift in zip(bad.tolist(), mx.tolist()):
+                        xs = x[gs[g]: gs[g] + sizes[g]]
+                        s[g] = shift + math.log(float(np.exp(xs - shift).sum())) if shift > -math.inf else -math.inf
+                val[dest] = s
             else:
-                idx = np.flatnonzero(x == np.repeat(m, sizes))
-                g = np.searchsorted(gs, idx, side="right")
-                first = idx[np.concatenate([[True], g[1:] != g[:-1]])]
-                val[dfirst] = m
-                back[dfirst] = lo + first
+                m = np.maximum.reduceat(x, gs)  # (groups,)
+                gid = np.repeat(np.arange(m.size, dtype=np.int32), sizes)  # each edge's group
+                idx = np.flatnonzero(x == m[gid])  # the edges at their group's maximum
+                g = gid[idx]
+                first = idx[np.concatenate([[True], g[1:] != g[:-1]])]  # the first of each group
+                val[dest] = m
+                back[dest] = lo + first
         return val, back
 
     def expected_counts(self, logp, n_pieces):
@@ -779,26 +810,31 @@ class _Lattice:
                 alpha, _ = self._sweep(logp, True, "lse")
                 beta, _ = self._sweep(logp, False, "lse")
             z = alpha[self.ends]
+            with np.errstate(divide="ignore"):
+                log_weight = np.log(self.counts) - z  # per string: log(count / Z)
+            local = threading.local()  # one scratch buffer per thread
 
             def part(lo: int) -> np.ndarray:  # (P,) expected counts from edges [lo, lo + chunk)
                 hi = min(lo + POSTERIOR_CHUNK, self.eb.size)
-                post = alpha[self.eb[lo:hi]]  # log posterior of each edge, built in place
-                post += logp[self.ep[lo:hi]]
-                post += beta[self.ee[lo:hi]]
-                w = self.ew[lo:hi]
-                post -= z[w]
+                if not hasattr(local, "buf"):
+                    local.buf = (np.empty(POSTERIOR_CHUNK), np.empty(POSTERIOR_CHUNK))
+                post, tmp = local.buf[0][: hi - lo], local.buf[1][: hi - lo]
+                # posterior of each edge: alpha(begin) * p(piece) * beta(end) * count / Z ('clip': the
+                # indices are in range, and it spares numpy a copy)
+                np.take(alpha, self.eb[lo:hi], out=post, mode="clip")
+                post += np.take(logp, self.ep[lo:hi], out=tmp, mode="clip")
+                post += np.take(beta, self.ee[lo:hi], out=tmp, mode="clip")
+                post += np.take(log_weight, self.ew[lo:hi], out=tmp, mode="clip")
                 np.exp(post, out=post)
-                post *= self.counts[w]
                 return np.bincount(self.ep[lo:hi], weights=post, minlength=n_pieces)
 
+            expected = np.zeros(n_pieces)
             starts = range(0, self.eb.size, POSTERIOR_CHUNK)
-            parts = list(pool.map(part, starts) if pool is not None else map(part, starts))
+            for c in (pool.map(part, starts) if pool is not None else map(part, starts)):
+                expected += c  # fixed order: the same sums whatever the thread count
         finally:
             if pool is not None:
                 pool.shutdown()
-        expected = np.zeros(n_pieces)
-        for c in parts:  # fixed order: the same sums whatever the thread count
-            expected += c
         return expected, float((z * self.counts).sum())
 
     def viterbi_paths(self, logp, string_alive: np.ndarray | None = None):
@@ -871,8 +907,8 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     corpus = _Lattice(words, L, lookup, counts)
     where = np.zeros(P, dtype=np.int64)
     where[corpus.ep] = np.arange(corpus.ep.size)  # some occurrence of every seed: its string
-    sid, end = corpus.ew[where], corpus.ee[where]
-    strs = [words[k][e - n:e] for k, e, n in zip(sid.tolist(), (end - corpus.starts[sid]).tolist(), seed_len.tolist())]
+    sid, end = corpus.ew[where], corpus.fk[where]  # its string and end offset
+    strs = [words[k][e - n:e] for k, e, n in zip(sid.tolist(), end.tolist(), seed_len.tolist())]
     del where, sid, end
     release_memory()
     # the pieces' own lattices (without the full-span edge, so: their alternative segmentations) are

@@ -173,13 +173,21 @@ def _check_flat_lattice(words, rnd, compact, np):
     lat = _Lattice(words, 4, lookup, counts, chunk_cells=rnd.choice([1, 20, 1 << 20]))
     want_edges = sorted((k, b, e, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
                         for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids)
-    starts = lat.starts[lat.ew]
-    assert sorted(zip(lat.ew.tolist(), (lat.eb - starts).tolist(), (lat.ee - starts).tolist(), lat.ep.tolist())) == want_edges
+    offset = {int(lat.pos_base[k] + lat.rank[s]): k for s, w in enumerate(words) for k in range(len(w) + 1)}
+    assert len(offset) == sum(len(w) + 1 for w in words) == lat.npos  # one position per (string, offset)
+
+    def edges(lat):
+        return sorted((s, offset[b], offset[e], p) for s, b, e, p in zip(lat.ew.tolist(), lat.eb.tolist(), lat.ee.tolist(),
+                                                                        lat.ep.tolist()))
+
+    assert edges(lat) == want_edges
+    assert [offset[p] for p in lat.starts.tolist()] == [0] * len(words)
+    assert [offset[p] for p in lat.ends.tolist()] == [len(w) for w in words]
+    assert sorted(zip(lat.b_ep.tolist(), lat.b_src.tolist(), lat.b_dst.tolist())) == sorted(zip(lat.ep.tolist(), lat.ee.tolist(), lat.eb.tolist()))
     # the pruning lattice: no whole-string edge, only live pieces, forward order only
     some = np.array([rnd.random() < 0.7 for _ in pieces])
     alt = _Lattice(words, 4, lookup, counts, exclude_full=True, alive=some, backward=False, chunk_cells=rnd.choice([1, 1 << 20]))
-    starts = alt.starts[alt.ew]
-    assert sorted(zip(alt.ew.tolist(), (alt.eb - starts).tolist(), (alt.ee - starts).tolist(), alt.ep.tolist())) == [
+    assert edges(alt) == [
         (k, b, e, i) for k, b, e, i in want_edges if some[i] and e - b < len(words[k])]
     logp = np.array([-float(rnd.randint(1, 4)) for _ in pieces])
     alive = np.ones(len(pieces), dtype=bool)
