@@ -20,12 +20,16 @@ Words are SentencePiece-style: ``' '`` -> ``'▁'`` and each word starts with ``
 (0.9995 by default, as sentencepiece); rarer characters are left to byte fallback or ``<unk>``,
 which is what makes an 8k vocabulary possible on English + Chinese text.
 
-The trainer is vectorised with numpy over a flat lattice of all distinct words (positions of all
-words concatenated; edges = (begin, end, piece), int32, compacted as pieces die): forward, backward
-and Viterbi loop only over the offset inside a word. Seeds come from counting all substrings by two
-64-bit hashes in hash buckets with a running top-k. Oracles in the tests: brute-force enumeration of
+The trainer is vectorised with numpy over a flat lattice of all distinct words (one position per
+(word, offset), laid out offset-major; edges = (begin, end, piece), int32, compacted as pieces die):
+forward, backward and Viterbi loop only over the offset inside a word. Seeds come from counting all
+substrings by two 64-bit hashes in hash buckets with a running top-k; the lattice's edges are looked
+up in an open-addressing table of the seeds' hashes and come out already in sweep order (no sort).
+Seeding, the lattice build and the E-step run on two threads (numpy releases the GIL), with results
+that do not depend on the thread count. Oracles in the tests: brute-force enumeration of
 segmentations for the flat lattice (expected counts, likelihood, Viterbi paths) and for the encoder,
-whose lattice-building twin ``viterbi_slow`` also checks its tie rule.
+whose lattice-building twin ``viterbi_slow`` also checks its tie rule; a Counter of all substrings
+for the seed counts.
 
 Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, n-best encoding.
 """
