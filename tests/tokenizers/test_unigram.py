@@ -175,20 +175,27 @@ def _check_flat_lattice(words, rnd, compact, np):
                         for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids)
     offset = {int(lat.pos_base[k] + lat.rank[s]): k for s, w in enumerate(words) for k in range(len(w) + 1)}
     assert len(offset) == sum(len(w) + 1 for w in words) == lat.npos  # one position per (string, offset)
-
-    def edges(lat):
-        return sorted((s, offset[b], offset[e], p) for s, b, e, p in zip(lat.ew.tolist(), lat.eb.tolist(), lat.ee.tolist(),
-                                                                        lat.ep.tolist()))
-
-    assert edges(lat) == want_edges
     assert [offset[p] for p in lat.starts.tolist()] == [0] * len(words)
     assert [offset[p] for p in lat.ends.tolist()] == [len(w) for w in words]
-    assert sorted(zip(lat.b_ep.tolist(), lat.b_src.tolist(), lat.b_dst.tolist())) == sorted(zip(lat.ep.tolist(), lat.ee.tolist(), lat.eb.tolist()))
-    # the pruning lattice: no whole-string edge, only live pieces, forward order only
-    some = np.array([rnd.random() < 0.7 for _ in pieces])
-    alt = _Lattice(words, 4, lookup, counts, exclude_full=True, alive=some, backward=False, chunk_cells=rnd.choice([1, 1 << 20]))
-    assert edges(alt) == [
-        (k, b, e, i) for k, b, e, i in want_edges if some[i] and e - b < len(words[k])]
+
+    def edges(lat, forward=True):
+        return sorted(zip(*(a.tolist() for a in lat.edges(forward))))
+
+    assert edges(lat) == want_edges
+    assert edges(lat, False) == want_edges
+    sid, end = lat.string_and_end(np.arange(lat.ep.size))
+    got = lat.edges()
+    assert sid.tolist() == got[0].tolist() and end.tolist() == got[2].tolist()
+    # the pruning lattice: no whole-string edge, only live pieces (never the characters), forward order only
+    some = np.array([i < 3 or rnd.random() < 0.7 for i in range(len(pieces))])
+    multi = [w for w in words if len(w) > 1]
+    alt = _Lattice(multi, 4, lookup, counts[: len(multi)], exclude_full=True, alive=some, backward=False,
+                   chunk_cells=rnd.choice([1, 1 << 20]))
+    assert edges(alt) == sorted((k, b, e, ids[w[b:e]]) for k, w in enumerate(multi) for b in range(len(w))
+                                for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids and some[ids[w[b:e]]]
+                                and e - b < len(w))
+    with pytest.raises(ValueError, match="every character must be a piece"):
+        _Lattice(words + ["d"], 4, lookup, counts + [1])
     logp = np.array([-float(rnd.randint(1, 4)) for _ in pieces])
     alive = np.ones(len(pieces), dtype=bool)
     for round_ in range(2):
