@@ -282,10 +282,19 @@ def test_default_tiles(monkeypatch):
     assert call(1, 4, 4, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # one head, 4x the queries
     assert call(2, 8, 2, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # B*Hkv = 4 (GQA)
     assert call(8, 4, 4, 100, 64, causal=False) == ((100, fa.BLOCK_K, 32), small)  # short: all heads, all queries
-    assert call(1, 4, 4, 16384, 64, causal=True) == ((4 * bq, fa.BLOCK_K, 1), big)  # Nq/16 = 1024 queries
-    assert call(1, 4, 4, 8192, 64, causal=True) == ((2 * bq, fa.BLOCK_K, 2), big)  # Nq/16 = 512: two heads
-    assert call(1, 4, 4, 4096, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # Nq/16 = 256: all heads
-    assert call(1, 4, 4, 1024, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # at least BLOCK_Q
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # one thread: causal blocks of Nq/16 queries
+        assert call(1, 4, 4, 16384, 64, causal=True) == ((4 * bq, fa.BLOCK_K, 1), big)  # Nq/16 = 1024 queries
+        assert call(1, 4, 4, 8192, 64, causal=True) == ((2 * bq, fa.BLOCK_K, 2), big)  # Nq/16 = 512: two heads
+        assert call(1, 4, 4, 4096, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # Nq/16 = 256: all heads
+        assert call(1, 4, 4, 1024, 64, causal=True) == ((bq, fa.BLOCK_K, 4), small)  # at least BLOCK_Q
+        torch.set_num_threads(2)  # several: BLOCK_Q queries of every head of the budget
+        assert call(1, 4, 4, 16384, 64, causal=True) == ((bq, fa.BLOCK_K, 4), big)
+        assert call(2, 8, 2, 8192, 64, causal=True) == ((bq, fa.BLOCK_K, 4), big)  # GQA: B*Hkv = 4
+        assert call(1, 4, 4, 8192, 64, causal=False) == ((4 * bq, fa.BLOCK_K, 1), big)  # non-causal unchanged
+    finally:
+        torch.set_num_threads(threads)
     assert call(1, 1, 1, 8192, 64, block_q=32) == ((32, fa.BLOCK_K), (32, fa.BWD_BLOCK_K))
 
 
