@@ -37,6 +37,7 @@ Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, 
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 import unicodedata
@@ -377,7 +378,7 @@ def _block_hashes(H1, H2, P1, P2, l: int):
         return (H1[:, l:] - H1[:, :m] * P1[l]).ravel(), (H2[:, l:] - H2[:, :m] * P2[l]).ravel()
 
 
-def iter_substrings(strings: list[str], max_len: int, exclude_full: bool = False):
+def iter_substrings(strings: list[str], max_len: int):
     """Every substring of length <= max_len of every string, yielded in blocks (sid, begin, length, h1, h2).
 
     h1, h2 are two polynomial hashes mod 2^64 (bases 1000003 and 0x9E37...): the substring's identity
@@ -386,8 +387,6 @@ def iter_substrings(strings: list[str], max_len: int, exclude_full: bool = False
     P1, P2 = _hash_powers(max_len)
     for idx, n, H1, H2 in length_groups(strings, max_len):
         for l in range(1, min(max_len, n) + 1):
-            if exclude_full and l == n:
-                continue
             m = n + 1 - l
             h1, h2 = _block_hashes(H1, H2, P1, P2, l)
             yield np.repeat(idx, m), np.tile(np.arange(m, dtype=np.int32), idx.size), l, h1, h2
@@ -680,14 +679,14 @@ class _Lattice:
         self.rank = np.empty(lengths.size, dtype=np.int64)
         self.rank[self.by_len] = np.arange(lengths.size)
         span = int(lengths.max(initial=0))
-        at_least = lengths.size - np.searchsorted(lengths[self.by_len], np.arange(span + 2))  # strings >= k long
-        self.first_rank = lengths.size - at_least  # rank of the first string at least k long
+        self.at_least = lengths.size - np.searchsorted(lengths[self.by_len], np.arange(span + 2))  # strings >= k long
+        self.first_rank = lengths.size - self.at_least  # rank of the first string at least k long
         # position of (offset k, rank r) = start of block k + (r - first rank in block k)
-        self.pos_base = np.concatenate([[0], np.cumsum(at_least)[:-1]]) - self.first_rank
+        self.pos_base = np.concatenate([[0], np.cumsum(self.at_least)[:-1]]) - self.first_rank
         self.starts = self.pos_base[0] + self.rank
         self.ends = self.pos_base[lengths] + self.rank
         self.counts = np.asarray(counts, dtype=np.float64)
-        self.backward = backward
+        self.backward, self.threads = backward, threads
         powers = _hash_powers(max_len)
 
         def chunk(group):
@@ -715,16 +714,16 @@ class _Lattice:
 
     def _assemble(self, parts, d, steps, what):
         """Concatenate the chunks' edges of direction ``d`` in (step, chunk) order; one slice per step."""
-        cuts = [np.concatenate([[0], np.cumsum(p[d][2].sum(axis=1))]).tolist() if p else None for p in parts]
+        cuts = [np.concatenate([[0], np.cumsum(p[d][2].sum(axis=1))]).tolist() for p in parts]
         pick, slices, lo = [], [], 0
         for k, o in steps:  # destination offset k, cube row o
+            first = k + (d == 1)  # the strings with a group: at least `first` characters long
             sizes = [p[d][2][o] for p in parts if o < p[d][2].shape[0]]
             sizes = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int32)
-            want = self.first_rank.size and int(self.first_rank[-1] - self.first_rank[k + (d == 1)])  # strings with a group
-            if sizes.size != want or (sizes.size and sizes.min() == 0):
+            if sizes.size != self.at_least[first] or (sizes.size and sizes.min() == 0):
                 raise ValueError(f"unigram lattice: a {what} position has no edge (every character must be a piece)")
             pick += [(ci, cuts[ci][o], cuts[ci][o + 1]) for ci, p in enumerate(parts) if o < p[d][2].shape[0]]
-            r0 = int(self.first_rank[k + (d == 1)])
+            r0 = int(self.first_rank[first])
             slices.append(_Slice(k, lo, sizes, int(self.pos_base[k] + r0), r0))
             lo = slices[-1].hi
         cols = []
@@ -837,7 +836,7 @@ class _Lattice:
         its array loops): the forward and backward sweeps are independent given log p, and so are the
         posteriors of different edges. The edges are always summed in the same pieces (forward steps, cut
         into chunks of ``POSTERIOR_CHUNK``), in order, so the result does not depend on the thread count."""
-        pool = ThreadPoolExecutor(max_workers=2) if self.src.size >= PARALLEL_SWEEP_EDGES else None
+        pool = ThreadPoolExecutor(max_workers=2) if self.threads > 1 and self.src.size >= PARALLEL_SWEEP_EDGES else None
         try:
             if pool is not None:
                 backward = pool.submit(self._sweep, logp, False, "lse")
@@ -903,13 +902,14 @@ class _Lattice:
 def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: int = 0,
                   character_coverage: float = 0.9995, seed_size: int | None = None, max_piece_length: int = 16,
                   shrinking_factor: float = 0.75, n_sub_iterations: int = 2, max_word_length: int = 32,
-                  log=None) -> list[tuple[str, float]]:
+                  threads: int = 2, log=None) -> list[tuple[str, float]]:
     """Learn ``vocab_size - n_reserved`` pieces with log-probabilities, sorted by score (best first).
 
     ``word_counts`` holds Metaspace words ("▁hello"). ``n_reserved`` counts the special and byte
     pieces the caller adds. ``seed_size`` defaults to max(10 * target, 50k), capped at 1M: the seeds
     are every character plus the substrings (count >= 2) with the largest count * length, ties broken
-    by the substring's hash (deterministic).
+    by the substring's hash (deterministic). ``threads`` (1 or 2) is how many threads seeding, the
+    lattice build and the E-step use; the result is the same for either.
     """
     if not word_counts:
         raise UserError("cannot train a Unigram tokenizer on an empty corpus")
@@ -928,7 +928,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
 
     # --- seeds: all characters + frequent substrings, scored count * length --------------------
     n_multi = max(0, seed_size - len(chars))
-    uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi)
+    uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi, threads=threads)
     ufreq = ufreq.astype(np.float64)
     char_u = np.flatnonzero(ulen == 1)
     char_u = char_u[np.argsort(uh1[char_u])]  # a character's hash is its code point + 1: by h1 = by character
@@ -946,7 +946,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     del uh1, uh2, ufreq, ulen
     release_memory()
 
-    corpus = _Lattice(words, L, lookup, counts)
+    corpus = _Lattice(words, L, lookup, counts, threads=threads)
     where = np.zeros(P, dtype=np.int64)
     where[corpus.ep] = np.arange(corpus.ep.size)  # some occurrence of every seed: its string
     sid, end = corpus.string_and_end(where)
@@ -988,7 +988,7 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
             multi_ids = np.flatnonzero(alive & ~is_char)
             multi = [strs[i] for i in multi_ids.tolist()]
             alt_lat = _Lattice(multi, L, lookup, np.ones(len(multi)), exclude_full=True, alive=alive,
-                               backward=False)  # only Viterbi runs on it
+                               backward=False, threads=threads)  # only Viterbi runs on it
             del lookup, multi
             release_memory()
         else:
@@ -1113,7 +1113,8 @@ class UnigramTrainer:
         learned = train_unigram(word_counts, self.vocab_size, n_reserved=len(reserved),
                                 character_coverage=self.character_coverage, seed_size=self.seed_size,
                                 max_piece_length=self.max_piece_length, shrinking_factor=self.shrinking_factor,
-                                n_sub_iterations=self.n_sub_iterations, log=log)
+                                n_sub_iterations=self.n_sub_iterations,
+                                threads=min(2, self.workers or os.cpu_count() or 1), log=log)
         taken = set(reserved)
         # 12 significant digits: a JSON float that short parses exactly in every reader (serde_json's
         # default float parser is only "best effort" on 17-digit reprs, which flips Viterbi near-ties).

@@ -150,19 +150,20 @@ def _enumerate_segmentations(word, ids):
 def test_flat_lattice_equals_brute_force(words, rnd, compact, threaded):
     """The trainer's vectorised lattice (all words at once) against per-word enumeration: expected piece
     counts, log-likelihood and Viterbi paths (ties included: integer log-probs), before and after pieces die;
-    with the E-step's forward and backward sweeps in one thread or two."""
+    with the lattice build and the E-step in one thread or two."""
     np = pytest.importorskip("numpy")
     from posttrain.tokenizers import unigram
+
     saved = unigram.PARALLEL_SWEEP_EDGES, unigram.POSTERIOR_CHUNK
     unigram.PARALLEL_SWEEP_EDGES = 0 if threaded else 10**12
     unigram.POSTERIOR_CHUNK = 3 if threaded else saved[1]  # many chunks of edges
     try:
-        _check_flat_lattice(words, rnd, compact, np)
+        _check_flat_lattice(words, rnd, compact, np, threads=2 if threaded else 1)
     finally:
         unigram.PARALLEL_SWEEP_EDGES, unigram.POSTERIOR_CHUNK = saved
 
 
-def _check_flat_lattice(words, rnd, compact, np):
+def _check_flat_lattice(words, rnd, compact, np, threads):
     from posttrain.tokenizers.unigram import _HashIndex, _Lattice
 
     pieces = ["a", "b", "c"] + sorted({"".join(rnd.choice("abc") for _ in range(rnd.randint(2, 4))) for _ in range(10)})
@@ -170,7 +171,7 @@ def _check_flat_lattice(words, rnd, compact, np):
     counts = [rnd.randint(1, 5) for _ in words]
     lookup = _HashIndex.of_strings(pieces)
     # tiny chunks of rows: strings of one length are split over several chunks
-    lat = _Lattice(words, 4, lookup, counts, chunk_cells=rnd.choice([1, 20, 1 << 20]))
+    lat = _Lattice(words, 4, lookup, counts, chunk_cells=rnd.choice([1, 20, 1 << 20]), threads=threads)
     want_edges = sorted((k, b, e, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
                         for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids)
     offset = {int(lat.pos_base[k] + lat.rank[s]): k for s, w in enumerate(words) for k in range(len(w) + 1)}
