@@ -26,6 +26,7 @@ TRAIN_FLAGS = {
     "pattern": "pattern",
     "character_coverage": "character_coverage",
     "byte_fallback": "byte_fallback",
+    "split_by_script": "split_by_script",
     "workers": "workers",
 }
 
@@ -51,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="unigram: fraction of characters kept (rest -> byte fallback or <unk>; default 0.9995)")
     t.add_argument("--byte-fallback", action="store_true", default=None,
                    help="bpe/unigram: unknown characters -> <0xNN> byte tokens instead of <unk>")
+    t.add_argument("--split-by-script", action=argparse.BooleanOptionalAction, default=None,
+                   help="unigram: a piece holds one Unicode script, digits and punctuation being their own "
+                        "(sentencepiece's default; default: on)")
     t.add_argument("--workers", type=int, default=None, help="processes for pre-tokenisation (default: all cores)")
     t.set_defaults(_action=_train)
 

@@ -31,7 +31,9 @@ segmentations for the flat lattice (expected counts, likelihood, Viterbi paths) 
 whose lattice-building twin ``viterbi_slow`` also checks its tie rule; a Counter of all substrings
 for the seed counts.
 
-Not handled: sentencepiece's unicode-script and digit splitting of seed pieces, n-best encoding.
+Pieces hold one Unicode script (sentencepiece's ``split_by_unicode_script``, on by default; digits and
+punctuation are Common). Not handled: sentencepiece's ``split_digits`` and whitespace-only pieces,
+n-best encoding.
 """
 
 from __future__ import annotations
@@ -328,6 +330,91 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: an odd multiplier spr
 _B2 = np.uint64(0x9E3779B97F4A7C15)
 
 
+# ISO 15924 codes of the Unicode scripts (``regex``'s \p{sc=...} names); Zyyy = Common (punctuation,
+# digits, symbols), Zinh = Inherited (combining marks)
+_SCRIPT_CODES = (
+    "Zyyy Latn Bopo Zinh Grek Copt Cyrl Armn Hebr Arab Syrc Thaa Nkoo Samr Mand Deva Beng Guru Gujr Orya Taml "
+    "Telu Knda Mlym Sinh Thai Laoo Tibt Mymr Geor Hang Ethi Cher Cans Ogam Runr Tglg Hano Buhd Tagb Khmr Mong "
+    "Limb Tale Talu Bugi Lana Bali Sund Batk Lepc Olck Brai Glag Tfng Hani Hira Kana Yiii Lisu Vaii Bamu Sylo "
+    "Phag Saur Kali Rjng Java Cham Tavt Mtei Linb Lyci Cari Ital Goth Perm Ugar Xpeo Dsrt Shaw Osma Osge Elba "
+    "Aghb Vith Todr Lina Cprt Armi Palm Nbat Hatr Phnx Lydi Sidt Mero Merc Khar Sarb Narb Mani Avst Prti Phli "
+    "Phlp Orkh Hung Rohg Gara Yezi Sogo Sogd Ougr Chrs Elym Brah Kthi Sora Cakm Mahj Shrd Khoj Mult Sind Gran "
+    "Tutg Newa Tirh Sidd Modi Takr Ahom Dogr Wara Diak Nand Zanb Soyo Pauc Sunu Bhks Marc Gonm Gong Tols Maka "
+    "Kawi Xsux Pcun Cpmn Egyp Hluw Gukh Mroo Tnsa Bass Hmng Krai Medf Berf Miao Tang Nshu Kits Jurc Dupl Sgnw "
+    "Hmnp Toto Wcho Nagm Onao Tayo Mend Adlm"
+).split()
+_SCRIPT_RE = None
+
+
+def script_classes(chars) -> dict[str, int]:
+    """sentencepiece's script of each character, as an int: Hiragana, Katakana and U+30FC count as Han;
+    -2 = Inherited (a combining mark: takes the script of the character before it); '▁' = -1; 0 =
+    unknown; the others are 1 + their index in ``_SCRIPT_CODES`` (Common = 1: digits, punctuation)."""
+    global _SCRIPT_RE
+    if _SCRIPT_RE is None:
+        known = []
+        for c in _SCRIPT_CODES:  # a script the installed `regex` does not know is left out (class 0)
+            try:
+                regex.compile(rf"\p{{sc={c}}}")
+                known.append(c)
+            except regex.error:
+                pass
+        _SCRIPT_RE = regex.compile("|".join(rf"(?P<{c}>\p{{sc={c}}})" for c in known))
+    han = 1 + _SCRIPT_CODES.index("Hani")
+    out = {}
+    for ch in chars:
+        m = _SCRIPT_RE.match(ch)
+        sc = m.lastgroup if m else None
+        if ch == META:
+            out[ch] = -1
+        elif sc == "Zinh":
+            out[ch] = -2
+        elif sc in ("Hira", "Kana") or ch == "\u30fc":
+            out[ch] = han
+        else:
+            out[ch] = 0 if sc is None else 1 + _SCRIPT_CODES.index(sc)
+    return out
+
+
+def script_breaks(strings: list[str]) -> np.ndarray:
+    """Per position of the concatenated strings: how many script changes lie between its string's first
+    character and it (sentencepiece's rule: a piece holds one script, and '▁' only as its first
+    character). A character breaks from the one before it if it is '▁', or if its script differs from
+    that of the one before it and that one is not '▁' (a combining mark takes the script before it, or,
+    first or after '▁', the one after it).
+    Substring [b, e) is a valid piece iff ``breaks[e - 1] == breaks[b]``."""
+    codes, lengths = _code_points(strings)
+    if not codes.size:
+        return np.zeros(0, dtype=np.int32)
+    uniq = np.flatnonzero(np.bincount(codes))
+    cls_of = script_classes([chr(c) for c in uniq.tolist()])
+    lut = np.zeros(int(uniq[-1]) + 1, dtype=np.int32)
+    lut[uniq] = [cls_of[chr(c)] for c in uniq.tolist()]
+    cls = lut[codes]
+    first = np.zeros(codes.size, dtype=bool)
+    first[np.concatenate([[0], np.cumsum(lengths)[:-1]])[lengths > 0]] = True
+    while True:  # combining marks take the script of the character before them (chains: repeat) ...
+        inh = np.flatnonzero((cls == -2) & ~first)
+        inh = inh[(cls[inh - 1] != -2) & (cls[inh - 1] != -1)]
+        if not inh.size:
+            break
+        cls[inh] = cls[inh - 1]
+    last = np.zeros(codes.size, dtype=bool)
+    last[np.cumsum(lengths)[lengths > 0] - 1] = True
+    while True:  # ... or, first in the string or after '▁' (where sentencepiece has no script yet), the one after
+        inh = np.flatnonzero((cls == -2) & ~last)
+        inh = inh[(cls[inh + 1] != -2) & (cls[inh + 1] != -1)]
+        if not inh.size:
+            break
+        cls[inh] = cls[inh + 1]
+    brk = np.zeros(codes.size, dtype=np.int32)
+    brk[1:] = (cls[1:] == -1) | ((cls[:-1] != -1) & (cls[1:] != cls[:-1]))
+    brk[first] = 0
+    cum = np.cumsum(brk, dtype=np.int64)
+    base = np.repeat(cum[first] - brk[first], lengths[lengths > 0])  # the count before each string
+    return (cum - base).astype(np.int32)
+
+
 def _hash_powers(max_len: int) -> tuple[np.ndarray, np.ndarray]:
     P1 = np.ones(max_len + 1, dtype=np.uint64)
     P2 = np.ones(max_len + 1, dtype=np.uint64)
@@ -378,18 +465,27 @@ def _block_hashes(H1, H2, P1, P2, l: int):
         return (H1[:, l:] - H1[:, :m] * P1[l]).ravel(), (H2[:, l:] - H2[:, :m] * P2[l]).ravel()
 
 
-def iter_substrings(strings: list[str], max_len: int):
+def iter_substrings(strings: list[str], max_len: int, breaks: np.ndarray | None = None):
     """Every substring of length <= max_len of every string, yielded in blocks (sid, begin, length, h1, h2).
 
     h1, h2 are two polynomial hashes mod 2^64 (bases 1000003 and 0x9E37...): the substring's identity
     without materialising millions of Python strings (see :func:`length_groups`). One block per (string
-    length, substring length), so memory stays bounded by the largest block."""
+    length, substring length), so memory stays bounded by the largest block. With ``breaks``
+    (:func:`script_breaks`), only the substrings that are valid pieces (one script) are yielded."""
     P1, P2 = _hash_powers(max_len)
+    if breaks is not None:
+        starts = np.concatenate([[0], np.cumsum([len(w) for w in strings])[:-1]]).astype(np.int64)
     for idx, n, H1, H2 in length_groups(strings, max_len):
+        if breaks is not None:
+            brk = breaks[starts[idx][:, None] + np.arange(n)]  # (rows, n)
         for l in range(1, min(max_len, n) + 1):
             m = n + 1 - l
             h1, h2 = _block_hashes(H1, H2, P1, P2, l)
-            yield np.repeat(idx, m), np.tile(np.arange(m, dtype=np.int32), idx.size), l, h1, h2
+            sid, beg = np.repeat(idx, m), np.tile(np.arange(m, dtype=np.int32), idx.size)
+            if breaks is not None and l > 1:
+                ok = (brk[:, l - 1:] == brk[:, :m]).ravel()  # no script break inside the substring
+                sid, beg, h1, h2 = sid[ok], beg[ok], h1[ok], h2[ok]
+            yield sid, beg, l, h1, h2
 
 
 def _reduce_sorted(h1, h2, w, ln):
@@ -407,7 +503,8 @@ def _reduce_sorted(h1, h2, w, ln):
 
 
 def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_top: int | None = None,
-                     n_buckets: int = 64, min_reduce: int = 1 << 20, threads: int = 2):
+                     n_buckets: int = 64, min_reduce: int = 1 << 20, threads: int = 2,
+                     breaks: np.ndarray | None = None):
     """Distinct substrings (length <= max_len) with their total count weighted by ``counts``: arrays
     (h1, top 32 bits of h2, count, length), in no particular order. With ``keep_top``, only single characters and the ``keep_top``
     multi-character substrings of count >= 2 with the largest count * length (plus ties) are returned.
@@ -419,7 +516,8 @@ def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_
     distinct substrings (h1, h2's top half, count as uint32 where exact, length: 17 bytes each), never
     all occurrences. With ``threads`` > 1, each thread owns a contiguous range of buckets (it hashes
     every substring and keeps those routed to its buckets); the union of the threads' top-k (+ ties)
-    holds the global top-k (+ ties), so the result is the same for any thread count."""
+    holds the global top-k (+ ties), so the result is the same for any thread count. With ``breaks``
+    (:func:`script_breaks`) only valid pieces (one script each) are counted."""
     if not any(strings):
         raise UserError("cannot train a Unigram tokenizer on an empty corpus")
     bits = max(1, int(n_buckets - 1).bit_length())
@@ -440,7 +538,7 @@ def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_
             state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
             n_pend[j] = 0
 
-        for sid, _, l, h1, h2 in iter_substrings(strings, max_len):
+        for sid, _, l, h1, h2 in iter_substrings(strings, max_len, breaks):
             with np.errstate(over="ignore"):
                 b = ((h1 * _MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
             if threads > 1:
@@ -902,13 +1000,15 @@ class _Lattice:
 def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: int = 0,
                   character_coverage: float = 0.9995, seed_size: int | None = None, max_piece_length: int = 16,
                   shrinking_factor: float = 0.75, n_sub_iterations: int = 2, max_word_length: int = 32,
-                  threads: int = 2, log=None) -> list[tuple[str, float]]:
+                  split_by_script: bool = True, threads: int = 2, log=None) -> list[tuple[str, float]]:
     """Learn ``vocab_size - n_reserved`` pieces with log-probabilities, sorted by score (best first).
 
     ``word_counts`` holds Metaspace words ("▁hello"). ``n_reserved`` counts the special and byte
     pieces the caller adds. ``seed_size`` defaults to max(10 * target, 50k), capped at 1M: the seeds
     are every character plus the substrings (count >= 2) with the largest count * length, ties broken
-    by the substring's hash (deterministic). ``threads`` (1 or 2) is how many threads seeding, the
+    by the substring's hash (deterministic). With ``split_by_script`` (sentencepiece's default) a piece
+    holds characters of one Unicode script (digits and punctuation are "Common"; kana count as Han).
+    ``threads`` (1 or 2) is how many threads seeding, the
     lattice build and the E-step use; the result is the same for either.
     """
     if not word_counts:
@@ -928,7 +1028,8 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
 
     # --- seeds: all characters + frequent substrings, scored count * length --------------------
     n_multi = max(0, seed_size - len(chars))
-    uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi, threads=threads)
+    uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi, threads=threads,
+                                             breaks=script_breaks(words) if split_by_script else None)
     ufreq = ufreq.astype(np.float64)
     char_u = np.flatnonzero(ulen == 1)
     char_u = char_u[np.argsort(uh1[char_u])]  # a character's hash is its code point + 1: by h1 = by character
@@ -1065,6 +1166,7 @@ class UnigramTrainer:
     max_piece_length: int = 16
     shrinking_factor: float = 0.75
     n_sub_iterations: int = 2
+    split_by_script: bool = True
     workers: int | None = None
 
     kind = "unigram"
@@ -1113,7 +1215,7 @@ class UnigramTrainer:
         learned = train_unigram(word_counts, self.vocab_size, n_reserved=len(reserved),
                                 character_coverage=self.character_coverage, seed_size=self.seed_size,
                                 max_piece_length=self.max_piece_length, shrinking_factor=self.shrinking_factor,
-                                n_sub_iterations=self.n_sub_iterations,
+                                n_sub_iterations=self.n_sub_iterations, split_by_script=self.split_by_script,
                                 threads=min(2, self.workers or os.cpu_count() or 1), log=log)
         taken = set(reserved)
         # 12 significant digits: a JSON float that short parses exactly in every reader (serde_json's

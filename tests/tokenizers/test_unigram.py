@@ -325,3 +325,49 @@ def test_character_coverage_and_splitting_equal_brute_force(word_counts, coverag
     if word_counts:
         assert kept == _kept_characters_slow(word_counts, coverage)
     assert split_uncovered(word_counts, kept, max_len) == _split_uncovered_slow(word_counts, kept, max_len)
+
+
+def _valid_piece_sentencepiece(piece, classes):
+    """sentencepiece's IsValidSentencePiece (split_by_unicode_script, split_by_whitespace): '▁' only first,
+    one script (Inherited takes the script before it, none at the start)."""
+    prev = None
+    for pos, ch in enumerate(piece):
+        if ch == "▁":
+            if pos:
+                return False
+            continue
+        s = classes[ch]
+        if s == -2:
+            s = prev
+        if s is not None and prev is not None and s != prev:
+            return False
+        prev = s
+    return True
+
+
+def test_script_classes_of_known_characters():
+    from posttrain.tokenizers.unigram import _SCRIPT_CODES, script_classes
+
+    c = script_classes("aЯ中カー1,\u0301▁")
+    code = {k: _SCRIPT_CODES[v - 1] if v > 0 else v for k, v in c.items()}
+    assert code == {"a": "Latn", "Я": "Cyrl", "中": "Hani", "カ": "Hani", "ー": "Hani", "1": "Zyyy", ",": "Zyyy",
+                    "\u0301": -2, "▁": -1}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "Я", "中", "カ", "ー", "1", ",", "▁", "\u0301"]), min_size=1,
+                         max_size=8).map("".join), min_size=1, max_size=8))
+def test_script_split_substrings_equal_sentencepiece_rule(words):
+    """The vectorised script filter of the seed substrings against a port of sentencepiece's piece
+    check (substrings that start with a combining mark excluded: ours takes the script before it in the
+    word, sentencepiece none)."""
+    np = pytest.importorskip("numpy")
+    from posttrain.tokenizers.unigram import iter_substrings, script_breaks, script_classes
+
+    classes = script_classes(set("".join(words)))
+    got = set()
+    for sid, beg, l, _, _ in iter_substrings(words, 5, script_breaks(words)):
+        got |= {(k, b, l) for k, b in zip(sid.tolist(), beg.tolist())}
+    want = {(k, b, l) for k, w in enumerate(words) for l in range(1, 6) for b in range(len(w) - l + 1)
+            if l == 1 or _valid_piece_sentencepiece(w[b:b + l], classes)}
+    assert {t for t in got if words[t[0]][t[1]] != "\u0301"} == {t for t in want if words[t[0]][t[1]] != "\u0301"}
