@@ -27,6 +27,7 @@ TRAIN_FLAGS = {
     "character_coverage": "character_coverage",
     "byte_fallback": "byte_fallback",
     "split_by_script": "split_by_script",
+    "criterion": "criterion",
     "workers": "workers",
 }
 
@@ -55,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--split-by-script", action=argparse.BooleanOptionalAction, default=None,
                    help="unigram: a piece holds one Unicode script, digits and punctuation being their own "
                         "(sentencepiece's default; default: on)")
+    t.add_argument("--criterion", choices=("score", "likelihood"), default=None,
+                   help="wordpiece: merge by count(ab)/(count(a)count(b)) (default) or by the likelihood gain "
+                        "count(ab)*log(N count(ab)/(count(a)count(b))), which favours frequent pairs")
     t.add_argument("--workers", type=int, default=None, help="processes for pre-tokenisation (default: all cores)")
     t.set_defaults(_action=_train)
 

