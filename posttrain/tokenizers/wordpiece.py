@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from posttrain.errors import UserError
-from posttrain.tokenizers.bpe import merge_ids, merge_word
+from posttrain.tokenizers.bpe import merge_ids
 
 PREFIX = "##"
 
@@ -106,48 +106,57 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
                            criterion: str = "score"):
     """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)]).
 
-    Every pair has a slot in numpy arrays (left id, right id, count, score). A merge (a, b) -> c
+    Words are strings of symbol characters and merges are applied by BPE's machinery (``bpe._merge_few``,
+    and ``bpe._merge_many`` in numpy when a merge touches many words), with its pair -> words index.
+    Every pair also has a slot in numpy arrays (left id, right id, count, score). A merge (a, b) -> c
     changes the counts of the pairs around its sites and the symbol counts of a, b and c, so it
-    rescores, in one vectorised step, the changed pairs and every pair that holds a or b
+    rescores, in one vectorised step, the changed pairs and every pair that holds a, b or c
     (``sym_pairs``: symbol -> its pairs' slots). argmax picks the best score; ties (common: many rare
     pairs score exactly 1/(count(a)count(b))) go to the smallest left string, then right string."""
+    from posttrain.tokenizers.bpe import VECTOR_MIN_WORDS, _merge_few, _merge_many, count_pairs
+
     _check_criterion(criterion)
     split = [(word_symbols(w), c) for w, c in word_counts.items() if w]
     alphabet = sorted({s for w, _ in split for s in w})
     id_to_str = list(alphabet)
     str_to_id = {s: i for i, s in enumerate(id_to_str)}
-    words = [[str_to_id[s] for s in w] for w, _ in split]
+    if len(id_to_str) + n_merges >= 0x10FFFF:
+        raise UserError(f"WordPiece training supports vocabularies below {0x10FFFF} tokens")
+    words = ["".join(chr(str_to_id[s]) for s in w) for w, _ in split]  # symbol id i = character chr(i)
     counts = [c for _, c in split]
+    counts_np = np.asarray(counts, dtype=np.int64)
+    del split
 
     cap_s = max(16, 2 * (len(id_to_str) + n_merges))
     symc = np.zeros(cap_s, dtype=np.float64)
-    slot_of: dict[tuple[int, int], int] = {}
+    if words:
+        codes = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        sc0 = np.bincount(codes, weights=np.repeat(counts_np.astype(np.float64), lengths))
+        symc[: sc0.size] = sc0
+        del codes, sc0
+    n0 = float(symc.sum())
+    pc, where = count_pairs(words, counts)  # pair (2-char string) -> count, and -> indices of its words
+    slot_of: dict[str, int] = {}
     pa: list[int] = []
     pb: list[int] = []
-    where: dict[int, set[int]] = defaultdict(set)
     sym_pairs: dict[int, list[int]] = defaultdict(list)  # symbol -> slots of the pairs holding it
 
-    def slot(p):
+    def slot(p: str) -> int:
         s = slot_of.get(p)
         if s is None:
             s = len(pa)
             slot_of[p] = s
-            pa.append(p[0])
-            pb.append(p[1])
-            sym_pairs[p[0]].append(s)
-            if p[1] != p[0]:
-                sym_pairs[p[1]].append(s)
+            x, y = ord(p[0]), ord(p[1])
+            pa.append(x)
+            pb.append(y)
+            sym_pairs[x].append(s)
+            if y != x:
+                sym_pairs[y].append(s)
         return s
 
-    init: dict[int, int] = defaultdict(int)
-    for wi, (w, c) in enumerate(zip(words, counts)):
-        for s in w:
-            symc[s] += c
-        for p in zip(w, w[1:]):
-            k = slot(p)
-            init[k] += c
-            where[k].add(wi)
-
+    init = [(slot(p), c) for p, c in pc.items()]
+    del pc
     cap = max(1024, 2 * len(pa))
     scores = np.full(cap, -np.inf)
     pa_np = np.zeros(cap, dtype=np.int64)
@@ -169,8 +178,6 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
         pb_np[synced:len(pb)] = pb[synced:]
         synced = len(pa)
 
-    n0 = float(sum(len(w) * c for w, c in zip(words, counts)))
-
     def rescore(idx):
         c = cnt_np[idx]  # (k,)
         sc = pair_scores(c, symc[pa_np[idx]], symc[pb_np[idx]], criterion, n0)  # (k,) as the oracle
@@ -179,8 +186,8 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
 
     grow()
     if init:
-        ks = np.fromiter(init.keys(), dtype=np.int64, count=len(init))
-        cnt_np[ks] = np.fromiter(init.values(), dtype=np.float64, count=len(init))
+        ks = np.fromiter((k for k, _ in init), dtype=np.int64, count=len(init))
+        cnt_np[ks] = np.fromiter((c for _, c in init), dtype=np.float64, count=len(init))
     rescore(np.arange(len(pa)))
     del init
     key = id_to_str.__getitem__
@@ -208,33 +215,34 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
             if c_id >= len(symc):
                 symc = np.concatenate([symc, np.zeros(len(symc))])
         out.append((id_to_str[a], id_to_str[b], new))
-        delta: dict[tuple[int, int], int] = defaultdict(int)
-        for wi in where.pop(best, ()):
-            r = merge_word(words[wi], a, b, c_id)
-            if r is None:
-                continue
-            nw, removed, added = r
-            k = len(words[wi]) - len(nw)
-            cnt = counts[wi]
-            symc[a] -= k * cnt
-            symc[b] -= k * cnt
-            symc[c_id] += k * cnt
-            for p in removed:
-                delta[p] -= cnt
-            for p in added:
-                delta[p] += cnt
-                where[slot(p)].add(wi)
-            words[wi] = nw
+        ab, c = chr(a) + chr(b), chr(c_id)
+        touched = where.pop(ab, ())
+        if a == b:  # runs "aaa" merge left to right: count the merges from the words' lengths
+            uniq = sorted(set(touched))
+            before = [len(words[wi]) for wi in uniq]
+        if len(touched) >= VECTOR_MIN_WORDS and a != b:
+            delta = _merge_many(words, counts_np, touched, ab, c, where)
+        else:
+            delta = _merge_few(words, counts, touched, ab, c, where)
+        # every occurrence of ab is merged: for a != b the merges are the pair's count
+        n_merged = (sum((n - len(words[wi])) * counts[wi] for wi, n in zip(uniq, before)) if a == b
+                    else cnt_np[best])
+        symc[a] -= n_merged
+        symc[b] -= n_merged
+        symc[c_id] += n_merged
         changed = [(slot(p), d) for p, d in delta.items() if d]
         grow()
+        cnt_np[best] = 0.0  # all merged, and a merge never re-creates ab (c differs from a and b)
         if changed:
-            ks = np.fromiter((s for s, _ in changed), dtype=np.int64, count=len(changed))
+            ks = np.fromiter((k for k, _ in changed), dtype=np.int64, count=len(changed))
             cnt_np[ks] += np.fromiter((d for _, d in changed), dtype=np.float64, count=len(changed))
+            for k in ks[cnt_np[ks] <= 0].tolist():  # pairs that vanished: drop their word index
+                where.pop(chr(pa[k]) + chr(pb[k]), None)
         else:
             ks = np.zeros(0, dtype=np.int64)
         # pairs whose count changed, and every pair holding a symbol whose count changed (a, b and c: c
         # may already have existed, spelt by another merge)
-        rescore(np.concatenate([ks] + [np.asarray(sym_pairs.get(x, ()), dtype=np.int64) for x in (a, b, c_id)]))
+        rescore(np.concatenate([ks, [best]] + [np.asarray(sym_pairs.get(x, ()), dtype=np.int64) for x in (a, b, c_id)]))
         if progress is not None:
             progress(len(out))
     return alphabet, out
