@@ -287,6 +287,13 @@ def _fmt(r: dict | None, key: str, fmt: str) -> str:
     return format(r[key], fmt)
 
 
+def _ratio(peer: dict | None, ours: dict | None, key: str, fmt: str = ".2f") -> str:
+    """peer[key] / ours[key], or '-' when either run is missing or failed."""
+    if peer is None or ours is None or "error" in peer or "error" in ours:
+        return "-"
+    return format(peer[key] / ours[key], fmt)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="~8 MB corpus instead of ~60 MB")
@@ -354,15 +361,11 @@ def main(argv=None) -> int:
           f"|------------|-----------|-----------|--------------|")
     for model, vocab, r in rows:
         o, h, s = r["ours"], r["hf"], r["spm"]
-        def ratio(p):
-            if p is None or "error" in p or "error" in o:
-                return "-"
-            return f"{p['seconds'] / o['seconds']:.2f}"
-        cpu_ratio = "-" if s is None or "error" in s or "error" in o else f"{s['cpu_s'] / o['cpu_s']:.2f}"
         print(f"| {model:9s} | {vocab:6d} | {_fmt(o, 'seconds', '6.1f'):>6s} | {_fmt(h, 'seconds', '12.1f'):>12s} | "
-              f"{_fmt(s, 'seconds', '15.1f'):>15s} | {ratio(h):>8s} | {ratio(s):>8s} | {_fmt(o, 'rss_mb', '8.0f'):>8s} | "
+              f"{_fmt(s, 'seconds', '15.1f'):>15s} | {_ratio(h, o, 'seconds'):>8s} | {_ratio(s, o, 'seconds'):>8s} | "
+              f"{_fmt(o, 'rss_mb', '8.0f'):>8s} | "
               f"{_fmt(h, 'rss_mb', '7.0f'):>7s} | {_fmt(s, 'rss_mb', '7.0f'):>7s} | {_fmt(o, 'cpu_s', '10.1f'):>10s} | "
-              f"{_fmt(h, 'cpu_s', '9.1f'):>9s} | {_fmt(s, 'cpu_s', '9.1f'):>9s} | {cpu_ratio:>12s} |")
+              f"{_fmt(h, 'cpu_s', '9.1f'):>9s} | {_fmt(s, 'cpu_s', '9.1f'):>9s} | {_ratio(s, o, 'cpu_s'):>12s} |")
     print()
     print("Compression: tokens per 1000 characters of the encode sample, each library encoding with the tokenizer it "
           "trained in the rows above (lower = fewer tokens; ratio = peer / ours, > 1 means ours gives fewer tokens)")
@@ -370,13 +373,9 @@ def main(argv=None) -> int:
     print("|-----------|--------|-------|------------|---------------|----------|----------|")
     for model, vocab, r in rows:
         o, h, s = r["ours"], r["hf"], r["spm"]
-
-        def cratio(p):
-            if p is None or "error" in p or "error" in o:
-                return "-"
-            return f"{p['tok_per_kchar'] / o['tok_per_kchar']:.3f}"
         print(f"| {model:9s} | {vocab:6d} | {_fmt(o, 'tok_per_kchar', '5.1f'):>5s} | {_fmt(h, 'tok_per_kchar', '10.1f'):>10s} | "
-              f"{_fmt(s, 'tok_per_kchar', '13.1f'):>13s} | {cratio(h):>8s} | {cratio(s):>8s} |")
+              f"{_fmt(s, 'tok_per_kchar', '13.1f'):>13s} | {_ratio(h, o, 'tok_per_kchar', '.3f'):>8s} | "
+              f"{_ratio(s, o, 'tok_per_kchar', '.3f'):>8s} |")
     print()
     print(f"Encoding (MB/s of UTF-8 text, median of {args.repeats}; ours and tokenizers load the same tokenizer.json "
           f"(ours, vocab {min(args.vocab_sizes)}); sentencepiece its own model; ratio = ours / tokenizers; 1t columns "
@@ -386,11 +385,9 @@ def main(argv=None) -> int:
     for model, enc in enc_rows:
         def g(lib, t):
             return enc.get((lib, t))
-        def ratio(t):
-            o, h = g("ours", t), g("hf", t)
-            if not o or not h or "error" in o or "error" in h:
-                return "-"
-            return f"{o['mb_per_s'] / h['mb_per_s']:.2f}"
+
+        def ratio(t):  # throughput: ours / theirs
+            return _ratio(g("ours", t), g("hf", t), "mb_per_s")
         print(f"| {model:9s} | {_fmt(g('ours', 1), 'mb_per_s', '7.2f'):>7s} | {_fmt(g('hf', 1), 'mb_per_s', '6.2f'):>6s} | "
               f"{_fmt(g('spm', 1), 'mb_per_s', '6.2f'):>6s} | {ratio(1):>11s} | {_fmt(g('ours', 2), 'mb_per_s', '7.2f'):>7s} | "
               f"{_fmt(g('hf', 2), 'mb_per_s', '6.2f'):>6s} | {_fmt(g('spm', 2), 'mb_per_s', '6.2f'):>6s} | {ratio(2):>10s} | "
