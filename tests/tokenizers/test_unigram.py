@@ -4,7 +4,6 @@ mixed scripts, sampling, determinism, and the vectorised trainer's pieces."""
 from collections import Counter
 import itertools
 import math
-import random
 
 import pytest
 import regex
@@ -361,7 +360,6 @@ def test_script_split_substrings_equal_sentencepiece_rule(words):
     """The vectorised script filter of the seed substrings against a port of sentencepiece's piece
     check (substrings that start with a combining mark excluded: ours takes the script before it in the
     word, sentencepiece none)."""
-    np = pytest.importorskip("numpy")
     from posttrain.tokenizers.unigram import iter_substrings, script_breaks, script_classes
 
     classes = script_classes(set("".join(words)))
