@@ -169,7 +169,11 @@ class UnigramModel:
         """Best segmentation as (piece string, id or -1 for unknown)."""
         if not word:
             return []
-        back_b, back_i = self._best_path(word)
+        return self._segments(word, *self._best_path(word))
+
+    @staticmethod
+    def _segments(word: str, back_b: list[int], back_i: list[int]) -> list[tuple[str, int]]:
+        """Follow the back-pointers from the end: (piece string, id or -1) left to right."""
         out = []
         e = len(word)
         while e > 0:
@@ -232,7 +236,7 @@ class UnigramModel:
         while e > 0:
             i = back_i[e]
             if i < 0:  # unknown characters on the path: fuse / byte-fallback them
-                return self._to_ids(self.viterbi(word))
+                return self._to_ids(self._segments(word, back_b, back_i))
             ids.append(i)
             e = back_b[e]
         ids.reverse()
