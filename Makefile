@@ -6,7 +6,7 @@ STAMP_CORE := $(VENV)/.installed-core
 STAMP_DEV := $(VENV)/.installed-dev
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test venv clean bench
+.PHONY: demo test venv dev clean bench
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,8 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_CORE)
 
 venv: $(STAMP_CORE)
+
+dev: $(STAMP_DEV)
 
 demo: $(STAMP_CORE)
 	$(BIN)/posttrain demo --out $(DEMO_OUT)
