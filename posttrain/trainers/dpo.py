@@ -17,6 +17,10 @@ passes per step; SimPO (:data:`REFERENCE_FREE_LOSSES`) needs no reference at all
 (:data:`UNPAIRED_LOSSES`) trains on labelled single completions; its KL reference point uses
 mismatched (prompt, completion) pairs that change with each batch, so it keeps the reference model.
 
+``loss_kwargs`` are checked when the config is built: each must be an option of the chosen loss, a finite
+number, inside its domain (:data:`LOSS_KWARG_BOUNDS`, e.g. cDPO's label_smoothing in [0, 0.5]). A NaN/Inf
+loss or gradient norm skips the step, ``nan_patience`` in a row stop the run (``trainers/guards.py``).
+
 Batches are a pure function of (seed, step) and the pairs are cached in the run directory
 (``pairs.jsonl``), so a resumed run ends bitwise equal to an uninterrupted one on CPU (tested), as in SFT.
 

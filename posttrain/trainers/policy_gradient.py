@@ -43,7 +43,7 @@ from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
-from posttrain.trainers.guards import finite_step
+from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices
 
 
@@ -364,6 +364,8 @@ class PolicyGradientTrainer:
             "alarms": self.alarms.summary(), "model_dir": str(final) if final else None, "samples": last_eval.samples,
         }
         path = common.write_summary(self.out, summary)
+        if stopped:  # summary.json says stopped_early; the command fails like SFT/DPO/RM do (exit 2)
+            raise TrainingDiverged(self.alarms.nan.stop_message(cfg.algo, final_step, self.out))
         start = f"{initial.accuracy:.3f} -> " if initial else ""
         print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
         print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))

@@ -14,6 +14,9 @@ verifier (chosen correct, rejected wrong), or, with no model to sample, the refe
 corrupted answers (:func:`~posttrain.data.preference_pairs.synthetic_pairs`). Held-out pairs come from
 the held-out split the same way; held-out pairwise accuracy is reported overall and per bucket of the
 pair's margin (its ``margin`` field, else the numeric distance |chosen - rejected| of the answers).
+Margins must be finite numbers (a ``NaN`` margin is a ``file:line`` error at load time). A NaN/Inf loss or
+gradient norm skips the step, ``nan_patience`` in a row stop the run, and a model (or reward mean/std)
+that is not finite is never saved (``trainers/guards.py``).
 
 Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_checkpoint``) plus
 ``reward_head.safetensors`` and ``reward_stats.json``, written atomically as one directory.

@@ -5,6 +5,10 @@
 N_tok counts completion tokens (EOS included) over the whole optimizer batch, so the loss and its
 gradient are the same however the batch is split into micro-batches for gradient accumulation.
 
+A step whose loss or gradient norm is NaN/Inf is skipped (``trainers/guards.py``); ``nan_patience`` such
+steps in a row stop the run with a one-line error (exit 2) and no final model, and no checkpoint with a
+non-finite parameter is ever written.
+
 Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by
 (seed, epoch). Together with the saved weights, optimizer state and torch RNG state this makes a run
 resumed at step k end bitwise equal to an uninterrupted run on CPU.
