@@ -191,3 +191,24 @@ def test_grpo_skips_nan_updates_then_stops(tmp_path, capsys, monkeypatch):
     assert summary["stopped_early"] and summary["alarms"]["skipped_steps"] == 2 and not (out / "model").exists()
     for ck in (out / "checkpoints").glob("step-*"):
         _finite_checkpoint(ck)
+
+
+@pytest.mark.parametrize("patience, message", [
+    (3, "sft stopped at step 4: 3 steps in a row"),  # the streak stops the run before the step-4 checkpoint
+    (10, "refusing to save .*step-00000004: .* parameters are NaN/Inf"),  # else the checkpoint write is refused
+])
+def test_inf_lr_forced_past_validation_never_saves_a_nan_model(tmp_path, patience, message):
+    from posttrain.errors import ConfigError
+    from posttrain.models.gpt import GPTConfig
+    from posttrain.tasks.arithmetic import ArithmeticConfig
+
+    cfg = sft_mod.SFTConfig(out=str(tmp_path / "run"), steps=8, batch_size=8, eval_every=0, save_every=4, warmup_steps=0,
+                            progress=False, nan_patience=patience, model=GPTConfig(n_layer=1, n_head=2, d_model=32),
+                            task=ArithmeticConfig(digits=1, num_demos=20, num_eval=8))
+    with pytest.raises(ConfigError, match="lr=inf is not a finite number"):
+        sft_mod.SFTConfig(lr=math.inf)
+    cfg.lr = math.inf  # the first step is finite and turns every weight into NaN/Inf; later steps are skipped
+    with pytest.raises(UserError, match=message):
+        sft_mod.train_sft(cfg)
+    assert not (tmp_path / "run" / "model").exists()
+    assert not list((tmp_path / "run").glob("checkpoints/step-*"))
