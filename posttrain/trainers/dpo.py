@@ -373,15 +373,11 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
         metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
                    "step_time": dt}
         done = step + 1
-        note = guard.update(loss=metrics["loss"], grad_norm=gnorm)
-        if note:
-            tqdm.write(f"{cfg.loss} step {done}: {note}")
-            metrics["skipped"] = 1
-            if guard.should_stop:
-                logger.log(done, metrics)
-                bar.close()
-                logger.close()
-                raise TrainingDiverged(guard.stop_message(cfg.loss, done, out))
+        if guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            logger.log(done, metrics)
+            bar.close()
+            logger.close()
+            raise TrainingDiverged(guard.stop_message(cfg.loss, done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = run_eval()
             metrics["heldout_accuracy"] = last_eval.accuracy

@@ -8,8 +8,10 @@ then "trains" on to the end and saves garbage. So each optimizer step goes throu
     zero the grads either way; after ``patience`` skipped steps in a row -> stop, keep the last good checkpoint
 
 - :func:`finite_step` is the gate (SFT, DPO, RM and the policy-gradient minibatch update all call it).
-- :class:`NonFiniteGuard` counts the streak and says when to stop (the policy-gradient trainer reads it
-  through :class:`~posttrain.trainers.alarms.Alarms`); its state is a plain dict.
+- :class:`NonFiniteGuard` counts the streak and says when to stop: SFT/DPO/RM call ``record`` once per
+  step (it prints the skip and marks ``"skipped": 1`` in the step's metrics); the policy-gradient trainer
+  reads it through :class:`~posttrain.trainers.alarms.Alarms`. Its state is a plain dict (SFT/DPO/RM do
+  not checkpoint it: a resumed run starts a fresh streak).
 - :func:`require_finite_parameters` is the last line of defence, called before every checkpoint write: a
   model whose parameters are not all finite is refused with a one-line :class:`UserError` (exit 2).
 - :class:`TrainingDiverged` is raised by a trainer that stops on the streak (a ``UserError``: one line, exit 2).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 
 import torch
+from tqdm.auto import tqdm
 
 from posttrain.errors import UserError
 
@@ -68,6 +71,17 @@ class NonFiniteGuard:
             self.should_stop = True
             msg += f"; {self.patience} in a row: stopping, the last good checkpoint is kept"
         return msg
+
+    def record(self, trainer: str, step: int, metrics: dict) -> bool:
+        """Update from ``metrics["loss"]`` / ``["grad_norm"]``; print and mark (``"skipped": 1``) a bad step.
+
+        Returns ``should_stop``: the trainer then logs ``metrics`` and raises ``TrainingDiverged(stop_message(...))``.
+        """
+        note = self.update(loss=metrics.get("loss"), grad_norm=metrics.get("grad_norm"))
+        if note is not None:
+            tqdm.write(f"{trainer} step {step}: {note}")
+            metrics["skipped"] = 1
+        return self.should_stop
 
     def stop_message(self, trainer: str, step: int, out) -> str:
         """The one line a trainer raises (as :class:`TrainingDiverged`) when it stops on the streak."""

@@ -338,15 +338,11 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
         metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
                    "step_time": time.perf_counter() - t0}
         done = step + 1
-        note = guard.update(loss=metrics["loss"], grad_norm=gnorm)
-        if note:
-            tqdm.write(f"rm step {done}: {note}")
-            metrics["skipped"] = 1
-            if guard.should_stop:
-                logger.log(done, metrics)
-                bar.close()
-                logger.close()
-                raise TrainingDiverged(guard.stop_message("rm", done, out))
+        if guard.record("rm", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            logger.log(done, metrics)
+            bar.close()
+            logger.close()
+            raise TrainingDiverged(guard.stop_message("rm", done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = evaluate_pairs(rm, held, tokenizer, cfg)
             metrics.update(last_eval)

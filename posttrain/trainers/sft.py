@@ -196,15 +196,11 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
         tokens_seen += n_real
         metrics = {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
         done = step + 1
-        note = guard.update(loss=loss_total, grad_norm=gnorm)
-        if note:
-            tqdm.write(f"sft step {done}: {note}")
-            metrics["skipped"] = 1
-            if guard.should_stop:
-                logger.log(done, metrics)
-                bar.close()
-                logger.close()
-                raise TrainingDiverged(guard.stop_message("sft", done, out))
+        if guard.record("sft", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            logger.log(done, metrics)
+            bar.close()
+            logger.close()
+            raise TrainingDiverged(guard.stop_message("sft", done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = run_eval()
             metrics["heldout_accuracy"] = last_eval.accuracy
