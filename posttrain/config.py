@@ -5,6 +5,15 @@ Every command's config is a (possibly nested) dataclass whose fields carry their
 turns flags into it. Flags are generated from the fields: top-level ``num_generations`` becomes
 ``--num-generations``; a nested ``model.n_layer`` becomes ``--model.n-layer``.
 
+Validation is declared once, on the field: ``knob(1e-3, "learning rate", gt=0)``. The declaration gives
+the flag, its ``--help`` text ("... [> 0]") and the check, which :func:`check_fields` runs from each
+config's ``__post_init__`` (so the Python API is checked exactly like the CLI). Every float, including
+floats inside list and dict fields, must be finite: NaN is never accepted, and +-inf only where a knob
+says ``allow_inf=True`` (a bound that may be switched off). Flag strings and config-file values are
+rejected already in :func:`coerce`. ``__post_init__`` keeps only cross-field checks.
+Not handled: type checks of values passed through the Python API without bounds (a str given for an
+unbounded float field is not caught here).
+
 Worked example::
 
     @dataclass
@@ -17,7 +26,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import math
+import numbers
+import re
 import sys
 import types
 import typing
@@ -29,11 +42,24 @@ import yaml
 from posttrain.errors import ConfigError, UserError
 
 
-def knob(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple | None = None):
-    """A dataclass field with help text (shown by ``--help``) and optional allowed values."""
-    meta = {"help": help}
+def knob(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple | None = None,
+         ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+         allow_inf: bool = False):
+    """A dataclass field with help text (shown by ``--help``), allowed values and numeric bounds.
+
+    ``ge``/``gt``/``le``/``lt`` bound a number (>=, >, <=, <; a None value of an Optional field is not
+    bounded). Floats must be finite unless ``allow_inf`` (NaN never is). Example:
+    ``knob(0.9, "cosine threshold", ge=-1, le=1)`` -> help "cosine threshold [in [-1, 1]]", and
+    ``check_fields`` raises "semantic_threshold=5.0 must be in [-1, 1]".
+    """
+    meta: dict[str, Any] = {"help": help}
     if choices is not None:
         meta["choices"] = tuple(choices)
+    bounds = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt)) if v is not None}
+    if bounds:
+        meta["bounds"] = bounds
+    if allow_inf:
+        meta["allow_inf"] = True
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -46,16 +72,88 @@ def check_choice(name: str, value: Any, choices) -> None:
 
 
 def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{name}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+    check_value(name, value, bounds={"ge": 0} if allow_zero else {"gt": 0})
+
+
+def bounds_text(bounds: dict) -> str:
+    """{"gt": 0} -> "> 0"; {"ge": 0, "le": 1} -> "in [0, 1]"; {"gt": 0, "lt": 1} -> "in (0, 1)"."""
+    lo = ("[", bounds["ge"]) if "ge" in bounds else ("(", bounds["gt"]) if "gt" in bounds else None
+    hi = ("]", bounds["le"]) if "le" in bounds else (")", bounds["lt"]) if "lt" in bounds else None
+    if lo and hi:
+        return f"in {lo[0]}{_num(lo[1])}, {_num(hi[1])}{hi[0]}"
+    if lo:
+        return f"{'>=' if lo[0] == '[' else '>'} {_num(lo[1])}"
+    if hi:
+        return f"{'<=' if hi[0] == ']' else '<'} {_num(hi[1])}"
+    return ""
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def _within(x: float, b: dict) -> bool:
+    return not (("ge" in b and not x >= b["ge"]) or ("gt" in b and not x > b["gt"])
+                or ("le" in b and not x <= b["le"]) or ("lt" in b and not x < b["lt"]))
+
+
+def check_finite(name: str, value: Any, allow_inf: bool = False) -> None:
+    """Raise a ConfigError for a NaN (or, unless ``allow_inf``, an infinite) float anywhere in ``value``
+    (lists, tuples and dict values are searched; dict entries are named ``name.key``)."""
+    if isinstance(value, float):
+        if math.isnan(value) or (math.isinf(value) and not allow_inf):
+            raise ConfigError(f"{name}={value!r} is not a finite number")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_finite(f"{name}.{k}", v, allow_inf)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_finite(name, v, allow_inf)
+
+
+def check_value(name: str, value: Any, meta: dict | None = None, *, bounds: dict | None = None,
+                optional: bool = False) -> None:
+    """Check one field value against its knob declaration (choices, finiteness, bounds); ConfigError naming it."""
+    meta = meta or {}
+    if value is None:
+        return
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        check_choice(name, value, choices)
+    check_finite(name, value, meta.get("allow_inf", False))
+    bounds = bounds or meta.get("bounds")
+    if not bounds:
+        return
+    for v in value if isinstance(value, (list, tuple)) else (value,):
+        if isinstance(v, bool) or not isinstance(v, numbers.Real):
+            raise ConfigError(f"{name}={value!r} is not a number")
+        if not _within(v, bounds):
+            raise ConfigError(f"{name}={value!r} must be {bounds_text(bounds)}{' (or None)' if optional else ''}")
+
+
+def check_fields(cfg, prefix: str = "") -> None:
+    """Check every (non-dataclass) field of ``cfg`` against its knob: call first thing in ``__post_init__``.
+
+    ``prefix`` names the config where it is nested (``"model."``) so errors read ``model.dropout=...``.
+    Nested dataclass fields are skipped: they check themselves when built.
+    """
+    for f, tp in _fields(type(cfg)):
+        if _is_dataclass_type(tp):
+            continue
+        check_value(prefix + f.name, getattr(cfg, f.name), f.metadata, optional=_strip_optional(tp)[1])
 
 
 # ---------------------------------------------------------------------------------------------
 # field walking
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return get_type_hints(cls)
+
+
 def _fields(cls) -> list[tuple[dataclasses.Field, Any]]:
-    hints = get_type_hints(cls)
+    hints = _hints(cls)
     return [(f, hints[f.name]) for f in dataclasses.fields(cls) if f.init]
 
 
@@ -84,8 +182,18 @@ def _strip_optional(tp):
     return tp, False
 
 
-def coerce(name: str, value: Any, tp) -> Any:
-    """Convert ``value`` (from a flag string or a parsed file) to the field's type, or raise ConfigError."""
+def coerce(name: str, value: Any, tp, meta: dict | None = None) -> Any:
+    """Convert ``value`` (from a flag string or a parsed file) to the field's type, or raise ConfigError.
+
+    Floats (also inside lists and dicts) must be finite unless ``meta`` (the knob's metadata) allows inf:
+    ``coerce("lr", "inf", float)`` raises "lr=inf is not a finite number".
+    """
+    out = _coerce(name, value, tp)
+    check_finite(name, out, bool((meta or {}).get("allow_inf")))
+    return out
+
+
+def _coerce(name: str, value: Any, tp) -> Any:
     base, optional = _strip_optional(tp)
     if value is None:
         if optional:
@@ -123,7 +231,7 @@ def coerce(name: str, value: Any, tp) -> Any:
             (item_tp, *_) = get_args(base) or (str,)
             if isinstance(value, str):
                 value = [v for v in value.split(",") if v.strip() != ""]
-            items = [coerce(name, v, item_tp) for v in value]
+            items = [_coerce(name, v, item_tp) for v in value]
             return tuple(items) if origin is tuple else items
         if origin is dict or base is dict:
             if isinstance(value, str):
@@ -133,7 +241,7 @@ def coerce(name: str, value: Any, tp) -> Any:
             return value
     except ConfigError:
         raise
-    except (ValueError, TypeError, json.JSONDecodeError):
+    except (ValueError, TypeError, OverflowError, json.JSONDecodeError):
         tname = getattr(base, "__name__", str(base))
         raise ConfigError(f"{name}={value!r} is not a valid {tname}") from None
     return value
@@ -176,7 +284,7 @@ def from_dict(cls, data: dict, prefix: str = ""):
         if _is_dataclass_type(tp):
             kwargs[k] = from_dict(tp, v, prefix + k + ".")
         else:
-            kwargs[k] = coerce(prefix + k, v, tp)
+            kwargs[k] = coerce(prefix + k, v, tp, f.metadata)
     # nested dataclasses not mentioned keep their defaults
     return cls(**kwargs)
 
@@ -186,11 +294,24 @@ def to_dict(cfg) -> dict:
 
 
 def load_config_file(path: str | Path) -> dict:
-    """Read a YAML (.yaml/.yml) or TOML (.toml) config file into a dict; JSON is YAML."""
+    """Read a YAML (.yaml/.yml) or TOML (.toml) config file into a dict; JSON is YAML.
+
+    Errors are one line ``FILE:LINE: ...``: invalid UTF-8 (the line of the first bad byte) and YAML/TOML
+    syntax errors (the parser's line and column).
+    """
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file not found: {p}")
-    text = p.read_text(encoding="utf-8")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"{p}: cannot read config: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(f"{p}:{line}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {col})") from None
     try:
         if p.suffix == ".toml":
             if sys.version_info >= (3, 11):
@@ -200,11 +321,27 @@ def load_config_file(path: str | Path) -> dict:
             data = tomllib.loads(text)
         else:
             data = yaml.safe_load(text) or {}
-    except Exception as e:  # yaml/toml errors carry line numbers in their message
-        raise UserError(f"{p}: cannot parse config: {str(e).splitlines()[0]}") from None
+    except Exception as e:
+        raise UserError(_parse_error(p, e)) from None
     if not isinstance(data, dict):
         raise UserError(f"{p}: a config file must hold a mapping of field: value")
     return data
+
+
+def _parse_error(p: Path, e: Exception) -> str:
+    """``FILE:LINE: cannot parse config: PROBLEM (column C)`` from a YAML or TOML error."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is not None:  # yaml.MarkedYAMLError: 0-based line/column of the problem (and of its context)
+        where = f"column {mark.column + 1}"
+        context, cmark = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context:
+            where += f"; {context}" + (f" started at line {cmark.line + 1}" if cmark is not None else "")
+        return f"{p}:{mark.line + 1}: cannot parse config: {e.problem} ({where})"
+    msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    m = re.search(r"\s*\(at line (\d+), column (\d+)\)", msg)  # tomllib puts the position in the message
+    if m:
+        return f"{p}:{m.group(1)}: cannot parse config: {msg[: m.start()]} (column {m.group(2)})"
+    return f"{p}: cannot parse config: {msg}"
 
 
 def build_config(cls, preset: dict | None = None, file: str | Path | None = None, overrides: dict[str, Any] | None = None):
@@ -240,6 +377,8 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...]
         choices = f.metadata.get("choices")
         if choices:
             help_text += f" {{{', '.join(map(str, choices))}}}"
+        if f.metadata.get("bounds"):
+            help_text += f" [{bounds_text(f.metadata['bounds'])}]"
         group.add_argument(
             flag_name(name),
             *([("--" + name)] if "_" in name else []),

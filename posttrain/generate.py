@@ -25,28 +25,20 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.config import check_positive, knob
-from posttrain.errors import ConfigError
+from posttrain.config import check_fields, knob
 from posttrain.losses.logprobs import warp_logits
 
 
 @dataclass
 class SamplingConfig:
-    max_new_tokens: int = knob(8, "tokens generated per sample at most (EOS stops earlier)")
-    temperature: float = knob(1.0, "softmax temperature; 0 = greedy")
-    top_k: int | None = knob(None, "keep the k most likely tokens (None = all)")
-    top_p: float | None = knob(None, "nucleus: keep the smallest set with this much probability (None = 1)")
-    num_samples: int = knob(1, "samples per prompt (the G of GRPO)")
+    max_new_tokens: int = knob(8, "tokens generated per sample at most (EOS stops earlier)", gt=0)
+    temperature: float = knob(1.0, "softmax temperature; 0 = greedy", ge=0)
+    top_k: int | None = knob(None, "keep the k most likely tokens (None = all)", ge=1)
+    top_p: float | None = knob(None, "nucleus: keep the smallest set with this much probability (None = 1)", gt=0, le=1)
+    num_samples: int = knob(1, "samples per prompt (the G of GRPO)", gt=0)
 
     def __post_init__(self):
-        check_positive("max_new_tokens", self.max_new_tokens)
-        check_positive("num_samples", self.num_samples)
-        if self.temperature < 0:
-            raise ConfigError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if self.top_k is not None and self.top_k < 1:
-            raise ConfigError(f"top_k={self.top_k} must be >= 1 or None")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] or None")
+        check_fields(self)  # bounds and finiteness, from the knobs above
 
     @property
     def greedy(self) -> bool:

@@ -29,10 +29,11 @@ def run(args) -> int:
     from posttrain.trainers.common import write_summary
     from posttrain.trainers.sft import load_pairs
 
-    if args.temperature < 0:
-        raise UserError(f"--temperature={args.temperature} must be >= 0")
-    if args.max_new_tokens < 1 or args.batch_size < 1:
-        raise UserError("--max-new-tokens and --batch-size must be >= 1")
+    from posttrain.generate import SamplingConfig
+
+    SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # checks both (finite, bounds)
+    if args.batch_size < 1:
+        raise UserError("--batch-size must be >= 1")
     pairs = load_pairs(args.data, "evaluation")
     ckpt = load_checkpoint(args.checkpoint)
     gen = torch.Generator().manual_seed(args.seed)

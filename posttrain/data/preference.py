@@ -79,6 +79,14 @@ def _load(path, fields, validate, on_bad_line: BadLinePolicy, stats: ReadStats |
     return out
 
 
+def _finite_float32(x: int | float) -> bool:
+    """True when ``x`` stays finite as a float32 (|x| < 3.4e38; NaN and inf are not)."""
+    try:
+        return abs(float(x)) < 3.4e38
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 def _validate_pair(path, line_no, rec):
     reason = _check_str(rec, PAIR_FIELDS)
     if reason is not None:
@@ -88,6 +96,8 @@ def _validate_pair(path, line_no, rec):
     margin = rec.get("margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
         return None, f"field 'margin' must be a number, got {type(margin).__name__}"
+    if margin is not None and not _finite_float32(margin):  # NaN, Infinity, 1e999, 10**400 (batches are float32)
+        return None, f"field 'margin' must be a finite number, got {margin!r:.24}"
     return PreferencePair(rec["prompt"], rec["chosen"], rec["rejected"], None if margin is None else float(margin)), None
 
 

@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from posttrain.config import check_positive, knob
+from posttrain.config import check_fields, knob
 from posttrain.data.io import atomic_write_json, atomic_write_jsonl
 from posttrain.data.preference import PreferencePair, load_preference_pairs
-from posttrain.errors import ConfigError, DataError
+from posttrain.errors import DataError
 from posttrain.evaluation import encode_prompt
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.tasks.arithmetic import Problem, verify
@@ -48,20 +48,18 @@ PAIRS_FILE = "pairs.jsonl"
 
 @dataclass
 class PairDataConfig:
-    num_prompts: int = knob(4096, "training-split prompts sampled to build pairs")
-    samples_per_prompt: int = knob(8, "completions sampled per prompt (the G of the sampler)")
-    temperature: float = knob(1.0, "sampling temperature (1 = the model's own distribution)")
-    max_pairs_per_prompt: int = knob(2, "pairs kept per prompt at most (distinct chosen/rejected texts)")
+    num_prompts: int = knob(4096, "training-split prompts sampled to build pairs", gt=0)
+    samples_per_prompt: int = knob(8, "completions sampled per prompt (the G of the sampler)", gt=0)
+    temperature: float = knob(1.0, "sampling temperature (1 = the model's own distribution; not 0: greedy samples "
+                                   "are all identical)", gt=0)
+    max_pairs_per_prompt: int = knob(2, "pairs kept per prompt at most (distinct chosen/rejected texts)", gt=0)
     gold_chosen: bool = knob(False, "when no sample of a prompt is correct, use the reference answer as chosen")
-    max_new_tokens: int = knob(8, "generation length when sampling")
-    batch_prompts: int = knob(256, "prompts per sampler call")
-    seed: int = knob(0, "seed for prompt choice, sampling and pair choice")
+    max_new_tokens: int = knob(8, "generation length when sampling", gt=0)
+    batch_prompts: int = knob(256, "prompts per sampler call", gt=0)
+    seed: int = knob(0, "seed for prompt choice, sampling and pair choice", ge=0, lt=2**32)
 
     def __post_init__(self):
-        for name in ("num_prompts", "samples_per_prompt", "max_pairs_per_prompt", "max_new_tokens", "batch_prompts"):
-            check_positive(f"pairs.{name}", getattr(self, name))
-        if self.temperature <= 0:
-            raise ConfigError(f"pairs.temperature={self.temperature} must be > 0 (greedy samples are all identical)")
+        check_fields(self, "pairs.")  # bounds and finiteness, from the knobs above
 
 
 @dataclass

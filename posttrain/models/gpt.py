@@ -26,34 +26,31 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from posttrain.config import check_choice, check_positive, knob
+from posttrain.config import check_choice, check_fields, knob
 from posttrain.errors import ConfigError
 from posttrain.ops import ATTENTION_BACKENDS, attention
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = knob(32, "vocabulary size (set from the tokenizer when it is built)")
-    n_layer: int = knob(4, "transformer blocks")
-    n_head: int = knob(4, "attention heads")
-    n_kv_head: int | None = knob(None, "key/value heads for grouped-query attention (None = n_head)")
-    d_model: int = knob(128, "residual stream width")
-    mlp_ratio: int = knob(4, "MLP hidden width = mlp_ratio * d_model")
-    max_seq_len: int = knob(64, "context length (learned position embeddings)")
-    dropout: float = knob(0.0, "dropout on attention output and MLP (0 keeps runs bitwise reproducible)")
+    vocab_size: int = knob(32, "vocabulary size (set from the tokenizer when it is built)", gt=0)
+    n_layer: int = knob(4, "transformer blocks", gt=0)
+    n_head: int = knob(4, "attention heads", gt=0)
+    n_kv_head: int | None = knob(None, "key/value heads for grouped-query attention (None = n_head)", gt=0)
+    d_model: int = knob(128, "residual stream width", gt=0)
+    mlp_ratio: int = knob(4, "MLP hidden width = mlp_ratio * d_model", gt=0)
+    max_seq_len: int = knob(64, "context length (learned position embeddings)", gt=0)
+    dropout: float = knob(0.0, "dropout on attention output and MLP (0 keeps runs bitwise reproducible)", ge=0, lt=1)
     bias: bool = knob(True, "bias in linear layers and LayerNorm")
     attn_backend: str = knob("sdpa", "attention implementation: sdpa | naive | flash | triton")
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "n_head", "d_model", "mlp_ratio", "max_seq_len"):
-            check_positive(f"model.{name}", getattr(self, name))
+        check_fields(self, "model.")  # bounds and finiteness, from the knobs above
         if self.d_model % self.n_head:
             raise ConfigError(f"model.d_model={self.d_model} must be divisible by model.n_head={self.n_head}")
         kv = self.n_kv_head or self.n_head
         if self.n_head % kv:
             raise ConfigError(f"model.n_head={self.n_head} must be divisible by model.n_kv_head={kv}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
 
     def validate_backend(self) -> None:
         check_choice("model.attn_backend", self.attn_backend, tuple(ATTENTION_BACKENDS))

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from functools import cached_property
 
-from posttrain.config import check_positive, knob
+from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError
 
 ALPHABET = "0123456789+-="
@@ -32,23 +32,18 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 
 @dataclass
 class ArithmeticConfig:
-    digits: int = knob(2, "operands are integers in [0, 10**digits)")
+    digits: int = knob(2, "operands are integers in [0, 10**digits) (at most 4: the problem space is enumerated)",
+                       ge=1, le=4)
     ops: str = knob("+", "operators to use, from '+-' (default: two-digit addition)")
-    heldout_fraction: float = knob(0.1, "fraction of the problem space held out (by stable hash)")
-    num_demos: int = knob(320, "SFT demonstrations (prompt + answer) drawn from the train split")
-    num_eval: int = knob(256, "held-out problems used for evaluation")
+    heldout_fraction: float = knob(0.1, "fraction of the problem space held out (by stable hash)", gt=0, lt=1)
+    num_demos: int = knob(320, "SFT demonstrations (prompt + answer) drawn from the train split", gt=0)
+    num_eval: int = knob(256, "held-out problems used for evaluation", gt=0)
     seed: int = knob(0, "seed for choosing demonstrations and evaluation problems")
 
     def __post_init__(self):
-        check_positive("task.digits", self.digits)
-        if self.digits > 4:
-            raise ConfigError("task.digits must be <= 4 (the problem space is enumerated)")
+        check_fields(self, "task.")  # bounds and finiteness, from the knobs above
         if not self.ops or any(o not in _OPS for o in self.ops) or len(set(self.ops)) != len(self.ops):
             raise ConfigError(f"task.ops={self.ops!r}: use a non-empty subset of '+-'")
-        if not 0.0 < self.heldout_fraction < 1.0:
-            raise ConfigError("task.heldout_fraction must be in (0, 1)")
-        check_positive("task.num_demos", self.num_demos)
-        check_positive("task.num_eval", self.num_eval)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Key insight: the common RL failures do not crash — they flatten a curve. A ste
     ratio_max / approx_kl / kl beyond a bound    -> the policy left the trust region / drifted from the reference
     entropy < floor                              -> the policy collapsed onto one completion
     loss or grad_norm NaN/Inf                    -> the trainer must skip the step; M in a row -> stop
+                                                    (counted by guards.NonFiniteGuard, shared with SFT/DPO/RM)
 
 ``Alarms.update(step, metrics)`` returns the warnings of this step (also logged on the
 ``posttrain.alarms`` logger) and sets ``skip_step`` / ``should_stop``. A condition fires when it has held for
@@ -25,28 +26,29 @@ import dataclasses
 import logging
 import math
 
-from posttrain.config import knob
-from posttrain.errors import ConfigError
+from posttrain.config import check_fields, knob
+from posttrain.trainers.guards import NonFiniteGuard
 
 log = logging.getLogger("posttrain.alarms")
 
 
 @dataclasses.dataclass
 class AlarmConfig:
-    reward_patience: int = knob(5, "steps in a row with identical rewards (or all groups uniform) before warning")
-    truncation_patience: int = knob(3, "steps in a row with every completion truncated before warning")
-    ratio_max_bound: float = knob(10.0, "warn when the largest importance ratio pi/pi_old exceeds this")
-    approx_kl_bound: float = knob(0.5, "warn when approx-KL(pi_old -> pi) per token exceeds this (nats)")
-    kl_bound: float = knob(1.0, "warn when the KL to the reference per token exceeds this (nats)")
-    entropy_floor: float = knob(0.05, "warn when the mean token entropy falls below this (nats): collapse")
-    entropy_patience: int = knob(3, "steps in a row below the entropy floor before warning")
-    nan_patience: int = knob(3, "consecutive non-finite loss/grad steps (each skipped) before asking to stop")
-    repeat_every: int = knob(50, "while a condition persists, repeat its warning every this many steps")
+    reward_patience: int = knob(5, "steps in a row with identical rewards (or all groups uniform) before warning", ge=1)
+    truncation_patience: int = knob(3, "steps in a row with every completion truncated before warning", ge=1)
+    ratio_max_bound: float = knob(10.0, "warn when the largest importance ratio pi/pi_old exceeds this (inf = never)",
+                                  gt=0, allow_inf=True)
+    approx_kl_bound: float = knob(0.5, "warn when approx-KL(pi_old -> pi) per token exceeds this (nats; inf = never)",
+                                  ge=0, allow_inf=True)
+    kl_bound: float = knob(1.0, "warn when the KL to the reference per token exceeds this (nats; inf = never)",
+                           ge=0, allow_inf=True)
+    entropy_floor: float = knob(0.05, "warn when the mean token entropy falls below this (nats): collapse", ge=0)
+    entropy_patience: int = knob(3, "steps in a row below the entropy floor before warning", ge=1)
+    nan_patience: int = knob(3, "consecutive non-finite loss/grad steps (each skipped) before asking to stop", ge=1)
+    repeat_every: int = knob(50, "while a condition persists, repeat its warning every this many steps", ge=1)
 
     def __post_init__(self):
-        for name in ("reward_patience", "truncation_patience", "entropy_patience", "nan_patience", "repeat_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"alarms.{name}={getattr(self, name)} must be >= 1")
+        check_fields(self, "alarms.")
 
 
 def _finite(x) -> bool:
@@ -129,10 +131,17 @@ class Alarms:
         self.config = config or AlarmConfig()
         self.streaks = {name: 0 for name in ALARM_CHECKS}
         self.fired = {name: 0 for name in [*ALARM_CHECKS, "non_finite"]}
-        self.nan_streak = 0
-        self.skipped_steps = 0
+        self.nan = NonFiniteGuard(self.config.nan_patience)  # the streak logic SFT/DPO/RM share
         self.skip_step = False
         self.should_stop = False
+
+    @property
+    def nan_streak(self) -> int:
+        return self.nan.streak
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.nan.skipped
 
     def _due(self, streak: int, patience: int) -> bool:
         return streak == patience or (streak > patience and (streak - patience) % self.config.repeat_every == 0)
@@ -140,19 +149,12 @@ class Alarms:
     def update(self, step: int, metrics: dict) -> list[str]:
         """Check one step's metrics; return (and log) its warnings."""
         out = []
-        bad = [k for k in _NAN_KEYS if k in metrics and not _finite(metrics[k])]
-        self.skip_step = bool(bad)
-        if bad:
-            self.nan_streak += 1
-            self.skipped_steps += 1
+        msg = self.nan.update(**{k: metrics[k] for k in _NAN_KEYS if k in metrics})
+        self.skip_step = msg is not None
+        if msg is not None:
             self.fired["non_finite"] += 1
-            msg = f"non-finite {', '.join(f'{k}={metrics[k]}' for k in bad)}: step skipped ({self.nan_streak} in a row)"
-            if self.nan_streak >= self.config.nan_patience:
-                self.should_stop = True
-                msg += f"; {self.config.nan_patience} in a row: stopping, the last good checkpoint is kept"
+            self.should_stop = self.should_stop or self.nan.should_stop
             out.append(msg)
-        else:
-            self.nan_streak = 0
         for name, check in ALARM_CHECKS.items():
             res = check(metrics, self.config)
             if res is None:
@@ -181,7 +183,7 @@ class Alarms:
     def load_state_dict(self, state: dict) -> None:
         self.streaks.update({k: int(v) for k, v in state["streaks"].items()})
         self.fired.update({k: int(v) for k, v in state["fired"].items()})
-        self.nan_streak = int(state["nan_streak"])
-        self.skipped_steps = int(state["skipped_steps"])
+        self.nan.streak = int(state["nan_streak"])
+        self.nan.skipped = int(state["skipped_steps"])
         self.should_stop = bool(state["should_stop"])
         self.skip_step = False

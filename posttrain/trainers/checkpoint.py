@@ -29,6 +29,7 @@ from posttrain.data.io import atomic_dir, atomic_write_text, recover_dir
 from posttrain.errors import UserError
 from posttrain.models import load_model, save_model
 from posttrain.tokenizers import load as load_tokenizer
+from posttrain.trainers.guards import require_finite_parameters
 
 
 @dataclass
@@ -57,6 +58,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete checkpoint to ``directory`` atomically (replacing an older one there)."""
     directory = Path(directory)
+    require_finite_parameters(model, directory)  # a diverged (NaN/Inf) model is refused, the old one kept
     with atomic_dir(directory) as tmp:
         save_model(model, tmp)
         tokenizer.save(tmp / "tokenizer.json")

@@ -17,6 +17,10 @@ passes per step; SimPO (:data:`REFERENCE_FREE_LOSSES`) needs no reference at all
 (:data:`UNPAIRED_LOSSES`) trains on labelled single completions; its KL reference point uses
 mismatched (prompt, completion) pairs that change with each batch, so it keeps the reference model.
 
+``loss_kwargs`` are checked when the config is built: each must be an option of the chosen loss, a finite
+number, inside its domain (:data:`LOSS_KWARG_BOUNDS`, e.g. cDPO's label_smoothing in [0, 0.5]). A NaN/Inf
+loss or gradient norm skips the step, ``nan_patience`` in a row stop the run (``trainers/guards.py``).
+
 Batches are a pure function of (seed, step) and the pairs are cached in the run directory
 (``pairs.jsonl``), so a resumed run ends bitwise equal to an uninterrupted one on CPU (tested), as in SFT.
 
@@ -35,7 +39,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from posttrain.config import check_choice, check_positive, knob
+from posttrain.config import check_fields, check_value, knob
 from posttrain.data.io import iter_jsonl
 from posttrain.data.preference import (
     collate_kto,
@@ -58,6 +62,7 @@ from posttrain.losses.preference import (
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices, load_pairs
 
 
@@ -66,50 +71,36 @@ class DPOConfig:
     out: str = knob("runs/dpo", "output directory (metrics.jsonl, summary.json, pairs.jsonl, checkpoints/, model/)")
     init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
     loss: str = knob("dpo", "preference loss (a key of PREFERENCE_LOSSES)", choices=tuple(PREFERENCE_LOSSES))
-    beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)")
+    beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)", gt=0)
     loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
-    steps: int = knob(250, "optimizer steps")
-    batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)")
-    lr: float = knob(1e-4, "peak learning rate (AdamW)")
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)")
-    warmup_steps: int = knob(10, "linear warmup steps")
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)")
+    steps: int = knob(250, "optimizer steps", gt=0)
+    batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)", gt=0)
+    lr: float = knob(1e-4, "peak learning rate (AdamW)", gt=0)
+    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)", ge=0, le=1)
+    warmup_steps: int = knob(10, "linear warmup steps", ge=0)
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
+    nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
     precompute_ref: bool = knob(True, "compute reference log-probs once for the dataset (one forward pass per step)")
-    eval_every: int = knob(50, "steps between held-out greedy evaluations (0 = only at the end)")
-    save_every: int = knob(50, "steps between checkpoints (0 = only the final model)")
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
-    seed: int = knob(0, "seed for data order and the loss's own sampling (beta-DPO filtering)")
+    eval_every: int = knob(50, "steps between held-out greedy evaluations (0 = only at the end)", ge=0)
+    save_every: int = knob(50, "steps between checkpoints (0 = only the final model)", ge=0)
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
+    seed: int = knob(0, "seed for data order and the loss's own sampling (beta-DPO filtering)", ge=0, lt=2**32)
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
     data: str | None = knob(None, "JSONL of {prompt, chosen, rejected} pairs (KTO: {prompt, completion, label}); "
                                   "default: on-policy pairs sampled from --init on the embedded task")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
-    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
-    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
-    max_new_tokens: int = knob(8, "generation length for evaluation")
+    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
+    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
+    max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
     progress: bool = knob(True, "show a progress bar")
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 
     def __post_init__(self):
-        check_choice("loss", self.loss, tuple(PREFERENCE_LOSSES))
-        for name in ("steps", "batch_size", "lr"):
-            check_positive(name, getattr(self, name))
-        for name in ("warmup_steps", "eval_every", "save_every", "weight_decay", "grad_clip"):
-            check_positive(name, getattr(self, name), allow_zero=True)
-        check_positive("keep_checkpoints", self.keep_checkpoints)
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("min_lr_ratio must be in [0, 1]")
-        if self.beta is not None and not self.beta > 0:
-            raise ConfigError(f"beta={self.beta} must be > 0")
-        if not isinstance(self.loss_kwargs, dict):
-            raise ConfigError(f"loss_kwargs must be a JSON object, got {self.loss_kwargs!r}")
-        allowed = loss_options(self.loss)
-        unknown = sorted(set(self.loss_kwargs) - set(allowed))
-        if unknown:
-            raise ConfigError(f"loss_kwargs {unknown} not accepted by loss {self.loss!r}; its options: "
-                              f"{', '.join(allowed) or '(none)'}")
+        check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        check_loss_kwargs(self.loss, self.loss_kwargs)
 
 
 PRESETS: dict[str, dict] = {
@@ -139,6 +130,46 @@ def loss_options(loss: str) -> list[str]:
     """Keyword arguments of a loss that a user may set through ``loss_kwargs``."""
     params = inspect.signature(PREFERENCE_LOSSES[loss]).parameters
     return [n for n in params if n not in _PROVIDED and n not in LOSS_EXTRAS.get(loss, ())]
+
+
+LOSS_KWARG_BOUNDS: dict[tuple[str, str], dict] = {
+    ("cdpo", "label_smoothing"): {"ge": 0, "le": 0.5},
+    ("robust", "label_smoothing"): {"ge": 0, "lt": 0.5},  # the loss divides by 1 - 2 eps
+    ("simpo", "label_smoothing"): {"ge": 0, "le": 0.5},
+    ("kto", "desirable_weight"): {"ge": 0},
+    ("kto", "undesirable_weight"): {"ge": 0},
+    ("rpo", "alpha"): {"ge": 0},
+    ("beta_dpo", "alpha"): {"ge": 0},
+    ("beta_dpo", "filter_ratio"): {"ge": 0, "lt": 1},
+    ("beta_dpo", "momentum"): {"ge": 0, "lt": 1},
+    ("beta_dpo", "min_beta"): {"gt": 0},
+}
+"""Domains of the losses' numeric options, checked at config time (options not listed: any finite number)."""
+
+
+def check_loss_kwargs(loss: str, kwargs) -> None:
+    """ConfigError unless every ``loss_kwargs`` entry is an option of ``loss``, a finite number, in its domain.
+
+    Example: ``check_loss_kwargs("cdpo", {"label_smoothing": 5})`` raises
+    "loss_kwargs.label_smoothing=5 must be in [0, 0.5] (loss 'cdpo')".
+    """
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"loss_kwargs must be a JSON object, got {kwargs!r}")
+    allowed = loss_options(loss)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise ConfigError(f"loss_kwargs {unknown} not accepted by loss {loss!r}; its options: "
+                          f"{', '.join(allowed) or '(none)'}")
+    for k, v in kwargs.items():
+        name = f"loss_kwargs.{k}"
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{name}={v!r} is not a number (loss {loss!r})")
+        try:
+            if isinstance(v, int) and abs(v) > 2**53:
+                raise ConfigError(f"{name}={v!r} is out of range")
+            check_value(name, v, bounds=LOSS_KWARG_BOUNDS.get((loss, k)))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (loss {loss!r})") from None
 
 
 def default_beta(loss: str) -> float:
@@ -313,6 +344,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
         return {"step": step, "trainer": "dpo", "config": dataclasses.asdict(cfg),
                 "loss_state": list(loss_state) if loss_state is not None else None, **(extra or {})}
 
+    guard = NonFiniteGuard(cfg.nan_patience)
     init_eval = None if resume else run_eval()
     if init_eval is not None:
         print(f"held-out accuracy at init: {init_eval.accuracy:.3f}")
@@ -334,14 +366,18 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
         loss, m = loss_fn(**kw, beta=beta, **cfg.loss_kwargs)
         loss.backward()
         gnorm = common.grad_norm_and_clip(policy, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if cfg.loss in STATEFUL_LOSSES:
+        stepped = finite_step(opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
+        if stepped and cfg.loss in STATEFUL_LOSSES:
             loss_state = STATEFUL_LOSSES[cfg.loss](m)
         dt = time.perf_counter() - t0
         metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
                    "step_time": dt}
         done = step + 1
+        if guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            logger.log(done, metrics)
+            bar.close()
+            logger.close()
+            raise TrainingDiverged(guard.stop_message(cfg.loss, done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = run_eval()
             metrics["heldout_accuracy"] = last_eval.accuracy

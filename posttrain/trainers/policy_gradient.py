@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from posttrain.config import check_choice, check_positive, knob
+from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
@@ -43,6 +43,7 @@ from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices
 
 
@@ -51,71 +52,57 @@ class PolicyGradientConfig:
     out: str = knob("runs/grpo", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
     init: str | None = knob(None, "SFT checkpoint (or run directory) to start from; required")
     algo: str = knob("grpo", "advantage estimator: reinforce | rloo | grpo", choices=tuple(ADVANTAGE_ESTIMATORS))
-    steps: int = knob(500, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)")
-    prompts_per_step: int = knob(32, "distinct prompts per rollout batch")
-    num_generations: int = knob(8, "samples per prompt (G)")
-    max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)")
-    temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)")
-    top_k: int | None = knob(None, "sampling top-k (None = off)")
-    top_p: float | None = knob(None, "sampling top-p (None = off)")
-    lr: float = knob(1e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)")
-    warmup_steps: int = knob(10, "linear LR warmup steps")
-    min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)")
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = off)")
-    mu: int = knob(1, "optimisation epochs over each rollout batch (pi_old fixed at sampling)")
-    minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is split into this many minibatches")
-    grad_accum: int = knob(1, "micro-batches per minibatch (loss and gradients are identical for any value)")
-    clip_eps_low: float = knob(0.2, "PPO clip: ratio >= 1 - clip_eps_low")
-    clip_eps_high: float | None = knob(None, "PPO clip: ratio <= 1 + clip_eps_high (None = clip_eps_low; DAPO uses 0.28)")
-    dual_clip: float | None = knob(None, "dual clip constant c > 1 for negative advantages (None = off)")
+    steps: int = knob(500, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)", gt=0)
+    prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
+    num_generations: int = knob(8, "samples per prompt (G)", gt=0)
+    max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
+    temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
+    top_k: int | None = knob(None, "sampling top-k (None = off)", ge=1)
+    top_p: float | None = knob(None, "sampling top-p (None = off)", gt=0, le=1)
+    lr: float = knob(1e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)", gt=0)
+    warmup_steps: int = knob(10, "linear LR warmup steps", ge=0)
+    min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)", ge=0, le=1)
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = off)", ge=0)
+    mu: int = knob(1, "optimisation epochs over each rollout batch (pi_old fixed at sampling)", gt=0)
+    minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is split into this many minibatches", gt=0)
+    grad_accum: int = knob(1, "micro-batches per minibatch (loss and gradients are identical for any value)", gt=0)
+    clip_eps_low: float = knob(0.2, "PPO clip: ratio >= 1 - clip_eps_low", ge=0, le=1)
+    clip_eps_high: float | None = knob(None, "PPO clip: ratio <= 1 + clip_eps_high (None = clip_eps_low; DAPO uses 0.28)",
+                                       ge=0)
+    dual_clip: float | None = knob(None, "dual clip constant c > 1 for negative advantages (None = off)", gt=1)
     ratio_level: str = knob("token", "importance ratio per token, or per sequence (GSPO)", choices=("token", "sequence"))
     loss_agg: str = knob("seq_mean_token_mean", "loss aggregation", choices=tuple(AGGREGATIONS))
     scale_rewards: str = knob("group", "GRPO std scaling: group | batch | none (Dr. GRPO)", choices=("group", "batch", "none"))
     reinforce_baseline: str = knob("batch_mean", "REINFORCE baseline: none | batch_mean", choices=("none", "batch_mean"))
-    beta: float = knob(0.0, "KL coefficient to the reference (initial) model; 0 = no reference model is built")
+    beta: float = knob(0.0, "KL coefficient to the reference (initial) model; 0 = no reference model is built", ge=0)
     kl_estimator: str = knob("k3", "KL estimator: k1 | k2 | k3", choices=tuple(KL_ESTIMATORS))
     kl_in: str = knob("loss", "apply the KL in the loss or fold it into the reward", choices=("loss", "reward"))
     kl_control: str = knob("fixed", "KL coefficient: fixed | adaptive (Ziegler et al.)", choices=("fixed", "adaptive"))
-    kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)")
-    kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)")
-    entropy_coef: float = knob(0.0, "entropy bonus coefficient")
+    kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)", gt=0)
+    kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)", gt=0)
+    entropy_coef: float = knob(0.0, "entropy bonus coefficient", ge=0)
     share_prompt_prefix: bool = knob(True, "run each prompt once per update and share its keys/values across its G "
                                            "samples (exact; posttrain GPT only, HF models use a full forward)")
     reward: str = knob("exact_match:1.0", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1'")
-    eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)")
-    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)")
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
-    seed: int = knob(0, "seed for prompt order, sampling and minibatch order")
+    eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)", ge=0)
+    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
+    seed: int = knob(0, "seed for prompt order, sampling and minibatch order", ge=0, lt=2**32)
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
     progress: bool = knob(True, "show a progress bar")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
 
     def __post_init__(self):
-        for name in ("steps", "prompts_per_step", "num_generations", "max_new_tokens", "lr", "mu", "minibatches", "grad_accum"):
-            check_positive(name, getattr(self, name))
-        for name in ("warmup_steps", "weight_decay", "grad_clip", "beta", "entropy_coef", "eval_every", "save_every"):
-            check_positive(name, getattr(self, name), allow_zero=True)
-        check_choice("algo", self.algo, tuple(ADVANTAGE_ESTIMATORS))
-        check_choice("loss_agg", self.loss_agg, tuple(AGGREGATIONS))
-        check_choice("kl_estimator", self.kl_estimator, tuple(KL_ESTIMATORS))
-        check_choice("kl_in", self.kl_in, ("loss", "reward"))
-        check_choice("kl_control", self.kl_control, ("fixed", "adaptive"))
-        check_choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
-        check_choice("reinforce_baseline", self.reinforce_baseline, ("none", "batch_mean"))
-        check_choice("ratio_level", self.ratio_level, ("token", "sequence"))
-        if self.temperature <= 0:
-            raise ConfigError("temperature must be > 0 for RL sampling")
+        check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if self.algo == "rloo" and self.num_generations < 2:
             raise ConfigError("algo=rloo needs num_generations >= 2")
         n = self.prompts_per_step * self.num_generations
         if n % self.minibatches or (n // self.minibatches) % self.grad_accum:
             raise ConfigError(f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
                               f"x grad_accum={self.grad_accum}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("min_lr_ratio must be in [0, 1]")
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
 
@@ -295,11 +282,8 @@ class PolicyGradientTrainer:
                     mb_parts.append(met)
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip)
                 met = merge_metrics(mb_parts)
-                if math.isfinite(gnorm) and math.isfinite(met["loss"]):
-                    self.opt.step()
-                else:
+                if not finite_step(self.opt, met["loss"], gnorm):
                     skipped += 1  # a non-finite step is skipped and reported, never applied
-                self.opt.zero_grad(set_to_none=True)
                 parts.append(met)
                 gnorms.append(gnorm)
         out = merge_metrics(parts)
@@ -380,6 +364,8 @@ class PolicyGradientTrainer:
             "alarms": self.alarms.summary(), "model_dir": str(final) if final else None, "samples": last_eval.samples,
         }
         path = common.write_summary(self.out, summary)
+        if stopped:  # summary.json says stopped_early; the command fails like SFT/DPO/RM do (exit 2)
+            raise TrainingDiverged(self.alarms.nan.stop_message(cfg.algo, final_step, self.out))
         start = f"{initial.accuracy:.3f} -> " if initial else ""
         print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
         print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))

@@ -14,6 +14,9 @@ verifier (chosen correct, rejected wrong), or, with no model to sample, the refe
 corrupted answers (:func:`~posttrain.data.preference_pairs.synthetic_pairs`). Held-out pairs come from
 the held-out split the same way; held-out pairwise accuracy is reported overall and per bucket of the
 pair's margin (its ``margin`` field, else the numeric distance |chosen - rejected| of the answers).
+Margins must be finite numbers (a ``NaN`` margin is a ``file:line`` error at load time). A NaN/Inf loss or
+gradient norm skips the step, ``nan_patience`` in a row stop the run, and a model (or reward mean/std)
+that is not finite is never saved (``trainers/guards.py``).
 
 Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_checkpoint``) plus
 ``reward_head.safetensors`` and ``reward_stats.json``, written atomically as one directory.
@@ -27,6 +30,7 @@ Not handled: Plackett-Luce rankings and pointwise scores from files (the losses 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -37,7 +41,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from posttrain.config import check_choice, check_positive, knob
+from posttrain.config import check_fields, knob
 from posttrain.data.io import atomic_dir
 from posttrain.data.preference import (
     PreferencePair,
@@ -63,6 +67,7 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, resolve_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step, require_finite_parameters
 from posttrain.trainers.sft import batch_indices
 
 HEAD_FILE = "reward_head.safetensors"
@@ -74,41 +79,36 @@ class RMConfig:
     init: str | None = knob(None, "backbone from this (SFT) checkpoint; without it a fresh GPT of --model shape")
     source: str = knob("auto", "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
                        choices=("auto", "policy", "synthetic"))
-    steps: int = knob(300, "optimizer steps")
-    batch_size: int = knob(32, "pairs per optimizer step")
-    lr: float = knob(1e-3, "peak learning rate (AdamW)")
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)")
-    warmup_steps: int = knob(20, "linear warmup steps")
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices")
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)")
-    center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)")
+    steps: int = knob(300, "optimizer steps", gt=0)
+    batch_size: int = knob(32, "pairs per optimizer step", gt=0)
+    lr: float = knob(1e-3, "peak learning rate (AdamW)", gt=0)
+    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)", ge=0, le=1)
+    warmup_steps: int = knob(20, "linear warmup steps", ge=0)
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
+    nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
+    center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)", ge=0)
     use_margin: bool = knob(False, "subtract each pair's 'margin' field inside the BT loss (Llama 2)")
     bucket_edges: tuple[float, ...] = knob((1.5, 10.0, 100.0), "margin-bucket edges for held-out accuracy")
-    eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs")
-    stats_pairs: int = knob(1024, "training pairs whose completions define the saved reward mean/std")
-    eval_every: int = knob(100, "steps between held-out evaluations (0 = only at the end)")
-    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)")
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
-    seed: int = knob(0, "seed for init, data order")
+    eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs", gt=0)
+    stats_pairs: int = knob(1024, "training pairs whose completions define the saved reward mean/std", gt=0)
+    eval_every: int = knob(100, "steps between held-out evaluations (0 = only at the end)", ge=0)
+    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
+    seed: int = knob(0, "seed for init, data order", ge=0, lt=2**32)
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
     data: str | None = knob(None, "JSONL of {prompt, chosen, rejected[, margin]} training pairs (default: embedded)")
     eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
-    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
-    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
+    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
+    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
     progress: bool = knob(True, "show a progress bar")
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 
     def __post_init__(self):
-        check_choice("source", self.source, ("auto", "policy", "synthetic"))
-        for name in ("steps", "batch_size", "lr", "eval_prompts", "stats_pairs", "keep_checkpoints"):
-            check_positive(name, getattr(self, name))
-        for name in ("warmup_steps", "eval_every", "save_every", "weight_decay", "grad_clip", "center_coef"):
-            check_positive(name, getattr(self, name), allow_zero=True)
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("min_lr_ratio must be in [0, 1]")
+        check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if list(self.bucket_edges) != sorted(self.bucket_edges):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
 
@@ -127,6 +127,9 @@ def save_reward_checkpoint(directory: str | Path, rm: RewardModel, tokenizer, st
                            rng: dict | None = None, stats: RewardStats | None = None) -> Path:
     """Backbone LM checkpoint + ``reward_head.safetensors`` (+ ``reward_stats.json``), as one atomic directory."""
     directory = Path(directory)
+    require_finite_parameters(rm, directory)  # backbone and head: never write a diverged model
+    if stats is not None and not (math.isfinite(stats.mean) and math.isfinite(stats.std)):
+        raise UserError(f"refusing to save {directory}: the reward mean/std are not finite ({stats.mean}, {stats.std})")
     with atomic_dir(directory) as tmp:
         save_checkpoint(tmp, model=rm.backbone.model, tokenizer=tokenizer, state={**state, "reward_model": True},
                         optimizer=optimizer, rng_state=rng)
@@ -310,6 +313,8 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
     def state(step, extra=None):
         return {"step": step, "trainer": "rm", "config": dataclasses.asdict(cfg), **(extra or {})}
 
+    guard = NonFiniteGuard(cfg.nan_patience)
+
     last_eval, t_start = None, time.perf_counter()
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="rm",
                disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
@@ -329,11 +334,15 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
         loss, m = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
         loss.backward()
         gnorm = common.grad_norm_and_clip(rm, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        finite_step(opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
         metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
                    "step_time": time.perf_counter() - t0}
         done = step + 1
+        if guard.record("rm", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            logger.log(done, metrics)
+            bar.close()
+            logger.close()
+            raise TrainingDiverged(guard.stop_message("rm", done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = evaluate_pairs(rm, held, tokenizer, cfg)
             metrics.update(last_eval)

