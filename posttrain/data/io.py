@@ -216,6 +216,19 @@ def atomic_write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
     return n
 
 
+def _usual_modes(root: Path) -> None:
+    """Give a directory tree the modes plain mkdir/open would: 0777/0666 & ~umask (mkdtemp makes 0700, and
+    safetensors writes its files 0600)."""
+    mask = _umask()
+    os.chmod(root, 0o777 & ~mask)
+    for dirpath, dirnames, filenames in os.walk(root):  # does not descend into symlinked directories
+        for names, mode in ((dirnames, 0o777), (filenames, 0o666)):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    os.chmod(path, mode & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Yield a temp directory beside ``path``; on clean exit it is renamed to ``path``.
@@ -223,7 +236,8 @@ def atomic_dir(path: str | Path):
     If ``path`` already exists it is replaced: the old one is first renamed aside and removed only
     after the new one is in place, so a kill at any moment leaves a complete directory at ``path``
     or at ``path`` + ``.old`` (which :func:`recover_dir` puts back). A symlink at ``path`` is followed
-    (its target is replaced, the link stays). The directory gets ``0777 & ~umask`` (not mkdtemp's 0700).
+    (its target is replaced, the link stays). The tree gets the usual modes, ``0777``/``0666 & ~umask``
+    (not mkdtemp's 0700, nor the 0600 some writers use), so other users can read a checkpoint.
     """
     p = Path(path)
     if p.is_symlink():
@@ -231,8 +245,8 @@ def atomic_dir(path: str | Path):
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
+        _usual_modes(tmp)
         _fsync_dir(tmp)
         old = p.with_name(p.name + ".old")
         if p.exists():

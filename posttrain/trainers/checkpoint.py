@@ -128,7 +128,9 @@ def _reason(e: BaseException) -> str:
     """A short one-line reason for a failed read; never torch's advice to unpickle with weights_only=False."""
     if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
         return "refused: it holds Python objects other than tensors and plain containers, which posttrain never unpickles"
-    text = (str(e).strip().splitlines() or [""])[0].split(". ")[0].strip()
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
+    text = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
+    text = text.split(". ")[0].strip()
     if not text:
         return f"{type(e).__name__}: empty or truncated"
     return text if len(text) <= 160 else text[:157] + "..."

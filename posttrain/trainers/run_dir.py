@@ -78,8 +78,11 @@ def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
         obj = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: missing {what}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        reason = "empty" if path.stat().st_size == 0 else f"not valid JSON ({getattr(e, 'msg', None) or e.reason})"
+    except json.JSONDecodeError as e:
+        reason = "empty" if not e.doc.strip() else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        raise UserError(f"{path}: corrupt {what} ({reason})") from None
+    except UnicodeDecodeError as e:
+        reason = f"not valid UTF-8 at byte {e.start}"
         raise UserError(f"{path}: corrupt {what} ({reason})") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read {what} ({e.strerror or e})") from None
