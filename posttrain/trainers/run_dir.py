@@ -18,7 +18,8 @@ Every checkpoint's ``trainer_state.json`` records ``run_id`` and ``trainer``. Th
   and writes there: ``--out`` defaults to it and may not name another directory. Only checkpoints whose
   run id is the one in ``run.json`` are candidates (a stale ``model/`` of an older run is ignored, with a
   warning); the newest by step wins. Without ``run.json`` (an older layout, or checkpoints copied in by
-  hand) the checkpoints must agree on one run id, which is then adopted. ``run.json``'s trainer must be
+  hand) the checkpoints must agree on one run id, which is then adopted (a checkpoint without one is
+  given a new id, recorded in its ``trainer_state.json`` and in ``run.json``). ``run.json``'s trainer must be
   the resuming command's; changed settings are listed in a warning;
 - nothing is written into ``--out`` (no clearing, no ``run.json``, no ``config.resolved.*``) until the
   trainer has validated its inputs and calls :func:`begin_run`; a failed start leaves the directory as it was;
@@ -178,6 +179,9 @@ def find_checkpoint(path: str | Path, prefer_latest: bool = False, run_id: str |
                             f"{', '.join(str(c) for c in ids)})")
     elif len(set(ids.values())) > 1:
         raise UserError(f"{p} holds checkpoints of different runs and no {RUN_FILE}: name one, e.g. {candidates[-1]}")
+    if not candidates and info is not None:
+        raise UserError(f"{p} holds no checkpoint yet (its run stopped before the first save): start it again with "
+                        f"--overwrite")
     if not candidates:
         raise UserError(f"{p} holds no checkpoint (expected model.safetensors + config.json, model/ or checkpoints/latest)")
     if not prefer_latest:
@@ -327,6 +331,9 @@ def begin_run(run: Run, cfg) -> Path:
         if changes:
             warn(f"resuming {run.resume_from} with changed settings: {'; '.join(changes)} "
                  f"(the result will differ from an uninterrupted run)")
+    if run.resume_from is not None and run.info is None and "run_id" not in run.resume_state:
+        # an older layout: the checkpoint resumed from joins the run id this directory now gets
+        atomic_write_json(run.resume_from / STATE_FILE, {**run.resume_state, "run_id": run.run_id})
     if run.info is None:
         atomic_write_json(out / RUN_FILE, {"run_id": run.run_id, "trainer": run.trainer,
                                            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

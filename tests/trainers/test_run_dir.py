@@ -305,3 +305,27 @@ def test_trainer_state_parses_or_names_the_file(tmp_path_factory, content):
     else:
         assert isinstance(state, dict) and type(state.get("step", 0)) is int
         assert state == json.loads(content)
+
+
+def test_resume_of_a_run_that_never_saved_says_what_to_do(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sft(capsys, "--out", run, "--save-every", "0", "--steps", "1")[0] == 0
+    shutil.rmtree(run / "model")  # as if killed before its first save
+    rc, err = sft(capsys, "--resume", run)
+    assert rc == 2 and err == (f"posttrain sft: error: {run} holds no checkpoint yet (its run stopped before the "
+                               f"first save): start it again with --overwrite")
+    assert sft(capsys, "--out", run, "--overwrite", "--steps", "1")[0] == 0
+
+
+def test_a_run_dir_of_the_older_layout_resumes_twice(base, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    (run / "run.json").unlink()
+    for f in run.rglob("trainer_state.json"):  # checkpoints from before run ids
+        f.write_text(json.dumps({k: v for k, v in json.loads(f.read_text()).items() if k != "run_id"}))
+    (run / "metrics.jsonl").write_text("")
+    assert sft(capsys, "--resume", run / "checkpoints" / "step-00000002", "--steps", "3", "--save-every", "0")[0] == 0
+    rid = run_id(run)
+    assert json.loads((run / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())["run_id"] == rid
+    rc, err = sft(capsys, "--resume", run, "--steps", "4", "--save-every", "0")  # picks model/ (step 3, this run)
+    assert rc == 0 and [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == [3, 4]
