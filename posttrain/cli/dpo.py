@@ -13,14 +13,17 @@ def add_arguments(p):
     from posttrain.trainers.dpo import PRESETS, DPOConfig
 
     add_preset_flags(p, PRESETS)
-    p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR (a run dir or checkpoint dir)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in run directory DIR (or the run holding "
+                   "checkpoint DIR); outputs go there")
+    p.add_argument("--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it")
     add_config_flags(p, DPOConfig)
 
 
 def run(args) -> int:
     from posttrain.trainers.dpo import PRESETS, DPOConfig, train_dpo
+    from posttrain.trainers.run_dir import resume_out
 
-    cfg = resolve(DPOConfig, PRESETS, args)
+    cfg = resolve(DPOConfig, PRESETS, args, **resume_out(args))
     announce(cfg, cfg.out)
-    train_dpo(cfg, resume=args.resume)
+    train_dpo(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0

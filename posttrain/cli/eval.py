@@ -25,7 +25,7 @@ def run(args) -> int:
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.errors import UserError
     from posttrain.evaluation import evaluate
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.trainers.checkpoint import POLICY, load_checkpoint
     from posttrain.trainers.common import write_summary
     from posttrain.trainers.sft import load_pairs
 
@@ -35,7 +35,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
     pairs = load_pairs(args.data, "evaluation")
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
     gen = torch.Generator().manual_seed(args.seed)
     r = evaluate(ckpt.model, ckpt.tokenizer, [p for p, _ in pairs], [a for _, a in pairs],
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, batch_size=args.batch_size,

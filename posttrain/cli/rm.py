@@ -13,14 +13,17 @@ def add_arguments(p):
     from posttrain.trainers.reward import PRESETS, RMConfig
 
     add_preset_flags(p, PRESETS)
-    p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR (a run dir or checkpoint dir)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in run directory DIR (or the run holding "
+                   "checkpoint DIR); outputs go there")
+    p.add_argument("--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it")
     add_config_flags(p, RMConfig)
 
 
 def run(args) -> int:
     from posttrain.trainers.reward import PRESETS, RMConfig, train_reward_model
+    from posttrain.trainers.run_dir import resume_out
 
-    cfg = resolve(RMConfig, PRESETS, args)
+    cfg = resolve(RMConfig, PRESETS, args, **resume_out(args))
     announce(cfg, cfg.out)
-    train_reward_model(cfg, resume=args.resume)
+    train_reward_model(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0

@@ -13,14 +13,17 @@ def add_arguments(p):
     from posttrain.trainers.sft import PRESETS, SFTConfig
 
     add_preset_flags(p, PRESETS)
-    p.add_argument("--resume", metavar="DIR", help="continue the run saved in DIR (a run dir or checkpoint dir)")
+    p.add_argument("--resume", metavar="DIR", help="continue the run in run directory DIR (or the run holding "
+                   "checkpoint DIR); outputs go there")
+    p.add_argument("--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it")
     add_config_flags(p, SFTConfig)
 
 
 def run(args) -> int:
     from posttrain.trainers.sft import PRESETS, SFTConfig, train_sft
+    from posttrain.trainers.run_dir import resume_out
 
-    cfg = resolve(SFTConfig, PRESETS, args)
+    cfg = resolve(SFTConfig, PRESETS, args, **resume_out(args))
     announce(cfg, cfg.out)
-    train_sft(cfg, resume=args.resume)
+    train_sft(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0

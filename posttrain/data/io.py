@@ -3,11 +3,16 @@
 - ``iter_jsonl`` streams records one line at a time (never the whole file in memory). A line that is
   not a JSON object raises a :class:`DataError` naming the file and line, or, with
   ``on_bad_line="skip"``, is copied verbatim to a rejects file and counted: nothing is dropped silently.
-- ``atomic_write_*`` write to a temporary file in the destination directory, fsync, then ``os.replace``:
-  a reader sees the old file or the new one, never half of one. ``atomic_dir`` does the same for a
-  directory (checkpoints).
+- ``atomic_open`` / ``atomic_write_*`` write to a temporary file in the destination directory, fsync,
+  then ``os.replace``: a reader sees the old file or the new one, never half of one. Only regular files
+  and new paths are replaced: ``-`` is stdout and a device, FIFO or socket (``--output /dev/null``) is
+  written in place as a stream; a symlink is followed, so its target is replaced and the link stays a
+  link. Files get the mode a plain ``open`` would give (an existing file's, else ``0666 & ~umask``).
+  ``atomic_dir`` does the same for a directory (checkpoints; ``0777 & ~umask``), ``recover_dir`` undoes an
+  interrupted directory replace and ``clean_stale_temps`` removes what killed writers left behind.
 
-Not handled here: Parquet (see the dedup I/O), remote filesystems.
+Not handled here: Parquet (see the dedup I/O), remote filesystems, preserving the owner of a file
+replaced by another user (root), concurrent writers to one path (the last rename wins).
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
+import stat
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -117,19 +125,73 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask is set-and-return)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_target(path: str | Path) -> tuple[Path | None, bool]:
+    """Where a write to ``path`` goes: ``(real path, atomic?)``; ``(None, False)`` means stdout (``-``).
+
+    A symlink is followed to the file it names (so the link stays a link and its target is replaced);
+    an existing target that is not a regular file (a character device such as ``/dev/null``, a FIFO,
+    a socket) is written as a stream, in place; a regular file or a new path is written atomically.
+    """
+    if str(path) == "-":
+        return None, False
+    p = Path(path)
+    try:
+        st = os.stat(p)  # follows symlinks
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        return p, False  # open() follows a link itself (a link to /proc/self/fd/1 may name a pipe)
+    return (Path(os.path.realpath(p)) if p.is_symlink() else p), True
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8"):
-    """Open a temp file beside ``path``; on clean exit fsync and rename it onto ``path``."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    """Open ``path`` for writing so that a reader never sees half a file (see :func:`write_target`).
+
+    Regular files and new paths: a temp file ``.NAME.XXXXXXXX.tmp`` beside the target, fsynced and
+    renamed onto it on clean exit (removed on an exception). It gets the permissions the target would
+    get from a plain ``open``: an existing file's mode, or ``0666 & ~umask`` for a new one (not
+    mkstemp's 0600). ``-`` is stdout and a device/FIFO/socket is opened and written in place: no
+    rename, so ``--output /dev/null`` never replaces the device.
+    """
+    target, atomic = write_target(path)
+    binary = "b" in mode
+    enc = None if binary else encoding
+    if target is None:  # stdout: written through, never closed
+        fh = sys.stdout.buffer if binary else sys.stdout
+        yield fh
+        fh.flush()
+        return
+    if not atomic:
+        with open(target, mode, encoding=enc) as fh:
+            yield fh
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as fh:
+        perm = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        perm = 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        os.fchmod(fd, perm)
+        with os.fdopen(fd, mode, encoding=enc) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, p)
-        _fsync_dir(p.parent)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -154,19 +216,37 @@ def atomic_write_jsonl(path: str | Path, records: Iterable[dict]) -> int:
     return n
 
 
+def _usual_modes(root: Path) -> None:
+    """Give a directory tree the modes plain mkdir/open would: 0777/0666 & ~umask (mkdtemp makes 0700, and
+    safetensors writes its files 0600)."""
+    mask = _umask()
+    os.chmod(root, 0o777 & ~mask)
+    for dirpath, dirnames, filenames in os.walk(root):  # does not descend into symlinked directories
+        for names, mode in ((dirnames, 0o777), (filenames, 0o666)):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    os.chmod(path, mode & ~mask)
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
     """Yield a temp directory beside ``path``; on clean exit it is renamed to ``path``.
 
     If ``path`` already exists it is replaced: the old one is first renamed aside and removed only
     after the new one is in place, so a kill at any moment leaves a complete directory at ``path``
-    or at ``path`` + ``.old`` (which :func:`recover_dir` puts back).
+    or at ``path`` + ``.old`` (which :func:`recover_dir` puts back). A symlink at ``path`` is followed
+    (its target is replaced, the link stays). The tree gets the usual modes, ``0777``/``0666 & ~umask``
+    (not mkdtemp's 0700, nor the 0600 some writers use), so other users can read a checkpoint.
     """
     p = Path(path)
+    if p.is_symlink():
+        p = Path(os.path.realpath(p))
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
     try:
         yield tmp
+        _usual_modes(tmp)
         _fsync_dir(tmp)
         old = p.with_name(p.name + ".old")
         if p.exists():
@@ -186,6 +266,32 @@ def recover_dir(path: str | Path) -> Path:
     """If a replace was interrupted after moving ``path`` aside, move it back. Returns ``path``."""
     p = Path(path)
     old = p.with_name(p.name + ".old")
-    if not p.exists() and old.exists():
+    if not p.exists() and old.is_dir() and not old.is_symlink():
         os.replace(old, p)
     return p
+
+
+_TEMP_NAME = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")  # what atomic_open / atomic_dir create (mkstemp's names)
+
+
+def clean_stale_temps(directory: str | Path) -> list[str]:
+    """Remove what killed writers left in ``directory``: ``.NAME.XXXXXXXX.tmp`` files and directories,
+    and ``NAME.old`` directories whose ``NAME`` is complete again. Symlinks are unlinked, never followed.
+    Call it only where no other writer is active (a run's own directory at start). Returns the names removed.
+    """
+    d = Path(directory)
+    removed = []
+    if not d.is_dir():
+        return removed
+    for entry in sorted(d.iterdir()):
+        name = entry.name
+        stale_old = name.endswith(".old") and entry.is_dir() and (d / name[:-4]).exists()
+        if not (_TEMP_NAME.fullmatch(name) or stale_old):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+        removed.append(name)
+    return removed

@@ -5,30 +5,56 @@ Layout of a checkpoint directory::
     model.safetensors     weights (safetensors; tied weights stored once)
     config.json           {"model_type": ..., "config": {...}}
     tokenizer.json        the tokenizer (posttrain.tokenizers.load reads it)
-    trainer_state.json    step, run config, last metrics, plus trainer-specific state (JSON only)
+    trainer_state.json    step, trainer, run_id, run config, last metrics, plus trainer-specific state (JSON only)
     optimizer.pt          optimizer state_dict (tensors + plain containers: loaded with weights_only=True)
     rng.pt                torch RNG state(s) (same)
+    reward_head.safetensors   reward models only (``posttrain rm``): the scalar head
 
 A run directory keeps ``checkpoints/step-00000100/`` ... and a ``checkpoints/latest`` file naming the
-newest; the final model goes to ``model/``. Each checkpoint is built in a temp directory and renamed
+newest; the final model goes to ``model/`` (which checkpoint of a run directory is used, and how run ids
+guard it: :mod:`posttrain.trainers.run_dir`). Each checkpoint is built in a temp directory and renamed
 into place, then ``latest`` is replaced atomically: a kill at any moment leaves the previous
 checkpoint intact and ``latest`` pointing at a complete one.
+
+Loading checks what it loads: ``accept_kinds`` (a policy, i.e. a language model, or a reward model) for
+``--init``/eval, ``expect_trainer`` (the trainer recorded in ``trainer_state.json``) for ``--resume``. A corrupt
+file (truncated weights or optimizer state, empty or garbage JSON, a pickle holding objects other than
+tensors) is a one-line :class:`UserError` naming the file; torch's own message (which suggests
+``weights_only=False``) is never shown. A periodic checkpoint that cannot be written (disk full, read-only)
+is a warning and the run goes on (:meth:`CheckpointManager.save`); the final save raises.
+
+Not handled: checking that weights are finite or plausible (a bit-flipped but well-formed file loads).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
-from posttrain.data.io import atomic_dir, atomic_write_text, recover_dir
+from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
 from posttrain.models import load_model, save_model
 from posttrain.tokenizers import load as load_tokenizer
+from posttrain.trainers.run_dir import (
+    REWARD_HEAD_FILE,
+    STATE_FILE,
+    STEP_NAME,
+    checkpoint_kind,
+    checkpoint_state,
+    command_of,
+    find_checkpoint,
+    read_json_file,
+    warn,
+)
 from posttrain.trainers.guards import require_finite_parameters
 
 
@@ -59,7 +85,7 @@ def save_checkpoint(
     """Write a complete checkpoint to ``directory`` atomically (replacing an older one there)."""
     directory = Path(directory)
     require_finite_parameters(model, directory)  # a diverged (NaN/Inf) model is refused, the old one kept
-    with atomic_dir(directory) as tmp:
+    with atomic_dir(directory) as tmp, writing(directory):
         save_model(model, tmp)
         tokenizer.save(tmp / "tokenizer.json")
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=str) + "\n")
@@ -68,6 +94,18 @@ def save_checkpoint(
         if rng_state is not None:
             torch.save(rng_state, tmp / "rng.pt")
     return directory
+
+
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Report a failed checkpoint write as the OSError it is: safetensors and torch wrap ENOSPC/EROFS in their
+    own exception types (SafetensorError, RuntimeError), which the periodic save and the CLI would not recognise."""
+    try:
+        yield
+    except OSError:
+        raise
+    except (SafetensorError, RuntimeError) as e:
+        raise OSError(errno.EIO, f"cannot write ({_reason(e)})", str(path)) from e
 
 
 def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
@@ -84,51 +122,100 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = Non
             g.set_state(state[k])
 
 
-def _is_checkpoint(p: Path) -> bool:
-    return (p / "model.safetensors").is_file() and (p / "config.json").is_file()
+POLICY = ("policy",)
+REWARD_MODEL = ("reward_model",)
+
+
+def _reason(e: BaseException) -> str:
+    """A short one-line reason for a failed read; never torch's advice to unpickle with weights_only=False."""
+    if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
+        return "refused: it holds Python objects other than tensors and plain containers, which posttrain never unpickles"
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
+    text = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
+    text = text.split(". ")[0].strip()
+    if not text:
+        return f"{type(e).__name__}: empty or truncated"
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+@contextlib.contextmanager
+def reading(path: Path):
+    """Turn any failure while reading checkpoint file ``path`` into a one-line UserError naming it."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"{path}: corrupt or unreadable checkpoint file ({_reason(e)})") from None
+
+
+def _torch_load(path: Path, **kw):
+    with reading(path):
+        obj = torch.load(path, weights_only=True, **kw)
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: corrupt checkpoint file (expected a dict, got {type(obj).__name__})")
+    return obj
+
+
+def check_checkpoint(p: Path, state: dict, expect_trainer=None, accept_kinds=None, role: str | None = None) -> None:
+    """Refuse a checkpoint of the wrong kind (``accept_kinds``) or saved by another trainer (``expect_trainer``)."""
+    role = role or "this command"
+    kind = checkpoint_kind(p, state)
+    if accept_kinds is not None and kind not in accept_kinds:
+        if kind == "reward_model":
+            raise UserError(f"{p} is a reward-model checkpoint (from `posttrain rm`), not a policy: {role} needs a "
+                            f"language-model checkpoint such as an SFT run")
+        raise UserError(f"{p} is not a reward-model checkpoint (no {REWARD_HEAD_FILE}); train one with `posttrain rm`")
+    if expect_trainer is not None:
+        expected = (expect_trainer,) if isinstance(expect_trainer, str) else tuple(expect_trainer)
+        got = state.get("trainer")
+        if got not in expected:
+            saved = f"saved by `posttrain {command_of(got)}`" if got else f"without a trainer in its {STATE_FILE}"
+            hint = f"; --init {p} starts a new run from its weights" if kind == "policy" and got else ""
+            raise UserError(f"{p} is a checkpoint {saved}: `posttrain {command_of(expected[0])} --resume` continues "
+                            f"only its own runs{hint}")
 
 
 def resolve_checkpoint(path: str | Path, prefer_latest: bool = False) -> Path:
-    """A checkpoint directory, or a run directory (its ``model/``, or newest ``checkpoints/`` entry).
-
-    With ``prefer_latest`` (resume), the newest of ``model/`` and ``checkpoints/latest`` by step wins.
-    """
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"checkpoint not found: {p}")
-    if _is_checkpoint(recover_dir(p)):
-        return p
-    candidates = []
-    final = recover_dir(p / "model")
-    if _is_checkpoint(final):
-        candidates.append(final)
-    latest_file = p / "checkpoints" / "latest"
-    if latest_file.is_file():
-        latest = recover_dir(p / "checkpoints" / latest_file.read_text().strip())
-        if _is_checkpoint(latest):
-            candidates.append(latest)
-    if not candidates:
-        raise UserError(f"{p} holds no checkpoint (expected model.safetensors + config.json, model/ or checkpoints/latest)")
-    if not prefer_latest:
-        return candidates[0]
-    return max(candidates, key=lambda c: json.loads((c / "trainer_state.json").read_text()).get("step", 0)
-               if (c / "trainer_state.json").is_file() else -1)
+    """A checkpoint directory, or a run directory's ``model/`` or newest checkpoint (see :func:`find_checkpoint`)."""
+    return find_checkpoint(path, prefer_latest=prefer_latest)
 
 
 def load_checkpoint(path: str | Path, device="cpu", with_training_state: bool = False, prefer_latest: bool = False,
-                    **model_overrides) -> Checkpoint:
+                    *, expect_trainer: str | tuple | None = None, accept_kinds: tuple | None = None,
+                    role: str | None = None, **model_overrides) -> Checkpoint:
+    """Load a checkpoint (or a run directory's), checking its kind/trainer first; corrupt files -> UserError."""
     p = resolve_checkpoint(path, prefer_latest=prefer_latest)
-    model = load_model(p, device=device, **model_overrides)
-    tokenizer = load_tokenizer(p / "tokenizer.json")
-    state_file = p / "trainer_state.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    state = checkpoint_state(p)
+    check_checkpoint(p, state, expect_trainer=expect_trainer, accept_kinds=accept_kinds, role=role)
+    if with_training_state and not (p / "optimizer.pt").is_file():
+        raise UserError(f"{p} has no optimizer state: it cannot be resumed (only used as --init)")
+    model_cfg = read_json_file(p / "config.json")
+    if not isinstance(model_cfg.get("model_type"), str):
+        raise UserError(f"{p / 'config.json'}: corrupt checkpoint file (no model_type)")
+    try:
+        model = load_model(p, device=device, **model_overrides)
+    except UserError:
+        raise
+    except Exception as e:  # which file? the weights if their header does not parse, else the config
+        weights = p / "model.safetensors"
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except Exception as we:
+            raise UserError(f"{weights}: corrupt or unreadable checkpoint file ({_reason(we)})") from None
+        raise UserError(f"{p / 'config.json'}: does not describe the saved model ({_reason(e)})") from None
+    with reading(p / "tokenizer.json"):
+        tokenizer = load_tokenizer(p / "tokenizer.json")
     ckpt = Checkpoint(path=p, model=model, tokenizer=tokenizer, state=state)
     if with_training_state:
-        if not (p / "optimizer.pt").is_file():
-            raise UserError(f"{p} has no optimizer state: it cannot be resumed (only used as --init)")
-        ckpt.optimizer_state = torch.load(p / "optimizer.pt", map_location=device, weights_only=True)
+        ckpt.optimizer_state = _torch_load(p / "optimizer.pt", map_location=device)
+        if not {"state", "param_groups"} <= set(ckpt.optimizer_state):
+            raise UserError(f"{p / 'optimizer.pt'}: corrupt checkpoint file (not an optimizer state_dict)")
         if (p / "rng.pt").is_file():
-            ckpt.rng_state = torch.load(p / "rng.pt", weights_only=True)
+            ckpt.rng_state = _torch_load(p / "rng.pt")
+            if not isinstance(ckpt.rng_state.get("torch"), torch.Tensor):
+                raise UserError(f"{p / 'rng.pt'}: corrupt checkpoint file (no torch RNG state)")
     return ckpt
 
 
@@ -139,16 +226,25 @@ class CheckpointManager:
         self.root = Path(run_dir) / "checkpoints"
         self.keep = keep
 
-    def save(self, step: int, save_fn=None, **kwargs) -> Path:
-        """Write ``step-NNNNNNNN`` with ``save_fn`` (default :func:`save_checkpoint`), point ``latest`` at it, prune."""
+    def save(self, step: int, save_fn=None, **kwargs) -> Path | None:
+        """Write ``step-NNNNNNNN`` with ``save_fn`` (default :func:`save_checkpoint`), point ``latest`` at it, prune.
+
+        A save that fails with an OSError (disk full, read-only, permissions) warns on one line and returns
+        None: the run goes on and the next save tries again; ``latest`` keeps naming the previous checkpoint.
+        """
         name = f"step-{step:08d}"
-        path = (save_fn or save_checkpoint)(self.root / name, **kwargs)
-        atomic_write_text(self.root / "latest", name + "\n")
+        try:
+            path = (save_fn or save_checkpoint)(self.root / name, **kwargs)
+            atomic_write_text(self.root / "latest", name + "\n")
+        except OSError as e:
+            where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+            warn(f"checkpoint {name} not saved: {e.strerror or e}{where}; training goes on, the next save retries")
+            return None
         self._prune(current=name)
         return path
 
     def _prune(self, current: str) -> None:
-        ckpts = sorted(d for d in self.root.glob("step-*") if d.is_dir() and not d.name.endswith(".old"))
+        ckpts = sorted(d for d in self.root.glob("step-*") if d.is_dir() and STEP_NAME.fullmatch(d.name))
         for d in ckpts[: max(0, len(ckpts) - self.keep)]:
             if d.name != current:
                 shutil.rmtree(d, ignore_errors=True)

@@ -1,5 +1,10 @@
 """Loop pieces every trainer shares: optimizer, LR schedule, metrics logging, run directory set-up.
 
+- ``open_run`` / ``begin_run`` (from :mod:`posttrain.trainers.run_dir`): a trainer calls ``open_run(cfg,
+  "sft", resume, overwrite)`` first (checks ``--out``, picks the checkpoint to resume; writes nothing), loads
+  and validates its inputs, then ``begin_run(run, cfg)`` (clears for ``--overwrite``, writes ``run.json`` and
+  ``config.resolved.*``) before it writes anything else into the run directory.
+
 - ``lr_at(step)``: linear warmup to the peak, then cosine decay to ``min_lr_ratio * peak``. A pure function
   of the step, so resuming needs no scheduler state.
 - ``MetricsLogger``: one JSON line per step in ``metrics.jsonl`` (and TensorBoard when asked and installed);
@@ -20,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from posttrain import config as C
 from posttrain.data.io import atomic_write_json
+from posttrain.trainers.run_dir import Run, begin_run, open_run  # noqa: F401  (re-exported for the trainers)
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
@@ -104,15 +109,6 @@ def _plain(v):
     if isinstance(v, (np.floating, np.integer)):
         return v.item()
     return v
-
-
-def prepare_run_dir(out: str | Path, cfg, resume: bool) -> Path:
-    """Create ``out`` and save the resolved config there (``config.resolved.yaml`` and ``.json``)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.resolved.yaml").write_text(C.dump_yaml(cfg))
-    atomic_write_json(out / "config.resolved.json", C.to_dict(cfg))
-    return out
 
 
 def write_summary(out: str | Path, summary: dict) -> Path:

@@ -61,7 +61,7 @@ from posttrain.losses.preference import (
 )
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices, load_pairs
 
@@ -275,37 +275,25 @@ def load_user_data(path: str, unpaired: bool):
 # the trainer
 
 
-def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
+def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Run a DPO-family trainer; returns the summary dict (also written to ``cfg.out/summary.json``)."""
     if not cfg.init:
         raise UserError("dpo needs --init SFT_CHECKPOINT (the starting policy and the frozen reference)")
     common.set_threads(cfg.threads)
-    out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+    run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
+    out = run.dir
     common.seed_everything(cfg.seed)
-    init = load_checkpoint(cfg.init)
+    init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="dpo --init")
     tokenizer = init.tokenizer
     task = ArithmeticTask(cfg.task)
     loss_fn = PREFERENCE_LOSSES[cfg.loss]
     unpaired = cfg.loss in UNPAIRED_LOSSES
     beta = cfg.beta if cfg.beta is not None else default_beta(cfg.loss)
-
-    # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
-    pair_info: dict = {}
-    if cfg.data:
-        examples = load_user_data(cfg.data, unpaired)
-    else:
-        meta = {"init": str(Path(cfg.init).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
-                "task": dataclasses.asdict(cfg.task)}
-        print(f"sampling preference pairs from {cfg.init} ...")
-        pairs, pair_info = cached_pairs(Path(out) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
-        examples = pairs_to_kto(pairs) if unpaired else pairs
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
-    data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
-    per_step = cfg.batch_size * (2 if unpaired else 1)
 
     start_step, ckpt, loss_state = 0, None, None
     if resume:
-        ckpt = load_checkpoint(resume, with_training_state=True, prefer_latest=True)
+        ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo")
         policy, start_step = ckpt.model, ckpt.step
         if start_step > cfg.steps:
             raise UserError(f"checkpoint {ckpt.path} is at step {start_step}, beyond steps={cfg.steps}")
@@ -313,6 +301,20 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
             loss_state = BetaDPOState(*ckpt.state["loss_state"])
     else:
         policy = copy.deepcopy(init.model)
+
+    # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
+    examples = load_user_data(cfg.data, unpaired) if cfg.data else None
+    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
+    pair_info: dict = {}
+    if examples is None:
+        meta = {"init": str(Path(cfg.init).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
+                "task": dataclasses.asdict(cfg.task)}
+        print(f"sampling preference pairs from {cfg.init} ...")
+        pairs, pair_info = cached_pairs(Path(out) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
+        examples = pairs_to_kto(pairs) if unpaired else pairs
+    data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
+    per_step = cfg.batch_size * (2 if unpaired else 1)
+
     ref_model = None if cfg.loss in REFERENCE_FREE_LOSSES else freeze(init.model)
     ref_table = None
     if ref_model is not None and cfg.precompute_ref:
@@ -341,7 +343,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
                         max_new_tokens=cfg.max_new_tokens, keep_samples=5)
 
     def state(step, extra=None):
-        return {"step": step, "trainer": "dpo", "config": dataclasses.asdict(cfg),
+        return {"step": step, "trainer": "dpo", "run_id": run.run_id, "config": dataclasses.asdict(cfg),
                 "loss_state": list(loss_state) if loss_state is not None else None, **(extra or {})}
 
     guard = NonFiniteGuard(cfg.nan_patience)

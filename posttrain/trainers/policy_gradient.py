@@ -42,7 +42,7 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms
-from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices
 
@@ -158,12 +158,13 @@ class Rollout:
 class PolicyGradientTrainer:
     """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here."""
 
-    def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None):
+    def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
         if not cfg.init and not resume:
             raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
         self.cfg = cfg
         common.set_threads(cfg.threads)
-        self.out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+        self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
+        self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
         self.prompts = self.task.rl_prompts()
         self.evals = self.task.eval_problems()
@@ -172,18 +173,16 @@ class PolicyGradientTrainer:
         self.start_step = 0
         ckpt = None
         if resume:
-            ckpt = load_checkpoint(resume, with_training_state=True, prefer_latest=True)
+            ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
             self.start_step = ckpt.step
-            if ckpt.state.get("trainer") != "policy_gradient":
-                raise UserError(f"{ckpt.path} is not a policy-gradient checkpoint (trainer={ckpt.state.get('trainer')!r})")
-        init = load_checkpoint(cfg.init) if cfg.init else None
+        init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="grpo --init") if cfg.init else None
         src = ckpt or init
         self.model, self.tokenizer = src.model, src.tokenizer
         self.model.train()
         # the reference is the *initial* policy: from --init, or from the resumed run's own init
         self.ref_model = None
         if cfg.beta > 0:
-            ref_src = init.model if init is not None else load_checkpoint(ckpt.state["config"]["init"]).model
+            ref_src = init.model if init is not None else load_checkpoint(ckpt.state["config"]["init"], accept_kinds=POLICY).model
             self.ref_model = build_reference(ref_src)
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
@@ -198,6 +197,7 @@ class PolicyGradientTrainer:
         max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
         if max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
             raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
+        common.begin_run(self.run, cfg)
         self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
         self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
 
@@ -301,7 +301,7 @@ class PolicyGradientTrainer:
         return r
 
     def _state(self, step: int, extra: dict | None = None) -> dict:
-        return {"step": step, "trainer": "policy_gradient", "config": dataclasses.asdict(self.cfg),
+        return {"step": step, "trainer": "policy_gradient", "run_id": self.run.run_id, "config": dataclasses.asdict(self.cfg),
                 "kl_controller": self.kl_ctl.state_dict(), "alarms": self.alarms.state_dict(), **(extra or {})}
 
     def train(self) -> dict:
@@ -372,5 +372,5 @@ class PolicyGradientTrainer:
         return summary
 
 
-def train_policy_gradient(cfg: PolicyGradientConfig, resume: str | None = None) -> dict:
-    return PolicyGradientTrainer(cfg, resume=resume).train()
+def train_policy_gradient(cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    return PolicyGradientTrainer(cfg, resume=resume, overwrite=overwrite).train()

@@ -66,11 +66,12 @@ from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, resolve_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import (POLICY, REWARD_HEAD_FILE, REWARD_MODEL, CheckpointManager, load_checkpoint,
+                                           reading, restore_rng, rng_state, save_checkpoint, writing)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step, require_finite_parameters
 from posttrain.trainers.sft import batch_indices
 
-HEAD_FILE = "reward_head.safetensors"
+HEAD_FILE = REWARD_HEAD_FILE
 
 
 @dataclass
@@ -133,7 +134,8 @@ def save_reward_checkpoint(directory: str | Path, rm: RewardModel, tokenizer, st
     with atomic_dir(directory) as tmp:
         save_checkpoint(tmp, model=rm.backbone.model, tokenizer=tokenizer, state={**state, "reward_model": True},
                         optimizer=optimizer, rng_state=rng)
-        save_file({k: v.detach().contiguous() for k, v in rm.head.state_dict().items()}, str(tmp / HEAD_FILE))
+        with writing(directory):
+            save_file({k: v.detach().contiguous() for k, v in rm.head.state_dict().items()}, str(tmp / HEAD_FILE))
         if stats is not None:
             stats.save(tmp / REWARD_STATS_FILE)
     return directory
@@ -174,12 +176,11 @@ class LoadedRewardModel:
 def load_reward_model(path: str | Path, device: str = "cpu", with_training_state: bool = False,
                       prefer_latest: bool = False) -> LoadedRewardModel:
     """Rebuild a reward model saved by ``posttrain rm`` (a checkpoint or run directory) in eval mode."""
-    p = resolve_checkpoint(path, prefer_latest=prefer_latest)
-    if not (p / HEAD_FILE).is_file():
-        raise UserError(f"{p} is not a reward-model checkpoint (no {HEAD_FILE}); train one with `posttrain rm`")
-    ckpt = load_checkpoint(p, device=device)
+    ckpt = load_checkpoint(path, device=device, prefer_latest=prefer_latest, accept_kinds=REWARD_MODEL)
+    p = ckpt.path
     rm = RewardModel(ckpt.model)
-    rm.head.load_state_dict(load_file(str(p / HEAD_FILE), device=str(device)))
+    with reading(p / HEAD_FILE):
+        rm.head.load_state_dict(load_file(str(p / HEAD_FILE), device=str(device)))
     stats = RewardStats.load(p) if (p / REWARD_STATS_FILE).is_file() else None
     return LoadedRewardModel(model=rm.eval(), tokenizer=ckpt.tokenizer, stats=stats, path=p, state=ckpt.state)
 
@@ -271,17 +272,18 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     return train, held, {"train": info, "heldout": held_info}
 
 
-def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
+def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Train a Bradley-Terry reward model; returns the summary (also ``cfg.out/summary.json``)."""
     common.set_threads(cfg.threads)
-    out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+    run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
+    out = run.dir
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
-    init = load_checkpoint(cfg.init) if cfg.init else None
+    init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="rm --init") if cfg.init else None
     start_step, opt_state, rng = 0, None, None
     if resume:
-        loaded = load_reward_model(resume, prefer_latest=True)
-        ck = load_checkpoint(loaded.path, with_training_state=True)
+        ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
+        loaded = load_reward_model(ck.path)
         rm, tokenizer, start_step, opt_state, rng = loaded.model, loaded.tokenizer, ck.step, ck.optimizer_state, ck.rng_state
         if start_step > cfg.steps:
             raise UserError(f"checkpoint {loaded.path} is at step {start_step}, beyond steps={cfg.steps}")
@@ -297,7 +299,8 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
         if not (cfg.data and cfg.eval_data):
             raise UserError("pass both --data and --eval-data (held-out pairs), or neither for the embedded task")
         train, held = load_preference_pairs(cfg.data), load_preference_pairs(cfg.eval_data)
-    else:
+    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
+    if not (cfg.data or cfg.eval_data):
         train, held, pair_info = _embedded_pairs(cfg, task, init, Path(out))
 
     opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
@@ -311,7 +314,7 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
           f"steps {start_step}->{cfg.steps}")
 
     def state(step, extra=None):
-        return {"step": step, "trainer": "rm", "config": dataclasses.asdict(cfg), **(extra or {})}
+        return {"step": step, "trainer": "rm", "run_id": run.run_id, "config": dataclasses.asdict(cfg), **(extra or {})}
 
     guard = NonFiniteGuard(cfg.nan_patience)
 

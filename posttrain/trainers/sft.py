@@ -33,7 +33,7 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 
 
@@ -124,10 +124,11 @@ def sft_loss(model, ids: torch.Tensor, loss_mask: torch.Tensor, n_tokens: int) -
     return (nll * loss_mask[:, 1:].reshape(-1)).sum() / n_tokens
 
 
-def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
+def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``)."""
     common.set_threads(cfg.threads)
-    out = common.prepare_run_dir(cfg.out, cfg, resume=resume is not None)
+    run = common.open_run(cfg, "sft", resume=resume, overwrite=overwrite)
+    out = run.dir
     task = ArithmeticTask(cfg.task)
     demos = load_pairs(cfg.data, "training") if cfg.data else [(p.prompt, p.answer) for p in task.demonstrations()]
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
@@ -135,13 +136,13 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
     common.seed_everything(cfg.seed)
     start_step, ckpt = 0, None
     if resume:
-        ckpt = load_checkpoint(resume, with_training_state=True, prefer_latest=True)
+        ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="sft")
         model, tokenizer = ckpt.model, ckpt.tokenizer
         start_step = ckpt.step
         if start_step > cfg.steps:
             raise UserError(f"checkpoint {ckpt.path} is at step {start_step}, beyond steps={cfg.steps}")
     elif cfg.init:
-        init = load_checkpoint(cfg.init)
+        init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="sft --init")
         model, tokenizer = init.model, init.tokenizer
     else:
         tokenizer = CharTokenizer(task.alphabet)
@@ -150,6 +151,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
     if max_len is not None and ids.shape[1] + cfg.max_new_tokens > max_len:
         raise UserError(f"sequences of {ids.shape[1]} tokens (+{cfg.max_new_tokens} generated) exceed model.max_seq_len={max_len}")
+    common.begin_run(run, cfg)
 
     opt = common.make_optimizer(model, cfg.lr, cfg.weight_decay)
     if ckpt is not None:
@@ -168,7 +170,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None) -> dict:
         return r
 
     def state(step, extra=None):
-        return {"step": step, "trainer": "sft", "config": dataclasses.asdict(cfg), **(extra or {})}
+        return {"step": step, "trainer": "sft", "run_id": run.run_id, "config": dataclasses.asdict(cfg), **(extra or {})}
 
     micro = cfg.batch_size // cfg.grad_accum
     guard = NonFiniteGuard(cfg.nan_patience)

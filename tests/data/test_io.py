@@ -1,8 +1,24 @@
 import json
+import os
+import stat
+import threading
+from pathlib import Path
 
 import pytest
 
-from posttrain.data.io import ReadStats, atomic_dir, atomic_write_json, iter_jsonl, read_jsonl, recover_dir
+from posttrain.data.io import (
+    ReadStats,
+    atomic_dir,
+    atomic_open,
+    atomic_write_json,
+    atomic_write_jsonl,
+    atomic_write_text,
+    clean_stale_temps,
+    iter_jsonl,
+    read_jsonl,
+    recover_dir,
+    write_target,
+)
 from posttrain.errors import DataError
 
 
@@ -60,3 +76,112 @@ def test_recover_dir_after_interrupted_replace(tmp_path):
 def test_atomic_write_json(tmp_path):
     atomic_write_json(tmp_path / "s.json", {"a": 1})
     assert json.loads((tmp_path / "s.json").read_text()) == {"a": 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# atomic writes: what they may replace, and the modes they leave
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(p):
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
+def test_atomic_files_and_dirs_get_the_usual_modes(tmp_path, umask_022):
+    atomic_write_text(tmp_path / "a.txt", "x")
+    assert _mode(tmp_path / "a.txt") == 0o644  # not mkstemp's 0600
+    with atomic_dir(tmp_path / "ckpt") as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "w.bin").write_bytes(b"w")
+        os.chmod(tmp / "w.bin", 0o600)  # as safetensors writes its files
+    assert _mode(tmp_path / "ckpt") == 0o755 and _mode(tmp_path / "ckpt" / "sub") == 0o755
+    assert _mode(tmp_path / "ckpt" / "w.bin") == 0o644
+    os.umask(0o027)
+    atomic_write_text(tmp_path / "b.txt", "x")
+    assert _mode(tmp_path / "b.txt") == 0o640
+    os.chmod(tmp_path / "a.txt", 0o600)  # replacing a file keeps the mode its owner gave it
+    atomic_write_text(tmp_path / "a.txt", "y")
+    assert _mode(tmp_path / "a.txt") == 0o600 and (tmp_path / "a.txt").read_text() == "y"
+
+
+def test_symlink_target_is_replaced_and_the_link_stays(tmp_path):
+    target = tmp_path / "real.json"
+    target.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    atomic_write_json(link, {"a": 1})
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert json.loads(target.read_text()) == {"a": 1}
+    real_dir = tmp_path / "real_ckpt"
+    with atomic_dir(real_dir) as tmp:
+        (tmp / "x").write_text("old")
+    (tmp_path / "ckpt").symlink_to(real_dir)
+    with atomic_dir(tmp_path / "ckpt") as tmp:
+        (tmp / "x").write_text("new")
+    assert (tmp_path / "ckpt").is_symlink() and (real_dir / "x").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "link.json", "real.json", "real_ckpt"]
+
+
+def test_fifo_is_written_as_a_stream(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
+    reader.start()
+    n = atomic_write_jsonl(fifo, [{"a": 1}, {"b": 2}])
+    reader.join(timeout=10)
+    assert n == 2 and got == ['{"a": 1}\n{"b": 2}\n']
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still a FIFO, not replaced by a regular file
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe"]
+
+
+def test_character_device_and_link_to_it_are_written_in_place(tmp_path):
+    if os.geteuid() == 0:  # root could replace /dev/null if this regressed: use a private null device
+        dev = tmp_path / "null"
+        try:
+            os.mknod(dev, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        except OSError:
+            pytest.skip("cannot mknod here")
+    else:
+        dev = Path("/dev/null")  # not writable by a plain user's rename: a regression fails, never replaces it
+    link = tmp_path / "out.jsonl"
+    link.symlink_to(dev)
+    for target in (dev, link):
+        with atomic_open(target, "wb") as fh:
+            fh.write(b"discarded\n")
+    assert stat.S_ISCHR(os.lstat(dev).st_mode) and link.is_symlink()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_dash_is_stdout(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    atomic_write_jsonl("-", [{"a": 1}])
+    assert capsys.readouterr().out == '{"a": 1}\n'
+    assert not (tmp_path / "-").exists()
+    assert write_target("-") == (None, False)
+
+
+def test_clean_stale_temps_removes_only_what_killed_writers_leave(tmp_path):
+    (tmp_path / ".model.k2x_9abc.tmp").mkdir()  # a killed atomic_dir
+    (tmp_path / ".model.k2x_9abc.tmp" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".latest.ab12cd34.tmp").write_text("step-")  # a killed atomic_open
+    (tmp_path / "step-00000002").mkdir()
+    (tmp_path / "step-00000002.old").mkdir()  # killed after the new one was in place
+    (tmp_path / "step-00000004.old").mkdir()  # killed before: recover_dir's job, kept
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir(exist_ok=True)
+    (outside / "keep").write_text("x")
+    (tmp_path / ".link.abcdefgh.tmp").symlink_to(outside)
+    for name in (".hidden.tmp", "notes.tmp", ".x.short.tmp"):
+        (tmp_path / name).write_text("user file")
+    removed = clean_stale_temps(tmp_path)
+    assert removed == [".latest.ab12cd34.tmp", ".link.abcdefgh.tmp", ".model.k2x_9abc.tmp", "step-00000002.old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden.tmp", ".x.short.tmp", "notes.tmp",
+                                                          "step-00000002", "step-00000004.old"]
+    assert (outside / "keep").read_text() == "x"  # the link was removed, not followed

@@ -158,7 +158,7 @@ def test_embedded_on_policy_pairs_are_cached(tmp_path, sft_ckpt):
         assert rec["prompt"] in answers  # training split only
         assert verify(rec["chosen"], answers[rec["prompt"]]) and not verify(rec["rejected"], answers[rec["prompt"]])
     mtime = (tmp_path / "pairs.jsonl").stat().st_mtime_ns
-    train_dpo(cfg(tmp_path, sft_ckpt, steps=1))
+    train_dpo(cfg(tmp_path, sft_ckpt, steps=1), resume=str(tmp_path))  # a run in the directory again: resume
     assert (tmp_path / "pairs.jsonl").stat().st_mtime_ns == mtime  # same settings: reused, not resampled
 
 

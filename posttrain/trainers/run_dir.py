@@ -1,0 +1,343 @@
+"""Run directories: one run per directory, identified by a run id, and the checkpoints that belong to it.
+
+A run directory (``--out``) holds::
+
+    run.json                 {"run_id", "trainer", "created", "posttrain_version"}: written when the run starts
+    config.resolved.yaml     the config the run (last) started with; also .json
+    metrics.jsonl, summary.json, pairs.jsonl, ...
+    checkpoints/step-NNNNNNNN/  checkpoints/latest      periodic checkpoints (see checkpoint.py)
+    model/                   the final model
+
+Every checkpoint's ``trainer_state.json`` records ``run_id`` and ``trainer``. The rules:
+
+- a new run needs an empty (or new) ``--out``; a non-empty one is refused unless ``--overwrite`` (which
+  deletes its contents: only a directory that looks like a run, i.e. has ``run.json`` or
+  ``config.resolved.json``, and never an ``--init``/``--data`` inside it; symlinks in it are unlinked,
+  never followed) or ``--resume``;
+- ``--resume DIR`` continues the run in DIR's run directory (DIR, or the run holding the checkpoint DIR)
+  and writes there: ``--out`` defaults to it and may not name another directory. Only checkpoints whose
+  run id is the one in ``run.json`` are candidates (a stale ``model/`` of an older run is ignored, with a
+  warning); the newest by step wins. Without ``run.json`` (an older layout, or checkpoints copied in by
+  hand) the checkpoints must agree on one run id, which is then adopted (a checkpoint without one is
+  given a new id, recorded in its ``trainer_state.json`` and in ``run.json``). ``run.json``'s trainer must be
+  the resuming command's; changed settings are listed in a warning;
+- nothing is written into ``--out`` (no clearing, no ``run.json``, no ``config.resolved.*``) until the
+  trainer has validated its inputs and calls :func:`begin_run`; a failed start leaves the directory as it was;
+- ``checkpoints/latest`` must name ``step-NNNNNNNN`` in the same directory: anything else (``../../etc``, an
+  absolute path, a symlink) is ignored with a warning and the newest complete ``step-*`` is used;
+- leftovers of killed writers (``.NAME.XXXXXXXX.tmp``, ``NAME.old`` beside a complete ``NAME``) are removed
+  when a run resumes in the directory.
+
+Not handled: two processes running in one directory at once (no lock), run ids across copies of a run
+directory (a copy keeps the id: resuming the copy continues the same run, which is what a copy means).
+
+This module imports no torch, so the CLI can use :func:`resume_out` while parsing flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from posttrain import __version__
+from posttrain import config as C
+from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
+from posttrain.errors import UserError
+
+RUN_FILE = "run.json"
+STATE_FILE = "trainer_state.json"
+REWARD_HEAD_FILE = "reward_head.safetensors"
+STEP_NAME = re.compile(r"step-\d{8}")
+COMMANDS = {"sft": "sft", "dpo": "dpo", "rm": "rm", "policy_gradient": "grpo"}
+"""trainer name (as stored in run.json / trainer_state.json) -> the CLI command that runs it."""
+RESUME_MAY_CHANGE = ("out", "progress", "threads", "logger", "steps", "eval_every", "save_every", "keep_checkpoints")
+"""Config fields that may differ on resume without a warning (outputs, logging, length and checkpoint cadence)."""
+
+
+def warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def command_of(trainer) -> str:
+    return COMMANDS.get(trainer, str(trainer))
+
+
+# ---------------------------------------------------------------------------------------------
+# reading checkpoints' small files
+
+
+def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
+    """A JSON object from ``path``, or a one-line UserError naming the file (empty, garbage, not an object)."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing {what}") from None
+    except json.JSONDecodeError as e:
+        reason = "empty" if not e.doc.strip() else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+        raise UserError(f"{path}: corrupt {what} ({reason})") from None
+    except UnicodeDecodeError as e:
+        reason = f"not valid UTF-8 at byte {e.start}"
+        raise UserError(f"{path}: corrupt {what} ({reason})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path}: corrupt {what} (expected a JSON object, got {type(obj).__name__})")
+    return obj
+
+
+def is_checkpoint(p: Path) -> bool:
+    return (p / "model.safetensors").is_file() and (p / "config.json").is_file()
+
+
+def checkpoint_state(p: Path) -> dict:
+    """``trainer_state.json`` of checkpoint ``p`` ({} if it has none), checked to be an object with an integer step."""
+    f = p / STATE_FILE
+    if not f.exists():
+        return {}
+    state = read_json_file(f)
+    if not isinstance(state.get("step", 0), int) or isinstance(state.get("step"), bool):
+        raise UserError(f"{f}: corrupt checkpoint file ('step' is {state.get('step')!r}, not an integer)")
+    return state
+
+
+def checkpoint_kind(p: Path, state: dict) -> str:
+    """'reward_model' (a ``posttrain rm`` checkpoint: a scalar head on the backbone) or 'policy' (a language model)."""
+    return "reward_model" if (p / REWARD_HEAD_FILE).is_file() or state.get("reward_model") else "policy"
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint ``root/latest`` names (``step-NNNNNNNN`` beside it), else the newest complete ``step-*``."""
+    f = root / "latest"
+    if f.exists() or f.is_symlink():
+        name = None
+        if f.is_file() and not f.is_symlink():
+            with open(f, "rb") as fh:
+                name = fh.read(64).decode("ascii", errors="replace").strip()
+        target = root / name if name and STEP_NAME.fullmatch(name) else None
+        if target is None:
+            warn(f"ignoring {f}: it must name a checkpoint beside it (step-NNNNNNNN), got {name!r}")
+        elif target.is_symlink() or not is_checkpoint(recover_dir(target)):
+            warn(f"ignoring {f}: {target} is {'a symlink' if target.is_symlink() else 'missing or incomplete'}")
+            target = None
+        if target is not None:
+            return target
+    steps = sorted(d for d in root.glob("step-*") if STEP_NAME.fullmatch(d.name) and not d.is_symlink()
+                   and is_checkpoint(recover_dir(d)))
+    return steps[-1] if steps else None
+
+
+def read_run(root: Path) -> dict | None:
+    """``root/run.json``, or None where there is none (a checkpoint directory, an older run layout)."""
+    f = root / RUN_FILE
+    if not f.exists():
+        return None
+    info = read_json_file(f, "run file")
+    if not isinstance(info.get("run_id"), str):
+        raise UserError(f"{f}: corrupt run file (no run_id)")
+    return info
+
+
+def find_checkpoint(path: str | Path, prefer_latest: bool = False, run_id: str | None = None) -> Path:
+    """A checkpoint directory, or a run directory's ``model/`` or newest ``checkpoints/`` entry of its own run.
+
+    Candidates of a run directory are those whose run id is ``run_id`` (default: ``run.json``'s); with
+    ``prefer_latest`` (resume) the newest by step wins, else ``model/`` first. A checkpoint named directly is
+    returned as is, unless it carries a run id other than ``run_id``.
+    """
+    p = Path(path)
+    if not p.exists() and not p.with_name(p.name + ".old").is_dir():
+        raise UserError(f"checkpoint not found: {p}")
+    if is_checkpoint(recover_dir(p)):
+        own = checkpoint_state(p).get("run_id")
+        if run_id is not None and own is not None and own != run_id:
+            raise UserError(f"{p} belongs to run {own}, not to the run being resumed ({run_id})")
+        return p
+    info = read_run(p)
+    if run_id is None and info is not None:
+        run_id = info["run_id"]
+    candidates = []
+    if is_checkpoint(recover_dir(p / "model")):
+        candidates.append(p / "model")
+    latest = latest_checkpoint(p / "checkpoints")
+    if latest is not None:
+        candidates.append(latest)
+    ids = {c: checkpoint_state(c).get("run_id") for c in candidates}
+    if run_id is not None:
+        for c in candidates:
+            if ids[c] != run_id:
+                warn(f"ignoring {c}: saved by run {ids[c] or '(none recorded)'}, not by this directory's run {run_id}")
+        candidates = [c for c in candidates if ids[c] == run_id]
+        if not candidates and ids:
+            raise UserError(f"{p} holds no checkpoint of its run {run_id} (only of other runs: "
+                            f"{', '.join(str(c) for c in ids)})")
+    elif len(set(ids.values())) > 1:
+        raise UserError(f"{p} holds checkpoints of different runs and no {RUN_FILE}: name one, e.g. {candidates[-1]}")
+    if not candidates and info is not None:
+        raise UserError(f"{p} holds no checkpoint yet (its run stopped before the first save): start it again with "
+                        f"--overwrite")
+    if not candidates:
+        raise UserError(f"{p} holds no checkpoint (expected model.safetensors + config.json, model/ or checkpoints/latest)")
+    if not prefer_latest:
+        return candidates[0]
+    return max(candidates, key=lambda c: checkpoint_state(c).get("step", 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# starting a run
+
+
+def run_root(resume: str | Path) -> Path:
+    """The run directory ``--resume`` continues: DIR itself, or the run holding checkpoint DIR."""
+    p = Path(resume)
+    if not p.exists() and not p.with_name(p.name + ".old").is_dir():
+        raise UserError(f"checkpoint not found: {p}")
+    if not is_checkpoint(recover_dir(p)):
+        return p
+    if p.parent.name == "checkpoints":
+        return p.parent.parent
+    if p.name == "model":
+        return p.parent
+    raise UserError(f"--resume {p}: a checkpoint outside a run directory; --resume takes a run directory (or a "
+                    f"checkpoint inside one), --init {p} starts a new run from its weights")
+
+
+def resume_out(args) -> dict:
+    """CLI: with ``--resume DIR`` and no ``--out`` flag, the outputs go to DIR's run directory."""
+    resume = getattr(args, "resume", None)
+    if not resume or "cfg:out" in vars(args):
+        return {}
+    return {"out": str(run_root(resume))}
+
+
+@dataclass
+class Run:
+    """A run about to start in ``dir``: fresh (``resume_from`` None) or resuming checkpoint ``resume_from``."""
+
+    dir: Path
+    run_id: str
+    trainer: str
+    resume_from: Path | None = None
+    resume_state: dict = dataclasses.field(default_factory=dict)
+    clear: bool = False  # --overwrite: delete dir's contents at begin_run
+    info: dict | None = None  # the existing run.json, when resuming
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+def _inside(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or b in a.parents
+
+
+def open_run(cfg, trainer: str, resume: str | Path | None = None, overwrite: bool = False) -> Run:
+    """Check ``cfg.out`` for a new run or a resume of ``resume``; writes nothing but cleans a resumed run's temps."""
+    out = Path(cfg.out)
+    if resume is not None and overwrite:
+        raise UserError("--resume and --overwrite exclude each other: --resume continues a run, --overwrite "
+                        "replaces it with a new one")
+    if resume is not None:
+        root = run_root(resume)
+        info = read_run(root)
+        if info is not None and info.get("trainer") != trainer:
+            raise UserError(f"{root} is a `posttrain {command_of(info.get('trainer'))}` run: `posttrain "
+                            f"{command_of(trainer)} --resume` continues only its own runs")
+        for d in (root, root / "checkpoints"):
+            clean_stale_temps(d)
+        ckpt = find_checkpoint(resume, prefer_latest=True, run_id=info["run_id"] if info else None)
+        if not _same(out, root):
+            raise UserError(f"--resume {resume} continues the run in {root} and writes there, not to --out {out}: "
+                            f"drop --out")
+        state = checkpoint_state(ckpt)
+        run_id = info["run_id"] if info else state.get("run_id") or new_run_id()
+        return Run(dir=root, run_id=run_id, trainer=trainer, resume_from=ckpt, resume_state=state, info=info)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    entries = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
+    if entries and not overwrite:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise UserError(f"--out {out} is not empty (it holds {shown}): pass --overwrite to delete it and start a "
+                        f"new run there, or --resume {out} to continue the run in it")
+    if entries:
+        if not ((out / RUN_FILE).is_file() or (out / "config.resolved.json").is_file()):
+            raise UserError(f"--overwrite refuses to clear {out}: it is not a posttrain run directory (no {RUN_FILE}); "
+                            f"empty it yourself or choose another --out")
+        for name in ("init", "data", "eval_data"):
+            value = getattr(cfg, name, None)
+            if value and Path(value).exists() and _inside(Path(value), out):
+                raise UserError(f"--{name.replace('_', '-')} {value} lies inside --out {out}, which --overwrite "
+                                f"clears: choose another --out")
+    return Run(dir=out, run_id=new_run_id(), trainer=trainer, clear=bool(entries))
+
+
+def clear_dir(d: Path) -> None:
+    """Delete the contents of ``d``; symlinks are unlinked, never followed."""
+    for entry in d.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+_MISSING = object()
+
+
+def _get(d, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
+
+
+def changed_settings(old: dict, cfg, ignore=RESUME_MAY_CHANGE) -> list[str]:
+    """``name: old -> new`` for each config field of ``cfg`` whose value differs from the saved config ``old``."""
+    new = json.loads(json.dumps(dataclasses.asdict(cfg), default=str))  # tuples -> lists, as saved
+    out = []
+    for name, _, _ in C.leaf_fields(type(cfg)):
+        if name in ignore or name.split(".")[0] in ignore:
+            continue
+        was, now = _get(old, name), _get(new, name)
+        if was is not _MISSING and was != now:
+            out.append(f"{name} {was!r} -> {now!r}")
+    return out
+
+
+def begin_run(run: Run, cfg) -> Path:
+    """Call once the inputs are validated: clear (``--overwrite``), write ``run.json`` (new runs, or a resumed
+    directory without one) and ``config.resolved.*``; warn about settings changed since the resumed checkpoint."""
+    out = run.dir
+    if run.clear:
+        clear_dir(out)
+    out.mkdir(parents=True, exist_ok=True)
+    new = dataclasses.asdict(cfg)
+    if run.resume_from is not None:
+        old = run.resume_state.get("config")
+        if not isinstance(old, dict) and (out / "config.resolved.json").is_file():
+            old = read_json_file(out / "config.resolved.json", "config file")
+        changes = changed_settings(old, cfg) if isinstance(old, dict) else []
+        if changes:
+            warn(f"resuming {run.resume_from} with changed settings: {'; '.join(changes)} "
+                 f"(the result will differ from an uninterrupted run)")
+    if run.resume_from is not None and run.info is None and "run_id" not in run.resume_state:
+        # an older layout: the checkpoint resumed from joins the run id this directory now gets
+        atomic_write_json(run.resume_from / STATE_FILE, {**run.resume_state, "run_id": run.run_id})
+    if run.info is None:
+        atomic_write_json(out / RUN_FILE, {"run_id": run.run_id, "trainer": run.trainer,
+                                           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                           "posttrain_version": __version__})
+    atomic_write_text(out / "config.resolved.yaml", C.dump_yaml(cfg))
+    atomic_write_json(out / "config.resolved.json", new)
+    return out
