@@ -225,7 +225,7 @@ def run_ours(args, init_dir: Path, task_cfg: ArithmeticConfig, work: Path) -> di
         eval_every=args.eval_every, save_every=0, seed=args.seed, threads=args.threads, progress=False,
         task=task_cfg,
     )
-    trainer = PolicyGradientTrainer(cfg)
+    trainer = PolicyGradientTrainer(cfg, overwrite=True)
     clock = Stopwatch()
     evals = EvalLog(trainer.tokenizer, trainer.evals, args.max_new_tokens, clock)
     done = {"step": 0}
@@ -255,7 +255,7 @@ def make_sft(args, task_cfg: ArithmeticConfig, work: Path) -> Path:
     out = work / "sft"
     t = time.perf_counter()
     s = train_sft(SFTConfig(out=str(out), steps=args.sft_steps, task=task_cfg, threads=args.threads, progress=False,
-                            eval_every=0, save_every=0, seed=args.seed))
+                            eval_every=0, save_every=0, seed=args.seed), overwrite=True)  # --work may be reused
     print(f"SFT checkpoint: {s['steps']} steps in {time.perf_counter() - t:.0f}s, held-out accuracy "
           f"{s['heldout_accuracy']:.3f}")
     return out / "model"

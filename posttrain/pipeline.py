@@ -25,13 +25,13 @@ def run_demo(out: str, sft_steps: int | None = None, rl_steps: int | None = None
 
     print("=== stage 1/3: SFT on the embedded task's demonstrations ===")
     sft_cfg = SFTConfig(out=str(out_dir / "sft"), **({"steps": sft_steps} if sft_steps else {}))
-    sft = train_sft(sft_cfg)
+    sft = train_sft(sft_cfg, overwrite=True)  # the demo owns its run directories: a rerun starts afresh
     table["sft"] = {"heldout_accuracy": sft["heldout_accuracy"], "seconds": sft["train_seconds"]}
 
     print("\n=== stage 2/3: GRPO from the SFT checkpoint, rewarded by the exact-match verifier ===")
     rl_cfg = PolicyGradientConfig(init=str(out_dir / "sft"), out=str(out_dir / "grpo"),
                                   **({"steps": rl_steps} if rl_steps else {}))
-    rl = train_policy_gradient(rl_cfg)
+    rl = train_policy_gradient(rl_cfg, overwrite=True)
     table["grpo"] = {"heldout_accuracy": rl["heldout_accuracy"], "seconds": rl["train_seconds"]}
 
     print("\n=== stage 3/3: DPO from the SFT checkpoint on on-policy, verifier-labelled pairs ===")
@@ -39,7 +39,7 @@ def run_demo(out: str, sft_steps: int | None = None, rl_steps: int | None = None
         from posttrain.trainers.dpo import DPOConfig, train_dpo
 
         dpo_cfg = DPOConfig(init=str(out_dir / "sft"), out=str(out_dir / "dpo"), **({"steps": dpo_steps} if dpo_steps else {}))
-        dpo = train_dpo(dpo_cfg)
+        dpo = train_dpo(dpo_cfg, overwrite=True)
         table["dpo"] = {"heldout_accuracy": dpo["heldout_accuracy"], "seconds": dpo["train_seconds"]}
     else:
         print("(DPO trainer not available in this build; skipped)")
