@@ -36,17 +36,20 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.config import check_choice, check_positive, knob
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.io import iter_jsonl
 from posttrain.data.preference import (
     collate_kto,
     collate_preference,
+    fit_kto,
+    fit_pairs,
     load_kto_examples,
     load_preference_pairs,
     pairs_to_kto,
 )
 from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, on_policy_pairs, stats_dict
 from posttrain.errors import ConfigError, UserError
-from posttrain.evaluation import evaluate
+from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.losses.logprobs import completion_logps, sequence_logps
 from posttrain.losses.preference import (
     LOSS_EXTRAS,
@@ -88,6 +91,8 @@ class DPOConfig:
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
     max_new_tokens: int = knob(8, "generation length for evaluation")
+    long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
+                              "completions their start) | skip", choices=LONG_POLICIES)
     progress: bool = knob(True, "show a progress bar")
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
@@ -269,6 +274,11 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
         pairs, pair_info = cached_pairs(Path(out) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
         examples = pairs_to_kto(pairs) if unpaired else pairs
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
+    examples = (fit_kto if unpaired else fit_pairs)(examples, tokenizer, window=model_window(init.model), long=cfg.long,
+                                                    max_prompt_length=cfg.max_prompt_length,
+                                                    max_completion_length=cfg.max_completion_length)
+    evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
+    eval_window = prompt_window(init.model, cfg.max_new_tokens)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
     per_step = cfg.batch_size * (2 if unpaired else 1)
 
@@ -307,7 +317,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
 
     def run_eval():
         return evaluate(policy, tokenizer, [p for p, _ in evals], [a for _, a in evals],
-                        max_new_tokens=cfg.max_new_tokens, keep_samples=5)
+                        max_new_tokens=cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=eval_window)
 
     def state(step, extra=None):
         return {"step": step, "trainer": "dpo", "config": dataclasses.asdict(cfg),
@@ -371,7 +381,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None) -> dict:
     before = f"{init_eval.accuracy:.3f} -> " if init_eval is not None else ""
     print(f"held-out accuracy: {before}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
     for s in last_eval.samples:
-        print(f"  {s['prompt']}{s['completion']!s:<6} {'ok' if s['correct'] else 'want ' + s['answer']}")
+        print(sample_line(s))
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
     return summary
 

@@ -38,12 +38,14 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from posttrain.config import check_choice, check_positive, knob
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.io import atomic_dir
 from posttrain.data.preference import (
     PreferencePair,
     collate_preference,
     encode_completion,
     encode_prompt,
+    fit_pairs,
     load_preference_pairs,
     pack_prompt_completion,
 )
@@ -96,6 +98,8 @@ class RMConfig:
     eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
+    long: str = knob("error", "pairs longer than the model's window: error | truncate (prompt keeps its end, "
+                              "completions their start) | skip", choices=LONG_POLICIES)
     progress: bool = knob(True, "show a progress bar")
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
@@ -296,6 +300,9 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None) -> dict:
         train, held = load_preference_pairs(cfg.data), load_preference_pairs(cfg.eval_data)
     else:
         train, held, pair_info = _embedded_pairs(cfg, task, init, Path(out))
+    train, held = (fit_pairs(x, tokenizer, window=model_window(rm), long=cfg.long, what=what,
+                             max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
+                   for x, what in ((train, "training"), (held, "held-out")))
 
     opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
     if opt_state is not None:
