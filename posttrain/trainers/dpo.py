@@ -36,8 +36,8 @@ import torch
 from tqdm.auto import tqdm
 
 from posttrain.config import check_choice, check_positive, knob
-from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.io import iter_jsonl
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     collate_kto,
     collate_preference,
@@ -91,9 +91,9 @@ class DPOConfig:
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
     max_new_tokens: int = knob(8, "generation length for evaluation")
+    progress: bool = knob(True, "show a progress bar")
     long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
                               "completions their start) | skip", choices=LONG_POLICIES)
-    progress: bool = knob(True, "show a progress bar")
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 

@@ -38,8 +38,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from posttrain.config import check_choice, check_positive, knob
-from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.io import atomic_dir
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     PreferencePair,
     collate_preference,
@@ -98,9 +98,9 @@ class RMConfig:
     eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)")
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)")
+    progress: bool = knob(True, "show a progress bar")
     long: str = knob("error", "pairs longer than the model's window: error | truncate (prompt keeps its end, "
                               "completions their start) | skip", choices=LONG_POLICIES)
-    progress: bool = knob(True, "show a progress bar")
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from posttrain.config import check_choice, check_positive, knob
-from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
 from posttrain.data.io import iter_jsonl
+from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
@@ -54,9 +54,9 @@ class SFTConfig:
     data: str | None = knob(None, "JSONL of {prompt, answer} demonstrations (default: the embedded task's)")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
     max_new_tokens: int = knob(8, "generation length for evaluation")
+    progress: bool = knob(True, "show a progress bar")
     long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
                               "answer its start) | skip", choices=LONG_POLICIES)
-    progress: bool = knob(True, "show a progress bar")
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 
