@@ -44,6 +44,11 @@ MAX_LINE_BYTES = 64 << 20
 parsed, so one huge record cannot exhaust memory. ``iter_jsonl(max_line_bytes=...)`` changes it."""
 
 
+def _json_limit(e: Exception) -> str:
+    """What a JSON parser limit error means, in one line (Python's int-digits limit; recursion depth)."""
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0].lower()
+
+
 def _read_line(fh, cap: int) -> tuple[bytes, bool]:
     """One line of a binary file, at most ``cap`` bytes kept: (bytes, too_long). A too-long line is read
     to its end in bounded chunks and dropped; the returned bytes are then just its first ``cap``."""
@@ -113,8 +118,8 @@ def iter_jsonl(
                                 reason = f"missing field {missing[0]!r} (needs {', '.join(required)})"
                     except json.JSONDecodeError as e:
                         reason = f"not valid JSON ({e.msg} at column {e.colno})"
-                    except RecursionError:
-                        reason = "not valid JSON (nested too deeply)"
+                    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+                        reason = f"not valid JSON ({_json_limit(e)})"
                 if reason is not None:
                     if on_bad_line == "error":
                         raise DataError(f"{p}:{line_no}: {reason}")

@@ -71,8 +71,9 @@ def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, ke
                         rec = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-                    except RecursionError:
-                        raise DataError(f"{path}:{line_no}: not valid JSON (nested too deeply)") from None
+                    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+                        why = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0].lower()
+                        raise DataError(f"{path}:{line_no}: not valid JSON ({why})") from None
                     if not isinstance(rec, dict):
                         raise DataError(f"{path}:{line_no}: expected a JSON object, got {_json_type(rec)}")
                     if text_field not in rec:

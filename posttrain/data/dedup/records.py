@@ -117,6 +117,9 @@ def parse_line(raw: bytes) -> tuple[dict | None, str | None]:
         rec = json.loads(line)
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg} at column {e.colno})"
+    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+        return None, "not valid JSON (" + ("nested too deeply" if isinstance(e, RecursionError)
+                                           else str(e).split(":")[0].lower()) + ")"
     if not isinstance(rec, dict):
         return None, f"expected a JSON object, got {type(rec).__name__}"
     return rec, None
