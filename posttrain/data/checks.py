@@ -5,7 +5,7 @@ records through this module, once, at load time, so bad data fails before traini
 
 - **Unknown characters.** A character the tokenizer cannot represent becomes ``<unk>``. The counts
   (records, fields, characters; examples of the characters, escaped; the first ``file:line``) are
-  printed once as a warning per file. A field whose text is not empty but encodes to nothing, or only
+  printed once as a warning per file. A field whose text is not blank but encodes to nothing, or only
   to ``<unk>``, is a :class:`DataError` (SFT on it trains on nothing). A pair whose ``chosen`` and
   ``rejected`` encode to the same tokens (they differ only in unknown characters) is a DataError too:
   DPO would see a margin of exactly 0.
@@ -115,9 +115,9 @@ class FieldEncoder:
     def _count(self, text: str, ids: list[int], field: str, i: int, loc: str) -> None:
         n_unk = sum(1 for t in ids if t == self.unk) if self.unk is not None else 0
         if text.strip() and not ids:
-            raise DataError(f"{loc}: field {field!r} ({printable(text, 40)!r}) encodes to no tokens with this tokenizer")
+            raise DataError(f"{loc}: field {field!r} ('{printable(text, 40)}') encodes to no tokens with this tokenizer")
         if n_unk and n_unk == len(ids):
-            raise DataError(f"{loc}: every character of field {field!r} ({printable(text, 40)!r}) is unknown to the "
+            raise DataError(f"{loc}: every character of field {field!r} ('{printable(text, 40)}') is unknown to the "
                             f"tokenizer (all <unk>): nothing to learn from; is this the right tokenizer for the data?")
         if n_unk:
             self.records.add(i)

@@ -276,3 +276,19 @@ def test_char_tokenizer_file_errors_name_the_file(tmp_path, doc, message):
     with pytest.raises(UserError) as e:
         load(p)
     assert str(e.value) == f"{p}: {message}"
+
+
+def test_dpo_and_rm_refuse_records_over_the_window_before_training(checkpoint, tmp_path, capsys):
+    big = _jsonl(tmp_path / "big.jsonl", [{"prompt": "1+2=", "chosen": "3", "rejected": "4"},
+                                          {"prompt": "1+2=" * 1_000_000, "chosen": "3", "rejected": "4"}])
+    ok = _jsonl(tmp_path / "ok.jsonl", [{"prompt": "1+2=", "chosen": "3", "rejected": "4"}])
+    capsys.readouterr()
+    assert main(["dpo", "--init", str(checkpoint), "--data", str(big), "--out", str(tmp_path / "d"),
+                 "--progress", "false"]) == 2
+    assert (f"posttrain dpo: error: {big}:2: prompt has 4000000 characters (too many, checked before encoding), over "
+            f"the model's window of 64 tokens (max_seq_len 64);") in capsys.readouterr().err
+    long = _jsonl(tmp_path / "long.jsonl", [{"prompt": "1+2=" * 16, "chosen": "3", "rejected": "45"}])
+    assert main(["rm", "--data", str(ok), "--eval-data", str(long), "--out", str(tmp_path / "r"),
+                 "--progress", "false"]) == 2
+    assert (f"posttrain rm: error: {long}:1: prompt 65 + rejected 3 = 68 tokens, over the model's window of 64 tokens "
+            f"(max_seq_len 64); shorten it, or pass --long truncate") in capsys.readouterr().err
