@@ -27,11 +27,12 @@ def run(args) -> int:
 
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.errors import UserError
-    from posttrain.evaluation import evaluate, fit_prompts, prompt_window
-    from posttrain.text import printable
+    from posttrain.evaluation import evaluate
     from posttrain.trainers.checkpoint import load_checkpoint
     from posttrain.trainers.common import write_summary
     from posttrain.trainers.sft import load_pairs
+    from posttrain.evaluation import fit_prompts, prompt_window
+    from posttrain.text import printable
 
     if args.temperature < 0:
         raise UserError(f"--temperature={args.temperature} must be >= 0")
@@ -39,8 +40,8 @@ def run(args) -> int:
         raise UserError("--max-new-tokens and --batch-size must be >= 1")
     pairs = load_pairs(args.data, "evaluation")
     ckpt = load_checkpoint(args.checkpoint)
-    pairs = fit_prompts(ckpt.tokenizer, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
     gen = torch.Generator().manual_seed(args.seed)
+    pairs = fit_prompts(ckpt.tokenizer, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
     r = evaluate(ckpt.model, ckpt.tokenizer, [p for p, _ in pairs], [a for _, a in pairs],
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, batch_size=args.batch_size,
                  generator=gen, keep_samples=len(pairs) if args.out else args.show,

@@ -1,10 +1,10 @@
 """Data files in and out: streaming JSONL with a bad-line policy, and atomic writes.
 
-- ``iter_jsonl`` streams records one line at a time (never the whole file in memory). A line that is
-  not a JSON object, is not valid UTF-8 (each line is decoded on its own, so the line number is that
-  line's) or is longer than ``max_line_bytes`` (default 64 MiB, checked before the line is decoded)
-  raises a :class:`DataError` naming the file and line, or, with ``on_bad_line="skip"``, is copied
-  verbatim to a rejects file and counted: nothing is dropped silently.
+- ``iter_jsonl`` streams records one line at a time (never the whole file in memory), reading bytes and
+  decoding each line on its own, so invalid UTF-8 is reported on its own line; a line over
+  ``max_line_bytes`` (default 64 MiB) is rejected before it is decoded. A line that is too long, not UTF-8 or
+  not a JSON object raises a :class:`DataError` naming the file and line, or, with
+  ``on_bad_line="skip"``, is copied verbatim to a rejects file and counted: nothing is dropped silently.
 - ``atomic_write_*`` write to a temporary file in the destination directory, fsync, then ``os.replace``:
   a reader sees the old file or the new one, never half of one. ``atomic_dir`` does the same for a
   directory (checkpoints).
