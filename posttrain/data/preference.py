@@ -229,7 +229,8 @@ def collate_preference(
 
     Returns ``input_ids``, ``attention_mask``, ``completion_mask``, ``completion_start`` (see the module
     docstring), ``chosen_lengths`` and ``rejected_lengths`` (B,) completion token counts, and ``margin``
-    (B,) when every pair has one. ``tokenizer`` follows ``posttrain.tokenizers.base.Tokenizer``.
+    (B,) when every pair has one. ``tokenizer`` follows ``posttrain.tokenizers.base.Tokenizer``. Pairs that
+    carry ``tokens`` (from :func:`fit_pairs`, which applied the length caps) are used as they are.
     """
     if not pairs:
         raise ValueError("collate_preference needs at least one pair")
