@@ -214,6 +214,7 @@ def test_printable_escapes_terminal_sequences():
     assert printable("\x1b]0;owned\x07x") == "\\x1b]0;owned\\x07x"
     assert printable("\x9b2J\u202eevil\r\n\t") == "\\x9b2J\\u202eevil\\r\\n\\t"
     assert printable("héllo 世界 🙂 a\u200db") == "héllo 世界 🙂 a\u200db"
+    assert printable("a\udcffb\x7f\u2028") == "a\\udcffb\\x7f\\u2028"  # surrogateescape bytes, DEL, LS
     assert printable("x" * 10, limit=4) == "xxxx..."
 
 
