@@ -221,6 +221,8 @@ def _coerce(name: str, value: Any, tp) -> Any:
                 raise ValueError
             return float(value)
         if base is str:
+            if isinstance(value, (bool, list, dict)):  # never their str(): "True", "[1]", "{'a': 1}"
+                raise ValueError
             return str(value)
         if origin is Literal:
             allowed = get_args(base)

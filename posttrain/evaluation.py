@@ -2,7 +2,10 @@
 
     accuracy = (1/n) * sum_i [verify(completion_i, answer_i)]
 
-Used by every trainer's periodic evaluation and by ``posttrain eval``.
+Used by every trainer's periodic evaluation and by ``posttrain eval``. :func:`fit_prompts` checks an
+evaluation set against the tokenizer and the model's window at load time (unknown characters, the
+``--long`` policy; see :mod:`posttrain.data.checks`); :func:`sample_line` formats a sample for printing
+with model output and data escaped (:func:`posttrain.text.printable`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from posttrain.data.checks import fit_sequences, model_window
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.tasks.arithmetic import verify as exact_verify
+from posttrain.text import printable
 
 
 @dataclass
@@ -28,10 +33,37 @@ class EvalResult:
         return {"accuracy": self.accuracy, "n": self.n, "correct": self.correct, "truncated_fraction": self.truncated_fraction}
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """BOS (if the tokenizer has one) + prompt tokens: the same prefix SFT trains on."""
+def encode_prompt(tokenizer, prompt: str, max_tokens: int | None = None) -> list[int]:
+    """BOS (if the tokenizer has one) + prompt tokens: the same prefix SFT trains on. With ``max_tokens``
+    a longer prompt keeps BOS and its last ``max_tokens - 1`` tokens."""
     ids = tokenizer.encode(prompt)
-    return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
+    out = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
+    if max_tokens is not None and len(out) > max_tokens:
+        keep_bos = tokenizer.bos_id is not None and max_tokens >= 2
+        out = out[:1] + out[len(out) - (max_tokens - 1):] if keep_bos else out[len(out) - max_tokens:]
+    return out
+
+
+def prompt_window(model, max_new_tokens: int) -> int | None:
+    """Tokens a generation prompt may have: the model's max_seq_len minus the generation budget."""
+    w = model_window(model)
+    return None if w is None else w - max_new_tokens
+
+
+def fit_prompts(tokenizer, pairs, *, model, max_new_tokens: int, long: str = "error", what: str = "evaluation"):
+    """Check (prompt, answer) pairs for generation: unknown characters in both, the prompt (BOS included)
+    against max_seq_len - max_new_tokens under the ``long`` policy. Returns the kept pairs (a ``Located``
+    list when given one); under ``truncate`` :func:`evaluate` with ``max_prompt_tokens`` does the cut."""
+    window = prompt_window(model, max_new_tokens)
+    kept, _ = fit_sequences(tokenizer, pairs, lambda r: (r[0], []), window=window, long=long, what=what,
+                            generate=max_new_tokens, add_eos=False, also=lambda r: [("answer", r[1])])
+    return pairs.subset(kept) if hasattr(pairs, "subset") else [pairs[i] for i in kept]
+
+
+def sample_line(s: dict) -> str:
+    """One printed line for an evaluation sample, prompt/completion/answer escaped (untrusted text)."""
+    verdict = "ok" if s["correct"] else "want " + printable(s["answer"])
+    return f"  {printable(s['prompt'])}{printable(s['completion']):<6} {verdict}"
 
 
 @torch.no_grad()
@@ -47,15 +79,18 @@ def evaluate(
     verifier: Callable[[str, str], bool] = exact_verify,
     generator: torch.Generator | None = None,
     keep_samples: int = 0,
+    max_prompt_tokens: int | None = None,
 ) -> EvalResult:
-    """Accuracy of ``model`` on (prompt, answer) pairs; ``keep_samples`` completions are kept for display."""
+    """Accuracy of ``model`` on (prompt, answer) pairs; ``keep_samples`` completions are kept for display.
+    ``max_prompt_tokens``: prompts longer are cut to their last tokens (BOS kept); :func:`fit_prompts`
+    decides at load time whether any may be (``--long truncate``)."""
     if len(prompts) != len(answers):
         raise ValueError("prompts and answers differ in length")
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature)
     correct, truncated, samples = 0, 0, []
     for start in range(0, len(prompts), batch_size):
         ps, ans = prompts[start : start + batch_size], answers[start : start + batch_size]
-        gen = generate(model, [encode_prompt(tokenizer, p) for p in ps], pad_id=tokenizer.pad_id,
+        gen = generate(model, [encode_prompt(tokenizer, p, max_prompt_tokens) for p in ps], pad_id=tokenizer.pad_id,
                        eos_id=tokenizer.eos_id, cfg=cfg, generator=generator)
         texts = decode_completions(tokenizer, gen)
         truncated += int(gen.truncated.sum())

@@ -17,6 +17,9 @@ def add_arguments(p):
     p.add_argument("--batch-size", type=int, default=256, help="prompts per generation batch (default 256)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed when temperature > 0")
     p.add_argument("--show", type=int, default=5, help="sample completions to print (default 5)")
+    p.add_argument("--long", choices=("error", "truncate", "skip"), default="error",
+                   help="prompts longer than max_seq_len - max_new_tokens: error (default), truncate (keep the "
+                        "prompt's last tokens) or skip")
 
 
 def run(args) -> int:
@@ -28,6 +31,8 @@ def run(args) -> int:
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
     from posttrain.trainers.common import write_summary
     from posttrain.trainers.sft import load_pairs
+    from posttrain.evaluation import fit_prompts, prompt_window
+    from posttrain.text import printable
 
     from posttrain.generate import SamplingConfig
 
@@ -37,12 +42,15 @@ def run(args) -> int:
     pairs = load_pairs(args.data, "evaluation")
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
     gen = torch.Generator().manual_seed(args.seed)
+    pairs = fit_prompts(ckpt.tokenizer, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
     r = evaluate(ckpt.model, ckpt.tokenizer, [p for p, _ in pairs], [a for _, a in pairs],
                  max_new_tokens=args.max_new_tokens, temperature=args.temperature, batch_size=args.batch_size,
-                 generator=gen, keep_samples=len(pairs) if args.out else args.show)
+                 generator=gen, keep_samples=len(pairs) if args.out else args.show,
+                 max_prompt_tokens=prompt_window(ckpt.model, args.max_new_tokens))
     print(f"accuracy: {r.accuracy:.4f} ({r.correct}/{r.n}) on {args.data} with {ckpt.path}")
     for s in r.samples[: args.show]:
-        print(f"  {s['prompt']!r} -> {s['completion']!r}  {'ok' if s['correct'] else 'want ' + repr(s['answer'])}")
+        verdict = "ok" if s["correct"] else f"want '{printable(s['answer'])}'"
+        print(f"  '{printable(s['prompt'])}' -> '{printable(s['completion'])}'  {verdict}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,8 @@
 """Data files in and out: streaming JSONL with a bad-line policy, and atomic writes.
 
-- ``iter_jsonl`` streams records one line at a time (never the whole file in memory). A line that is
+- ``iter_jsonl`` streams records one line at a time (never the whole file in memory), reading bytes and
+  decoding each line on its own, so invalid UTF-8 is reported on its own line; a line over
+  ``max_line_bytes`` (default 64 MiB) is rejected before it is decoded. A line that is too long, not UTF-8 or
   not a JSON object raises a :class:`DataError` naming the file and line, or, with
   ``on_bad_line="skip"``, is copied verbatim to a rejects file and counted: nothing is dropped silently.
 - ``atomic_open`` / ``atomic_write_*`` write to a temporary file in the destination directory, fsync,
@@ -45,6 +47,28 @@ class ReadStats:
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
 
 
+MAX_LINE_BYTES = 64 << 20
+"""Default cap on one JSONL line (64 MiB): a longer line is a bad line, rejected before it is decoded or
+parsed, so one huge record cannot exhaust memory. ``iter_jsonl(max_line_bytes=...)`` changes it."""
+
+
+def _json_limit(e: Exception) -> str:
+    """What a JSON parser limit error means, in one line (Python's int-digits limit; recursion depth)."""
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0].lower()
+
+
+def _read_line(fh, cap: int) -> tuple[bytes, bool]:
+    """One line of a binary file, at most ``cap`` bytes kept: (bytes, too_long). A too-long line is read
+    to its end in bounded chunks and dropped; the returned bytes are then just its first ``cap``."""
+    line = fh.readline(cap + 1)
+    if len(line) <= cap or line.endswith(b"\n"):
+        return line, False
+    head = line[:cap]
+    while line and not line.endswith(b"\n"):
+        line = fh.readline(1 << 20)
+    return head, True
+
+
 def iter_jsonl(
     path: str | Path,
     *,
@@ -52,11 +76,14 @@ def iter_jsonl(
     rejects: str | Path | None = None,
     stats: ReadStats | None = None,
     required: Iterable[str] = (),
+    max_line_bytes: int = MAX_LINE_BYTES,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line_no, record)`` for each JSON object line of ``path`` (1-based line numbers).
 
     Blank lines are ignored. ``required`` names keys every record must have: a record without one is
     a bad line like malformed JSON. With ``on_bad_line="skip"`` bad lines go to ``rejects`` (if given).
+    Each line is read as bytes and decoded on its own, so invalid UTF-8 is reported on its own line; a
+    line over ``max_line_bytes`` is a bad line (in ``rejects`` only its first ``max_line_bytes`` bytes).
     """
     p = Path(path)
     if not p.exists():
@@ -67,39 +94,46 @@ def iter_jsonl(
         raise DataError(f"on_bad_line={on_bad_line!r}: choose 'error' or 'skip'")
     required = tuple(required)
     stats = stats if stats is not None else ReadStats()
-    rej = open(rejects, "w", encoding="utf-8") if (rejects and on_bad_line == "skip") else None
+    rej = open(rejects, "wb") if (rejects and on_bad_line == "skip") else None
     try:
-        with open(p, encoding="utf-8", errors="strict") as fh:
+        with open(p, "rb") as fh:
             line_no = 0
             while True:
-                try:
-                    line = fh.readline()
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{p}:{line_no + 1}: not valid UTF-8 ({e.reason})") from None
-                if not line:
+                raw, too_long = _read_line(fh, max_line_bytes)
+                if not raw:
                     break
                 line_no += 1
                 stats.lines += 1
-                if not line.strip():
-                    stats.blank += 1
-                    continue
                 reason = None
-                try:
-                    rec = json.loads(line)
-                    if not isinstance(rec, dict):
-                        reason = f"expected a JSON object, got {type(rec).__name__}"
-                    else:
-                        missing = [k for k in required if k not in rec]
-                        if missing:
-                            reason = f"missing field {missing[0]!r} (needs {', '.join(required)})"
-                except json.JSONDecodeError as e:
-                    reason = f"not valid JSON ({e.msg} at column {e.colno})"
+                if too_long:
+                    reason = f"line longer than {max_line_bytes} bytes (the per-record limit), not read"
+                else:
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        reason = f"not valid UTF-8 ({e.reason} at byte {e.start + 1})"
+                if reason is None:
+                    if not line.strip():
+                        stats.blank += 1
+                        continue
+                    try:
+                        rec = json.loads(line)
+                        if not isinstance(rec, dict):
+                            reason = f"expected a JSON object, got {type(rec).__name__}"
+                        else:
+                            missing = [k for k in required if k not in rec]
+                            if missing:
+                                reason = f"missing field {missing[0]!r} (needs {', '.join(required)})"
+                    except json.JSONDecodeError as e:
+                        reason = f"not valid JSON ({e.msg} at column {e.colno})"
+                    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+                        reason = f"not valid JSON ({_json_limit(e)})"
                 if reason is not None:
                     if on_bad_line == "error":
                         raise DataError(f"{p}:{line_no}: {reason}")
                     stats.bad_lines.append((line_no, reason))
                     if rej is not None:
-                        rej.write(line if line.endswith("\n") else line + "\n")
+                        rej.write(raw if raw.endswith(b"\n") else raw + b"\n")
                     continue
                 stats.records += 1
                 yield line_no, rec
@@ -108,9 +142,10 @@ def iter_jsonl(
             rej.close()
 
 
-def read_jsonl(path: str | Path, *, required: Iterable[str] = (), allow_empty: bool = False) -> list[dict[str, Any]]:
+def read_jsonl(path: str | Path, *, required: Iterable[str] = (), allow_empty: bool = False,
+               max_line_bytes: int = MAX_LINE_BYTES) -> list[dict[str, Any]]:
     """All records of a (small) JSONL file; raises DataError on a bad line or, unless allowed, no records."""
-    recs = [r for _, r in iter_jsonl(path, required=required)]
+    recs = [r for _, r in iter_jsonl(path, required=required, max_line_bytes=max_line_bytes)]
     if not recs and not allow_empty:
         raise DataError(f"{path}: no records (the file is empty)")
     return recs

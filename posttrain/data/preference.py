@@ -17,18 +17,22 @@ token (the completion's EOS). One forward pass covers chosen and rejected.
 Files:
     pairs: {"prompt": str, "chosen": str, "rejected": str, "margin": float (optional)}
     KTO:   {"prompt": str, "completion": str, "label": true | false (or 1 | 0)}
-Errors name the file, the line and the field. Not handled here: chat templates (the prompt is used
+Errors name the file, the line and the field. Loaded records remember their lines (a ``Located``
+list); :func:`fit_pairs` / :func:`fit_kto` encode them once, check unknown characters and the model's
+window (:mod:`posttrain.data.checks`) and store the tokens the collate functions then use. Not handled here: chat templates (the prompt is used
 as given), multi-turn conversations, rankings of k > 2 responses.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from posttrain.data.checks import Located, fit_sequences
 from posttrain.data.io import BadLinePolicy, ReadStats, iter_jsonl
 from posttrain.errors import DataError
 
@@ -42,6 +46,8 @@ class PreferencePair:
     chosen: str
     rejected: str
     margin: float | None = None
+    # (prompt ids, chosen ids, rejected ids) once checked by fit_pairs; collate then uses them as they are
+    tokens: tuple | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class KTOExample:
     prompt: str
     completion: str
     label: bool  # True = desirable
+    tokens: tuple | None = field(default=None, compare=False, repr=False)  # (prompt ids, completion ids), see fit_kto
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,7 +71,7 @@ def _check_str(rec: dict, fields: Sequence[str]) -> str | None:
 
 def _load(path, fields, validate, on_bad_line: BadLinePolicy, stats: ReadStats | None, allow_empty: bool):
     stats = stats if stats is not None else ReadStats()
-    out = []
+    out = Located(source=str(path), lines=[])
     for line_no, rec in iter_jsonl(path, on_bad_line=on_bad_line, stats=stats, required=fields):
         item, reason = validate(path, line_no, rec)
         if reason is not None:
@@ -74,6 +81,7 @@ def _load(path, fields, validate, on_bad_line: BadLinePolicy, stats: ReadStats |
             stats.bad_lines.append((line_no, reason))
             continue
         out.append(item)
+        out.lines.append(line_no)
     if not out and not allow_empty:
         raise DataError(f"{path}: no usable records (needs fields {', '.join(fields)})")
     return out
@@ -128,7 +136,33 @@ def load_kto_examples(
 
 def pairs_to_kto(pairs: Sequence[PreferencePair]) -> list[KTOExample]:
     """Each pair becomes a desirable and an undesirable example: [(p, c, True), (p, r, False), ...]."""
-    return [ex for p in pairs for ex in (KTOExample(p.prompt, p.chosen, True), KTOExample(p.prompt, p.rejected, False))]
+    out = [ex for p in pairs for ex in (KTOExample(p.prompt, p.chosen, True), KTOExample(p.prompt, p.rejected, False))]
+    if isinstance(pairs, Located):
+        return pairs.subset([i for i in range(len(pairs)) for _ in (0, 1)], out)
+    return out
+
+
+def fit_pairs(pairs: Sequence[PreferencePair], tokenizer, *, window: int | None, long: str = "error",
+              what: str = "preference", max_prompt_length: int | None = None,
+              max_completion_length: int | None = None) -> list[PreferencePair]:
+    """Encode pairs once and check them (unknown characters, identical encodings, the model's window;
+    see :mod:`posttrain.data.checks`); the returned pairs carry their ``tokens`` for the collate functions."""
+    kept, fitted = fit_sequences(tokenizer, pairs, lambda p: (p.prompt, [("chosen", p.chosen), ("rejected", p.rejected)]),
+                                 window=window, long=long, what=what, max_prompt_length=max_prompt_length,
+                                 max_completion_length=max_completion_length, distinct=True)
+    items = [dataclasses.replace(pairs[i], tokens=(f.prompt, *f.completions)) for i, f in zip(kept, fitted)]
+    return pairs.subset(kept, items) if isinstance(pairs, Located) else items
+
+
+def fit_kto(examples: Sequence[KTOExample], tokenizer, *, window: int | None, long: str = "error",
+            what: str = "preference", max_prompt_length: int | None = None,
+            max_completion_length: int | None = None) -> list[KTOExample]:
+    """As :func:`fit_pairs`, for KTO's labelled completions."""
+    kept, fitted = fit_sequences(tokenizer, examples, lambda e: (e.prompt, [("completion", e.completion)]),
+                                 window=window, long=long, what=what, max_prompt_length=max_prompt_length,
+                                 max_completion_length=max_completion_length)
+    items = [dataclasses.replace(examples[i], tokens=(f.prompt, f.completions[0])) for i, f in zip(kept, fitted)]
+    return examples.subset(kept, items) if isinstance(examples, Located) else items
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,13 +239,17 @@ def collate_preference(
 
     Returns ``input_ids``, ``attention_mask``, ``completion_mask``, ``completion_start`` (see the module
     docstring), ``chosen_lengths`` and ``rejected_lengths`` (B,) completion token counts, and ``margin``
-    (B,) when every pair has one. ``tokenizer`` follows ``posttrain.tokenizers.base.Tokenizer``.
+    (B,) when every pair has one. ``tokenizer`` follows ``posttrain.tokenizers.base.Tokenizer``. Pairs that
+    carry ``tokens`` (from :func:`fit_pairs`, which applied the length caps) are used as they are.
     """
     if not pairs:
         raise ValueError("collate_preference needs at least one pair")
-    prompts = [encode_prompt(tokenizer, p.prompt, add_bos, max_prompt_length) for p in pairs]
-    chosen = [encode_completion(tokenizer, p.chosen, add_eos, max_completion_length) for p in pairs]
-    rejected = [encode_completion(tokenizer, p.rejected, add_eos, max_completion_length) for p in pairs]
+    if all(p.tokens is not None for p in pairs):  # checked and fitted once by fit_pairs
+        prompts, chosen, rejected = (list(x) for x in zip(*(p.tokens for p in pairs)))
+    else:
+        prompts = [encode_prompt(tokenizer, p.prompt, add_bos, max_prompt_length) for p in pairs]
+        chosen = [encode_completion(tokenizer, p.chosen, add_eos, max_completion_length) for p in pairs]
+        rejected = [encode_completion(tokenizer, p.rejected, add_eos, max_completion_length) for p in pairs]
     batch = pack_prompt_completion(prompts + prompts, chosen + rejected, _pad_id(tokenizer))
     lengths = batch["completion_mask"].sum(-1)  # (2B,)
     B = len(pairs)
@@ -240,8 +278,11 @@ def collate_kto(
     """
     if not examples:
         raise ValueError("collate_kto needs at least one example")
-    prompts = [encode_prompt(tokenizer, e.prompt, add_bos, max_prompt_length) for e in examples]
-    comps = [encode_completion(tokenizer, e.completion, add_eos, max_completion_length) for e in examples]
+    if all(e.tokens is not None for e in examples):  # checked and fitted once by fit_kto
+        prompts, comps = (list(x) for x in zip(*(e.tokens for e in examples)))
+    else:
+        prompts = [encode_prompt(tokenizer, e.prompt, add_bos, max_prompt_length) for e in examples]
+        comps = [encode_completion(tokenizer, e.completion, add_eos, max_completion_length) for e in examples]
     pad = _pad_id(tokenizer)
     batch = pack_prompt_completion(prompts, comps, pad)
     batch["labels"] = torch.tensor([e.label for e in examples], dtype=torch.bool)

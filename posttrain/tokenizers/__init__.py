@@ -44,7 +44,7 @@ def load(path: str | Path) -> Tokenizer:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{p}: not a valid tokenizer JSON file ({e})") from None
     if isinstance(data, dict) and data.get("type") == "char":
-        return CharTokenizer.from_dict(data)
+        return CharTokenizer.from_dict(data, source=p)
     # Hugging Face tokenizer.json (BPE, byte-level BPE, WordPiece, Unigram): see hf_json.py
     try:
         from posttrain.tokenizers.hf_json import load_hf_json

@@ -2,7 +2,8 @@
 
 The smallest tokenizer that works end to end (the embedded arithmetic task needs 13 characters).
 Ids: ``<pad>``=0, ``<bos>``=1, ``<eos>``=2, ``<unk>``=3, then the alphabet in the given order.
-A character outside the alphabet encodes to ``<unk>`` (or raises, with ``strict=True``).
+A character outside the alphabet encodes to ``<unk>`` (or raises, with ``strict=True``); the data
+loaders count those (``unknown_chars``) and warn or fail (see :mod:`posttrain.data.checks`).
 
 Saved as JSON ``{"type": "char", "alphabet": ..., "special_tokens": [...]}``; it is not a Hugging Face
 ``tokenizer.json`` model type (HF has no character model): :func:`posttrain.tokenizers.load` reads it.
@@ -50,6 +51,11 @@ class CharTokenizer:
                 raise UserError(f"character {bad[0]!r} is not in the tokenizer alphabet {self.alphabet!r}")
         return [stoi.get(c, unk) for c in text]
 
+    def unknown_chars(self, text: str) -> list[str]:
+        """The characters of ``text`` that encode to ``<unk>`` (in order, repeats kept)."""
+        stoi = self._stoi
+        return [c for c in text if c not in stoi]
+
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         n_special = len(SPECIALS)
         out = []
@@ -78,10 +84,26 @@ class CharTokenizer:
         return {"type": "char", "alphabet": self.alphabet, "special_tokens": list(SPECIALS), "strict": self.strict}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CharTokenizer":
-        if tuple(d.get("special_tokens", SPECIALS)) != SPECIALS:
-            raise UserError("char tokenizer file has unexpected special tokens")
-        return cls(d["alphabet"], strict=bool(d.get("strict", False)))
+    def from_dict(cls, d: dict, source: str | Path | None = None) -> "CharTokenizer":
+        """Build from the saved JSON; a malformed file is a one-line UserError naming ``source``."""
+        where = f"{source}: " if source is not None else ""
+        if not isinstance(d, dict):
+            raise UserError(f"{where}char tokenizer file must hold a JSON object, got {type(d).__name__}")
+        specials = d.get("special_tokens", list(SPECIALS))
+        if not isinstance(specials, list) or tuple(specials) != SPECIALS:
+            raise UserError(f"{where}char tokenizer file has unexpected special tokens")
+        alphabet = d.get("alphabet")
+        if alphabet is None:
+            raise UserError(f"{where}char tokenizer file has no 'alphabet' (the string of characters it encodes)")
+        if not isinstance(alphabet, str):
+            raise UserError(f"{where}char tokenizer 'alphabet' must be a string, got {type(alphabet).__name__}")
+        strict = d.get("strict", False)
+        if not isinstance(strict, bool):
+            raise UserError(f"{where}char tokenizer 'strict' must be true or false, got {strict!r}")
+        try:
+            return cls(alphabet, strict=strict)
+        except UserError as e:
+            raise UserError(f"{where}{e}") from None
 
     def __repr__(self) -> str:
         return f"CharTokenizer(alphabet={self.alphabet!r})"

@@ -7,7 +7,9 @@ a pool of worker processes (``fork``), then the per-batch counters are summed. W
 same words (``JoinedWords``), a batch is split by *one* regex pass over its joined texts and counted
 by one ``Counter`` call, instead of a regex call and a counter update per line.
 
-Inputs: plain text (one text per line) or JSONL (``text_field`` of each record). Bytes that are not
+Inputs: plain text (one text per line) or JSONL (``text_field`` of each record, which must be a
+string: a null, number, boolean, array or object there is a ``DataError`` naming ``file:line``, never
+trained on as its Python ``str()``). Bytes that are not
 valid UTF-8: byte-level BPE keeps them (``surrogateescape``, so they round-trip as bytes); the other
 models replace them with U+FFFD, count the lines affected and report them through ``warn``.
 
@@ -69,9 +71,17 @@ def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, ke
                         rec = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-                    if not isinstance(rec, dict) or text_field not in rec:
+                    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+                        why = "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0].lower()
+                        raise DataError(f"{path}:{line_no}: not valid JSON ({why})") from None
+                    if not isinstance(rec, dict):
+                        raise DataError(f"{path}:{line_no}: expected a JSON object, got {_json_type(rec)}")
+                    if text_field not in rec:
                         raise DataError(f"{path}:{line_no}: record has no field {text_field!r}")
-                    line = str(rec[text_field])
+                    line = rec[text_field]
+                    if not isinstance(line, str):
+                        raise DataError(f"{path}:{line_no}: field {text_field!r} is {_json_type(line)}, expected a "
+                                        f"string (the text to train on)")
                 elif not keep_newlines:
                     line = line.rstrip("\r\n")
                 report.chars += len(line)
@@ -79,6 +89,15 @@ def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, ke
         finally:
             if fh is not sys.stdin.buffer:
                 fh.close()
+
+
+def _json_type(v) -> str:
+    """The JSON name of a parsed value's type: null, a boolean, a number, an array, an object, a string."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    return {int: "a number", float: "a number", list: "an array", dict: "an object", str: "a string"}.get(type(v), type(v).__name__)
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:

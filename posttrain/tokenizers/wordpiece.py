@@ -347,6 +347,12 @@ class WordPieceTrainer:
             specials.append(self.unk_token)
         wc = {w: c for w, c in word_counts.items() if 0 < len(w) <= self.max_input_chars_per_word}
         if not wc:
+            if any(len(w) > self.max_input_chars_per_word for w in word_counts):
+                longest = max(map(len, word_counts))
+                raise UserError(f"cannot train WordPiece: every word is longer than max_input_chars_per_word="
+                                f"{self.max_input_chars_per_word} (the longest has {longest} characters), and such "
+                                f"words encode to {self.unk_token}; split the text into shorter words (the limit is "
+                                f"WordPieceTrainer(max_input_chars_per_word=...) in Python)")
             raise UserError("cannot train WordPiece on an empty corpus")
         if self.limit_alphabet is not None:
             cc: dict[str, int] = defaultdict(int)

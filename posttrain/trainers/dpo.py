@@ -41,16 +41,19 @@ from tqdm.auto import tqdm
 
 from posttrain.config import check_fields, check_value, knob
 from posttrain.data.io import iter_jsonl
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     collate_kto,
     collate_preference,
+    fit_kto,
+    fit_pairs,
     load_kto_examples,
     load_preference_pairs,
     pairs_to_kto,
 )
 from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, on_policy_pairs, stats_dict
 from posttrain.errors import ConfigError, UserError
-from posttrain.evaluation import evaluate
+from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.losses.logprobs import completion_logps, sequence_logps
 from posttrain.losses.preference import (
     LOSS_EXTRAS,
@@ -95,6 +98,8 @@ class DPOConfig:
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
     max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
     progress: bool = knob(True, "show a progress bar")
+    long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
+                              "completions their start) | skip", choices=LONG_POLICIES)
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 
@@ -290,6 +295,13 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     unpaired = cfg.loss in UNPAIRED_LOSSES
     beta = cfg.beta if cfg.beta is not None else default_beta(cfg.loss)
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
+    evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
+    eval_window = prompt_window(init.model, cfg.max_new_tokens)
+
+    def fit(examples):  # encode once, check unknown characters and lengths (--long)
+        return (fit_kto if unpaired else fit_pairs)(examples, tokenizer, window=model_window(init.model), long=cfg.long,
+                                                    max_prompt_length=cfg.max_prompt_length,
+                                                    max_completion_length=cfg.max_completion_length)
 
     start_step, ckpt, loss_state = 0, None, None
     if resume:
@@ -303,7 +315,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         policy = copy.deepcopy(init.model)
 
     # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
-    examples = load_user_data(cfg.data, unpaired) if cfg.data else None
+    examples = fit(load_user_data(cfg.data, unpaired)) if cfg.data else None
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     pair_info: dict = {}
     if examples is None:
@@ -311,7 +323,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
                 "task": dataclasses.asdict(cfg.task)}
         print(f"sampling preference pairs from {cfg.init} ...")
         pairs, pair_info = cached_pairs(Path(out) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
-        examples = pairs_to_kto(pairs) if unpaired else pairs
+        examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
     per_step = cfg.batch_size * (2 if unpaired else 1)
 
@@ -340,7 +352,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
 
     def run_eval():
         return evaluate(policy, tokenizer, [p for p, _ in evals], [a for _, a in evals],
-                        max_new_tokens=cfg.max_new_tokens, keep_samples=5)
+                        max_new_tokens=cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=eval_window)
 
     def state(step, extra=None):
         return {"step": step, "trainer": "dpo", "run_id": run.run_id, "config": dataclasses.asdict(cfg),
@@ -409,7 +421,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     before = f"{init_eval.accuracy:.3f} -> " if init_eval is not None else ""
     print(f"held-out accuracy: {before}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
     for s in last_eval.samples:
-        print(f"  {s['prompt']}{s['completion']!s:<6} {'ok' if s['correct'] else 'want ' + s['answer']}")
+        print(sample_line(s))
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
     return summary
 

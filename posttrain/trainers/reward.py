@@ -43,11 +43,13 @@ from tqdm.auto import tqdm
 
 from posttrain.config import check_fields, knob
 from posttrain.data.io import atomic_dir
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     PreferencePair,
     collate_preference,
     encode_completion,
     encode_prompt,
+    fit_pairs,
     load_preference_pairs,
     pack_prompt_completion,
 )
@@ -104,6 +106,8 @@ class RMConfig:
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
     progress: bool = knob(True, "show a progress bar")
+    long: str = knob("error", "pairs longer than the model's window: error | truncate (prompt keeps its end, "
+                              "completions their start) | skip", choices=LONG_POLICIES)
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
@@ -302,6 +306,9 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if not (cfg.data or cfg.eval_data):
         train, held, pair_info = _embedded_pairs(cfg, task, init, Path(out))
+    train, held = (fit_pairs(x, tokenizer, window=model_window(rm), long=cfg.long, what=what,
+                             max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
+                   for x, what in ((train, "training"), (held, "held-out")))
 
     opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
     if opt_state is not None:

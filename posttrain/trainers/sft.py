@@ -27,8 +27,9 @@ from tqdm.auto import tqdm
 
 from posttrain.config import check_fields, knob
 from posttrain.data.io import iter_jsonl
+from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
 from posttrain.errors import ConfigError, DataError, UserError
-from posttrain.evaluation import encode_prompt, evaluate
+from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
@@ -60,6 +61,8 @@ class SFTConfig:
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
     max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
     progress: bool = knob(True, "show a progress bar")
+    long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
+                              "answer its start) | skip", choices=LONG_POLICIES)
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
 
@@ -75,24 +78,30 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def load_pairs(path: str, what: str) -> list[tuple[str, str]]:
-    """{prompt, answer} JSONL -> list of pairs, with file:line errors for bad records."""
-    pairs = []
+def load_pairs(path: str, what: str) -> Located:
+    """{prompt, answer} JSONL -> list of (prompt, answer) pairs that remembers each one's line, with
+    file:line errors for bad records. The answer may be a string or a number (not a bool)."""
+    pairs = Located(source=str(path), lines=[])
     for line, rec in iter_jsonl(path, required=("prompt", "answer")):
         p, a = rec["prompt"], rec["answer"]
-        if not isinstance(p, str) or not isinstance(a, (str, int, float)):
+        if not isinstance(p, str) or isinstance(a, bool) or not isinstance(a, (str, int, float)):
             raise DataError(f"{path}:{line}: 'prompt' must be a string and 'answer' a string or number")
         pairs.append((p, str(a)))
+        pairs.lines.append(line)
     if not pairs:
         raise DataError(f"{path}: no {what} records (the file is empty)")
     return pairs
 
 
-def encode_demos(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """[BOS] prompt answer [EOS], right-padded; loss mask on answer + EOS. -> ids (n, L), mask (n, L)."""
+def encode_demos(tokenizer, pairs: list[tuple[str, str]], fitted=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[BOS] prompt answer [EOS], right-padded; loss mask on answer + EOS. -> ids (n, L), mask (n, L).
+    ``fitted``: the pairs' token ids as checked by ``fit_sequences`` (then ``pairs`` is not re-encoded)."""
+    if fitted is None:
+        encoded = [(encode_prompt(tokenizer, p), tokenizer.encode(a) + [tokenizer.eos_id]) for p, a in pairs]
+    else:
+        encoded = [(f.prompt, f.completions[0]) for f in fitted]
     seqs, masks = [], []
-    for p, a in pairs:
-        pi, ai = encode_prompt(tokenizer, p), tokenizer.encode(a) + [tokenizer.eos_id]
+    for pi, ai in encoded:
         seqs.append(pi + ai)
         masks.append([0] * len(pi) + [1] * len(ai))
     width = max(map(len, seqs))
@@ -102,6 +111,14 @@ def encode_demos(tokenizer, pairs: list[tuple[str, str]]) -> tuple[torch.Tensor,
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(m)] = torch.tensor(m)
     return ids, mask
+
+
+def fit_demos(tokenizer, demos, model, long: str):
+    """Check demonstrations (unknown characters, the model's window) -> (kept demos, ids, loss mask)."""
+    kept, fitted = fit_sequences(tokenizer, demos, lambda r: (r[0], [("answer", r[1])]), window=model_window(model),
+                                 long=long, what="training")
+    demos = demos.subset(kept) if isinstance(demos, Located) else [demos[i] for i in kept]
+    return (demos, *encode_demos(tokenizer, demos, fitted))
 
 
 def batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
@@ -147,11 +164,10 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
     else:
         tokenizer = CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
-    ids, loss_mask = encode_demos(tokenizer, demos)
-    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
-    if max_len is not None and ids.shape[1] + cfg.max_new_tokens > max_len:
-        raise UserError(f"sequences of {ids.shape[1]} tokens (+{cfg.max_new_tokens} generated) exceed model.max_seq_len={max_len}")
-    common.begin_run(run, cfg)
+    demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long)
+    evals = fit_prompts(tokenizer, evals, model=model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
+    eval_window = prompt_window(model, cfg.max_new_tokens)
+    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
 
     opt = common.make_optimizer(model, cfg.lr, cfg.weight_decay)
     if ckpt is not None:
@@ -166,7 +182,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
 
     def run_eval():
         r = evaluate(model, tokenizer, [p for p, _ in evals], [a for _, a in evals],
-                     max_new_tokens=cfg.max_new_tokens, keep_samples=5)
+                     max_new_tokens=cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=eval_window)
         return r
 
     def state(step, extra=None):
@@ -227,6 +243,6 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
     path = common.write_summary(out, summary)
     print(f"held-out accuracy: {last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
     for s in last_eval.samples:
-        print(f"  {s['prompt']}{s['completion']!s:<6} {'ok' if s['correct'] else 'want ' + s['answer']}")
+        print(sample_line(s))
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
     return summary

@@ -371,6 +371,8 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
     if not inputs:
         raise ConfigError("no input files")
     for p in inputs:
+        if Path(p).is_dir():
+            raise DataError(f"{p} is a directory, expected a JSONL or Parquet file (pass the files inside it)")
         if not Path(p).is_file():
             raise DataError(f"data file not found: {p}")
     output = Path(output)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.errors import ConfigError, DataError
+from posttrain.text import printable
 
 
 def _content(c: Any) -> str:
@@ -58,12 +59,18 @@ def _split_chat(msgs: list) -> tuple[list, list]:
     return msgs[:last], msgs[last:]
 
 
+def _fields_of(rec: dict) -> str:
+    names = [repr(printable(k, 40)) for k in list(rec)[:6]]
+    return (", ".join(names) + (", ..." if len(rec) > 6 else "")) if names else "none"
+
+
 def _key_text(rec: dict, key: str, text_field: str) -> str:
-    if key == "auto":
+    auto = key == "auto"
+    if auto:
         key = "text" if text_field in rec else "conversation"
     if key == "text":
         if text_field not in rec:
-            raise ValueError(f"missing field {text_field!r}")
+            raise ValueError(f"missing field {text_field!r} (--text-field); the record has fields {_fields_of(rec)}")
         v = rec[text_field]
         if not isinstance(v, str):
             raise ValueError(f"field {text_field!r} is {type(v).__name__}, expected a string")
@@ -79,8 +86,13 @@ def _key_text(rec: dict, key: str, text_field: str) -> str:
         resp = "\n".join(_render(rec[k]) for k in ("chosen", "rejected") if k in rec)
     elif "prompt" in rec and "completion" in rec:
         resp = _render(rec["completion"])
+    elif auto:
+        raise ValueError(f"no text field {text_field!r} (--text-field) and no chat/preference fields ('messages', "
+                         f"'prompt'+'completion' or 'prompt'+'chosen'/'rejected'); the record has fields "
+                         f"{_fields_of(rec)}: pass --text-field NAME to deduplicate on one of them")
     else:
-        raise ValueError(f"--key {key} needs 'messages', 'prompt'+'completion' or 'prompt'+'chosen'/'rejected'")
+        raise ValueError(f"--key {key} needs 'messages', 'prompt'+'completion' or 'prompt'+'chosen'/'rejected'; the "
+                         f"record has fields {_fields_of(rec)} (--key text --text-field NAME reads a plain text field)")
     prompt = _render(rec["prompt"])
     return {"prompt": prompt, "response": resp, "conversation": prompt + "\n" + resp}[key]
 
@@ -105,6 +117,9 @@ def parse_line(raw: bytes) -> tuple[dict | None, str | None]:
         rec = json.loads(line)
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg} at column {e.colno})"
+    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+        return None, "not valid JSON (" + ("nested too deeply" if isinstance(e, RecursionError)
+                                           else str(e).split(":")[0].lower()) + ")"
     if not isinstance(rec, dict):
         return None, f"expected a JSON object, got {type(rec).__name__}"
     return rec, None
