@@ -18,6 +18,9 @@ program could do by returning them. Values travel as literals of exact built-in 
 ``tolist()``); anything else — an object whose ``__eq__`` always returns True, a str subclass, NaN — fails.
 (Python would call that ``__eq__`` and pass; we are stricter on purpose.)
 
+This holds under bwrap, where the trainer is out of the child's sight; in the rlimit opt-in the code can
+read the trainer's memory through ``/proc`` (as the same user), so nothing is sealed there.
+
 Every other statement of a test (setup lines, bare ``assert f(x)``, comparisons of two computed values,
 ``assert`` inside a ``def check(...)``) runs in the child and is reported "ok" by the in-sandbox harness
 when it returns. That harness defeats what a policy finds by accident: shadowing ``exec``/``assert``

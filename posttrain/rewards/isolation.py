@@ -7,7 +7,8 @@ run unless the user opts in to the weaker mode.
 
     bwrap --unshare-all --unshare-user --disable-userns --die-with-parent --new-session --cap-drop ALL
           --ro-bind / / --dev /dev --proc /proc            read-only root; fresh /dev; /proc of the new PID ns
-          --tmpfs /tmp /var/tmp /run /root /home ~          hide the trainer's temp files and home directories
+          --size --tmpfs /tmp /var/tmp /run /root /home ~   hide the trainer's temp files and home directories
+          --size --tmpfs /dev/shm --remount-ro /dev         (every writable tmpfs has a size cap)
           --ro-bind <python prefix>                         ... except the interpreter, when it lives there
           --dir /tmp/sandbox --ro-bind main.py --chdir     a private, size-capped tmpfs work dir
           --clearenv --setenv PATH/HOME/TMPDIR/LANG/LC_ALL  none of the trainer's environment
@@ -43,6 +44,7 @@ from posttrain.errors import ConfigError, UserError
 ISOLATION_MODES = ("auto", "bwrap", "rlimit")
 ENV_VAR = "POSTTRAIN_SANDBOX"
 WORKDIR = "/tmp/sandbox"  # the child's cwd and HOME inside bwrap
+_SMALL_TMPFS = 1 << 20  # bytes, for the hidden dirs other than /tmp and for /dev/shm
 _HIDDEN = ("/tmp", "/var/tmp", "/run", "/root", "/home")
 _SELF_TEST = "import os; print('posttrain-sandbox-ok', os.getpid() <= 3)"  # a fresh PID namespace
 
@@ -71,8 +73,9 @@ def bwrap_argv(bwrap: str, python_argv: list[str], *, main_py: str | None = None
             "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
     home = os.path.realpath(os.path.expanduser("~"))
     hidden = [d for d in dict.fromkeys((*_HIDDEN, home)) if d not in ("/", "") and os.path.isdir(d)]
-    for d in hidden:
-        argv += (["--size", str(int(tmpfs_bytes))] if d == "/tmp" else []) + ["--tmpfs", d]
+    for d in hidden:  # every writable mount is size-capped: files in RAM cannot outgrow the budget
+        argv += ["--size", str(int(tmpfs_bytes) if d == "/tmp" else _SMALL_TMPFS), "--tmpfs", d]
+    argv += ["--size", str(_SMALL_TMPFS), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     for p in _prefixes(python_argv[0]):
         if any(p == d or p.startswith(d.rstrip("/") + "/") for d in hidden) and os.path.isdir(p):
             argv += ["--ro-bind", p, p]

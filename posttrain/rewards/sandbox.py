@@ -12,7 +12,7 @@ namespaces, so it cannot see the trainer at all:
 
 What bwrap mode contains (tests/rewards/test_sandbox_escapes.py tries each): signals to the trainer (its
 PID is not in the child's namespace; ``getppid()`` is bwrap's init), writes and deletes outside the work dir
-(read-only root; /tmp, /root, /home are private tmpfs), the trainer's environment (``--clearenv``, and no
+(read-only root; /tmp, /var/tmp, /run, /root, /home and ~ are private, size-capped tmpfs), the trainer's environment (``--clearenv``, and no
 ``/proc/<pid>/environ`` of any outside process), the network (a fresh network namespace: loopback only, and
 not the host's), a ``setsid()`` child (the whole PID namespace dies with bwrap, which has
 ``--die-with-parent``), and a fork bomb (a pids cgroup where /sys/fs/cgroup allows one; else, as root, only

@@ -70,6 +70,12 @@ ATTACKS = {
 }
 
 
+def test_the_issue_example_scores_only_the_test_it_really_passes():
+    code = "def add(a,b):\n return 0\nexec = lambda *a, **k: None\n"
+    tests = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
+    assert score(code, tests) == pytest.approx(1 / 3)  # add(-1, 1) == 0 is true of `return 0`; was 1.0
+
+
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_attacks_on_wrong_code_score_zero(attack):
     assert score(WRONG + ATTACKS[attack], SEALED) == 0.0
