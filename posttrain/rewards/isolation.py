@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 import warnings
 
@@ -141,10 +142,23 @@ def pids_cgroup_root() -> str | None:
                 continue
             probe = make_pids_cgroup(root, 8)
             remove_cgroup(probe)
-            return root
         except OSError:
             continue
+        _sweep(root)
+        return root
     return None
+
+
+def _sweep(root: str, min_age_s: float = 600.0) -> None:
+    """Remove per-run cgroups that earlier runs left (their last task outlived remove_cgroup's retries): only
+    old ones, so a run of another process that has just made its cgroup is left alone."""
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        try:
+            if name.startswith("posttrain-sandbox-") and time.time() - os.stat(path).st_mtime > min_age_s:
+                os.rmdir(path)  # fails (EBUSY) while it still has tasks
+        except OSError:
+            pass
 
 
 def make_pids_cgroup(root: str, max_pids: int) -> str:
@@ -160,9 +174,7 @@ def make_pids_cgroup(root: str, max_pids: int) -> str:
 
 
 def remove_cgroup(path: str, tries: int = 50) -> None:
-    """rmdir the cgroup once its (dying) tasks are gone; gives up quietly (an empty leftover is harmless)."""
-    import time
-
+    """rmdir the cgroup once its (dying) tasks are gone; gives up quietly (a later process sweeps leftovers)."""
     for _ in range(tries):
         try:
             os.rmdir(path)
