@@ -1,22 +1,31 @@
-"""Run untrusted Python (a model's completion) in a resource-limited subprocess that can never hang the trainer.
+"""Run untrusted Python (a model's completion) in an isolated, resource-limited child that can never hang the trainer.
 
-Key insight: the trainer only ever *waits* on the child, with a deadline, and then kills the child's whole
-process group, so nothing the code does — loop forever, allocate without bound, fork children, flood
-stdout, write files — can outlive ``wall_timeout_s`` or touch the trainer's memory, cwd or environment:
+Key insight: the trainer only ever *waits* on the child, with a deadline, and then kills it, so nothing the
+code does — loop forever, allocate without bound, fork, flood stdout — outlives ``wall_timeout_s``; and
+under bubblewrap (the default) the child lives in its own user, PID, mount, network, IPC and UTS
+namespaces, so it cannot see the trainer at all:
 
-    child = python -I -c PRELUDE   in a fresh temp dir (cwd, HOME, TMPDIR), scrubbed env, own session/group
+    child  = [sh: join a pids cgroup] bwrap ... python -I -c PRELUDE     (layout: posttrain.rewards.isolation)
     PRELUDE: setrlimit(AS = memory, CPU = cpu seconds, FSIZE = output cap, CORE = 0[, NPROC]) -> exec(main.py)
     parent : wait(wall_timeout_s) -> os.killpg(group, SIGKILL) always (also after a normal exit: orphans die)
-    stdout/stderr go to files in the temp dir; RLIMIT_FSIZE caps them (SIGXFSZ), we read back <= the cap
+    stdin/stdout/stderr are anonymous temp files (no path); RLIMIT_FSIZE caps them, we read back <= the cap
+
+What bwrap mode contains (tests/rewards/test_sandbox_escapes.py tries each): signals to the trainer (its
+PID is not in the child's namespace; ``getppid()`` is bwrap's init), writes and deletes outside the work dir
+(read-only root; /tmp, /var/tmp, /run, /root, /home and ~ are private, size-capped tmpfs), the trainer's environment (``--clearenv``, and no
+``/proc/<pid>/environ`` of any outside process), the network (a fresh network namespace: loopback only, and
+not the host's), a ``setsid()`` child (the whole PID namespace dies with bwrap, which has
+``--die-with-parent``), and a fork bomb (a pids cgroup where /sys/fs/cgroup allows one; else, as root, only
+the deadline bounds it). It does not hide world-readable files under the read-only root, and it has no
+seccomp filter and no memory cgroup (see isolation.py).
+
+The rlimit-only mode (``isolation="rlimit"``, an explicit opt-in with a WeakSandboxWarning) runs the same
+prelude in a temp dir with a scrubbed environment and its own session, and nothing more: there the code CAN
+signal and kill the trainer, read and write the user's files, read ``/proc/<ppid>/environ``, use the network,
+and leave the process group with ``setsid()`` before the kill. It guards against buggy or runaway code only.
 
 The limits are set by the child on itself before the untrusted code runs (no ``preexec_fn``, which is unsafe
-in a multi-threaded trainer). ``-I`` ignores PYTHON* variables and the user site; the code is read from
-``main.py`` in the temp dir, which is deleted afterwards.
-
-What this does NOT protect against (use a container / seccomp / nsjail for hostile code): network access,
-reading world-readable files, a child that calls ``setsid()`` to leave the process group before the kill,
-and — as root, where RLIMIT_NPROC is not enforced — an unbounded fork bomb. It guards the trainer against
-buggy or runaway code from a small model, not against a determined attacker.
+in a multi-threaded trainer). ``-I`` ignores PYTHON* variables and the user site.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -31,6 +41,19 @@ import sys
 import tempfile
 import time
 
+from posttrain.rewards.isolation import (
+    WORKDIR,
+    bwrap_argv,
+    find_bwrap,
+    join_cgroup_argv,
+    make_pids_cgroup,
+    pids_cgroup_root,
+    remove_cgroup,
+    resolve_isolation,
+    sandbox_env,
+)
+
+_DEFAULT_PROCESSES = 64
 _PRELUDE = """\
 import resource, sys
 def _lim(name, soft, hard=None):
@@ -72,10 +95,10 @@ class SandboxResult:
         return self.status == "ok"
 
 
-def _read_capped(path: str, cap: int) -> str:
+def _read_capped(f, cap: int) -> str:
     try:
-        with open(path, "rb") as f:
-            return f.read(cap).decode("utf-8", errors="replace")
+        f.seek(0)
+        return f.read(cap).decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -87,7 +110,36 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _classify(returncode: int, timed_out: bool, stderr: str) -> str:
+def _wait_exit(proc: subprocess.Popen, timeout: float) -> bool:
+    """True if ``proc`` exited within ``timeout`` s. A pidfd wakes us at the exit; Popen.wait(timeout) polls
+    with sleeps of up to 50 ms, which was most of the cost of a short run."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        fd = None
+    if fd is not None:
+        try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            deadline = time.monotonic() + timeout
+            while proc.poll() is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                poller.poll(max(1, int(left * 1000)))
+            return True
+        finally:
+            os.close(fd)
+    try:
+        proc.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _classify(returncode: int, timed_out: bool, stderr: str, mode: str = "rlimit") -> str:
+    if mode == "bwrap" and returncode == 1 and stderr.startswith("bwrap: "):
+        return "crashed"  # bwrap itself could not set the sandbox up
     if timed_out or returncode in (-signal.SIGXCPU, -signal.SIGKILL):
         return "timeout"
     if returncode == -signal.SIGXFSZ or "File too large" in stderr[-2000:]:  # Python ignores SIGXFSZ: EFBIG
@@ -109,51 +161,72 @@ def run_python(
     max_output_bytes: int = 1 << 16,
     max_processes: int | None = None,
     python: str = sys.executable,
+    isolation: str | None = None,
 ) -> SandboxResult:
     """Run ``code`` as ``__main__`` in a sandboxed child Python; never raises for anything the code does.
 
     wall_timeout_s: the deadline for the whole process group (killed with SIGKILL at expiry).
     cpu_time_s: RLIMIT_CPU (default: ceil(wall_timeout_s)). memory_mb: RLIMIT_AS. max_output_bytes:
-    RLIMIT_FSIZE, which caps stdout, stderr and any file the code writes. max_processes: RLIMIT_NPROC
-    (per user, ignored for root; None leaves it unset).
+    RLIMIT_FSIZE, which caps stdout, stderr and any file the code writes. max_processes (default 64): the
+    processes and threads the code may have — a pids cgroup where one can be made, and RLIMIT_NPROC under
+    bwrap (counted in its user namespace; not enforced for uid 0) or when given in rlimit mode (counted per
+    user, ignored for root). isolation: "auto" | "bwrap" | "rlimit" (None: ``$POSTTRAIN_SANDBOX`` or "auto");
+    raises UserError when bwrap is required and does not work here (see posttrain.rewards.isolation).
     """
+    mode = resolve_isolation(isolation)
+    nproc = max_processes if (max_processes is not None or mode == "rlimit") else _DEFAULT_PROCESSES
     cpu = max(1, int(math.ceil(cpu_time_s if cpu_time_s is not None else wall_timeout_s)))
     prelude = _PRELUDE.format(
         memory=int(memory_mb) << 20,
         cpu=cpu,
         cpu_hard=cpu + 1,
         fsize=int(max_output_bytes),
-        nproc=f'_lim("RLIMIT_NPROC", {int(max_processes)})' if max_processes else "",
+        nproc=f'_lim("RLIMIT_NPROC", {int(nproc)})' if nproc else "",
     )
     start = time.monotonic()
+    if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        return SandboxResult("crashed", None, "", f"could not start the sandbox: no executable {python}", 0.0)
     tmp = tempfile.mkdtemp(prefix="posttrain-sandbox-")
+    cgroup = None
     try:
-        with open(os.path.join(tmp, "main.py"), "w", encoding="utf-8") as f:
+        main_py = os.path.join(tmp, "main.py")
+        with open(main_py, "w", encoding="utf-8") as f:
             f.write(code)
-        with open(os.path.join(tmp, "stdin.txt"), "w", encoding="utf-8") as f:
-            f.write(stdin)
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-        out_path, err_path = os.path.join(tmp, "stdout.txt"), os.path.join(tmp, "stderr.txt")
-        with open(os.path.join(tmp, "stdin.txt"), "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
+        argv = [python, "-I", "-c", prelude]
+        if mode == "bwrap":
+            argv = bwrap_argv(find_bwrap() or "bwrap", argv, main_py=main_py, tmpfs_bytes=max(16 << 20, 4 * int(max_output_bytes)))
+            env = sandbox_env(WORKDIR)
+        else:
+            env = sandbox_env(tmp)
+        root = pids_cgroup_root()
+        if root is not None:
             try:
-                proc = subprocess.Popen(
-                    [python, "-I", "-c", prelude],
-                    cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                    start_new_session=True, close_fds=True,
-                )
+                cgroup = make_pids_cgroup(root, nproc or _DEFAULT_PROCESSES)
+                argv = join_cgroup_argv(cgroup, argv)
+            except OSError:
+                cgroup = None
+        # Anonymous files (no name in the work dir): the code cannot find its own stdin/stdout by path.
+        with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
+            fin.write(stdin.encode("utf-8"))
+            fin.seek(0)
+            try:
+                proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr,
+                                        start_new_session=True, close_fds=True)
             except OSError as e:
                 return SandboxResult("crashed", None, "", f"could not start the sandbox: {e}", time.monotonic() - start)
-            timed_out = False
             try:
-                proc.wait(timeout=wall_timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out = not _wait_exit(proc, wall_timeout_s)
             finally:
                 _kill_group(proc.pid)  # always: also reaps children left behind by a normal exit
                 proc.wait()
-        stdout = _read_capped(out_path, max_output_bytes)
-        stderr = _read_capped(err_path, max_output_bytes)
-        status = _classify(proc.returncode, timed_out, stderr)
-        return SandboxResult(status, proc.returncode, stdout, stderr, time.monotonic() - start)
+            stdout = _read_capped(fout, max_output_bytes)
+            stderr = _read_capped(ferr, max_output_bytes)
+        rc = proc.returncode
+        if mode == "bwrap" and rc is not None and 128 < rc < 128 + 65:
+            rc = 128 - rc  # bwrap reports a child killed by signal N as exit 128+N: make it -N, as Popen does
+        status = _classify(rc, timed_out, stderr, mode)
+        return SandboxResult(status, rc, stdout, stderr, time.monotonic() - start)
     finally:
+        if cgroup is not None:
+            remove_cgroup(cgroup)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 from posttrain.errors import UserError
+from posttrain.rewards.code_tests import run_assert_tests
+from posttrain.rewards.isolation import resolve_isolation
 from posttrain.rewards.sandbox import run_python
 
 
@@ -331,39 +333,19 @@ def extract_code(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def _assert_program(solution: str, tests: list[str], nonce: str) -> str:
-    # Each test runs in the solution's globals; a pass prints the nonce line. The solution cannot skip to a
-    # "pass" by exiting early (no line is printed) and a test that raises (or exits) counts as failed.
-    return (
-        solution
-        + "\n\n# ---- posttrain test harness ----\n"
-        + "import sys as _posttrain_sys\n"
-        + f"for _posttrain_i, _posttrain_t in enumerate({tests!r}):\n"
-        + "    try:\n"
-        + "        exec(_posttrain_t, globals())\n"
-        + f"        _posttrain_sys.__stdout__.write('\\n{nonce}' + str(_posttrain_i) + '\\n')\n"
-        + "        _posttrain_sys.__stdout__.flush()\n"
-        + "    except BaseException:\n"
-        + "        pass\n"
-    )
-
-
 def run_tests(code: str, tests: list, **sandbox) -> float:
-    """Fraction of ``tests`` the code passes, each run in the sandbox (see :func:`run_python`).
+    """Fraction of ``tests`` the code passes, run in the sandbox (see :func:`run_python`; ``sandbox`` are its options).
 
-    tests: a list of Python statements (``"assert add(2, 3) == 5"``), run after the code in one process —
-    passes are counted even if a later test hangs; or a list of ``{"input": stdin, "output": expected}``
-    dicts, one process each, passing when the trimmed stdout lines equal the expected ones.
+    tests: a list of Python statements (``"assert add(2, 3) == 5"``), run after the code in one child by a
+    harness the code cannot patch, the comparisons with literal expected values done here, in the trainer
+    (see posttrain.rewards.code_tests for what that defeats and what it does not) — passes are counted even
+    if a later test hangs; or a list of ``{"input": stdin, "output": expected}`` dicts, one process each,
+    passing when the trimmed stdout lines equal the expected ones (compared here: never seen by the child).
     """
     if not tests:
         return 0.0
     if all(isinstance(t, str) for t in tests):
-        import secrets
-
-        nonce = "__posttrain_pass_" + secrets.token_hex(8) + "_"
-        res = run_python(_assert_program(code, list(tests), nonce), **sandbox)
-        passed = {line[len(nonce):] for line in res.stdout.splitlines() if line.startswith(nonce)}
-        return len(passed & {str(i) for i in range(len(tests))}) / len(tests)
+        return run_assert_tests(code, list(tests), lambda program, stdin: run_python(program, stdin=stdin, **sandbox))
     if all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
         norm = lambda s: [line.rstrip() for line in str(s).strip().splitlines()]  # noqa: E731
         passed = 0
@@ -374,13 +356,18 @@ def run_tests(code: str, tests: list, **sandbox) -> float:
     raise UserError("code tests must be a list of assert strings or of {'input': ..., 'output': ...} dicts")
 
 
-def make_code_reward(wall_timeout_s: float = 2.0, memory_mb: int = 256, max_output_bytes: int = 1 << 16, max_workers: int = 2, **_):
+def make_code_reward(wall_timeout_s: float = 2.0, memory_mb: int = 256, max_output_bytes: int = 1 << 16, max_workers: int = 2,
+                     isolation: str | None = None, **_):
     """Reward = fraction of the row's ``tests`` column passed by the completion's code, run in the sandbox.
 
     Completions are checked concurrently in ``max_workers`` threads (each only waits on its subprocess).
     A completion that hangs, crashes, allocates too much or floods stdout scores 0 for the tests it fails.
+    isolation: "auto" (bubblewrap, else refuse), "bwrap" or "rlimit" (the weaker opt-in); None reads
+    ``$POSTTRAIN_SANDBOX`` (default "auto"). Checked here, when the reward is built: a machine without a
+    working bwrap raises UserError naming the opt-in before any training starts.
     """
-    sandbox = dict(wall_timeout_s=wall_timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+    mode = resolve_isolation(isolation)
+    sandbox = dict(wall_timeout_s=wall_timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, isolation=mode)
 
     def code_reward(prompts: list[str], completions: list[str], tests=None, **_columns) -> list[float]:
         all_tests = _column({"tests": tests}, "tests", len(completions), "code")
