@@ -27,9 +27,16 @@ def _cpu_model() -> str:
 def _bwrap() -> str:
     path = shutil.which("bwrap")
     if path is None:
-        return "absent"
+        return "absent (sandbox isolation tests skip)"
     out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.split()
-    return out[-1] if out else "present"
+    version = out[-1] if out else "present"
+    try:  # bwrap may be installed but unusable (user namespaces blocked): the sandbox's own self-test says
+        from posttrain.rewards.isolation import bwrap_problem
+
+        problem = bwrap_problem()
+    except Exception as e:  # an import failure is the tests' business; here, just report it
+        problem = f"self-test not run: {e}"
+    return version if problem is None else f"{version}, unusable: {problem}"
 
 
 print(

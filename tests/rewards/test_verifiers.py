@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from posttrain.errors import ConfigError, UserError
 from posttrain.rewards import REWARD_FUNCTIONS, WeightedReward, build_reward, get_reward, parse_reward_spec
+from posttrain.rewards.isolation import bwrap_problem
 from posttrain.rewards.verifiers import (
     builtin_math_equal,
     exact_match_reward,
@@ -131,7 +132,7 @@ def test_extract_code():
 
 
 def test_code_reward_assert_tests_and_io_tests():
-    fn = make_code_reward(wall_timeout_s=2.0, max_workers=2)
+    fn = make_code_reward(wall_timeout_s=2.0, max_workers=2, isolation=None if bwrap_problem() is None else "rlimit")
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]
     good = "Here:\n```python\ndef add(a, b):\n    return a + b\n```"
     hang = "```python\ndef add(a, b):\n    while True: pass\n```"
