@@ -1,0 +1,249 @@
+"""Outcomes over seeds: SFT, then GRPO / DPO / RM from each seed's own SFT run, as distributions.
+
+For every seed S the sweep runs the CLI exactly as a user would::
+
+    posttrain sft  --preset tiny --seed S --out WORK/seedS/sft  --threads 1 --progress false --overwrite  SFT_ARGS
+    posttrain grpo --preset tiny --seed S --out WORK/seedS/grpo --init WORK/seedS/sft ...               GRPO_ARGS
+    posttrain dpo  --preset tiny --seed S --out WORK/seedS/dpo  --init WORK/seedS/sft ...               DPO_ARGS
+    posttrain rm   --preset tiny --seed S --out WORK/seedS/rm   ...                                     RM_ARGS
+
+and reads each run's ``summary.json``: greedy held-out accuracy of the task's own held-out split (RM: held-out
+pairwise accuracy). It prints a table per seed, then per stage mean ± sd (sample sd, n-1) over seeds, the
+worst seed, and for GRPO/DPO the gain over the same seed's SFT (mean ± sd, worst seed). Everything goes to
+``WORK/outcomes.json`` (per-seed numbers, wall and train seconds, commands, versions); the per-step curves
+(reward, zero_std_frac, entropy, KL, held-out accuracy) of the GRPO runs with the best and the worst gain go
+to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is not a dependency: CSV only).
+
+``--jobs`` runs that many CLI processes at once (each with ``--threads 1``); a stage starts as soon as its
+seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
+GRPO hyper-parameters then reuse the SFT runs). No number is hand-entered: every one is read from a run.
+
+    .venv/bin/python benchmarks/outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
+    .venv/bin/python benchmarks/outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+ROOT = _HERE.parent
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+STAGES = ("sft", "grpo", "dpo", "rm")
+DEPENDS_ON_SFT = {"grpo", "dpo"}
+METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy"}
+CURVE_KEYS = ("reward_mean", "accuracy", "zero_std_frac", "entropy", "approx_kl", "kl", "groups_drawn", "groups_kept",
+              "restores", "lr", "heldout_accuracy")
+
+
+# ----------------------------------------------------------------------------------------------- aggregation
+def describe(values: dict[int, float]) -> dict:
+    """{seed: value} -> mean, sd (sample, n-1; 0 for one seed), min/max and the seeds holding them."""
+    if not values:
+        return {"n": 0}
+    xs = list(values.values())
+    worst = min(values, key=lambda s: (values[s], s))
+    best = max(values, key=lambda s: (values[s], -s))
+    return {"n": len(xs), "mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+            "min": values[worst], "worst_seed": worst, "max": values[best], "best_seed": best}
+
+
+def aggregate(results: dict[int, dict[str, dict]]) -> dict:
+    """results[seed][stage] = {"accuracy": float, ...} (failed runs have no "accuracy") ->
+    per stage: describe(accuracy) and, for stages after SFT, describe(gain over the seed's own SFT)."""
+    stages = [s for s in STAGES if any(s in r for r in results.values())]
+    out = {}
+    for st in stages:
+        acc = {seed: r[st]["accuracy"] for seed, r in results.items() if "accuracy" in r.get(st, {})}
+        row = {"accuracy": describe(acc),
+               "failed_seeds": sorted(seed for seed, r in results.items() if st in r and "accuracy" not in r[st])}
+        if st in DEPENDS_ON_SFT:
+            gain = {seed: r[st]["accuracy"] - r["sft"]["accuracy"] for seed, r in results.items()
+                    if "accuracy" in r.get(st, {}) and "accuracy" in r.get("sft", {})}
+            row["gain"] = describe(gain)
+        out[st] = row
+    return out
+
+
+def fmt(d: dict, pct: bool = False) -> str:
+    if not d.get("n"):
+        return "n/a"
+    k = 100 if pct else 1
+    p = ".1f" if pct else ".3f"
+    return (f"{d['mean'] * k:{'+' if pct else ''}{p}} ± {d['sd'] * k:{p}}  (worst seed {d['worst_seed']}: "
+            f"{d['min'] * k:{'+' if pct else ''}{p}}; best seed {d['best_seed']}: {d['max'] * k:{'+' if pct else ''}{p}})")
+
+
+def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
+    stages = list(agg)
+    print("\nseed  " + "  ".join(f"{s:>13}" for s in stages))
+    for seed in sorted(results):
+        cells = []
+        for st in stages:
+            r = results[seed].get(st, {})
+            if "accuracy" not in r:
+                cells.append(f"{'failed' if st in results[seed] else '-':>13}")
+                continue
+            g = f" ({(r['accuracy'] - results[seed]['sft']['accuracy']) * 100:+.1f})" \
+                if st in DEPENDS_ON_SFT and "accuracy" in results[seed].get("sft", {}) else ""
+            cells.append(f"{r['accuracy']:.3f}{g}".rjust(13))
+        print(f"{seed:<4}  " + "  ".join(cells))
+    print()
+    for st, row in agg.items():
+        print(f"{st:<5} accuracy {fmt(row['accuracy'])}" + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else ""))
+        if "gain" in row:
+            print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
+
+
+# ----------------------------------------------------------------------------------------------- running
+def command(stage: str, seed: int, work: Path, extra: str) -> list[str]:
+    out = work / f"seed{seed}" / stage
+    cmd = [sys.executable, "-m", "posttrain", stage, "--preset", "tiny", "--seed", str(seed), "--out", str(out),
+           "--threads", "1", "--progress", "false", "--overwrite"]
+    if stage in DEPENDS_ON_SFT:
+        cmd += ["--init", str(work / f"seed{seed}" / "sft")]
+    return cmd + shlex.split(extra)
+
+
+def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout: float) -> dict:
+    cmd = command(stage, seed, work, extra)
+    out = work / f"seed{seed}" / stage
+    record = out.parent / f"{stage}.command.json"
+    summary_path = out / "summary.json"
+    if reuse and summary_path.exists() and record.exists() and json.loads(record.read_text())["cmd"] == cmd[1:]:
+        rec = json.loads(record.read_text())
+        print(f"[seed {seed}] {stage}: reused {out}", flush=True)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        record.unlink(missing_ok=True)
+        t0 = time.perf_counter()
+        with open(out.parent / f"{stage}.log", "w") as log:
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+            try:
+                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0}
+        record.write_text(json.dumps(rec))
+    res = {"cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), "rc": rec["rc"], "wall_seconds": rec["wall_seconds"],
+           "run_dir": str(out)}
+    if rec["rc"] == 0 and summary_path.exists():
+        summ = json.loads(summary_path.read_text())
+        res["accuracy"] = float(summ[METRIC[stage]])
+        for k in ("train_seconds", "steps", "heldout_accuracy_start", "best_step", "stopped_early", "restores"):
+            if k in summ:
+                res[k] = summ[k]
+    msg = f"{res['accuracy']:.3f}" if "accuracy" in res else f"FAILED rc={rec['rc']} (see {out.parent / (stage + '.log')})"
+    print(f"[seed {seed}] {stage}: {msg}  ({rec['wall_seconds']:.0f}s wall)", flush=True)
+    return res
+
+
+def sweep(seeds, stages, work: Path, extras: dict[str, str], jobs: int, reuse: bool, timeout: float) -> dict:
+    """Run every (seed, stage); a stage that needs SFT waits for its seed's SFT. -> results[seed][stage]."""
+    results: dict[int, dict[str, dict]] = {s: {} for s in seeds}
+    pending = [(seed, st) for st in stages for seed in seeds]  # all SFTs first: they unblock the rest
+    lock, running = threading.Condition(), set()
+
+    def ready(seed, st):
+        return st not in DEPENDS_ON_SFT or "sft" not in stages or "sft" in results[seed]
+
+    def worker(seed, st):
+        try:
+            r = run_one(st, seed, work, extras.get(st, ""), reuse, timeout)
+        except Exception as e:  # noqa: BLE001  a crashed run is a failed seed, never a crashed sweep
+            r = {"rc": f"error: {e}"}
+        with lock:
+            results[seed][st] = r
+            running.discard((seed, st))
+            lock.notify_all()
+
+    with lock:
+        while pending or running:
+            start = next((p for p in pending if ready(*p)), None)
+            if start is not None and len(running) < jobs:
+                pending.remove(start)
+                running.add(start)
+                threading.Thread(target=worker, args=start, daemon=True).start()
+                continue
+            lock.wait()
+    return results
+
+
+def write_curves(results, agg, work: Path) -> list[str]:
+    """CSV of the per-step GRPO metrics for the seeds with the best and the worst GRPO gain."""
+    g = agg.get("grpo", {}).get("gain", {})
+    if not g.get("n"):
+        return []
+    written = []
+    for label, seed in (("best", g["best_seed"]), ("worst", g["worst_seed"])):
+        path = Path(results[seed]["grpo"]["run_dir"]) / "metrics.jsonl"
+        rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+        dest = work / f"curves_{label}_seed{seed}.csv"
+        with open(dest, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["step", *CURVE_KEYS])
+            for r in rows:
+                w.writerow([r["step"], *(r.get(k, "") for k in CURVE_KEYS)])
+        written.append(str(dest))
+    return written
+
+
+def versions() -> dict:
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                    capture_output=True, text=True).stdout.strip())
+    except OSError:
+        commit, dirty = None, None
+    return {"python": platform.python_version(), "torch": torch.__version__, "git_commit": commit, "git_dirty": dirty,
+            "machine": platform.machine(), "cpus": os.cpu_count()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--stages", nargs="+", default=["sft", "grpo", "dpo"], choices=STAGES)
+    ap.add_argument("--jobs", type=int, default=2, help="CLI processes at once (each --threads 1)")
+    ap.add_argument("--work", default="runs/outcomes", help="directory for the runs, outcomes.json and the curves")
+    for st in STAGES:
+        ap.add_argument(f"--{st}-args", default="", help=f"extra flags for `posttrain {st}` (one quoted string)")
+    ap.add_argument("--reuse", action="store_true", help="keep finished runs whose command is unchanged")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
+    args = ap.parse_args(argv)
+    if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
+        args.stages = ["sft", *args.stages]  # each stage starts from its own seed's SFT
+    work = Path(args.work).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    extras = {st: getattr(args, f"{st}_args") for st in STAGES}
+    t0 = time.perf_counter()
+    results = sweep(args.seeds, [s for s in STAGES if s in args.stages], work, extras, max(1, args.jobs), args.reuse,
+                    args.timeout)
+    agg = aggregate(results)
+    print_report(results, agg)
+    curves = write_curves(results, agg, work)
+    report = {"seeds": args.seeds, "stages": args.stages, "extra_args": extras, "jobs": args.jobs,
+              "versions": versions(), "sweep_wall_seconds": time.perf_counter() - t0,
+              "results": {str(k): v for k, v in results.items()}, "aggregate": agg, "curves": curves}
+    dest = work / "outcomes.json"
+    dest.write_text(json.dumps(report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
+    print(f"\noutcomes: {dest}" + "".join(f"\ncurves:   {c}" for c in curves))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
