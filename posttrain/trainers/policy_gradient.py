@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms
+from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices
@@ -82,6 +84,10 @@ class PolicyGradientConfig:
     kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)", gt=0)
     kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)", gt=0)
     entropy_coef: float = knob(0.0, "entropy bonus coefficient", ge=0)
+    dynamic_sampling: bool = knob(False, "DAPO dynamic sampling: train only on groups whose rewards are not all equal, "
+                                         "drawing more prompt batches to refill prompts_per_step groups")
+    max_sample_rounds: int = knob(4, "dynamic sampling: prompt batches drawn per step at most (the first is the usual one)",
+                                  ge=1)
     share_prompt_prefix: bool = knob(True, "run each prompt once per update and share its keys/values across its G "
                                            "samples (exact; posttrain GPT only, HF models use a full forward)")
     reward: str = knob("exact_match:1.0", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1'")
@@ -138,6 +144,12 @@ def build_reference(model: torch.nn.Module) -> torch.nn.Module:
 
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
+
+
+def round_generator(seed: int, step: int, rnd: int) -> torch.Generator:
+    """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round)."""
+    h = hashlib.blake2b(f"dynamic-sampling:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
 
 
 @dataclass
@@ -202,15 +214,14 @@ class PolicyGradientTrainer:
         self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
 
     # ------------------------------------------------------------------------------------------ rollout
-    def rollout(self, step: int) -> Rollout:
+    def _draw(self, step: int, rnd: int):
+        """Round ``rnd`` of step ``step``: prompts, samples, rewards. Round 0 is the classic batch."""
         cfg = self.cfg
-        idx = batch_indices(len(self.prompts), cfg.prompts_per_step, step, cfg.seed + 17)
+        idx = batch_indices(len(self.prompts), cfg.prompts_per_step, step, cfg.seed + 17 + rnd * 2**32)
         problems = [self.prompts[i] for i in idx.tolist()]
-        t0 = time.perf_counter()
         gen = generate(self.model, [encode_prompt(self.tokenizer, p.prompt) for p in problems],
                        pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, cfg=cfg.sampling,
-                       generator=step_generator(cfg.seed, step))
-        t1 = time.perf_counter()
+                       generator=step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd))
         texts = decode_completions(self.tokenizer, gen)
         G = cfg.num_generations
         prompts = [p.prompt for p in problems for _ in range(G)]
@@ -219,27 +230,68 @@ class PolicyGradientTrainer:
         if not torch.isfinite(rewards).all():
             raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
         correct = torch.tensor([exact_verify(c, a) for c, a in zip(texts, answers)], dtype=torch.float32)
+        return gen, rewards, correct
+
+    def rollout(self, step: int) -> Rollout:
+        cfg = self.cfg
+        G = cfg.num_generations
+        t0 = time.perf_counter()
+        gen, rewards, correct = first = self._draw(step, 0)
+        sel = torch.arange(len(rewards))
+        parts, kept, drawn = [(gen, sel)], [rewards], cfg.prompts_per_step
+        if cfg.dynamic_sampling:  # DAPO: keep only groups with signal, draw more rounds to refill
+            parts, kept, n_kept, rnd = [], [], 0, 0
+            while True:
+                ok = informative_groups(rewards, G).nonzero().squeeze(1)[: cfg.prompts_per_step - n_kept]
+                if len(ok):
+                    rows = group_rows(ok, G)
+                    parts.append((gen, rows))
+                    kept.append(rewards[rows])
+                    n_kept += len(ok)
+                rnd += 1
+                if n_kept >= cfg.prompts_per_step or rnd >= cfg.max_sample_rounds:
+                    break
+                gen, rewards, _ = self._draw(step, rnd)
+                drawn += cfg.prompts_per_step
+        t1 = time.perf_counter()
+        gen, rewards, correct = first  # the round-0 batch: an unfiltered measure of the policy
+        if len(parts) == 1 and len(parts[0][1]) == len(rewards):
+            batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
+                     "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
+        elif parts:
+            batch = merge_rows(parts, self.tokenizer.pad_id, G)
+        else:  # no group with signal in any round: the step makes no update
+            batch = None
         t2 = time.perf_counter()
         ref_logps = None
-        if self.ref_model is not None:
+        if self.ref_model is not None and batch is not None:
             with torch.no_grad():
-                ref_logps = completion_logps(self.ref_model, gen.sequences, gen.attention_mask, gen.prompt_length,
-                                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                                             completion_mask=gen.completion_mask)
-        shaped = rewards
-        if ref_logps is not None and cfg.kl_in == "reward":
-            shaped = kl_penalized_rewards(rewards, gen.logps, ref_logps, gen.completion_mask, self.kl_ctl.value,
-                                          cfg.kl_estimator)
-        advantages, adv_metrics = ADVANTAGE_ESTIMATORS[cfg.algo](shaped, G, **ESTIMATOR_OPTIONS[cfg.algo](cfg))
+                ref_logps = completion_logps(self.ref_model, batch["sequences"], batch["attention_mask"],
+                                             batch["prompt_length"], temperature=cfg.temperature, top_k=cfg.top_k,
+                                             top_p=cfg.top_p, completion_mask=batch["completion_mask"])
         lengths = gen.completion_mask.sum(-1).float()
         metrics = {
             "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
             "accuracy": correct.mean().item(), "completion_length": lengths.mean().item(),
-            "truncated_frac": gen.truncated.float().mean().item(), **adv_metrics,
+            "truncated_frac": gen.truncated.float().mean().item(),
+            "zero_std_frac": 1.0 - informative_groups(rewards, G).float().mean().item(),
             "time_generate": t1 - t0, "time_score": t2 - t1,
         }
-        return Rollout(gen.sequences, gen.attention_mask, gen.completion_mask, gen.logps, ref_logps, advantages,
-                       gen.prompt_length, gen.prompt_index, metrics)
+        if cfg.dynamic_sampling:
+            metrics.update(groups_drawn=drawn, groups_kept=sum(len(k) for k in kept) // G)
+        if batch is None:
+            e = torch.zeros(0)
+            return Rollout(e, e, e, e, None, e, 0, e, metrics)
+        shaped = torch.cat(kept)
+        if ref_logps is not None and cfg.kl_in == "reward":
+            shaped = kl_penalized_rewards(shaped, batch["logps"], ref_logps, batch["completion_mask"], self.kl_ctl.value,
+                                          cfg.kl_estimator)
+        advantages, adv_metrics = ADVANTAGE_ESTIMATORS[cfg.algo](shaped, G, **ESTIMATOR_OPTIONS[cfg.algo](cfg))
+        if cfg.dynamic_sampling:
+            adv_metrics.pop("zero_std_frac", None)  # of the round-0 batch above (the kept groups have none)
+        metrics.update(adv_metrics)
+        return Rollout(batch["sequences"], batch["attention_mask"], batch["completion_mask"], batch["logps"], ref_logps,
+                       advantages, batch["prompt_length"], batch["prompt_index"], metrics)
 
     # ------------------------------------------------------------------------------------------ update
     def _micro_loss(self, ro: Rollout, rows: torch.Tensor, norms: dict):
@@ -266,18 +318,18 @@ class PolicyGradientTrainer:
     def update(self, ro: Rollout, step: int) -> dict:
         cfg = self.cfg
         N = ro.sequences.shape[0]
-        per_mb = N // cfg.minibatches
-        per_micro = per_mb // cfg.grad_accum
+        if N == 0:  # dynamic sampling found no group with signal: no update (and no momentum step)
+            return {"loss": 0.0, "pg_loss": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "no_signal_step": 1}
         parts, gnorms, skipped = [], [], 0
         for epoch in range(cfg.mu):
             order = torch.randperm(N, generator=step_generator(cfg.seed, step, salt=1 + epoch)) if cfg.minibatches > 1 \
                 else torch.arange(N)
-            for mb in range(cfg.minibatches):
-                rows = order[mb * per_mb : (mb + 1) * per_mb]
+            # equal splits (dynamic sampling keeps a varying number of rows: then as equal as possible)
+            for rows in (r for r in torch.tensor_split(order, cfg.minibatches) if len(r)):
                 norms = batch_normalizers(ro.completion_mask[rows], max_len=cfg.max_new_tokens)
                 mb_parts = []
-                for m in range(cfg.grad_accum):
-                    loss, met = self._micro_loss(ro, rows[m * per_micro : (m + 1) * per_micro], norms)
+                for micro in (m for m in torch.tensor_split(rows, cfg.grad_accum) if len(m)):
+                    loss, met = self._micro_loss(ro, micro, norms)
                     loss.backward()
                     mb_parts.append(met)
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip)

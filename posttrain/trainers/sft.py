@@ -9,8 +9,18 @@ A step whose loss or gradient norm is NaN/Inf is skipped (``trainers/guards.py``
 steps in a row stop the run with a one-line error (exit 2) and no final model, and no checkpoint with a
 non-finite parameter is ever written.
 
+Model selection: ``val_fraction`` of the *training demonstrations* (chosen by a stable hash of the prompt,
+the same on every seed and machine; the task's evaluation split is never looked at) is held out as a
+validation set. Every ``eval_every`` steps the greedy validation accuracy is measured; the weights with the
+best one so far (the earliest on ties; validation loss breaks no ties) are kept, and ``model/`` holds
+*those* weights, not the last step's (``summary.json``: ``best_step``, ``best_val_accuracy``). With
+``patience`` > 0 training stops after that many evaluations in a row without a new best. ``val_fraction=0``
+turns selection off (``model/`` = the last step, as before). Held-out accuracy in the summary is measured on
+the selected model.
+
 Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by
-(seed, epoch). Together with the saved weights, optimizer state and torch RNG state this makes a run
+(seed, epoch). Together with the saved weights, optimizer state, torch RNG state and the best-so-far weights and patience counter
+(``best.safetensors`` + ``trainer_state.json`` in each checkpoint) this makes a run
 resumed at step k end bitwise equal to an uninterrupted run on CPU.
 """
 
@@ -23,6 +33,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from posttrain.config import check_fields, knob
@@ -31,7 +42,8 @@ from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_w
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.data.io import atomic_dir
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -50,7 +62,12 @@ class SFTConfig:
     weight_decay: float = knob(0.1, "AdamW weight decay on matrices", ge=0)
     grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
     nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
-    eval_every: int = knob(200, "steps between held-out evaluations (0 = only at the end)", ge=0)
+    eval_every: int = knob(25, "steps between validation (and held-out) evaluations (0 = only at the end)", ge=0)
+    val_fraction: float = knob(0.15, "fraction of the training demonstrations held out (stable hash of the prompt) to "
+                                     "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step)",
+                               ge=0, lt=1)
+    patience: int = knob(8, "stop after this many evaluations in a row without a new best validation accuracy "
+                            "(0 = never stop early)", ge=0)
     save_every: int = knob(200, "steps between checkpoints (0 = only the final model)", ge=0)
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
     seed: int = knob(0, "seed for init, data order and dropout", ge=0, lt=2**32)
@@ -141,6 +158,60 @@ def sft_loss(model, ids: torch.Tensor, loss_mask: torch.Tensor, n_tokens: int) -
     return (nll * loss_mask[:, 1:].reshape(-1)).sum() / n_tokens
 
 
+BEST_FILE = "best.safetensors"  # in each periodic checkpoint: the best-so-far weights (for an exact resume)
+
+
+def is_validation(prompt: str, fraction: float) -> bool:
+    """Is this demonstration in the validation split? A stable hash of the prompt alone (any seed, any order)."""
+    return stable_fraction("sft-validation:" + prompt) < fraction
+
+
+def split_validation(demos, fraction: float) -> tuple[list[int], list[int]]:
+    """Indices of (training, validation) demonstrations; no validation when fewer than 2 demos would remain."""
+    val = [i for i, (p, _) in enumerate(demos) if fraction > 0 and is_validation(p, fraction)]
+    if len(demos) - len(val) < 2:
+        raise ConfigError(f"val_fraction={fraction} leaves {len(demos) - len(val)} of {len(demos)} demonstrations "
+                          f"to train on; lower it")
+    chosen = set(val)
+    return [i for i in range(len(demos)) if i not in chosen], val
+
+
+class BestKeeper:
+    """The best-so-far weights by validation accuracy (earliest on ties) and the evaluations since it."""
+
+    def __init__(self):
+        self.step, self.score, self.weights, self.since = None, None, None, 0
+
+    def offer(self, step: int, score: float, model) -> bool:
+        if self.score is None or score > self.score:
+            self.step, self.score, self.since = step, score, 0
+            self.weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+            return True
+        self.since += 1
+        return False
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "val_accuracy": self.score, "since": self.since}
+
+    def load(self, state: dict, path: Path) -> None:
+        self.step, self.score, self.since = state["step"], state["val_accuracy"], int(state["since"])
+        if self.step is not None:
+            if not (path / BEST_FILE).is_file():
+                raise UserError(f"{path}: checkpoint has no {BEST_FILE} (the best weights so far); cannot resume exactly")
+            self.weights = load_file(str(path / BEST_FILE))
+
+
+def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
+    """:func:`save_checkpoint` plus ``best.safetensors``, written as one atomic directory."""
+    from posttrain.trainers.checkpoint import writing
+
+    with atomic_dir(directory) as tmp, writing(directory):
+        save_checkpoint(tmp, **kwargs)
+        if best.weights is not None:
+            save_file(best.weights, str(tmp / BEST_FILE))
+    return Path(directory)
+
+
 def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``)."""
     common.set_threads(cfg.threads)
@@ -165,9 +236,15 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         tokenizer = CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long)
+    train_idx, val_idx = split_validation(demos, cfg.val_fraction)
+    vals = [demos[i] for i in val_idx]
+    ids, loss_mask = ids[train_idx], loss_mask[train_idx]
     evals = fit_prompts(tokenizer, evals, model=model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
     eval_window = prompt_window(model, cfg.max_new_tokens)
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
+    best = BestKeeper()
+    if ckpt is not None and ckpt.state.get("best"):  # a periodic checkpoint (model/ holds the selection itself)
+        best.load(ckpt.state["best"], ckpt.path)
 
     opt = common.make_optimizer(model, cfg.lr, cfg.weight_decay)
     if ckpt is not None:
@@ -177,7 +254,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
     logger = common.MetricsLogger(out, cfg.logger, resume_step=start_step if resume else None)
     manager = CheckpointManager(out, keep=cfg.keep_checkpoints)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"SFT: {len(demos)} demonstrations, {len(evals)} eval problems, model {n_params / 1e6:.2f}M params, "
+    print(f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model {n_params / 1e6:.2f}M params, "
           f"steps {start_step}->{cfg.steps}")
 
     def run_eval():
@@ -185,12 +262,16 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
                      max_new_tokens=cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=eval_window)
         return r
 
+    def run_val():
+        return evaluate(model, tokenizer, [p for p, _ in vals], [a for _, a in vals], max_new_tokens=cfg.max_new_tokens,
+                        max_prompt_tokens=eval_window).accuracy
+
     def state(step, extra=None):
         return {"step": step, "trainer": "sft", "run_id": run.run_id, "config": dataclasses.asdict(cfg), **(extra or {})}
 
     micro = cfg.batch_size // cfg.grad_accum
     guard = NonFiniteGuard(cfg.nan_patience)
-    last_eval, t_start, tokens_seen = None, time.perf_counter(), 0
+    last_eval, t_start, tokens_seen, stopped_at = None, time.perf_counter(), 0, None
     bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="sft",
                disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
     model.train()
@@ -198,7 +279,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         t0 = time.perf_counter()
         lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
         common.set_lr(opt, lr)
-        idx = batch_indices(len(demos), cfg.batch_size, step, cfg.seed)
+        idx = batch_indices(len(train_idx), cfg.batch_size, step, cfg.seed)
         b_ids, b_mask = ids[idx], loss_mask[idx]
         n_tok = int(b_mask[:, 1:].sum())
         loss_total = 0.0
@@ -220,24 +301,38 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
             logger.close()
             raise TrainingDiverged(guard.stop_message("sft", done, out))
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-            last_eval = run_eval()
+            if vals:
+                metrics["val_accuracy"] = run_val()
+                best.offer(done, metrics["val_accuracy"], model)
+            last_eval = run_eval()  # logged for the curve only: selection never looks at the evaluation split
             metrics["heldout_accuracy"] = last_eval.accuracy
             model.train()
         logger.log(done, metrics)
         bar.set_postfix(loss=f"{loss_total:.3f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+        if cfg.patience and vals and best.since >= cfg.patience:
+            tqdm.write(f"early stop at step {done}: no better validation accuracy in {best.since} evaluations")
+            stopped_at = done
+            break
         if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-            manager.save(done, model=model, tokenizer=tokenizer, state=state(done, {"metrics": metrics}),
-                         optimizer=opt, rng_state=rng_state())
+            manager.save(done, save_fn=lambda d, **kw: save_with_best(d, best, **kw), model=model, tokenizer=tokenizer,
+                         state=state(done, {"metrics": metrics, "best": best.state_dict()}), optimizer=opt, rng_state=rng_state())
     bar.close()
     logger.close()
-    if last_eval is None:  # resumed at the end: evaluate the loaded model
+    last_step = stopped_at or cfg.steps
+    if best.weights is not None:  # model/ = the best validation checkpoint
+        model.load_state_dict(best.weights)
+        last_eval = None
+    if last_eval is None:  # the selected (or resumed-at-the-end) model
         last_eval = run_eval()
     final = save_checkpoint(Path(out) / "model", model=model, tokenizer=tokenizer,
-                            state=state(cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
+                            state=state(cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
+                                                    "selected_step": best.step if best.weights is not None else last_step}),
                             optimizer=opt, rng_state=rng_state())
     summary = {
-        "trainer": "sft", "steps": cfg.steps, "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
-        "num_demos": len(demos), "params": n_params, "train_seconds": time.perf_counter() - t_start,
+        "trainer": "sft", "steps": cfg.steps, "steps_trained": last_step, "stopped_early": stopped_at is not None,
+        "best_step": best.step if best.weights is not None else last_step, "best_val_accuracy": best.score,
+        "val_n": len(vals), "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
+        "num_demos": len(demos), "train_demos": len(train_idx), "params": n_params, "train_seconds": time.perf_counter() - t_start,
         "tokens_seen": tokens_seen, "model_dir": str(final), "samples": last_eval.samples,
     }
     path = common.write_summary(out, summary)

@@ -1,0 +1,110 @@
+"""Dynamic sampling (DAPO): kept groups carry signal, draws are a function of (seed, step), degrade gracefully."""
+
+import shutil
+
+import pytest
+import torch
+
+from posttrain.generate import SamplingConfig, generate
+from posttrain.losses.logprobs import completion_logps
+from posttrain.models.gpt import GPTConfig
+from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
+from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
+from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer, train_policy_gradient
+from posttrain.trainers.sft import SFTConfig, train_sft
+
+TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft_ds")
+    train_sft(SFTConfig(out=str(out), steps=20, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
+                        val_fraction=0, model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    return out
+
+
+def cfg(sft_dir, out, **kw):
+    base = dict(init=str(sft_dir), out=str(out), steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
+                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0, dynamic_sampling=True,
+                max_sample_rounds=3, lr=1e-2)
+    base.update(kw)
+    return PolicyGradientConfig(**base)
+
+
+def coin_reward():
+    """1 for completions of even length, else 0: groups of a sampling policy are mixed and sometimes uniform."""
+    return lambda prompts, completions, **_: [float(len(c) % 2 == 0) for c in completions]
+
+
+def test_informative_groups_and_rows():
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    assert informative_groups(r, 2).tolist() == [False, True, False]
+    assert group_rows(torch.tensor([1, 2]), 2).tolist() == [2, 3, 4, 5]
+
+
+def test_merged_rows_keep_their_own_log_probs(tiny_gpt):
+    cfgs = SamplingConfig(max_new_tokens=5, temperature=1.0, num_samples=2)
+    g1 = generate(tiny_gpt, [[1, 4, 5], [1, 6]], pad_id=0, eos_id=2, cfg=cfgs, generator=torch.Generator().manual_seed(1))
+    g2 = generate(tiny_gpt, [[1, 4, 5, 7, 8]], pad_id=0, eos_id=2, cfg=SamplingConfig(max_new_tokens=3, num_samples=2),
+                  generator=torch.Generator().manual_seed(2))
+    parts = [(g1, group_rows(torch.tensor([1]), 2)), (g2, group_rows(torch.tensor([0]), 2))]
+    m = merge_rows(parts, pad_id=0, group_size=2)
+    assert m["prompt_index"].tolist() == [0, 0, 1, 1]
+    with torch.no_grad():
+        merged = completion_logps(tiny_gpt, m["sequences"], m["attention_mask"], m["prompt_length"],
+                                  completion_mask=m["completion_mask"])
+        row = 0
+        for g, rows in parts:
+            own = completion_logps(tiny_gpt, g.sequences, g.attention_mask, g.prompt_length,
+                                   completion_mask=g.completion_mask)[rows]
+            t = own.shape[1]
+            torch.testing.assert_close(merged[row : row + len(rows), :t], own, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(m["logps"][row : row + len(rows), :t], g.logps[rows])
+            assert not merged[row : row + len(rows), t:].any()  # padding carries nothing
+            row += len(rows)
+
+
+def test_kept_groups_all_carry_signal_and_draws_are_a_function_of_step(sft_dir, tmp_path):
+    if "coin" not in REWARD_FUNCTIONS:
+        register_reward("coin", lambda **_: coin_reward())
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path / "a", reward="coin", temperature=2.0))
+    ro = t.rollout(3)
+    kept = ro.metrics["groups_kept"]
+    assert 0 < kept <= 4 and ro.metrics["groups_drawn"] in (4, 8, 12)
+    adv = ro.advantages.view(kept, 4)
+    assert (adv.abs().sum(1) > 0).all()  # no uniform group was kept
+    again = PolicyGradientTrainer(cfg(sft_dir, tmp_path / "b", reward="coin", temperature=2.0)).rollout(3)
+    assert torch.equal(ro.sequences, again.sequences) and torch.equal(ro.advantages, again.advantages)
+
+
+def test_resume_is_bitwise_with_dynamic_sampling(sft_dir, tmp_path):
+    if "coin" not in REWARD_FUNCTIONS:
+        register_reward("coin", lambda **_: coin_reward())
+    full = tmp_path / "full"
+    train_policy_gradient(cfg(sft_dir, full, reward="coin", temperature=2.0))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "checkpoints" / "step-00000002", resumed / "checkpoints" / "step-00000002")
+    (resumed / "checkpoints" / "latest").write_text("step-00000002\n")
+    train_policy_gradient(cfg(sft_dir, resumed, reward="coin", temperature=2.0), resume=str(resumed))
+    a, b = load_checkpoint(full).model.state_dict(), load_checkpoint(resumed).model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_all_uniform_groups_make_no_update(sft_dir, tmp_path):
+    if "always_zero" not in REWARD_FUNCTIONS:
+        register_reward("always_zero", lambda **_: (lambda prompts, completions, **c: [0.0] * len(completions)))
+    out = tmp_path / "z"
+    s = train_policy_gradient(cfg(sft_dir, out, steps=2, save_every=0, reward="always_zero"))
+    assert s["heldout_accuracy"] >= 0
+    before, after = load_checkpoint(sft_dir).model.state_dict(), load_checkpoint(out).model.state_dict()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k  # not even Adam's momentum moved the weights
+    import json
+
+    rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if '"groups_kept"' in ln]
+    assert [r["groups_kept"] for r in rows] == [0, 0] and [r["groups_drawn"] for r in rows] == [12, 12]
+    assert all(r["no_signal_step"] == 1 for r in rows)
