@@ -16,6 +16,12 @@ Key insight: the common RL failures do not crash — they flatten a curve. A ste
 reported without flooding the log. Missing metrics are ignored (an algorithm without a reference model has
 no "kl"). All state is a plain dict (``state_dict`` / ``load_state_dict``) so a resumed run keeps its streaks.
 
+Reward collapse is the one condition that is acted on, not only reported: :class:`CollapseGuard` smooths
+the reward (an EMA), remembers its best, and when the smoothed reward stays below ``collapse_fraction`` of
+that best for ``collapse_patience`` steps it tells the trainer to restore the weights and optimizer state it
+snapshotted at the best (``"restore"``) and to scale the LR by ``restore_lr_factor``; at most
+``max_restores`` times per run. Its state is a plain dict too (the snapshot itself is saved by the trainer).
+
 Metric vocabulary read: reward_mean, reward_std, zero_std_frac, truncated_frac, ratio_max, approx_kl, kl,
 entropy, loss, grad_norm.
 """
@@ -46,6 +52,13 @@ class AlarmConfig:
     entropy_patience: int = knob(3, "steps in a row below the entropy floor before warning", ge=1)
     nan_patience: int = knob(3, "consecutive non-finite loss/grad steps (each skipped) before asking to stop", ge=1)
     repeat_every: int = knob(50, "while a condition persists, repeat its warning every this many steps", ge=1)
+    collapse_fraction: float = knob(0.5, "reward collapse: restore the best weights when the smoothed reward stays below "
+                                         "this fraction of its best (0 = off)", ge=0, lt=1)
+    collapse_patience: int = knob(20, "reward collapse: steps in a row below that fraction before restoring", ge=1)
+    collapse_smoothing: float = knob(0.9, "reward collapse: EMA factor of the smoothed reward", ge=0, lt=1)
+    collapse_min_reward: float = knob(0.05, "reward collapse: only a best smoothed reward above this can collapse", ge=0)
+    max_restores: int = knob(3, "reward collapse: restores per run at most (then only warn)", ge=0)
+    restore_lr_factor: float = knob(0.5, "reward collapse: multiply the learning rate by this at each restore", gt=0, le=1)
 
     def __post_init__(self):
         check_fields(self, "alarms.")
@@ -187,3 +200,48 @@ class Alarms:
         self.nan.skipped = int(state["skipped_steps"])
         self.should_stop = bool(state["should_stop"])
         self.skip_step = False
+
+
+class CollapseGuard:
+    """Smoothed-reward collapse detector. ``update(step, reward)`` -> "snapshot" (a new best: keep these
+    weights), "restore" (collapsed: reload the snapshot, LR scaled down), "warn" (collapsed, restores used up)
+    or None. Example (smoothing 0, fraction 0.5, patience 2): rewards .6 .2 .2 -> snapshot, None, restore."""
+
+    def __init__(self, config: AlarmConfig | None = None):
+        self.config = config or AlarmConfig()
+        self.ema, self.best, self.best_step, self.below, self.restores, self.lr_scale = None, None, None, 0, 0, 1.0
+
+    def update(self, step: int, reward: float) -> str | None:
+        c = self.config
+        if not math.isfinite(reward):
+            return None
+        self.ema = reward if self.ema is None else c.collapse_smoothing * self.ema + (1 - c.collapse_smoothing) * reward
+        if self.best is None or self.ema > self.best:
+            self.best, self.best_step, self.below = self.ema, step, 0
+            return "snapshot"
+        collapsed = c.collapse_fraction > 0 and self.best >= c.collapse_min_reward and self.ema < c.collapse_fraction * self.best
+        self.below = self.below + 1 if collapsed else 0
+        if self.below < c.collapse_patience:
+            return None
+        self.below = 0
+        if self.restores >= c.max_restores:
+            return "warn"
+        self.restores += 1
+        self.lr_scale *= c.restore_lr_factor
+        self.ema = self.best  # measured afresh from the restored weights
+        return "restore"
+
+    def message(self, step: int, action: str) -> str:
+        what = (f"restored the weights and optimizer of step {self.best_step}, LR x{self.lr_scale:g} "
+                f"(restore {self.restores}/{self.config.max_restores})" if action == "restore" else
+                "restores used up; training on")
+        return (f"ALARM step {step}: reward collapse: smoothed reward below {self.config.collapse_fraction:g} x its best "
+                f"{self.best:.3f} for {self.config.collapse_patience} steps; {what}")
+
+    def state_dict(self) -> dict:
+        return {"ema": self.ema, "best": self.best, "best_step": self.best_step, "below": self.below,
+                "restores": self.restores, "lr_scale": self.lr_scale}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in ("ema", "best", "best_step", "below", "restores", "lr_scale"):
+            setattr(self, k, state[k])

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from posttrain.data.io import atomic_dir
 from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
@@ -42,9 +44,10 @@ from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
-from posttrain.trainers.alarms import AlarmConfig, Alarms
+from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import writing
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.sft import batch_indices
 
@@ -146,6 +149,31 @@ def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
 
 
+SNAPSHOT_WEIGHTS, SNAPSHOT_OPTIMIZER = "good_model.safetensors", "good_optimizer.pt"  # in periodic checkpoints
+
+
+def take_snapshot(model, opt) -> dict:
+    return {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(opt.state_dict())}
+
+
+def save_with_snapshot(directory, snapshot: dict | None, **kwargs) -> Path:
+    """:func:`save_checkpoint` plus the collapse guard's snapshot (for an exact resume), one atomic directory."""
+    with atomic_dir(directory) as tmp, writing(directory):
+        save_checkpoint(tmp, **kwargs)
+        if snapshot is not None:
+            save_file(snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
+            torch.save(snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
+    return Path(directory)
+
+
+def load_snapshot(path: Path) -> dict | None:
+    if not (path / SNAPSHOT_WEIGHTS).is_file():
+        return None
+    return {"model": load_file(str(path / SNAPSHOT_WEIGHTS)),
+            "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True)}
+
+
 def round_generator(seed: int, step: int, rnd: int) -> torch.Generator:
     """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round)."""
     h = hashlib.blake2b(f"dynamic-sampling:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
@@ -199,6 +227,7 @@ class PolicyGradientTrainer:
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
         self.alarms = Alarms(cfg.alarms)
+        self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
         self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
         if ckpt is not None:
             self.opt.load_state_dict(ckpt.optimizer_state)
@@ -206,6 +235,9 @@ class PolicyGradientTrainer:
                 restore_rng(ckpt.rng_state)
             self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
             self.alarms.load_state_dict(ckpt.state["alarms"])
+            if ckpt.state.get("collapse"):
+                self.collapse.load_state_dict(ckpt.state["collapse"])
+                self.snapshot = load_snapshot(ckpt.path)
         max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
         if max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
             raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
@@ -372,7 +404,8 @@ class PolicyGradientTrainer:
                    disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
         for step in bar:
             t0 = time.perf_counter()
-            common.set_lr(self.opt, common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+            common.set_lr(self.opt, self.collapse.lr_scale
+                          * common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
             ro = self.rollout(step)
             t1 = time.perf_counter()
             upd = self.update(ro, step)
@@ -381,6 +414,16 @@ class PolicyGradientTrainer:
             if "kl" in upd:
                 self.kl_ctl.update(upd["kl"], 1)
             warnings = self.alarms.update(step + 1, metrics)
+            action = self.collapse.update(step + 1, metrics["reward_mean"])
+            if action == "snapshot":
+                self.snapshot = take_snapshot(self.model, self.opt)
+            elif action in ("restore", "warn"):
+                if action == "restore" and self.snapshot is not None:
+                    self.model.load_state_dict(self.snapshot["model"])
+                    self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
+                    metrics["restored_from"] = self.collapse.best_step
+                warnings.append(self.collapse.message(step + 1, action))
+            metrics["restores"] = self.collapse.restores
             for w in warnings:
                 tqdm.write(f"ALARM step {step + 1}: {w}")
             if warnings:
@@ -397,7 +440,8 @@ class PolicyGradientTrainer:
                 stopped = True
                 break
             if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-                self.manager.save(done, model=self.model, tokenizer=self.tokenizer, state=self._state(done),
+                self.manager.save(done, save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw), model=self.model,
+                                  tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
                                   optimizer=self.opt, rng_state=rng_state())
         bar.close()
         self.logger.close()
@@ -413,7 +457,7 @@ class PolicyGradientTrainer:
             "trainer": cfg.algo, "steps": final_step, "stopped_early": stopped,
             "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
             "heldout_n": last_eval.n, "train_seconds": time.perf_counter() - t_start,
-            "alarms": self.alarms.summary(), "model_dir": str(final) if final else None, "samples": last_eval.samples,
+            "alarms": self.alarms.summary(), "restores": self.collapse.restores, "model_dir": str(final) if final else None, "samples": last_eval.samples,
         }
         path = common.write_summary(self.out, summary)
         if stopped:  # summary.json says stopped_early; the command fails like SFT/DPO/RM do (exit 2)
