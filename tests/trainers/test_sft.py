@@ -110,3 +110,69 @@ def test_user_data_files(tmp_path):
     bad.write_text('{"prompt": "1+1="}\n')
     with pytest.raises(UserError, match=r"bad.jsonl:1: missing field 'answer'"):
         train_sft(tiny_cfg(tmp_path / "u2", data=str(bad)))
+
+
+# --------------------------------------------------------------------------- validation split, best model, early stop
+from posttrain.evaluation import EvalResult  # noqa: E402
+from posttrain.tasks.arithmetic import ArithmeticTask  # noqa: E402
+from posttrain.trainers import sft as sft_mod  # noqa: E402
+from posttrain.trainers.sft import split_validation  # noqa: E402
+
+
+def test_validation_split_is_stable_disjoint_and_never_the_eval_split():
+    task = ArithmeticTask(ArithmeticConfig())
+    demos = [(p.prompt, p.answer) for p in task.demonstrations()]
+    train, val = split_validation(demos, 0.15)
+    assert sorted(train + val) == list(range(len(demos))) and not set(train) & set(val)
+    assert 0.05 * len(demos) < len(val) < 0.3 * len(demos)
+    val_prompts = {demos[i][0] for i in val}
+    assert not val_prompts & {p.prompt for p in task.eval_problems()}
+    assert not val_prompts & {p.prompt for p in task.heldout_problems}
+    shuffled = demos[::-1]  # membership depends on the prompt alone, not on the order or the seed
+    assert {shuffled[i][0] for i in split_validation(shuffled, 0.15)[1]} == val_prompts
+    assert split_validation(demos, 0.0) == (list(range(len(demos))), [])
+    with pytest.raises(Exception, match="val_fraction"):
+        split_validation(demos[:2], 0.99)
+
+
+def scripted_validation(monkeypatch, scores):
+    """Validation accuracies from ``scores`` (one per validation call, then the last); held-out calls are real."""
+    real, calls = sft_mod.evaluate, []
+
+    def fake(model, tokenizer, prompts, answers, **kw):
+        if kw.get("keep_samples"):  # the held-out evaluation (logged, never used for selection)
+            return real(model, tokenizer, prompts, answers, **kw)
+        calls.append(1)
+        acc = scores[min(len(calls), len(scores)) - 1]
+        return EvalResult(accuracy=acc, n=len(prompts), correct=round(acc * len(prompts)))
+
+    monkeypatch.setattr(sft_mod, "evaluate", fake)
+    return calls
+
+
+def test_model_is_the_best_validation_checkpoint_and_patience_stops(tmp_path, monkeypatch):
+    calls = scripted_validation(monkeypatch, [0.2, 0.5, 0.4, 0.5, 0.3, 0.9])
+    s = train_sft(tiny_cfg(tmp_path / "r", steps=20, eval_every=1, save_every=2, patience=3, val_fraction=0.3))
+    assert len(calls) == 5 and s["stopped_early"] and s["steps_trained"] == 5  # 0.5 (step 2) never beaten in 3 evals
+    assert s["best_step"] == 2 and s["best_val_accuracy"] == 0.5  # a tie (step 4) keeps the earlier weights
+    best = load_checkpoint(tmp_path / "r" / "checkpoints" / "step-00000002").model.state_dict()
+    final = load_checkpoint(tmp_path / "r").model.state_dict()
+    assert all(torch.equal(best[k], final[k]) for k in best)
+    rows = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and [r["val_accuracy"] for r in rows] == [0.2, 0.5, 0.4, 0.5, 0.3]
+
+
+def test_resume_restores_the_best_so_far(tmp_path, monkeypatch):
+    import shutil
+
+    scripted_validation(monkeypatch, [1.0, 0.0])  # the best is step 1's weights, in every later checkpoint
+    full = train_sft(tiny_cfg(tmp_path / "full", eval_every=1, val_fraction=0.3, patience=0))
+    assert full["best_step"] == 1
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step-00000003", resumed / "checkpoints" / "step-00000003")
+    (resumed / "checkpoints" / "latest").write_text("step-00000003\n")
+    scripted_validation(monkeypatch, [1.0, 0.0])  # a fresh script: a lost best would be replaced at step 4
+    again = train_sft(tiny_cfg(resumed, eval_every=1, val_fraction=0.3, patience=0), resume=str(resumed))
+    assert again["best_step"] == 1
+    a, b = load_checkpoint(tmp_path / "full").model.state_dict(), load_checkpoint(resumed).model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
