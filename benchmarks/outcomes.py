@@ -109,21 +109,25 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- running
-def command(stage: str, seed: int, work: Path, extra: str) -> list[str]:
-    out = work / f"seed{seed}" / stage
+def command(stage: str, seed: int, work: Path, extra: str, sft_root: Path | None = None) -> list[str]:
+    out = (sft_root if stage == "sft" and sft_root else work) / f"seed{seed}" / stage
     cmd = [sys.executable, "-m", "posttrain", stage, "--preset", "tiny", "--seed", str(seed), "--out", str(out),
            "--threads", "1", "--progress", "false", "--overwrite"]
     if stage in DEPENDS_ON_SFT:
-        cmd += ["--init", str(work / f"seed{seed}" / "sft")]
+        cmd += ["--init", str((sft_root or work) / f"seed{seed}" / "sft")]
     return cmd + shlex.split(extra)
 
 
-def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout: float) -> dict:
-    cmd = command(stage, seed, work, extra)
-    out = work / f"seed{seed}" / stage
+def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout: float, sft_root: Path | None = None) -> dict:
+    cmd = command(stage, seed, work, extra, sft_root)
+    out = Path(cmd[cmd.index("--out") + 1])
     record = out.parent / f"{stage}.command.json"
     summary_path = out / "summary.json"
-    if reuse and summary_path.exists() and record.exists() and json.loads(record.read_text())["cmd"] == cmd[1:]:
+    if stage == "sft" and sft_root is not None:  # --sft-from: read that sweep's SFT run, never rerun it
+        rec = json.loads(record.read_text())
+        cmd = ["python", *rec["cmd"]]
+        print(f"[seed {seed}] sft: from {out}", flush=True)
+    elif reuse and summary_path.exists() and record.exists() and json.loads(record.read_text())["cmd"] == cmd[1:]:
         rec = json.loads(record.read_text())
         print(f"[seed {seed}] {stage}: reused {out}", flush=True)
     else:
@@ -151,7 +155,8 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
     return res
 
 
-def sweep(seeds, stages, work: Path, extras: dict[str, str], jobs: int, reuse: bool, timeout: float) -> dict:
+def sweep(seeds, stages, work: Path, extras: dict[str, str], jobs: int, reuse: bool, timeout: float,
+          sft_root: Path | None = None) -> dict:
     """Run every (seed, stage); a stage that needs SFT waits for its seed's SFT. -> results[seed][stage]."""
     results: dict[int, dict[str, dict]] = {s: {} for s in seeds}
     pending = [(seed, st) for st in stages for seed in seeds]  # all SFTs first: they unblock the rest
@@ -162,7 +167,7 @@ def sweep(seeds, stages, work: Path, extras: dict[str, str], jobs: int, reuse: b
 
     def worker(seed, st):
         try:
-            r = run_one(st, seed, work, extras.get(st, ""), reuse, timeout)
+            r = run_one(st, seed, work, extras.get(st, ""), reuse, timeout, sft_root)
         except Exception as e:  # noqa: BLE001  a crashed run is a failed seed, never a crashed sweep
             r = {"rc": f"error: {e}"}
         with lock:
@@ -223,6 +228,8 @@ def main(argv=None) -> int:
     for st in STAGES:
         ap.add_argument(f"--{st}-args", default="", help=f"extra flags for `posttrain {st}` (one quoted string)")
     ap.add_argument("--reuse", action="store_true", help="keep finished runs whose command is unchanged")
+    ap.add_argument("--sft-from", metavar="WORK", help="take each seed's SFT run from this earlier sweep's --work "
+                    "(not rerun; --sft-args ignored): sweeps over GRPO/DPO settings from the same SFT starts")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
     args = ap.parse_args(argv)
     if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
@@ -231,12 +238,13 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     extras = {st: getattr(args, f"{st}_args") for st in STAGES}
     t0 = time.perf_counter()
+    sft_root = Path(args.sft_from).resolve() if args.sft_from else None
     results = sweep(args.seeds, [s for s in STAGES if s in args.stages], work, extras, max(1, args.jobs), args.reuse,
-                    args.timeout)
+                    args.timeout, sft_root)
     agg = aggregate(results)
     print_report(results, agg)
     curves = write_curves(results, agg, work)
-    report = {"seeds": args.seeds, "stages": args.stages, "extra_args": extras, "jobs": args.jobs,
+    report = {"seeds": args.seeds, "sft_from": str(sft_root) if sft_root else None, "stages": args.stages, "extra_args": extras, "jobs": args.jobs,
               "versions": versions(), "sweep_wall_seconds": time.perf_counter() - t0,
               "results": {str(k): v for k, v in results.items()}, "aggregate": agg, "curves": curves}
     dest = work / "outcomes.json"
