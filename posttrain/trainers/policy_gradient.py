@@ -10,9 +10,19 @@ baseline), so one loop serves all three and every KL / clip / aggregation option
         mu epochs x minibatches:  L = policy_loss(logpi, logpi_old, A, mask, clip, KL-in-loss, entropy, agg)
 
 pi_old stays fixed at sampling time for all mu updates. With beta = 0 no reference model is built.
-Everything random is a pure function of (seed, step) — the prompt batch, the sampling generator, the
-minibatch order — so a resumed run reproduces an uninterrupted one exactly (with the model, optimizer,
-KL-controller and alarm state restored from the checkpoint).
+
+``dynamic_sampling`` (DAPO): groups whose G rewards are all equal are dropped and further prompt batches
+are drawn (at most ``max_sample_rounds`` per step) until ``prompts_per_step`` groups with signal are kept
+(``trainers/dynamic_sampling.py``); the logged reward/accuracy are those of the step's first, unfiltered
+batch, ``groups_drawn``/``groups_kept`` say what was filtered. A step with no informative group makes no
+update. Reward collapse (``alarms.CollapseGuard``): the smoothed reward falling below a fraction of its best
+for ``collapse_patience`` steps restores the weights and optimizer snapshotted at that best, with the LR
+scaled down (bounded number of restores; logged as ``restores`` / ``restored_from``).
+
+Everything random is a pure function of (seed, step) — the prompt batch, the sampling generator (of each
+dynamic-sampling round), the minibatch order — so a resumed run reproduces an uninterrupted one exactly
+(with the model, optimizer, KL-controller, alarm and collapse-guard state, and the guard's snapshot,
+restored from the checkpoint).
 """
 
 from __future__ import annotations

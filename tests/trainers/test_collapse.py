@@ -1,0 +1,72 @@
+"""The reward-collapse guard: detection on a scripted reward trace, and the trainer restoring its snapshot."""
+
+import json
+
+import pytest
+import torch
+
+from posttrain.models.gpt import GPTConfig
+from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
+from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.trainers.alarms import AlarmConfig, CollapseGuard
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
+from posttrain.trainers.sft import SFTConfig, train_sft
+
+TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
+
+
+def test_guard_on_a_scripted_trace():
+    g = CollapseGuard(AlarmConfig(collapse_fraction=0.5, collapse_patience=2, collapse_smoothing=0.0, max_restores=2,
+                                  restore_lr_factor=0.5, collapse_min_reward=0.1))
+    trace = [0.4, 0.6, 0.5, 0.2, 0.2, 0.6, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
+    actions = [g.update(i + 1, r) for i, r in enumerate(trace)]
+    assert actions == ["snapshot", "snapshot", None, None, "restore", None, None, "restore", None, "warn", None, "warn"]
+    assert g.restores == 2 and g.lr_scale == 0.25 and g.best_step == 2
+    quiet = CollapseGuard(AlarmConfig(collapse_smoothing=0.0, collapse_patience=1, collapse_min_reward=0.1))
+    assert [quiet.update(i, r) for i, r in enumerate([0.05, 0.0, 0.0])] == ["snapshot", None, None]  # below the floor
+    off = CollapseGuard(AlarmConfig(collapse_fraction=0.0, collapse_smoothing=0.0, collapse_patience=1))
+    assert [off.update(i, r) for i, r in enumerate([0.9, 0.0, 0.0])] == ["snapshot", None, None]
+    g2 = CollapseGuard(g.config)
+    g2.load_state_dict(json.loads(json.dumps(g.state_dict())))
+    assert g2.state_dict() == g.state_dict()
+
+
+@pytest.fixture(scope="module")
+def sft_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft_collapse")
+    train_sft(SFTConfig(out=str(out), steps=10, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
+                        val_fraction=0, model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    return out
+
+
+def scripted():
+    """Mixed rewards on the first call (a real update), then all zero: a collapse."""
+    calls = []
+
+    def fn(prompts, completions, **_):
+        calls.append(1)
+        return [float(i % 2 == 0) if len(calls) == 1 else 0.0 for i in range(len(completions))]
+    return fn
+
+
+def test_trainer_restores_the_snapshot(sft_dir, tmp_path):
+    if "collapse_script" not in REWARD_FUNCTIONS:
+        register_reward("collapse_script", lambda **_: scripted())
+    alarms = AlarmConfig(collapse_fraction=0.5, collapse_patience=2, collapse_smoothing=0.0, collapse_min_reward=0.1)
+
+    def cfg(out, steps):
+        return PolicyGradientConfig(init=str(sft_dir), out=str(out), steps=steps, prompts_per_step=4, num_generations=4,
+                                    max_new_tokens=4, eval_every=0, save_every=0, progress=False, task=TASK,
+                                    warmup_steps=0, lr=1e-2, reward="collapse_script", alarms=alarms)
+
+    one = train_policy_gradient(cfg(tmp_path / "one", 1))
+    s = train_policy_gradient(cfg(tmp_path / "three", 3))  # step 1 snapshot; steps 2, 3 collapsed -> restore at 3
+    assert one["restores"] == 0 and s["restores"] == 1
+    rows = [json.loads(ln) for ln in (tmp_path / "three" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["restored_from"] == 1 and any("reward collapse" in a for a in rows[-1]["alarms"])
+    a, b = load_checkpoint(tmp_path / "one").model.state_dict(), load_checkpoint(tmp_path / "three").model.state_dict()
+    start = load_checkpoint(sft_dir).model.state_dict()
+    assert any(not torch.equal(a[k], start[k]) for k in a)  # step 1 did move the weights
+    for k in a:
+        assert torch.equal(a[k], b[k]), k  # steps 2-3 (Adam momentum on zero advantages) were undone
