@@ -55,8 +55,8 @@ class AlarmConfig:
     collapse_fraction: float = knob(0.5, "reward collapse: restore the best weights when the smoothed reward stays below "
                                          "this fraction of its best (0 = off)", ge=0, lt=1)
     collapse_patience: int = knob(20, "reward collapse: steps in a row below that fraction before restoring", ge=1)
-    collapse_smoothing: float = knob(0.9, "reward collapse: EMA factor of the smoothed reward", ge=0, lt=1)
-    collapse_min_reward: float = knob(0.05, "reward collapse: only a best smoothed reward above this can collapse", ge=0)
+    collapse_smoothing: float = knob(0.95, "reward collapse: EMA factor of the smoothed reward", ge=0, lt=1)
+    collapse_min_reward: float = knob(0.1, "reward collapse: only a best smoothed reward above this can collapse", ge=0)
     max_restores: int = knob(3, "reward collapse: restores per run at most (then only warn)", ge=0)
     restore_lr_factor: float = knob(0.5, "reward collapse: multiply the learning rate by this at each restore", gt=0, le=1)
 

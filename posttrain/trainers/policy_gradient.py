@@ -74,7 +74,7 @@ class PolicyGradientConfig:
     temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
     top_k: int | None = knob(None, "sampling top-k (None = off)", ge=1)
     top_p: float | None = knob(None, "sampling top-p (None = off)", gt=0, le=1)
-    lr: float = knob(1e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)", gt=0)
+    lr: float = knob(3e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)", gt=0)
     warmup_steps: int = knob(10, "linear LR warmup steps", ge=0)
     min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)", ge=0, le=1)
     weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
@@ -97,7 +97,7 @@ class PolicyGradientConfig:
     kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)", gt=0)
     kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)", gt=0)
     entropy_coef: float = knob(0.0, "entropy bonus coefficient", ge=0)
-    dynamic_sampling: bool = knob(False, "DAPO dynamic sampling: train only on groups whose rewards are not all equal, "
+    dynamic_sampling: bool = knob(True, "DAPO dynamic sampling: train only on groups whose rewards are not all equal, "
                                          "drawing more prompt batches to refill prompts_per_step groups")
     max_sample_rounds: int = knob(4, "dynamic sampling: prompt batches drawn per step at most (the first is the usual one)",
                                   ge=1)
@@ -133,6 +133,8 @@ class PolicyGradientConfig:
 
 PRESETS: dict[str, dict] = {
     "tiny": {},
+    # the defaults before the seed sweep of docs/outcomes.md: lr 1e-4, no dynamic sampling, no collapse restore
+    "classic": {"lr": 1e-4, "dynamic_sampling": False, "alarms": {"collapse_fraction": 0.0}},
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},

@@ -62,11 +62,12 @@ class SFTConfig:
     weight_decay: float = knob(0.1, "AdamW weight decay on matrices", ge=0)
     grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
     nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
-    eval_every: int = knob(25, "steps between validation (and held-out) evaluations (0 = only at the end)", ge=0)
-    val_fraction: float = knob(0.15, "fraction of the training demonstrations held out (stable hash of the prompt) to "
+    eval_every: int = knob(200, "steps between validation (and held-out) evaluations (0 = only at the end; use ~25 "
+                                "with val_fraction)", ge=0)
+    val_fraction: float = knob(0.0, "fraction of the training demonstrations held out (stable hash of the prompt) to "
                                      "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step)",
                                ge=0, lt=1)
-    patience: int = knob(8, "stop after this many evaluations in a row without a new best validation accuracy "
+    patience: int = knob(0, "stop after this many evaluations in a row without a new best validation accuracy "
                             "(0 = never stop early)", ge=0)
     save_every: int = knob(200, "steps between checkpoints (0 = only the final model)", ge=0)
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
