@@ -205,6 +205,7 @@ class Rollout:
     prompt_length: int
     prompt_index: torch.Tensor  # (N,) which prompt each row samples
     metrics: dict
+    apply: bool = True  # False: no group had signal; the update only measures (no gradient, no optimizer step)
 
 
 class PolicyGradientTrainer:
@@ -306,9 +307,14 @@ class PolicyGradientTrainer:
             batch = merge_rows(parts, self.tokenizer.pad_id, G)
         else:  # no group with signal in any round: the step makes no update
             batch = None
+        apply, groups_kept = batch is not None, sum(len(k) for k in kept) // G
+        if batch is None:  # measured on round 0 (the one vocabulary of metrics), not applied
+            batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
+                     "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
+            kept = [rewards]
         t2 = time.perf_counter()
         ref_logps = None
-        if self.ref_model is not None and batch is not None:
+        if self.ref_model is not None:
             with torch.no_grad():
                 ref_logps = completion_logps(self.ref_model, batch["sequences"], batch["attention_mask"],
                                              batch["prompt_length"], temperature=cfg.temperature, top_k=cfg.top_k,
@@ -322,10 +328,8 @@ class PolicyGradientTrainer:
             "time_generate": t1 - t0, "time_score": t2 - t1,
         }
         if cfg.dynamic_sampling:
-            metrics.update(groups_drawn=drawn, groups_kept=sum(len(k) for k in kept) // G)
-        if batch is None:
-            e = torch.zeros(0)
-            return Rollout(e, e, e, e, None, e, 0, e, metrics)
+            metrics.update(groups_drawn=drawn, groups_kept=groups_kept,
+                           no_signal_step=int(not apply))
         shaped = torch.cat(kept)
         if ref_logps is not None and cfg.kl_in == "reward":
             shaped = kl_penalized_rewards(shaped, batch["logps"], ref_logps, batch["completion_mask"], self.kl_ctl.value,
@@ -335,7 +339,7 @@ class PolicyGradientTrainer:
             adv_metrics.pop("zero_std_frac", None)  # of the round-0 batch above (the kept groups have none)
         metrics.update(adv_metrics)
         return Rollout(batch["sequences"], batch["attention_mask"], batch["completion_mask"], batch["logps"], ref_logps,
-                       advantages, batch["prompt_length"], batch["prompt_index"], metrics)
+                       advantages, batch["prompt_length"], batch["prompt_index"], metrics, apply)
 
     # ------------------------------------------------------------------------------------------ update
     def _micro_loss(self, ro: Rollout, rows: torch.Tensor, norms: dict):
@@ -362,8 +366,10 @@ class PolicyGradientTrainer:
     def update(self, ro: Rollout, step: int) -> dict:
         cfg = self.cfg
         N = ro.sequences.shape[0]
-        if N == 0:  # dynamic sampling found no group with signal: no update (and no momentum step)
-            return {"loss": 0.0, "pg_loss": 0.0, "grad_norm": 0.0, "skipped_updates": 0, "no_signal_step": 1}
+        if not ro.apply:  # dynamic sampling found no group with signal: measure only (no Adam momentum step)
+            with torch.no_grad():
+                _, met = self._micro_loss(ro, torch.arange(N), batch_normalizers(ro.completion_mask, max_len=cfg.max_new_tokens))
+            return {**met, "grad_norm": 0.0, "skipped_updates": 0}
         parts, gnorms, skipped = [], [], 0
         for epoch in range(cfg.mu):
             order = torch.randperm(N, generator=step_generator(cfg.seed, step, salt=1 + epoch)) if cfg.minibatches > 1 \
