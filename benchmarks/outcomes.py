@@ -10,7 +10,8 @@ For every seed S the sweep runs the CLI exactly as a user would::
 and reads each run's ``summary.json``: greedy held-out accuracy of the task's own held-out split (RM: held-out
 pairwise accuracy). It prints a table per seed, then per stage mean ± sd (sample sd, n-1) over seeds, the
 worst seed, and for GRPO/DPO the gain over the same seed's SFT (mean ± sd, worst seed). Everything goes to
-``WORK/outcomes.json`` (per-seed numbers, wall and train seconds, commands, versions); the per-step curves
+``WORK/outcomes.json`` (per-seed numbers; wall, train and CPU seconds, the CPU time
+being the child process's own, so a busy machine does not inflate it; commands, versions); the per-step curves
 (reward, zero_std_frac, entropy, KL, held-out accuracy) of the GRPO runs with the best and the worst gain go
 to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is not a dependency: CSV only).
 
@@ -106,6 +107,11 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
         print(f"{st:<5} accuracy {fmt(row['accuracy'])}" + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else ""))
         if "gain" in row:
             print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
+        for key in ("train_seconds", "cpu_seconds"):
+            xs = {seed: r[st][key] for seed, r in results.items() if r.get(st, {}).get(key) is not None}
+            if xs:
+                top = max(xs, key=xs.get)
+                print(f"{st:<5} {key.replace('_', ' ')}: mean {statistics.fmean(xs.values()):.0f}, max {xs[top]:.0f} (seed {top})")
 
 
 # ----------------------------------------------------------------------------------------------- running
@@ -136,14 +142,18 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
         t0 = time.perf_counter()
         with open(out.parent / f"{stage}.log", "w") as log:
             env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-            try:
-                rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=timeout).returncode
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-        rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0}
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            timer = threading.Timer(timeout, proc.kill)
+            timer.start()
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time, whatever else the machine runs
+            timer.cancel()
+            rc = os.waitstatus_to_exitcode(status)
+            proc.returncode = rc
+        rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0,
+               "cpu_seconds": usage.ru_utime + usage.ru_stime}
         record.write_text(json.dumps(rec))
     res = {"cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), "rc": rec["rc"], "wall_seconds": rec["wall_seconds"],
-           "run_dir": str(out)}
+           "cpu_seconds": rec.get("cpu_seconds"), "run_dir": str(out)}
     if rec["rc"] == 0 and summary_path.exists():
         summ = json.loads(summary_path.read_text())
         res["accuracy"] = float(summ[METRIC[stage]])
@@ -151,7 +161,8 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
             if k in summ:
                 res[k] = summ[k]
     msg = f"{res['accuracy']:.3f}" if "accuracy" in res else f"FAILED rc={rec['rc']} (see {out.parent / (stage + '.log')})"
-    print(f"[seed {seed}] {stage}: {msg}  ({rec['wall_seconds']:.0f}s wall)", flush=True)
+    cpu = f", {rec['cpu_seconds']:.0f}s CPU" if rec.get("cpu_seconds") is not None else ""
+    print(f"[seed {seed}] {stage}: {msg}  ({rec['wall_seconds']:.0f}s wall{cpu})", flush=True)
     return res
 
 
