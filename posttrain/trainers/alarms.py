@@ -17,7 +17,8 @@ reported without flooding the log. Missing metrics are ignored (an algorithm wit
 no "kl"). All state is a plain dict (``state_dict`` / ``load_state_dict``) so a resumed run keeps its streaks.
 
 Reward collapse is the one condition that is acted on, not only reported: :class:`CollapseGuard` smooths
-the reward (an EMA), remembers its best, and when the smoothed reward stays below ``collapse_fraction`` of
+the reward (a bias-corrected EMA; no best is recorded during its first 1 / (1 - smoothing) steps, so one
+lucky early batch cannot set a bar that the run's true level then "collapses" below), remembers its best, and when the smoothed reward stays below ``collapse_fraction`` of
 that best for ``collapse_patience`` steps it tells the trainer to restore the weights and optimizer state it
 snapshotted at the best (``"restore"``) and to scale the LR by ``restore_lr_factor``; at most
 ``max_restores`` times per run. Its state is a plain dict too (the snapshot itself is saved by the trainer).
@@ -210,12 +211,17 @@ class CollapseGuard:
     def __init__(self, config: AlarmConfig | None = None):
         self.config = config or AlarmConfig()
         self.ema, self.best, self.best_step, self.below, self.restores, self.lr_scale = None, None, None, 0, 0, 1.0
+        self.m, self.seen = 0.0, 0  # EMA numerator and the steps seen (bias correction, warm-up)
 
     def update(self, step: int, reward: float) -> str | None:
         c = self.config
         if not math.isfinite(reward):
             return None
-        self.ema = reward if self.ema is None else c.collapse_smoothing * self.ema + (1 - c.collapse_smoothing) * reward
+        s = c.collapse_smoothing
+        self.m, self.seen = s * self.m + (1 - s) * reward, self.seen + 1
+        self.ema = self.m / (1 - s**self.seen)  # the mean of what was seen, while few steps were
+        if self.seen < 1 / (1 - s) - 1e-9:
+            return None  # warming up: the smoothed value is still mostly noise
         if self.best is None or self.ema > self.best:
             self.best, self.best_step, self.below = self.ema, step, 0
             return "snapshot"
@@ -228,7 +234,7 @@ class CollapseGuard:
             return "warn"
         self.restores += 1
         self.lr_scale *= c.restore_lr_factor
-        self.ema = self.best  # measured afresh from the restored weights
+        self.m, self.seen = self.best, 10**9  # the restored weights start from the best's smoothed value
         return "restore"
 
     def message(self, step: int, action: str) -> str:
@@ -240,8 +246,8 @@ class CollapseGuard:
 
     def state_dict(self) -> dict:
         return {"ema": self.ema, "best": self.best, "best_step": self.best_step, "below": self.below,
-                "restores": self.restores, "lr_scale": self.lr_scale}
+                "restores": self.restores, "lr_scale": self.lr_scale, "m": self.m, "seen": self.seen}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("ema", "best", "best_step", "below", "restores", "lr_scale"):
+        for k in ("ema", "best", "best_step", "below", "restores", "lr_scale", "m", "seen"):
             setattr(self, k, state[k])
