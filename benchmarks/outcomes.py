@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     extras = {st: getattr(args, f"{st}_args") for st in STAGES}
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), versions()  # the code as it was when the runs started
     sft_root = Path(args.sft_from).resolve() if args.sft_from else None
     results = sweep(args.seeds, [s for s in STAGES if s in args.stages], work, extras, max(1, args.jobs), args.reuse,
                     args.timeout, sft_root)
@@ -256,7 +256,7 @@ def main(argv=None) -> int:
     print_report(results, agg)
     curves = write_curves(results, agg, work)
     report = {"seeds": args.seeds, "sft_from": str(sft_root) if sft_root else None, "stages": args.stages, "extra_args": extras, "jobs": args.jobs,
-              "versions": versions(), "sweep_wall_seconds": time.perf_counter() - t0,
+              "versions": started, "sweep_wall_seconds": time.perf_counter() - t0,
               "results": {str(k): v for k, v in results.items()}, "aggregate": agg, "curves": curves}
     dest = work / "outcomes.json"
     dest.write_text(json.dumps(report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
