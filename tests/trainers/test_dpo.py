@@ -47,7 +47,7 @@ def pair_file(tmp_path_factory):
 
 
 def cfg(out, init, **kw):
-    base = dict(out=str(out), init=init, steps=3, batch_size=4, eval_every=0, save_every=0, warmup_steps=1,
+    base = dict(out=str(out), init=init, loss="dpo", steps=3, batch_size=4, eval_every=0, save_every=0, warmup_steps=1,
                 progress=False, task=TASK, pairs=PairDataConfig(num_prompts=16, samples_per_prompt=4, gold_chosen=True))
     base.update(kw)
     return DPOConfig(**base)
@@ -174,7 +174,7 @@ def test_user_errors(tmp_path, sft_ckpt):
     with pytest.raises(UserError, match="needs --init"):
         train_dpo(cfg(tmp_path, None))
     with pytest.raises(ConfigError, match=r"loss_kwargs \['gamma'\] not accepted by loss 'dpo'"):
-        cfg(tmp_path, sft_ckpt, loss_kwargs={"gamma": 1.0})
+        cfg(tmp_path, sft_ckpt, loss="dpo", loss_kwargs={"gamma": 1.0})
     with pytest.raises(ConfigError, match="loss='nope' is not valid"):
         cfg(tmp_path, sft_ckpt, loss="nope")
     bad = tmp_path / "bad.jsonl"
