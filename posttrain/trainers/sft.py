@@ -14,14 +14,15 @@ the same on every seed and machine; the task's evaluation split is never looked 
 validation set. Every ``eval_every`` steps the greedy validation accuracy is measured; the weights with the
 best one so far (the earliest on ties; validation loss breaks no ties) are kept, and ``model/`` holds
 *those* weights, not the last step's (``summary.json``: ``best_step``, ``best_val_accuracy``). With
-``patience`` > 0 training stops after that many evaluations in a row without a new best. ``val_fraction=0``
-turns selection off (``model/`` = the last step, as before). Held-out accuracy in the summary is measured on
-the selected model.
+``patience`` > 0 training stops after that many evaluations in a row without a new best. The default,
+``val_fraction=0``, turns selection off (``model/`` = the last step): on the embedded task, with 320
+demonstrations, a 30-47 problem validation split costs more than it selects (docs/outcomes.md); use e.g.
+``--val-fraction 0.1 --eval-every 25``. Held-out accuracy in the summary is measured on the selected model.
 
 Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by
-(seed, epoch). Together with the saved weights, optimizer state, torch RNG state and the best-so-far weights and patience counter
-(``best.safetensors`` + ``trainer_state.json`` in each checkpoint) this makes a run
-resumed at step k end bitwise equal to an uninterrupted run on CPU.
+(seed, epoch). Together with the saved weights, optimizer state, torch RNG state and the best-so-far
+weights and patience counter (``best.safetensors`` + ``trainer_state.json`` in each checkpoint) this makes
+a run resumed at step k end bitwise equal to an uninterrupted run on CPU.
 """
 
 from __future__ import annotations
