@@ -70,3 +70,29 @@ def test_trainer_restores_the_snapshot(sft_dir, tmp_path):
     assert any(not torch.equal(a[k], start[k]) for k in a)  # step 1 did move the weights
     for k in a:
         assert torch.equal(a[k], b[k]), k  # steps 2-3 (Adam momentum on zero advantages) were undone
+
+
+def test_resume_is_exact_with_the_snapshot_in_the_checkpoint(sft_dir, tmp_path):
+    import shutil
+
+    if "parity" not in REWARD_FUNCTIONS:  # a function of the completion: both runs see the same rewards
+        register_reward("parity", lambda **_: (lambda prompts, completions, **c: [float(len(x) % 2) for x in completions]))
+    alarms = AlarmConfig(collapse_fraction=0.99, collapse_patience=1, collapse_smoothing=0.0, collapse_min_reward=0.0,
+                         max_restores=50)
+
+    def cfg(out):
+        return PolicyGradientConfig(init=str(sft_dir), out=str(out), steps=8, prompts_per_step=4, num_generations=4,
+                                    max_new_tokens=4, eval_every=0, save_every=4, progress=False, task=TASK,
+                                    warmup_steps=0, lr=1e-2, temperature=2.0, reward="parity", alarms=alarms)
+
+    full = tmp_path / "full"
+    train_policy_gradient(cfg(full))
+    rows = [json.loads(ln) for ln in (full / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["step"] > 4 and r.get("restored_from", 99) <= 4 for r in rows)  # a restore to a pre-checkpoint snapshot
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "checkpoints" / "step-00000004", resumed / "checkpoints" / "step-00000004")
+    (resumed / "checkpoints" / "latest").write_text("step-00000004\n")
+    train_policy_gradient(cfg(resumed), resume=str(resumed))
+    a, b = load_checkpoint(full).model.state_dict(), load_checkpoint(resumed).model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
