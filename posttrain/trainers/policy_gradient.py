@@ -67,7 +67,7 @@ class PolicyGradientConfig:
     out: str = knob("runs/grpo", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
     init: str | None = knob(None, "SFT checkpoint (or run directory) to start from; required")
     algo: str = knob("grpo", "advantage estimator: reinforce | rloo | grpo", choices=tuple(ADVANTAGE_ESTIMATORS))
-    steps: int = knob(500, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)", gt=0)
+    steps: int = knob(700, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)", gt=0)
     prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
     num_generations: int = knob(8, "samples per prompt (G)", gt=0)
     max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
@@ -134,7 +134,7 @@ class PolicyGradientConfig:
 PRESETS: dict[str, dict] = {
     "tiny": {},
     # the defaults before the seed sweep of docs/outcomes.md: lr 1e-4, no dynamic sampling, no collapse restore
-    "classic": {"lr": 1e-4, "dynamic_sampling": False, "alarms": {"collapse_fraction": 0.0}},
+    "classic": {"steps": 500, "lr": 1e-4, "dynamic_sampling": False, "alarms": {"collapse_fraction": 0.0}},
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
