@@ -46,6 +46,14 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != 
 STAGES = ("sft", "grpo", "dpo", "rm")
 DEPENDS_ON_SFT = {"grpo", "dpo"}
 METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy"}
+_PRINT = threading.Lock()  # runs finish on worker threads: one whole line at a time
+
+
+def say(msg: str) -> None:
+    with _PRINT:
+        print(msg, flush=True)
+
+
 CURVE_KEYS = ("reward_mean", "accuracy", "zero_std_frac", "entropy", "approx_kl", "kl", "groups_drawn", "groups_kept",
               "restores", "lr", "heldout_accuracy")
 
@@ -132,10 +140,10 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
     if stage == "sft" and sft_root is not None:  # --sft-from: read that sweep's SFT run, never rerun it
         rec = json.loads(record.read_text())
         cmd = ["python", *rec["cmd"]]
-        print(f"[seed {seed}] sft: from {out}", flush=True)
+        say(f"[seed {seed}] sft: from {out}")
     elif reuse and summary_path.exists() and record.exists() and json.loads(record.read_text())["cmd"] == cmd[1:]:
         rec = json.loads(record.read_text())
-        print(f"[seed {seed}] {stage}: reused {out}", flush=True)
+        say(f"[seed {seed}] {stage}: reused {out}")
     else:
         out.parent.mkdir(parents=True, exist_ok=True)
         record.unlink(missing_ok=True)
@@ -162,7 +170,7 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
                 res[k] = summ[k]
     msg = f"{res['accuracy']:.3f}" if "accuracy" in res else f"FAILED rc={rec['rc']} (see {out.parent / (stage + '.log')})"
     cpu = f", {rec['cpu_seconds']:.0f}s CPU" if rec.get("cpu_seconds") is not None else ""
-    print(f"[seed {seed}] {stage}: {msg}  ({rec['wall_seconds']:.0f}s wall{cpu})", flush=True)
+    say(f"[seed {seed}] {stage}: {msg}  ({rec['wall_seconds']:.0f}s wall{cpu})")
     return res
 
 
