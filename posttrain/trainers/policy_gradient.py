@@ -39,7 +39,6 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from posttrain.data.io import atomic_dir
 from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
@@ -57,9 +56,8 @@ from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
-from posttrain.trainers.checkpoint import writing
 from posttrain.trainers.guards import TrainingDiverged, finite_step
-from posttrain.trainers.sft import batch_indices
+from posttrain.trainers.sft import batch_indices, save_with_extras
 
 
 @dataclass
@@ -171,12 +169,11 @@ def take_snapshot(model, opt) -> dict:
 
 def save_with_snapshot(directory, snapshot: dict | None, **kwargs) -> Path:
     """:func:`save_checkpoint` plus the collapse guard's snapshot (for an exact resume), one atomic directory."""
-    with atomic_dir(directory) as tmp, writing(directory):
-        save_checkpoint(tmp, **kwargs)
+    def extras(tmp):
         if snapshot is not None:
             save_file(snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
             torch.save(snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
-    return Path(directory)
+    return save_with_extras(directory, extras, **kwargs)
 
 
 def load_snapshot(path: Path) -> dict | None:

@@ -203,15 +203,30 @@ class BestKeeper:
             self.weights = load_file(str(path / BEST_FILE))
 
 
-def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
-    """:func:`save_checkpoint` plus ``best.safetensors``, written as one atomic directory."""
+def save_with_extras(directory, write_extras, **kwargs) -> Path:
+    """:func:`save_checkpoint` plus ``write_extras(tmp_dir)``'s files, as one atomic directory; errors (a refused
+    non-finite model, a failed write) name ``directory``, never the temporary one."""
     from posttrain.trainers.checkpoint import writing
+    from posttrain.trainers.guards import require_finite_parameters
 
-    with atomic_dir(directory) as tmp, writing(directory):
-        save_checkpoint(tmp, **kwargs)
+    require_finite_parameters(kwargs["model"], directory)
+    try:
+        with atomic_dir(directory) as tmp, writing(directory):
+            save_checkpoint(tmp, **kwargs)
+            write_extras(tmp)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(directory)) from e  # not the temporary directory
+    return Path(directory)
+
+
+def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
+    """:func:`save_checkpoint` plus ``best.safetensors`` (the best-so-far weights), one atomic directory."""
+    def extras(tmp):
         if best.weights is not None:
             save_file(best.weights, str(tmp / BEST_FILE))
-    return Path(directory)
+    return save_with_extras(directory, extras, **kwargs)
 
 
 def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:

@@ -138,7 +138,7 @@ def test_dpo_skips_nan_steps_then_stops(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(dpo_mod.PREFERENCE_LOSSES, "dpo", fn)
     out = tmp_path / "dpo"
     capsys.readouterr()
-    assert main(["dpo", "--init", str(init), "--out", str(out), "--steps", "6", "--batch-size", "4", "--eval-every",
+    assert main(["dpo", "--loss", "dpo", "--init", str(init), "--out", str(out), "--steps", "6", "--batch-size", "4", "--eval-every",
                  "0", "--save-every", "1", "--nan-patience", "2", "--pairs.num-prompts", "16",
                  "--pairs.samples-per-prompt", "4", "--pairs.gold-chosen", "true", *TASK]) == 2
     assert capsys.readouterr().err.startswith("posttrain dpo: error: dpo stopped at step 2: 2 steps in a row")
@@ -183,7 +183,8 @@ def test_grpo_skips_nan_updates_then_stops(tmp_path, capsys, monkeypatch):
     fn, _ = _nan_from(2, pg_mod.policy_loss)
     monkeypatch.setattr(pg_mod, "policy_loss", fn)
     out = tmp_path / "grpo"
-    assert main(["grpo", "--init", str(init), "--out", str(out), "--steps", "6", "--prompts-per-step", "2",
+    # classic sampling: with dynamic sampling this tiny policy (all rewards 0) would make no update at all
+    assert main(["grpo", "--dynamic-sampling", "false", "--init", str(init), "--out", str(out), "--steps", "6", "--prompts-per-step", "2",
                  "--num-generations", "2", "--max-new-tokens", "3", "--eval-every", "0", "--save-every", "1",
                  "--alarms.nan-patience", "2", *TASK]) == 2
     assert capsys.readouterr().err.startswith("posttrain grpo: error: grpo stopped at step 3: 2 steps in a row")
