@@ -7,7 +7,8 @@ arguments and returns
 - otherwise a :class:`LineProgress`, which prints one plain line each time another ``every_pct`` percent of
   a known total is done (default 10 %: ten lines for any number of steps), and every ``interval`` seconds
   when the total is unknown (default 10 s), with the same postfix (``loss=… acc=…``) the bar would show.
-  A last line is printed on ``close()`` if the count moved since the previous one.  No carriage returns, no
+  A last line is printed on ``close()`` if the count moved since the previous one (an iteration that ends
+  by an exception prints none unless the caller closes the bar: a failing command stays one line).  No carriage returns, no
   refreshes: ``make demo > log 2>&1`` gets a few lines per stage.
 
 Both support what the call sites use: iteration, ``update(n)``, ``set_postfix(**kw)``, ``set_postfix_str``,
@@ -74,12 +75,10 @@ class LineProgress:
     def __iter__(self) -> Iterator:
         if self.iterable is None:
             raise TypeError("this progress object was made without an iterable")
-        try:
-            for x in self.iterable:
-                yield x
-                self.update(1)
-        finally:
-            self.close()
+        for x in self.iterable:
+            yield x
+            self.update(1)
+        self.close()  # not on an exception or a `break` (GeneratorExit): close() then is the caller's to call
 
     def __len__(self) -> int:
         return int(self.total or 0)
