@@ -149,3 +149,11 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     monkeypatch.setattr(tokenizer_cli, "run", lambda args: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         main(["tokenizer", "encode", "--tokenizer", "t.json"])
+
+
+def test_posttrain_traceback_keeps_the_traceback_of_io_errors(tmp_path, monkeypatch):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    monkeypatch.setenv("POSTTRAIN_TRACEBACK", "1")
+    with pytest.raises(FileExistsError):
+        main(["tokenizer", "train", "--model", "bpe", "--vocab-size", "30", "--output", str(f / "t.json"), str(f)])

@@ -25,7 +25,7 @@ Error boundary (``main``), never a traceback for these:
   the disk is then checked with statvfs) report as their own exception types: as the OSError above.
 - ``KeyboardInterrupt``: ``posttrain CMD: interrupted``, exit status 130.
 
-Other exceptions are bugs and keep their traceback.
+Other exceptions are bugs and keep their traceback; ``POSTTRAIN_TRACEBACK=1`` keeps it for I/O errors too.
 """
 
 from __future__ import annotations
@@ -85,14 +85,20 @@ def main(argv: list[str] | None = None) -> int:
         if _stdout_broken():
             _silence_stdout()
             return EXIT_SIGPIPE
-        return _fail(prog[0], describe_os_error(e))
+        return _os_fail(prog[0], e)
     except OSError as e:
-        return _fail(prog[0], describe_os_error(e))
+        return _os_fail(prog[0], e)
     except Exception as e:  # safetensors and torch.save report a full disk as their own types
         io_error = as_os_error(e)
         if io_error is None:
             raise
-        return _fail(prog[0], describe_os_error(io_error))
+        return _os_fail(prog[0], io_error, e)
+
+
+def _os_fail(prog: str, e: OSError, raised: BaseException | None = None) -> int:
+    if os.environ.get("POSTTRAIN_TRACEBACK"):  # debugging: the full traceback instead of the one line
+        raise raised or e
+    return _fail(prog, describe_os_error(e))
 
 
 def _main(argv, prog: list[str]) -> int:
