@@ -11,7 +11,8 @@ arguments and returns
   by an exception prints none unless the caller closes the bar: a failing command stays one line).  No carriage returns, no
   refreshes: ``make demo > log 2>&1`` gets a few lines per stage.
 
-Both support what the call sites use: iteration, ``update(n)``, ``set_postfix(**kw)``, ``set_postfix_str``,
+``counter_progress(total, desc)`` wraps the same for a loop that reports a running count through a callback
+(the BPE merge loop).  Both objects support what the call sites use: iteration, ``update(n)``, ``set_postfix(**kw)``, ``set_postfix_str``,
 ``set_description``, ``write(s)`` (also ``progress.write(s)`` / ``tqdm.write(s)``, which prints a line without
 breaking an active bar), ``close()`` and ``with``.  ``disable=True`` gives a silent object with the same
 methods; ``disable=None`` (tqdm's "off when not a terminal") means lines instead of nothing.  tqdm-only keyword
@@ -26,9 +27,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator
 
-__all__ = ["LineProgress", "progress", "tqdm"]
+__all__ = ["LineProgress", "counter_progress", "progress", "tqdm"]
 
 DEFAULT_EVERY_PCT = 10.0
 DEFAULT_INTERVAL_S = 10.0
@@ -152,6 +154,25 @@ def progress(iterable: Iterable | None = None, desc: str | None = None, total: f
     keep = {k: tqdm_kwargs[k] for k in ("initial", "unit") if k in tqdm_kwargs}
     return LineProgress(iterable, desc, total, file=file, disable=bool(disable), every_pct=every_pct,
                         interval=interval, **keep)
+
+
+@contextmanager
+def counter_progress(total: int, desc: str, *, unit: str = "it", enabled: bool = True, file=None
+                     ) -> Iterator[Callable[[int], None] | None]:
+    """For loops that report a running count (``callback(done)``) instead of iterating: yields that callback
+    (None when not ``enabled``), shown as :func:`progress` on ``file`` (default stderr), closed on exit."""
+    if not enabled:
+        yield None
+        return
+    bar = progress(total=total, desc=desc, unit=unit, file=file if file is not None else sys.stderr, mininterval=1.0)
+
+    def report(done: int) -> None:
+        bar.update(min(done, total) - bar.n)
+
+    try:
+        yield report
+    finally:
+        bar.close()
 
 
 def _write(s: str, file=None, end: str = "\n", nolock: bool = False) -> None:

@@ -106,12 +106,11 @@ def test_tty_gets_a_real_tqdm_bar():
     assert "\r" in out.getvalue() and "loss=1.000" in out.getvalue()
 
 
-def test_stderr_is_the_default_stream(monkeypatch, capsys):
-    monkeypatch.setattr("sys.stderr", io.StringIO())
-    import sys
-
+def test_stderr_is_the_default_stream(monkeypatch):
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
     list(P.progress(range(10), total=10, desc="x"))
-    assert len(sys.stderr.getvalue().splitlines()) == 10
+    assert len(err.getvalue().splitlines()) == 10
 
 
 def test_module_level_write_is_tqdm_write(capsys):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from contextlib import contextmanager
 from functools import partial
 from operator import itemgetter
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from collections import defaultdict
 import numpy as np
 
 from posttrain.errors import UserError
+from posttrain.progress import counter_progress
 
 
 def initial_symbols(word: str, suffix: str | None) -> list[str]:
@@ -62,28 +62,6 @@ def initial_alphabet(word_counts, suffix: str | None) -> list[str]:
             if suffix:
                 syms.add(w[-1] + suffix)
     return sorted(syms)
-
-
-@contextmanager
-def merge_progress(log, n_merges: int, desc: str = "bpe"):
-    """A ``train_merges(progress=...)`` callback reporting on stderr (posttrain.progress: a bar on a
-    terminal, a line every 10 % of the merges otherwise); None (silent) when ``log`` is None."""
-    if log is None:
-        yield None
-        return
-    import sys
-
-    from posttrain.progress import progress
-
-    bar = progress(total=n_merges, desc=f"{desc}: merges", unit="merge", file=sys.stderr, mininterval=1.0)
-
-    def report(done: int) -> None:
-        bar.update(min(done, n_merges) - bar.n)
-
-    try:
-        yield report
-    finally:
-        bar.close()
 
 
 def merge_ids(ids: list, a, b, new) -> list:
@@ -297,8 +275,9 @@ def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str
 
 def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
                  min_frequency: int = 1, alphabet: list[str] | None = None, progress=None, log=None):
-    """``_train_merges``; with ``log`` (a trainer's log callable) the merges' progress is shown on stderr."""
-    with merge_progress(log, n_merges) as report:
+    """``_train_merges``; with ``log`` (a trainer's log callable) the merges' progress is shown on stderr
+    (posttrain.progress: a bar on a terminal, a line every 10 % of the merges otherwise)."""
+    with counter_progress(n_merges, "bpe: merges", unit="merge", enabled=log is not None) as report:
         if report is not None and progress is not None:
             report = (lambda k, f=report, g=progress: (f(k), g(k)))
         return _train_merges(word_counts, n_merges, suffix=suffix, min_frequency=min_frequency, alphabet=alphabet,
