@@ -20,6 +20,12 @@ characters (``chr(id)``), so a merge inside a word is ``str.replace``; a merge t
 runs in numpy over the joined words (``_merge_many``). ``train_merges_slow`` recounts every pair for
 every merge and is the test oracle.
 
+Cost on one long unbroken line (a single giant word): each merge visits a word once, however often it
+holds the pair (the index lists a word once per occurrence; visiting it per entry was quadratic: 5 MB
+took minutes), so a merge costs O(length of the words it touches) and training is linear in the corpus
+for a fixed vocabulary, as in ``tokenizers``' trainer; nothing is cut, so results never depend on line
+length. Given the trainers' ``log``, the merge loop reports progress on stderr (:mod:`posttrain.progress`).
+
 Not handled: BPE dropout (``dropout`` in tokenizer.json must be null), ``continuing_subword_prefix``
 when training (it is honoured when encoding a loaded file).
 """
@@ -36,6 +42,7 @@ from collections import defaultdict
 import numpy as np
 
 from posttrain.errors import UserError
+from posttrain.progress import counter_progress
 
 
 def initial_symbols(word: str, suffix: str | None) -> list[str]:
@@ -44,6 +51,17 @@ def initial_symbols(word: str, suffix: str | None) -> list[str]:
     if suffix and syms:
         syms[-1] = syms[-1] + suffix
     return syms
+
+
+def initial_alphabet(word_counts, suffix: str | None) -> list[str]:
+    """The sorted ``initial_symbols`` of every word, without a list per character (one 50 MB word)."""
+    syms: set[str] = set()
+    for w in word_counts:
+        if w:
+            syms.update(w[:-1] if suffix else w)
+            if suffix:
+                syms.add(w[-1] + suffix)
+    return sorted(syms)
 
 
 def merge_ids(ids: list, a, b, new) -> list:
@@ -256,7 +274,18 @@ def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str
 
 
 def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
-                 min_frequency: int = 1, alphabet: list[str] | None = None, progress=None):
+                 min_frequency: int = 1, alphabet: list[str] | None = None, progress=None, log=None):
+    """``_train_merges``; with ``log`` (a trainer's log callable) the merges' progress is shown on stderr
+    (posttrain.progress: a bar on a terminal, a line every 10 % of the merges otherwise)."""
+    with counter_progress(n_merges, "bpe: merges", unit="merge", enabled=log is not None) as report:
+        if report is not None and progress is not None:
+            report = (lambda k, f=report, g=progress: (f(k), g(k)))
+        return _train_merges(word_counts, n_merges, suffix=suffix, min_frequency=min_frequency, alphabet=alphabet,
+                             progress=report if report is not None else progress)
+
+
+def _train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
+                  min_frequency: int = 1, alphabet: list[str] | None = None, progress=None):
     """Fast BPE trainer: incremental pair counts + pair->words index + lazy max-heap.
 
     Returns (alphabet sorted, merges as (left, right) string pairs), identical to ``train_merges_slow``.
@@ -336,7 +365,9 @@ def _merge_few(words: list[str], counts: list[int], touched, ab: str, c: str, wh
     itself excluded) and adds the words to ``where`` under their new pairs."""
     a, b = ab
     delta: dict[str, int] = defaultdict(int)
-    for wi in touched:
+    # `where` lists a word once per occurrence of the pair: visit each word once (a word holding the pair
+    # k times was otherwise searched k times, the last k - 1 in full: quadratic in one long word)
+    for wi in dict.fromkeys(touched):
         s = words[wi]
         j = s.find(ab)
         if j < 0:  # the index is allowed to hold words that lost the pair
@@ -586,10 +617,10 @@ class BPETrainer:
         if not word_counts:
             raise UserError("cannot train BPE on an empty corpus")
         extra = BYTE_TOKENS if self.byte_fallback else []
-        alphabet = sorted({s for w in word_counts for s in initial_symbols(w, self.end_of_word_suffix)})
+        alphabet = initial_alphabet(word_counts, self.end_of_word_suffix)
         n = check_vocab_size(self.vocab_size, len(specials) + len(extra), len(alphabet), "bpe")
         alphabet, merges = train_merges(word_counts, n, suffix=self.end_of_word_suffix,
-                                        min_frequency=self.min_frequency)
+                                        min_frequency=self.min_frequency, log=log)
         vocab = build_vocab(specials + extra, alphabet, merges, self.vocab_size)
         model = BPEModel(vocab, merges, unk_token=self.unk_token, end_of_word_suffix=self.end_of_word_suffix,
                          byte_fallback=self.byte_fallback)

@@ -76,7 +76,7 @@ class ByteLevelBPETrainer:
         specials = list(self.special_tokens)
         alphabet = [P.BYTE_TO_UNICODE[b] for b in range(256)]
         n = check_vocab_size(self.vocab_size, len(specials), 256, "byte-bpe")
-        alphabet, merges = train_merges(wc, n, min_frequency=self.min_frequency, alphabet=alphabet)
+        alphabet, merges = train_merges(wc, n, min_frequency=self.min_frequency, alphabet=alphabet, log=log)
         vocab = build_vocab(specials, alphabet, merges, self.vocab_size)
         if log:
             log(f"byte-bpe: {len(wc)} distinct words, {len(merges)} merges")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError, UserError

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, knob
 from posttrain.data.io import atomic_dir

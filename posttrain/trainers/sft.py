@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, knob
 from posttrain.data.io import iter_jsonl

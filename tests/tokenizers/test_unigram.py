@@ -200,18 +200,20 @@ def _check_flat_lattice(words, rnd, compact, np, threads):
     alive = np.ones(len(pieces), dtype=bool)
     for round_ in range(2):
         expected, ll = lat.expected_counts(logp, len(pieces))
-        want, want_ll = np.zeros(len(pieces)), 0.0
+        want, want_ll, ll_scale = np.zeros(len(pieces)), 0.0, 0.0
         live = {p: i for p, i in ids.items() if alive[i]}
         for w, c in zip(words, counts):
             segs = _enumerate_segmentations(w, live)
             scores = np.array([sum(logp[i] for i in s) for s in segs])
             z = np.log(np.exp(scores).sum())
             want_ll += c * z
+            ll_scale += abs(c * z)
             for s, sc in zip(segs, scores):
                 for i in s:
                     want[i] += c * np.exp(sc - z)
         assert expected == pytest.approx(want, rel=1e-9, abs=1e-12)
-        assert ll == pytest.approx(want_ll, rel=1e-12)
+        # relative to the sum's terms, not only to the sum (which could cancel to ~0): 1e-12 ~ 4500 eps
+        assert ll == pytest.approx(want_ll, rel=1e-12, abs=1e-12 * ll_scale)
         model = UnigramModel([(p, logp[i] if alive[i] else -1e9) for p, i in ids.items()], unk_id=None)
         wid, path = lat.viterbi_paths(logp)
         got = [[int(p) for w_, p in zip(wid, path) if w_ == k][::-1] for k in range(len(words))]

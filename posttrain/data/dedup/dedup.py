@@ -408,7 +408,7 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
     if cfg.method == "exact" and cfg.bloom:
         cap = cfg.bloom_capacity or max(1000, sum(Path(p).stat().st_size for p in inputs) // 64)
         bloom = BloomFilter(cap, cfg.bloom_fp_rate)
-    from tqdm import tqdm
+    from posttrain.progress import tqdm  # a bar on a terminal, plain lines in a log
 
     bar = tqdm(desc="dedup: sketch", unit="doc", disable=not cfg.progress, file=sys.stderr, mininterval=0.5)
     n_done = 0
