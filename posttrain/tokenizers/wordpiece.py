@@ -35,7 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from posttrain.errors import UserError
-from posttrain.tokenizers.bpe import merge_ids
+from posttrain.tokenizers.corpus import JoinedWords, count_words
+from posttrain.tokenizers.decoders import WordPieceDecoder
+from posttrain.tokenizers.merges import apply_merge, check_vocab_size, count_pairs, merge_ids
+from posttrain.tokenizers.normalizers import BertNormalizer
+from posttrain.tokenizers.pipeline import SubwordTokenizer, TextToWords, special_added_tokens
+from posttrain.tokenizers.pre_tokenizers import BertPreTokenizer
+from posttrain.tokenizers.symbols import bert_regexes
 
 PREFIX = "##"
 
@@ -106,15 +112,13 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
                            criterion: str = "score"):
     """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)]).
 
-    Words are strings of symbol characters and merges are applied by BPE's machinery (``bpe._merge_few``,
-    and ``bpe._merge_many`` in numpy when a merge touches many words), with its pair -> words index.
+    Words are strings of symbol characters and merges are applied by the engine BPE shares
+    (:func:`merges.apply_merge`, in numpy when a merge touches many words), with its pair -> words index.
     Every pair also has a slot in numpy arrays (left id, right id, count, score). A merge (a, b) -> c
     changes the counts of the pairs around its sites and the symbol counts of a, b and c, so it
     rescores, in one vectorised step, the changed pairs and every pair that holds a, b or c
     (``sym_pairs``: symbol -> its pairs' slots). argmax picks the best score; ties (common: many rare
     pairs score exactly 1/(count(a)count(b))) go to the smallest left string, then right string."""
-    from posttrain.tokenizers.bpe import VECTOR_MIN_WORDS, _merge_few, _merge_many, count_pairs
-
     _check_criterion(criterion)
     split = [(word_symbols(w), c) for w, c in word_counts.items() if w]
     alphabet = sorted({s for w, _ in split for s in w})
@@ -220,10 +224,7 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
         if a == b:  # runs "aaa" merge left to right: count the merges from the words' lengths
             uniq = sorted(set(touched))
             before = [len(words[wi]) for wi in uniq]
-        if len(touched) >= VECTOR_MIN_WORDS and a != b:
-            delta = _merge_many(words, counts_np, touched, ab, c, where)
-        else:
-            delta = _merge_few(words, counts, touched, ab, c, where)
+        delta = apply_merge(words, counts, counts_np, touched, ab, c, where)
         # every occurrence of ab is merged: for a != b the merges are the pair's count
         n_merged = (sum((n - len(words[wi])) * counts[wi] for wi, n in zip(uniq, before)) if a == b
                     else cnt_np[best])
@@ -316,31 +317,21 @@ class WordPieceTrainer:
     keep_newlines = False
 
     def components(self):
-        from posttrain.tokenizers import pretokenize as P
-
-        norm = P.BertNormalizer(True, True, self.strip_accents, self.lowercase)
-        return norm, P.BertPreTokenizer(), P.WordPieceDecoder(PREFIX, True)
+        norm = BertNormalizer(True, True, self.strip_accents, self.lowercase)
+        return norm, BertPreTokenizer(), WordPieceDecoder(PREFIX, True)
 
     def words_fn(self):
         norm, pre, _ = self.components()
-        from posttrain.tokenizers import pretokenize as P
-        from posttrain.tokenizers.corpus import JoinedWords
-
-        P.bert_regexes()  # build once here, before the counting workers fork
+        bert_regexes()  # build once here, before the counting workers fork
         # every BERT rule is per character (NFD never reorders across a newline; final sigma sees the
         # newline, turned into a space, as a word end), so a batch joined by newlines splits the same
-        fn = _Compose(norm, pre)
+        fn = TextToWords(norm, pre)
         return JoinedWords(fn, fn, sep="\n")
 
     def train(self, texts, log=None):
-        from posttrain.tokenizers.corpus import count_words
-
         return self.train_from_counts(count_words(texts, self.words_fn(), workers=self.workers), log=log)
 
     def train_from_counts(self, word_counts: dict[str, int], log=None):
-        from posttrain.tokenizers.bpe import check_vocab_size, special_added_tokens
-        from posttrain.tokenizers.pipeline import SubwordTokenizer
-
         _check_criterion(self.criterion)
         specials = list(self.special_tokens)
         if self.unk_token not in specials:
@@ -373,13 +364,3 @@ class WordPieceTrainer:
         model = WordPieceModel(vocab, self.unk_token, PREFIX, self.max_input_chars_per_word)
         return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
                                 added_tokens=special_added_tokens(specials), kind=self.kind)
-
-
-class _Compose:
-    """Picklable normaliser + pre-tokeniser."""
-
-    def __init__(self, norm, pre):
-        self.norm, self.pre = norm, pre
-
-    def __call__(self, text: str) -> list[str]:
-        return self.pre(self.norm(text) if self.norm is not None else text)

@@ -5,7 +5,9 @@ import random
 
 import pytest
 
-import posttrain.tokenizers.bpe as bpe
+from collections import defaultdict
+
+import posttrain.tokenizers.merges as merges
 from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer
 from posttrain.tokenizers.bpe import initial_alphabet, initial_symbols, train_merges, train_merges_slow
 
@@ -23,7 +25,7 @@ def _long_word(n: int, seed: int) -> str:
 @pytest.mark.parametrize("suffix", [None, "</w>"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_long_word_matches_recount_oracle(monkeypatch, vector_min, suffix, seed):
-    monkeypatch.setattr(bpe, "VECTOR_MIN_WORDS", vector_min)
+    monkeypatch.setattr(merges, "VECTOR_MIN_WORDS", vector_min)
     wc = {_long_word(3000, seed): 1, _long_word(500, seed + 7): 3, "the": 5, "aaaa": 2}
     assert train_merges(wc, 60, suffix=suffix) == train_merges_slow(wc, 60, suffix=suffix)
 
@@ -43,7 +45,7 @@ def test_merge_visits_each_word_once_however_often_it_holds_the_pair():
     occurrences) must read that word once, not 1000 times (999 full scans of a word that lost the pair)."""
     words = _CountingWords(["\x00" * 2000, "\x01\x00\x00"])
     touched = [0] * 1000 + [1]
-    delta = bpe._merge_few(words, [1, 4], touched, "\x00\x00", "\x02", bpe.defaultdict(bpe._new_index))
+    delta = merges.merge_few(words, [1, 4], touched, "\x00\x00", "\x02", defaultdict(merges.new_index))
     assert words.reads == 2
     assert list.__getitem__(words, 0) == "\x02" * 1000 and list.__getitem__(words, 1) == "\x01\x02"
     assert delta == {"\x02\x02": 999, "\x01\x00": -4, "\x01\x02": 4}
