@@ -27,6 +27,7 @@ import torch
 
 from posttrain.config import check_fields, knob
 from posttrain.losses.logprobs import warp_logits
+from posttrain.models.heads import positions_from_mask
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Generation:
 
     @property
     def position_ids(self) -> torch.Tensor:
-        return (self.attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+        return positions_from_mask(self.attention_mask)
 
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
@@ -136,7 +137,7 @@ def generate(
     G = cfg.num_samples
     B, P = ids.shape
     N, T = B * G, cfg.max_new_tokens
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, P)
+    pos = positions_from_mask(mask)  # (B, P)
     ckw = cache_kwarg(model)
 
     # Prefill each distinct prompt once, then copy its cache to its G samples: the G rows of a group

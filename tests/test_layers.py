@@ -80,7 +80,6 @@ def test_no_import_cycle():
     assert _cycle(g, set(g)) is None
 
 
-@pytest.mark.xfail(strict=True, reason="losses/logprobs.py runs models (issue 19, section 3): moving")
 def test_losses_import_no_models_trainers_or_config():
     bad = ("posttrain.models", "posttrain.trainers", "posttrain.config")
     g = _graph()

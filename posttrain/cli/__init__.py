@@ -7,7 +7,9 @@ Each module ``posttrain/cli/<name>.py`` (no leading underscore) defines
     def add_arguments(parser): ...   # flags; usually config.add_config_flags(parser, SomeConfig)
     def run(args) -> int: ...        # parse flags into the dataclass config, call the Python API
 
-Modules keep heavy imports (torch, trainers) inside ``run`` so ``posttrain --help`` stays fast.
+Modules keep heavy imports (torch, trainers) inside ``add_arguments`` and ``run``, and ``build_parser``
+calls ``add_arguments`` only for the subcommand the command line names, so ``posttrain --help`` imports
+no trainer and no torch (``posttrain sft --help`` imports what the SFT flags need).
 
 Error boundary (``main``), never a traceback for these:
 
@@ -52,7 +54,16 @@ def _command_modules():
     return mods
 
 
-def build_parser() -> argparse.ArgumentParser:
+def named_command(argv: list[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top level has only
+    ``--help`` and ``--version``, which take no value). ["sft", "--steps", "3"] -> "sft"; ["--help"] -> None."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The full parser; with ``argv``, only the subcommand it names gets its flags (the others are listed
+    with their one-line help), so building it imports only that subcommand's configs."""
+    chosen = named_command(argv) if argv is not None else None
     parser = argparse.ArgumentParser(
         prog="posttrain",
         description="LLM post-training from raw text to an aligned model: dedup, tokenizers, SFT, RM, RL, DPO.",
@@ -62,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in _command_modules():
         name = getattr(mod, "NAME", mod.__name__.rsplit(".", 1)[-1])
         p = sub.add_parser(name, help=mod.HELP, description=mod.HELP)
-        mod.add_arguments(p)
+        if argv is None or name == chosen:
+            mod.add_arguments(p)
         p.set_defaults(_run=mod.run, _cmd=name)
     return parser
 
@@ -102,7 +114,8 @@ def _os_fail(prog: str, e: OSError, raised: BaseException | None = None) -> int:
 
 
 def _main(argv, prog: list[str]) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit:  # --help, --version, a bad flag: their output must reach the stream now

@@ -51,10 +51,10 @@ from posttrain.data.preference import (
     load_preference_pairs,
     pairs_to_kto,
 )
-from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, on_policy_pairs, stats_dict
+from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, stats_dict
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
-from posttrain.losses.logprobs import completion_logps, sequence_logps
+from posttrain.losses.logprobs import sequence_logps
 from posttrain.losses.preference import (
     LOSS_EXTRAS,
     PREFERENCE_LOSSES,
@@ -62,6 +62,8 @@ from posttrain.losses.preference import (
     UNPAIRED_LOSSES,
     BetaDPOState,
 )
+from posttrain.on_policy_pairs import on_policy_pairs
+from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint

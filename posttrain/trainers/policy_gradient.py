@@ -34,7 +34,7 @@ from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_controller_from_state
 from posttrain.losses.kl import kl_penalized_rewards
-from posttrain.losses.logprobs import completion_logps, prefix_shared_completion_logps
+from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.models.gpt import GPT
 from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
 from posttrain.rewards.registry import build_reward

@@ -12,9 +12,9 @@ from posttrain.data.preference_pairs import (
     answer_distance,
     cached_pairs,
     label_pairs,
-    on_policy_pairs,
     synthetic_pairs,
 )
+from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPTConfig
