@@ -14,7 +14,9 @@ and an ``AutoModelForCausalLM`` alike:
 
 Padding: ``attention_mask`` (B, Nk) marks real tokens over all keys seen so far (cache + new); with left
 padding pass ``position_ids`` (the sampler computes them from the mask). The KV cache is preallocated
-(:class:`KVCache`), so a decode step writes one slot instead of concatenating.
+(:class:`KVCache`), so a decode step writes one slot instead of concatenating. Any object with the same
+interface works as ``cache`` (``update(layer, k, v) -> (k, v)`` over all keys so far, an int ``length``):
+:class:`posttrain.scoring.ConcatKVCache` is one, owned by its caller (this module imports none of them).
 """
 
 from __future__ import annotations
