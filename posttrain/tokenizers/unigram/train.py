@@ -68,21 +68,49 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     if not word_counts:
         raise UserError("cannot train a Unigram tokenizer on an empty corpus")
     target = vocab_size - n_reserved
-    kept = kept_characters(word_counts, character_coverage)
-    wc = split_uncovered(word_counts, kept, max_word_length)
+    words, counts, n_chars = _covered_words(word_counts, vocab_size, n_reserved, character_coverage, max_word_length)
+    seed_size = seed_size or min(1_000_000, max(10 * target, 50_000))
+    logp, is_char, seed_len, lookup = _seeds(words, counts, n_chars, seed_size, max_piece_length, split_by_script,
+                                             threads)
+    corpus = Lattice(words, max_piece_length, lookup, counts, threads=threads)
+    strs = _piece_strings(corpus, words, seed_len)
+    prune = _Pruner(strs, max_piece_length, lookup, threads)
+    del lookup  # the pruner drops it once the pieces' own lattices are built
+    alive = np.ones(is_char.size, dtype=bool)
+    desired = int(target * 1.1)
+    round_ = 0
+    while True:
+        logp, alive, ll = _em(corpus, logp, alive, is_char, n_sub_iterations)
+        n_alive = int(alive.sum())
+        if log:
+            log(f"unigram round {round_}: {n_alive} pieces, log-likelihood {ll:.6g}")
+        round_ += 1
+        if n_alive <= desired:
+            break
+        logp, alive = prune(corpus, logp, alive, is_char, max(desired, int(shrinking_factor * n_alive)))
+    return _finalise(strs, logp, alive, is_char, target - int(is_char.sum()))
+
+
+def _covered_words(word_counts: dict[str, int], vocab_size: int, n_reserved: int, coverage: float, max_len: int):
+    """The distinct words cut at uncovered characters and into <= max_len chunks, sorted; their counts; and
+    the number of characters (an error if the vocabulary cannot hold them)."""
+    kept = kept_characters(word_counts, coverage)
+    wc = split_uncovered(word_counts, kept, max_len)
     words = sorted(wc)
     counts = np.array([wc[w] for w in words], dtype=np.float64)
     chars = sorted({ch for w in words for ch in w})
-    if target < len(chars):
+    if vocab_size - n_reserved < len(chars):
         raise UserError(f"unigram: --vocab-size {vocab_size} is below the alphabet size ({len(chars)} characters at "
-                        f"character coverage {character_coverage} + {n_reserved} reserved pieces); raise the vocab "
+                        f"character coverage {coverage} + {n_reserved} reserved pieces); raise the vocab "
                         f"size or lower the character coverage")
-    seed_size = seed_size or min(1_000_000, max(10 * target, 50_000))
-    L = max_piece_length
+    return words, counts, len(chars)
 
-    # --- seeds: all characters + frequent substrings, scored count * length --------------------
-    n_multi = max(0, seed_size - len(chars))
-    uh1, uh2, ufreq, ulen = count_substrings(words, counts, L, keep_top=n_multi, threads=threads,
+
+def _seeds(words: list[str], counts: np.ndarray, n_chars: int, seed_size: int, max_len: int, split_by_script: bool,
+           threads: int):
+    """All characters + the frequent substrings, scored count * length: (initial logp, is_char, length, lookup)."""
+    n_multi = max(0, seed_size - n_chars)
+    uh1, uh2, ufreq, ulen = count_substrings(words, counts, max_len, keep_top=n_multi, threads=threads,
                                              breaks=script_breaks(words) if split_by_script else None)
     ufreq = ufreq.astype(np.float64)
     char_u = np.flatnonzero(ulen == 1)
@@ -90,66 +118,67 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     multi_u = np.flatnonzero(ulen > 1)
     multi_u = multi_u[np.lexsort((uh1[multi_u], -(ufreq[multi_u] * ulen[multi_u])))][:n_multi]
     seed_u = np.concatenate([char_u, multi_u])
-    P = seed_u.size
-    n_chars = char_u.size
-    is_char = np.zeros(P, dtype=bool)
-    is_char[:n_chars] = True
+    is_char = np.zeros(seed_u.size, dtype=bool)
+    is_char[:char_u.size] = True
     seed_len = ulen[seed_u].astype(np.int64)
     freq0 = ufreq[seed_u] * np.where(is_char, 1, seed_len)
     logp = np.log(freq0) - np.log(freq0.sum())
     lookup = HashIndex(uh1[seed_u], uh2[seed_u])
     del uh1, uh2, ufreq, ulen
     release_memory()
+    return logp, is_char, seed_len, lookup
 
-    corpus = Lattice(words, L, lookup, counts, threads=threads)
-    where = np.zeros(P, dtype=np.int64)
+
+def _piece_strings(corpus: Lattice, words: list[str], seed_len: np.ndarray) -> list[str]:
+    """Each seed's string, read off one of its occurrences in the corpus lattice."""
+    where = np.zeros(seed_len.size, dtype=np.int64)
     where[corpus.ep] = np.arange(corpus.ep.size)  # some occurrence of every seed: its string
     sid, end = corpus.string_and_end(where)
     strs = [words[k][e - n:e] for k, e, n in zip(sid.tolist(), end.tolist(), seed_len.tolist())]
     del where, sid, end
     release_memory()
-    # the pieces' own lattices (without the full-span edge, so: their alternative segmentations) are
-    # built at the first prune, for the pieces EM left alive (a fraction of the seeds)
-    alt_lat = multi_ids = None
+    return strs
 
-    alive = np.ones(P, dtype=bool)
-    desired = int(target * 1.1)
-    round_ = 0
-    while True:
-        for _ in range(n_sub_iterations):  # EM
-            expected, ll = corpus.expected_counts(logp, P)
-            drop = alive & ~is_char & (expected < 0.5)
-            if drop.any():
-                alive &= ~drop
-                corpus.drop_dead(alive, 0.2)
-            freq = np.where(alive, np.maximum(expected, np.where(is_char, 1.0, 0.0)), 0.0)
-            lp = np.full(P, -np.inf)
-            lp[alive] = digamma(freq[alive]) - digamma(np.array([freq[alive].sum()]))[0]
-            logp = lp
-        n_alive = int(alive.sum())
-        if log:
-            log(f"unigram round {round_}: {n_alive} pieces, log-likelihood {ll:.6g}")
-        round_ += 1
-        if n_alive <= desired:
-            break
-        # --- prune: Viterbi frequencies and per-piece loss of removing it --------------------
+
+def _em(corpus: Lattice, logp: np.ndarray, alive: np.ndarray, is_char: np.ndarray, n_sub_iterations: int):
+    """EM sub-iterations: expected counts (E), pieces expected under 0.5 times die, digamma update (M).
+    Returns (logp, alive, log-likelihood of the last E-step)."""
+    P = is_char.size
+    for _ in range(n_sub_iterations):
+        expected, ll = corpus.expected_counts(logp, P)
+        drop = alive & ~is_char & (expected < 0.5)
+        if drop.any():
+            alive &= ~drop
+            corpus.drop_dead(alive, 0.2)
+        freq = np.where(alive, np.maximum(expected, np.where(is_char, 1.0, 0.0)), 0.0)
+        lp = np.full(P, -np.inf)
+        lp[alive] = digamma(freq[alive]) - digamma(np.array([freq[alive].sum()]))[0]
+        logp = lp
+    return logp, alive, ll
+
+
+class _Pruner:
+    """One pruning step: Viterbi frequencies and each piece's loss if removed, keep the best ``new_size``.
+
+    The pieces' own lattices (without the full-span edge, so: their alternative segmentations) are built at
+    the first prune, for the pieces EM left alive (a fraction of the seeds); the seeds' hash index is then
+    released."""
+
+    def __init__(self, strs: list[str], max_len: int, lookup, threads: int):
+        self.strs, self.max_len, self.lookup, self.threads = strs, max_len, lookup, threads
+        self.alt_lat = self.multi_ids = None
+
+    def __call__(self, corpus: Lattice, logp, alive, is_char, new_size: int):
+        P = is_char.size
         wid, pid = corpus.viterbi_paths(logp)
         vfreq = np.bincount(pid, weights=corpus.counts[wid], minlength=P)
         # F_i: occurrences on Viterbi paths / number of words, as sentencepiece (its inverted index holds
         # one entry per occurrence, so a piece used twice in a word counts twice)
         F = vfreq / corpus.counts.sum()
         total = vfreq.sum()
-        if alt_lat is None:
-            multi_ids = np.flatnonzero(alive & ~is_char)
-            multi = [strs[i] for i in multi_ids.tolist()]
-            alt_lat = Lattice(multi, L, lookup, np.ones(len(multi)), exclude_full=True, alive=alive,
-                               backward=False, threads=threads)  # only Viterbi runs on it
-            del lookup, multi
-            release_memory()
-        else:
-            alt_lat.drop_dead(alive, 0.2)
-        awid, apid = alt_lat.viterbi_paths(logp, alive[multi_ids])
-        owner = multi_ids[awid]
+        self._alternatives(alive, is_char)
+        awid, apid = self.alt_lat.viterbi_paths(logp, alive[self.multi_ids])
+        owner = self.multi_ids[awid]
         n_alt = np.bincount(owner, minlength=P).astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             logsum_alt = np.log(total + vfreq * (n_alt - 1))
@@ -157,17 +186,31 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
             lp_sp = np.log(vfreq) - np.log(total)
             loss = F * (lp_sp - lp_alt)
         removable = np.flatnonzero(alive & ~is_char & (vfreq > 0))
-        new_size = max(desired, int(shrinking_factor * n_alive))
         n_keep = max(0, new_size - int((alive & is_char).sum()))
         ranked = removable[np.lexsort((removable, -loss[removable]))]
         keep = is_char & alive
         keep[ranked[:n_keep]] = True
-        alive = keep
-        logp = np.where(alive, logp, -np.inf)
-        corpus.drop_dead(alive, 0.2)
-    # --- finalise: characters plus the best-scoring pieces, sorted by score --------------------
+        logp = np.where(keep, logp, -np.inf)
+        corpus.drop_dead(keep, 0.2)
+        return logp, keep
+
+    def _alternatives(self, alive, is_char) -> None:
+        if self.alt_lat is not None:
+            self.alt_lat.drop_dead(alive, 0.2)
+            return
+        self.multi_ids = np.flatnonzero(alive & ~is_char)
+        multi = [self.strs[i] for i in self.multi_ids.tolist()]
+        self.alt_lat = Lattice(multi, self.max_len, self.lookup, np.ones(len(multi)), exclude_full=True, alive=alive,
+                               backward=False, threads=self.threads)  # only Viterbi runs on it
+        self.lookup = None
+        del multi
+        release_memory()
+
+
+def _finalise(strs: list[str], logp, alive, is_char, n_multi: int) -> list[tuple[str, float]]:
+    """The characters plus the ``n_multi`` best-scoring other pieces, sorted by score (ties by seed order)."""
     ids = np.flatnonzero(alive & ~is_char)
-    ids = ids[np.lexsort((ids, -logp[ids]))][: max(0, target - n_chars)]
+    ids = ids[np.lexsort((ids, -logp[ids]))][: max(0, n_multi)]
     final = np.concatenate([np.flatnonzero(is_char & alive), ids])
     final = final[np.lexsort((final, -logp[final]))]
     return [(strs[i], float(logp[i])) for i in final.tolist()]
