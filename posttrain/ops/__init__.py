@@ -2,7 +2,8 @@
 
 ``attention(..., backend=...)`` in ``dispatch.py`` is the one entry point the models use; the
 backends live one per file: ``attention.py`` (naive oracle, hand backward), ``flash_attention.py``
-(tiled, O(N) memory), ``triton_attention.py`` (GPU kernels).  ``softmax.py`` holds softmax,
+(tiled, O(N) memory; its readable twin and oracle is ``flash_reference.py``, the textbook
+recurrence), ``triton_attention.py`` (GPU kernels).  ``softmax.py`` holds softmax,
 its hand backward and the online variants.  ``memory.py`` measures the peak memory of a call.
 """
 

@@ -10,6 +10,7 @@ with logits S_j = scale * Q K_j^T updates them as
 
 and O = o~ / l at the end.  The N_q x N_k matrix is never stored; the forward keeps only O and the
 per-row log-sum-exp L = m + log l (Dao et al. 2022, Alg. 1; Dao 2023, FlashAttention-2, Alg. 1).
+That recurrence, written plainly, is :mod:`posttrain.ops.flash_reference`, this forward's test oracle.
 
 The backward recomputes each tile from L: P = exp(S - L) exactly, then (Alg. 2)
 
