@@ -1,9 +1,9 @@
 """Dedup benchmark: posttrain vs datasketch vs rensa on a labelled synthetic corpus, side by side.
 
-    .venv/bin/python benchmarks/dedup.py                       # 10k documents, 3 repeats
-    .venv/bin/python benchmarks/dedup.py --sizes 10000,100000 --repeats 3,1
-    .venv/bin/python benchmarks/dedup.py --corpus-seeds 0,1,2,3,4 --repeats 1   # quality over 5 corpora
-    .venv/bin/python benchmarks/dedup.py --corpus-seeds 0,1,2,3,4 --hash-seeds 1,2,3 --repeats 1 --skip-sig-for ...
+    .venv/bin/python benchmarks/bench_dedup.py                       # 10k documents, 3 repeats
+    .venv/bin/python benchmarks/bench_dedup.py --sizes 10000,100000 --repeats 3,1
+    .venv/bin/python benchmarks/bench_dedup.py --corpus-seeds 0,1,2,3,4 --repeats 1   # quality over 5 corpora
+    .venv/bin/python benchmarks/bench_dedup.py --corpus-seeds 0,1,2,3,4 --hash-seeds 1,2,3 --repeats 1 --skip-sig-for ...
 
 Corpus: "real-looking" English text (words of the bundled MiniLM WordPiece vocabulary, Zipf-distributed,
 in sentences and paragraphs, ~1 KB per document) where 30% of documents are near-duplicates of an
