@@ -243,7 +243,7 @@ def sig_rensa(texts):
 
 
 def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
-    from posttrain.data.dedup.dedup import DedupConfig, dedup
+    from posttrain.data.dedup.run import DedupConfig, dedup
 
     clusters = out.with_suffix(".clusters.jsonl")
     dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False,

@@ -9,7 +9,7 @@ import pytest
 
 from posttrain.cli import build_parser
 from posttrain.config import build_config, overrides_from_args
-from posttrain.data.dedup.dedup import DedupConfig
+from posttrain.data.dedup.run import DedupConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = {"--output", "-o", "--clusters", "--stats", "-h", "--help"}  # written by hand: not config fields

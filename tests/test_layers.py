@@ -1,7 +1,8 @@
 """The package's layering, read from the source: every ``import`` of a posttrain module (function-local
 ones included, which is where a cycle hides), resolved to the module it names.
 
-Checked: no import cycle anywhere in ``posttrain/``; ``losses/`` imports nothing from
+Checked: no import cycle anywhere in ``posttrain/``; no package exports a name that hides one of its
+submodules (``posttrain.ops.flash_attention`` was the function, not the module); ``losses/`` imports nothing from
 ``models/``, ``trainers/`` or ``config.py`` (pure tensor functions); no module over ``MAX_LINES`` lines.
 """
 
@@ -93,3 +94,19 @@ def test_no_module_over_the_line_limit():
     long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_package_attribute_hides_a_submodule():
+    import importlib
+    import pkgutil
+
+    hidden = []
+    for name, path in _modules().items():
+        if path.name != "__init__.py" or name.startswith("posttrain.cli"):
+            continue
+        pkg = importlib.import_module(name)
+        for info in pkgutil.iter_modules(pkg.__path__):
+            value = vars(pkg).get(info.name)
+            if value is not None and not hasattr(value, "__path__") and getattr(value, "__name__", None) != f"{name}.{info.name}":
+                hidden.append(f"{name}.{info.name}")
+    assert hidden == []

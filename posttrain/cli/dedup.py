@@ -1,6 +1,6 @@
 """``posttrain dedup INPUT... --output OUT``: near-duplicate removal (MinHash/SimHash/exact), line or
 paragraph dedup and a contamination check in one streaming command. The config flags are generated from
-:class:`posttrain.data.dedup.dedup.DedupConfig` (one per field, its help, choices and bounds), as the
+:class:`posttrain.data.dedup.run.DedupConfig` (one per field, its help, choices and bounds), as the
 trainers' are; a bool field is a switch (``--bloom``, ``--no-progress``) and a tuple takes several values
 (``--contamination A.jsonl B.jsonl``). Only the paths (inputs, ``--output``, ``--clusters``, ``--stats``)
 are written here."""
@@ -17,7 +17,7 @@ HELP = "remove near-duplicate documents (MinHash+LSH, SimHash, exact) and check 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from posttrain.data.dedup.dedup import DedupConfig
+    from posttrain.data.dedup.run import DedupConfig
 
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL or Parquet files (read in order)")
     p.add_argument("--output", "-o", required=True, help="kept documents, in the input's format (.jsonl or .parquet)")
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from posttrain.data.dedup.dedup import DedupConfig, dedup
+    from posttrain.data.dedup.run import DedupConfig, dedup
 
     cfg = build_config(DedupConfig, overrides=overrides_from_args(args))
     stats_path = args.stats or str(args.output) + ".stats.json"

@@ -1,6 +1,6 @@
 """Textbook FlashAttention forward: the single-pass online-softmax recurrence over tiles, as written in the notes.
 
-The readable twin of :mod:`posttrain.ops.flash_attention` (the fast path, with its CPU economies) and
+The readable twin of :mod:`posttrain.ops.flash` (the fast path, with its CPU economies) and
 its test oracle for the tiling itself. Per query tile Q_i, with running row max m, denominator l and
 unnormalised output o~, every key/value tile (K_j, V_j) does
 
@@ -14,7 +14,7 @@ Nothing N_q x N_k is ever formed. Worked number: one query, two one-key tiles wi
 log 3 and values 1 then 2: after tile 1 m = 0, l = 1, o~ = 1; after tile 2 m' = log 3, alpha = 1/3,
 l = 1/3 + 1 = 4/3, o~ = 1/3 + 2 = 7/3, so O = 7/4 = (1 * 1 + 3 * 2) / 4.
 
-Conventions are the package's (``ops/attention.py``): q (B, H, Nq, D), k/v (B, Hkv, Nk, D), causal
+Conventions are the package's (``ops/naive.py``): q (B, H, Nq, D), k/v (B, Hkv, Nk, D), causal
 aligned to the end (query i sees keys j <= i + Nk - Nq), ``key_padding_mask`` (B, Nk) True = real key,
 a row with no visible key gives zeros (and L = -inf). Computed in float32 (float64 stays float64).
 
@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from posttrain.ops.attention import check_attention_inputs
+from posttrain.ops.naive import check_attention_inputs
 
 
 def flash_attention_reference(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None,

@@ -181,7 +181,7 @@ def test_corpus_reader_text_field(tmp_path, recs):
 @given(lines=byte_lines | json_lines | mixed(text_records).map(lambda rs: [json.dumps(r).encode() for r in rs]),
        on_bad=st.sampled_from(["error", "skip"]))
 def test_dedup_reader(tmp_path, lines, on_bad):
-    from posttrain.data.dedup.dedup import DedupConfig, dedup
+    from posttrain.data.dedup.run import DedupConfig, dedup
 
     p = _write(tmp_path, lines)
     cfg = DedupConfig(workers=1, progress=False, on_bad_line=on_bad, rejects=str(tmp_path / "rej.jsonl"))

@@ -34,7 +34,7 @@ CASES = {  # name: (B, H, Hkv, Nq, Nk, D, causal, padded, dtype)
 def _run_case(name: str) -> dict:
     """Executed inside the subprocess (TRITON_INTERPRET=1): triton vs autograd through the naive oracle."""
     from posttrain.ops import attention
-    from posttrain.ops.attention import reference_attention
+    from posttrain.ops.naive import reference_attention
 
     b, h, hkv, nq, nk, d, causal, padded, dtype = CASES[name]
     dtype = getattr(torch, dtype)
