@@ -25,6 +25,7 @@ import numpy as np
 import regex
 
 from posttrain.errors import UserError
+from posttrain.hashing import GOLDEN
 from posttrain.tokenizers.symbols import METASPACE
 
 # Training
@@ -74,8 +75,8 @@ def split_uncovered(word_counts: dict[str, int], kept: set[str], max_len: int) -
 
 
 _B1 = np.uint64(1_000_003)
-MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: an odd multiplier spreads small hashes over the top bits
-_B2 = np.uint64(0x9E3779B97F4A7C15)
+MIX = np.uint64(GOLDEN)  # Fibonacci hashing: an odd multiplier spreads small hashes over the top bits
+_B2 = MIX
 
 
 # ISO 15924 codes of the Unicode scripts (``regex``'s \p{sc=...} names); Zyyy = Common (punctuation,
