@@ -59,7 +59,7 @@ from posttrain.data.preference_pairs import (
     synthetic_pairs,
 )
 from posttrain.errors import ConfigError, UserError
-from posttrain.losses.preference import accuracy_by_margin_bucket, bradley_terry_loss
+from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.on_policy_pairs import on_policy_pairs

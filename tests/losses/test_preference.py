@@ -23,23 +23,20 @@ from posttrain.losses.preference import (
     PREFERENCE_LOSSES,
     REFERENCE_FREE_LOSSES,
     BetaDPOState,
-    accuracy_by_margin_bucket,
     beta_dpo_filter,
     beta_dpo_loss,
     beta_dpo_update_state,
-    bradley_terry_loss,
     conservative_dpo_loss,
     dpo_loss,
     hinge_loss,
     ipo_loss,
     kto_loss,
-    plackett_luce_loss,
-    pointwise_mse_loss,
     rdpo_loss,
     robust_dpo_loss,
     rpo_loss,
     simpo_loss,
 )
+from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss, plackett_luce_loss, pointwise_mse_loss
 
 LOG2 = math.log(2.0)
 
