@@ -271,68 +271,72 @@ def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_
         raise UserError("cannot train a Unigram tokenizer on an empty corpus")
     bits = max(1, int(n_buckets - 1).bit_length())
     n_buckets = 1 << bits
-    shift = np.uint64(64 - bits)
     threads = max(1, min(threads, n_buckets))
     # weights as uint32 when no substring's total can reach 2^32 (bounded by the corpus's characters)
     exact32 = float(np.dot(counts, [len(s) for s in strings])) < 2**32 - 1
     counts = counts.astype(np.uint32) if exact32 else counts.astype(np.float64)
-
-    def buckets(j_lo: int, j_hi: int) -> list[tuple]:
-        state: dict[int, tuple] = {}
-        pend: dict[int, list] = defaultdict(list)
-        n_pend: dict[int, int] = defaultdict(int)
-
-        def reduce(j):
-            parts = ([state[j]] if j in state else []) + pend.pop(j)
-            state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
-            n_pend[j] = 0
-
-        for sid, _, l, h1, h2 in iter_substrings(strings, max_len, breaks):
-            with np.errstate(over="ignore"):
-                b = ((h1 * MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
-            if threads > 1:
-                mine = np.flatnonzero((b >= j_lo) & (b < j_hi))
-                sid, h1, h2, b = sid[mine], h1[mine], h2[mine], b[mine]
-            h2 = (h2 >> np.uint64(32)).astype(np.uint32)  # the collision check keeps h2's top 32 bits
-            order = np.argsort(b, kind="stable")  # radix sort of small keys
-            cuts = np.concatenate([[0], np.cumsum(np.bincount(b, minlength=n_buckets))]).tolist()
-            h1, h2, w = h1[order], h2[order], counts[sid[order]]
-            ln = np.full(order.size, l, dtype=np.int8)
-            del order, b
-            for j in range(j_lo, j_hi):
-                lo, hi = cuts[j], cuts[j + 1]
-                if hi > lo:
-                    pend[j].append((h1[lo:hi], h2[lo:hi], w[lo:hi], ln[lo:hi]))
-                    n_pend[j] += hi - lo
-                    if n_pend[j] >= max(min_reduce, state[j][0].size if j in state else 0):
-                        reduce(j)
-        out: list[tuple] = []
-        n_out = 0
-        for j in range(j_lo, j_hi):
-            if pend.get(j):
-                reduce(j)
-            st = state.pop(j, None)
-            if st is None:
-                continue
-            if keep_top is not None:
-                h1, h2, w, ln = st
-                sel = np.flatnonzero((ln == 1) | (w >= 2))
-                st = tuple(a[sel] for a in st)
-            out.append(st)
-            n_out += st[0].size
-            if keep_top is not None and n_out > 2 * keep_top + (1 << 16):  # keep the running top-k (+ ties) only
-                out = [_top_substrings(*(np.concatenate([o[i] for o in out]) for i in range(4)), keep_top)]
-                n_out = out[0][0].size
-        return out
-
     ranges = [(t * n_buckets // threads, (t + 1) * n_buckets // threads) for t in range(threads)]
+    args = (strings, counts, max_len, breaks, keep_top, min_reduce, n_buckets, bits, threads)
     if threads > 1:
         with ThreadPoolExecutor(max_workers=threads) as pool:
-            outs = list(pool.map(lambda r: buckets(*r), ranges))
+            outs = list(pool.map(lambda r: _count_buckets(*args, *r), ranges))
     else:
-        outs = [buckets(*ranges[0])]
+        outs = [_count_buckets(*args, *ranges[0])]
     res = tuple(np.concatenate([o[i] for out in outs for o in out]) for i in range(4))
     return res if keep_top is None else _top_substrings(*res, keep_top)
+
+
+def _count_buckets(strings, counts, max_len: int, breaks, keep_top, min_reduce: int, n_buckets: int, bits: int,
+                   threads: int, j_lo: int, j_hi: int) -> list[tuple]:
+    """One thread's share of :func:`count_substrings`: the reduced (h1, h2, count, length) of buckets
+    [j_lo, j_hi), each filtered to its top-k (+ ties) as it completes."""
+    shift = np.uint64(64 - bits)
+    state: dict[int, tuple] = {}
+    pend: dict[int, list] = defaultdict(list)
+    n_pend: dict[int, int] = defaultdict(int)
+
+    def reduce(j):
+        parts = ([state[j]] if j in state else []) + pend.pop(j)
+        state[j] = _reduce_sorted(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+        n_pend[j] = 0
+
+    for sid, _, l, h1, h2 in iter_substrings(strings, max_len, breaks):
+        with np.errstate(over="ignore"):
+            b = ((h1 * MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
+        if threads > 1:
+            mine = np.flatnonzero((b >= j_lo) & (b < j_hi))
+            sid, h1, h2, b = sid[mine], h1[mine], h2[mine], b[mine]
+        h2 = (h2 >> np.uint64(32)).astype(np.uint32)  # the collision check keeps h2's top 32 bits
+        order = np.argsort(b, kind="stable")  # radix sort of small keys
+        cuts = np.concatenate([[0], np.cumsum(np.bincount(b, minlength=n_buckets))]).tolist()
+        h1, h2, w = h1[order], h2[order], counts[sid[order]]
+        ln = np.full(order.size, l, dtype=np.int8)
+        del order, b
+        for j in range(j_lo, j_hi):
+            lo, hi = cuts[j], cuts[j + 1]
+            if hi > lo:
+                pend[j].append((h1[lo:hi], h2[lo:hi], w[lo:hi], ln[lo:hi]))
+                n_pend[j] += hi - lo
+                if n_pend[j] >= max(min_reduce, state[j][0].size if j in state else 0):
+                    reduce(j)
+    out: list[tuple] = []
+    n_out = 0
+    for j in range(j_lo, j_hi):
+        if pend.get(j):
+            reduce(j)
+        st = state.pop(j, None)
+        if st is None:
+            continue
+        if keep_top is not None:
+            h1, h2, w, ln = st
+            sel = np.flatnonzero((ln == 1) | (w >= 2))
+            st = tuple(a[sel] for a in st)
+        out.append(st)
+        n_out += st[0].size
+        if keep_top is not None and n_out > 2 * keep_top + (1 << 16):  # keep the running top-k (+ ties) only
+            out = [_top_substrings(*(np.concatenate([o[i] for o in out]) for i in range(4)), keep_top)]
+            n_out = out[0][0].size
+    return out
 
 
 def _top_substrings(h1, h2, w, ln, k):
