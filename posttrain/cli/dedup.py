@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", default="auto", choices=("auto", "text", "prompt", "response", "conversation"),
                    help="chat/preference records: dedup on the prompt, the response or the whole conversation")
     p.add_argument("--clusters", metavar="FILE", help="write one {id, representative} line per input document")
-    p.add_argument("--stats", metavar="FILE", help="write the stats JSON (default: OUTPUT.stats.json)")
+    p.add_argument("--stats", metavar="FILE", help="write the stats JSON (default: OUTPUT.stats.json; none when OUTPUT is - or a device)")
     p.add_argument("--on-bad-line", default="error", choices=("error", "skip"), help="malformed line: stop with file:line, or skip to the rejects file")
     p.add_argument("--rejects", metavar="FILE", help="rejects file for --on-bad-line skip (default: OUTPUT.rejects.jsonl)")
     p.add_argument("--backend", default="local", choices=("local", "ray"), help="local processes or Ray tasks (RAY_ADDRESS / --ray-address for a cluster)")
@@ -71,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         rejects=args.rejects, backend=args.backend, workers=args.workers, batch_size=args.batch_size,
         ray_address=args.ray_address, progress=not args.no_progress,
     )
-    stats_path = args.stats or str(args.output) + ".stats.json"
+    from posttrain.data.io import sidecar
+
+    stats_path = args.stats or sidecar(args.output, ".stats.json")  # none beside stdout or a device
     s = dedup(args.inputs, args.output, cfg, clusters=args.clusters, stats_path=stats_path)
     if s["documents_in"] == 0:
         print(f"posttrain dedup: warning: no documents in {', '.join(map(str, args.inputs))} "
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"kept -> {args.output}")
     if args.clusters:
         print(f"clusters -> {args.clusters}")
-    print(f"stats -> {stats_path}")
+    if stats_path is not None:
+        print(f"stats -> {stats_path}")
     if s.get("rejects"):
         print(f"rejects -> {s['rejects']}")
     return 0

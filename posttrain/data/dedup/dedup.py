@@ -40,8 +40,8 @@ from posttrain.data.dedup.records import TEXT_KEYS, file_format, iter_raw_batche
 from posttrain.data.dedup.shingles import SHINGLERS, normalize, parse_normalize
 from posttrain.data.dedup.simhash import simhash, simhash_pairs
 from posttrain.data.dedup.unionfind import components
-from posttrain.data.io import atomic_open, atomic_write_json
-from posttrain.errors import ConfigError, DataError
+from posttrain.data.io import atomic_open, atomic_write_json, sidecar
+from posttrain.errors import ConfigError, DataError, UserError
 
 METHODS = ("minhash", "simhash", "exact")
 SEMANTIC_MODES = ("none", "confirm", "rescue")
@@ -402,7 +402,9 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
     # ---- pass 1
     t = time.perf_counter()
     p1 = _Pass1()
-    rejects_path = cfg.rejects or str(output) + ".rejects.jsonl"
+    rejects_path = cfg.rejects or sidecar(output, ".rejects.jsonl")
+    if cfg.on_bad_line == "skip" and rejects_path is None:
+        raise UserError(f"--on-bad-line skip needs --rejects FILE when the output is {output} (nowhere beside it)")
     rej = open(rejects_path, "wb") if cfg.on_bad_line == "skip" else None
     bloom = None
     if cfg.method == "exact" and cfg.bloom:
