@@ -74,7 +74,8 @@ def test_out_that_is_a_file(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
     assert main(["sft", *SFT, "--out", str(f)]) == 2
-    _one_error_line(capsys, f"posttrain sft: error: {f}: {os.strerror(errno.EEXIST)} and is not a directory")
+    # the run-directory check refuses it before anything is written (trainers/run_dir.py)
+    _one_error_line(capsys, f"posttrain sft: error: --out {f} exists and is not a directory")
     assert f.read_text() == "x"
 
 
@@ -83,7 +84,9 @@ def test_out_under_a_file(tmp_path, capsys):
     f.write_text("x")
     assert main(["tokenizer", "train", "--model", "bpe", "--vocab-size", "30", "--output", str(f / "sub" / "t.json"),
                  str(f)]) == 2
-    _one_error_line(capsys, f"posttrain tokenizer: error: {f / 'sub'}: {os.strerror(errno.ENOTDIR)} ({f} is a file)")
+    # the atomic writer looks at the target first (a regular file, a device or new?): the kernel names it
+    _one_error_line(capsys, f"posttrain tokenizer: error: {f / 'sub' / 't.json'}: {os.strerror(errno.ENOTDIR)} "
+                            f"({f} is a file)")
 
 
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.ENOSPC])
@@ -155,5 +158,5 @@ def test_posttrain_traceback_keeps_the_traceback_of_io_errors(tmp_path, monkeypa
     f = tmp_path / "afile"
     f.write_text("x")
     monkeypatch.setenv("POSTTRAIN_TRACEBACK", "1")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(NotADirectoryError):
         main(["tokenizer", "train", "--model", "bpe", "--vocab-size", "30", "--output", str(f / "t.json"), str(f)])

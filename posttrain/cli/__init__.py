@@ -227,8 +227,10 @@ def _first_non_directory(path: str) -> str | None:
 
 
 def _fail(prog: str, message: str) -> int:
+    from posttrain.text import printable  # a message may quote file names or data: print it escaped
+
     _settle_stdout()
-    _say(f"{prog}: error: {message}")
+    _say(f"{prog}: error: {printable(message)}")
     return EXIT_USER
 
 

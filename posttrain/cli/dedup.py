@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from posttrain.config import add_config_flags, build_config, overrides_from_args
+from posttrain.data.io import sidecar
 
 NAME = "dedup"
 HELP = "remove near-duplicate documents (MinHash+LSH, SimHash, exact) and check benchmark contamination"
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="JSONL or Parquet files (read in order)")
     p.add_argument("--output", "-o", required=True, help="kept documents, in the input's format (.jsonl or .parquet)")
     p.add_argument("--clusters", metavar="FILE", help="write one {id, representative} line per input document")
-    p.add_argument("--stats", metavar="FILE", help="write the stats JSON (default: OUTPUT.stats.json)")
+    p.add_argument("--stats", metavar="FILE", help="write the stats JSON (default: OUTPUT.stats.json; none when OUTPUT is - or a device)")
     add_config_flags(p, DedupConfig, switches=True, title="DedupConfig fields")
 
 
@@ -30,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from posttrain.data.dedup.run import DedupConfig, dedup
 
     cfg = build_config(DedupConfig, overrides=overrides_from_args(args))
-    stats_path = args.stats or str(args.output) + ".stats.json"
+    stats_path = args.stats or sidecar(args.output, ".stats.json")  # none beside stdout or a device
     s = dedup(args.inputs, args.output, cfg, clusters=args.clusters, stats_path=stats_path)
     if s["documents_in"] == 0:
         print(f"posttrain dedup: warning: no documents in {', '.join(map(str, args.inputs))} "
@@ -52,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"kept -> {args.output}")
     if args.clusters:
         print(f"clusters -> {args.clusters}")
-    print(f"stats -> {stats_path}")
+    if stats_path is not None:
+        print(f"stats -> {stats_path}")
     if s.get("rejects"):
         print(f"rejects -> {s['rejects']}")
     return 0

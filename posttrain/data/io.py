@@ -191,6 +191,14 @@ def write_target(path: str | Path) -> tuple[Path | None, bool]:
     return (Path(os.path.realpath(p)) if p.is_symlink() else p), True
 
 
+def sidecar(output: str | Path, suffix: str) -> str | None:
+    """The default path of a file written beside ``output`` (``kept.jsonl`` -> ``kept.jsonl.stats.json``),
+    or None when ``output`` is stdout or a device/FIFO: ``--output /dev/null`` must not create
+    ``/dev/null.stats.json``."""
+    real, atomic = write_target(output)
+    return str(output) + suffix if atomic else None
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8"):
     """Open ``path`` for writing so that a reader never sees half a file (see :func:`write_target`).

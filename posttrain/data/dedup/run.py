@@ -40,8 +40,8 @@ from posttrain.data.dedup.minhash import MINHASH_SCHEMES
 from posttrain.data.dedup.records import TEXT_KEYS, file_format, iter_raw_batches, parse_line, record_text
 from posttrain.data.dedup.shingles import normalize, parse_normalize
 from posttrain.data.dedup.workers import BACKENDS, resolve_workers
-from posttrain.data.io import atomic_open, atomic_write_json
-from posttrain.errors import ConfigError, DataError
+from posttrain.data.io import atomic_open, atomic_write_json, sidecar
+from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.progress import tqdm  # a bar on a terminal, plain lines in a log
 
 METHODS = ("minhash", "simhash", "exact")
@@ -221,7 +221,9 @@ def _sketch(inputs: list[str], output: Path, cfg: DedupConfig, eval_index, stats
     """Pass 1: every document's signature (or, with a Bloom filter, only whether it was seen), in input order."""
     t = time.perf_counter()
     p1 = _Pass1()
-    rejects_path = cfg.rejects or str(output) + ".rejects.jsonl"
+    rejects_path = cfg.rejects or sidecar(output, ".rejects.jsonl")
+    if cfg.on_bad_line == "skip" and rejects_path is None:
+        raise UserError(f"--on-bad-line skip needs --rejects FILE when the output is {output} (nowhere beside it)")
     rej = open(rejects_path, "wb") if cfg.on_bad_line == "skip" else None
     if cfg.method == "exact" and cfg.bloom:
         cap = cfg.bloom_capacity or max(1000, sum(Path(p).stat().st_size for p in inputs) // 64)
