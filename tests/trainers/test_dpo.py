@@ -65,7 +65,7 @@ def test_every_loss_trains_and_logs(tmp_path, sft_ckpt, pair_file, loss):
     for r in rows:
         assert math.isfinite(r["loss"]) and {"rewards/chosen", "rewards/rejected", "logps/chosen", "lr"} <= r.keys()
     assert "heldout_accuracy" in rows[-1] and 0 <= s["heldout_accuracy_init"] <= 1
-    assert s["reference"] == ("none" if loss == "simpo" else "precomputed")
+    assert s["reference"] == ("none" if loss in ("simpo", "sft") else "precomputed")  # REFERENCE_FREE_LOSSES
     if loss == "beta_dpo":
         assert "beta_dpo/beta" in rows[0]
     if loss == "rdpo":

@@ -106,3 +106,35 @@ def rdpo_loss(
     metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
     metrics["rdpo/length_term"] = length_term.detach().mean()
     return losses.mean(), metrics
+
+
+def sft_loss(
+    *,
+    policy_chosen_logps: Tensor,
+    chosen_lengths: Tensor,
+    policy_rejected_logps: Tensor | None = None,
+    rejected_lengths: Tensor | None = None,
+    ref_chosen_logps: Tensor | None = None,
+    ref_rejected_logps: Tensor | None = None,
+    beta: float = 0.1,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """SFT on the chosen completions: L = -sum_i log pi(y_w,i) / sum_i |y_w,i|  (TRL "sft"; the NLL term of RPO and MPO).
+
+    The token-mean NLL over all chosen tokens of the batch (not a mean of per-sequence means: a long
+    answer weighs more), as TRL. Reference-free; its use is as a term of a weighted combination
+    (``dpo,sft``). ``beta`` and the other log-probs are accepted so the trainer calls every loss the same
+    way; rewards are logged as beta * log-ratio when the reference log-probs are given, else as
+    beta * log pi(y) / |y| (SimPO's). Extra metric ``nll/chosen``.
+    Example: chosen log-probs [-2, -6] over [1, 3] tokens -> 8 / 4 = 2.
+    """
+    check_same_shape(policy_chosen_logps=policy_chosen_logps, chosen_lengths=chosen_lengths)
+    nll = -policy_chosen_logps.sum() / chosen_lengths.sum().clamp_min(1)
+    rejected = policy_rejected_logps if policy_rejected_logps is not None else policy_chosen_logps
+    rejected_lengths = rejected_lengths if rejected_lengths is not None else chosen_lengths
+    if ref_chosen_logps is not None and ref_rejected_logps is not None:
+        cr, rr = beta * (policy_chosen_logps - ref_chosen_logps), beta * (rejected - ref_rejected_logps)
+    else:
+        cr, rr = beta * policy_chosen_logps / chosen_lengths.clamp_min(1), beta * rejected / rejected_lengths.clamp_min(1)
+    metrics = _pair_metrics(cr, rr, policy_chosen_logps, rejected)
+    metrics["nll/chosen"] = nll.detach()
+    return nll, metrics

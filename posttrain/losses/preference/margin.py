@@ -1,10 +1,13 @@
 """The DPO family proper: losses of the implicit-reward margin h = log pi/pi_ref (y_w) - log pi/pi_ref (y_l).
 
-dpo (reverse-KL DPO), ipo, hinge, cdpo, robust. Each takes per-sequence log-probs (B,) and returns
-``(loss, metrics)`` (see the package docstring).
+dpo (reverse-KL DPO), ipo, hinge, cdpo, robust, sigmoid_norm (h per token), exo_pair, discopop. Each takes
+per-sequence log-probs (B,) and returns ``(loss, metrics)`` (see the package docstring). The f-divergence
+variants of DPO, which change how h is formed from the log-ratios, are in :mod:`.fdiv`.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -130,5 +133,87 @@ def robust_dpo_loss(
     z = beta * (chosen_lr - rejected_lr)  # (B,)
     eps = label_smoothing
     losses = (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps)  # (B,)
+    metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
+    return losses.mean(), metrics
+
+
+def sigmoid_norm_loss(
+    *,
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    chosen_lengths: Tensor,
+    rejected_lengths: Tensor,
+    beta: float = 0.1,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Length-normalised DPO: L = -log sigma(beta * (lr_w / |y_w| - lr_l / |y_l|)), lr = log pi/pi_ref  (TRL "sigmoid_norm").
+
+    The DPO logistic loss on per-token log-ratios, so that long completions do not dominate the margin
+    (the normalisation SimPO and IPO's per-token form use, here kept with the reference). Lengths are
+    clamped at 1. Rewards logged: the unnormalised beta * lr, as TRL.
+    Example: beta=1, lr_w = 2 over 2 tokens, lr_l = -1 over 1 token -> -log sigma(1 + 1) = 0.1269.
+    """
+    _check_beta(beta)
+    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    check_same_shape(chosen_logratios=chosen_lr, chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)
+    h = chosen_lr / chosen_lengths.clamp_min(1) - rejected_lr / rejected_lengths.clamp_min(1)  # (B,) per token
+    losses = -F.logsigmoid(beta * h)
+    metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
+    return losses.mean(), metrics
+
+
+def exo_pair_loss(
+    *,
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float = 0.1,
+    label_smoothing: float = 1e-3,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """EXO: L = KL(q || p) = q_w (log q_w - log(1 - eps)) + q_l (log q_l - log eps), q_w = sigma(beta h) = 1 - q_l  (Ji et al. 2024, eq. 16).
+
+    "Towards Efficient Exact Optimization of Language Model Alignment": instead of DPO's forward
+    cross-entropy against the label, minimise the reverse KL from the model's pairwise distribution
+    q = softmax(beta * log-ratios) over {y_w, y_l} to the smoothed label p = (1 - eps, eps), which is
+    mode-seeking like the RLHF objective itself. eps must be in (0, 1) (log eps); the paper uses 1e-3.
+    Example: beta=1, h=0, eps=1e-3 -> 0.5 (log 0.5 - log 0.999) + 0.5 (log 0.5 - log 0.001) = 2.7612.
+    """
+    _check_beta(beta)
+    if not 0.0 < label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing} must be in (0, 1) for EXO (the paper uses 1e-3)")
+    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    z = beta * (chosen_lr - rejected_lr)  # (B,)
+    log_qw, log_ql = F.logsigmoid(z), F.logsigmoid(-z)
+    eps = label_smoothing
+    losses = log_qw.exp() * (log_qw - math.log1p(-eps)) + log_ql.exp() * (log_ql - math.log(eps))  # (B,)
+    metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
+    return losses.mean(), metrics
+
+
+def discopop_loss(
+    *,
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float = 0.1,
+    tau: float = 0.05,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DiscoPOP: L = (1 - m) * (-log sigma(z)) + m * exp(-z), z = beta h, m = sigma(z / tau)  (Chris Lu et al. 2024, eq. 5).
+
+    "Discovering Preference Optimization Algorithms with and for LLMs": the log-ratio modulated loss an
+    LLM-driven search found, blending the logistic (DPO) loss for z << 0 with the exponential loss for
+    z >> 0; tau (TRL's ``discopop_tau``, paper default 0.05) sets how sharp the switch is.
+    Example: beta=1, h=0 -> m = 0.5 -> 0.5 log 2 + 0.5 = 0.8466.
+    """
+    _check_beta(beta)
+    if not tau > 0:
+        raise ValueError(f"tau={tau} must be > 0")
+    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    z = beta * (chosen_lr - rejected_lr)  # (B,)
+    m = torch.sigmoid(z / tau)
+    losses = -F.logsigmoid(z) * (1 - m) + torch.exp(-z) * m  # (B,)
     metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
     return losses.mean(), metrics
