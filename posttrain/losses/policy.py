@@ -19,6 +19,13 @@ Aggregation (a named argument, ``AGGREGATIONS``), with N sequences, T_i real tok
     "seq_mean_token_mean"      sum_i (1/N) (1/T_i) sum_t loss_it        original GRPO
     "token_mean"               sum_i sum_t loss_it / sum_i T_i          DAPO (Yu et al. 2025), TRL "dapo"
     "seq_mean_token_sum_norm"  sum_i sum_t loss_it / (N * max_len)      Dr. GRPO (Liu et al. 2025)
+    "seq_mean_token_sum"       sum_i (1/N) sum_t loss_it                LUSPO (with ratio_level="sequence": each
+                                                                        sequence's loss scaled by its length), TRL "luspo"
+
+The objective itself is a named argument too (``objective``, :mod:`posttrain.losses.policy_objectives`): the
+clipped surrogate above, or CISPO, SAPO, VESPO. ``kl_bias_correction`` multiplies the KL term by the ratio,
+beta * r_t * KL_t (DeepSeek-V3.2; TRL's ``use_bias_correction_kl``): under samples from pi_old,
+E[r k3] = E_pi[k3], so the KL term's gradient is the unbiased reverse-KL gradient even off-policy.
 
 Micro-batch invariance: each mode is a *sum over sequences* with weights that depend only on the sequence
 itself and on batch-global constants (N, sum_i T_i, max_len). The trainer computes those once on the full
@@ -41,6 +48,7 @@ import torch
 from posttrain.errors import ConfigError
 from posttrain.losses.kl import kl_estimate
 from posttrain.losses.logprobs import masked_mean
+from posttrain.losses.policy_objectives import CLIPPED_SIDES, OBJECTIVE_OPTIONS, POLICY_OBJECTIVES, clip_objective
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps inf/NaN out of the loss when a token's probability collapses
 
@@ -61,10 +69,15 @@ def _seq_mean_token_sum_norm(x, mask, num_seqs, num_tokens, max_len):
     return (x * mask).sum() / (num_seqs * max_len)
 
 
+def _seq_mean_token_sum(x, mask, num_seqs, num_tokens, max_len):
+    return (x * mask).sum() / num_seqs
+
+
 AGGREGATIONS = {
     "seq_mean_token_mean": _seq_mean_token_mean,
     "token_mean": _token_mean,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+    "seq_mean_token_sum": _seq_mean_token_sum,
 }
 
 
@@ -142,6 +155,9 @@ def policy_loss(
     ref_logps: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_estimator: str = "k3",
+    objective: str = "clip",
+    objective_kwargs: dict | None = None,
+    kl_bias_correction: bool = False,
 ):
     """Clipped policy-gradient loss; returns ``(loss, metrics)``.
 
@@ -152,10 +168,13 @@ def policy_loss(
     agg, num_seqs, num_tokens, max_len: see :func:`aggregate` (pass the full batch's normalizers per micro-batch).
     entropy (B, T) and entropy_coef: bonus -coef * H. ref_logps and beta: KL(pi || ref) penalty with
     ``kl_estimator`` (k1/k2/k3); KL is reported whenever ``ref_logps`` is given, even with beta = 0.
+    objective: a key of ``POLICY_OBJECTIVES`` (clip | cispo | sapo | vespo), its options in ``objective_kwargs``.
+    kl_bias_correction: KL_t * ratio_t (TRL's use_bias_correction_kl; the reported ``kl`` is the corrected one, as TRL's).
 
     Example: logps - old_logps = 1 (ratio = e), A = 1, eps = 0.2 -> clipped to 1.2 -> loss = -1.2, zero gradient.
     """
     _check_policy_inputs(logps, old_logps, mask, dual_clip, beta, ref_logps)
+    opts = _objective_options(objective, objective_kwargs)
     mask = mask.to(logps.dtype)
     adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logps.dtype).detach()  # (B, 1|T)
     old_logps = old_logps.detach()
@@ -164,16 +183,21 @@ def policy_loss(
     log_ratio = _log_ratio(logps, old_logps, mask, ratio_level).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # (B, T)
     ratio = log_ratio.exp()  # (B, T)
     lo, hi = _clip_range(clip_eps_low, clip_eps_high)
-    pg_tok = -clipped_objective(ratio, adv, lo, hi, dual_clip)  # (B, T)
+    pg_tok = POLICY_OBJECTIVES[objective](logps=logps, old_logps=old_logps, ratio=ratio, adv=adv, mask=mask, lo=lo, hi=hi,
+                                          dual_clip=dual_clip, **opts)  # (B, T)
     total_tok = pg_tok
     kl_tok = kl_estimate(logps, ref_logps.detach(), kl_estimator) if ref_logps is not None else None  # (B, T)
+    if kl_tok is not None and kl_bias_correction:
+        kl_tok = kl_tok * ratio  # the ratio keeps its gradient, as in TRL
+    clip_lo, clip_hi = CLIPPED_SIDES[objective]
+    lo_m, hi_m = (lo if clip_lo else None), (hi if clip_hi else None)
     if kl_tok is not None and beta != 0.0:
         total_tok = total_tok + beta * kl_tok
     if entropy is not None and entropy_coef != 0.0:
         total_tok = total_tok - entropy_coef * entropy
     loss = aggregate(total_tok, mask, agg, **norms)
     with torch.no_grad():
-        metrics = _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo, hi, dual_clip, kl_tok, beta,
+        metrics = _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo_m, hi_m, dual_clip, kl_tok, beta,
                                   entropy, entropy_coef, agg, norms)
     return loss, metrics
 
@@ -187,6 +211,17 @@ def _check_policy_inputs(logps, old_logps, mask, dual_clip, beta, ref_logps) -> 
         raise ValueError("beta != 0 needs ref_logps (reference-model log-probs)")
 
 
+def _objective_options(objective: str, kwargs: dict | None) -> dict:
+    if objective not in POLICY_OBJECTIVES:
+        raise ConfigError(f"objective={objective!r} is not valid; choose one of: {', '.join(POLICY_OBJECTIVES)}")
+    kwargs = dict(kwargs or {})
+    unknown = sorted(set(kwargs) - set(OBJECTIVE_OPTIONS[objective]))
+    if unknown:
+        raise ConfigError(f"objective {objective!r} takes no option {unknown}; its options: "
+                          f"{', '.join(OBJECTIVE_OPTIONS[objective]) or '(none)'}")
+    return kwargs
+
+
 def _clip_range(clip_eps_low: float | None, clip_eps_high: float | None) -> tuple[float | None, float | None]:
     """(low, high) of the clip range [1 - low, 1 + high]; high defaults to low; (None, None): no clip."""
     if clip_eps_low is None:
@@ -198,12 +233,7 @@ def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float | None, 
                       dual_clip: float | None = None) -> torch.Tensor:
     """PPO's pessimistic surrogate per token, ``min(r A, clip(r, 1 - lo, 1 + hi) A)`` (no clip when ``lo`` is
     None), and with ``dual_clip`` c the objective of an A < 0 token is floored at c A. (B, T) -> (B, T)."""
-    obj = ratio * adv  # (B, T)
-    if lo is not None:
-        obj = torch.minimum(obj, ratio.clamp(1.0 - lo, 1.0 + hi) * adv)  # (B, T)
-    if dual_clip is not None:
-        obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)  # (B, T)
-    return obj
+    return -clip_objective(ratio=ratio, adv=adv, lo=lo, hi=hi, dual_clip=dual_clip)
 
 
 def _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo, hi, dual_clip, kl_tok, beta, entropy,
