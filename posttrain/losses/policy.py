@@ -48,7 +48,13 @@ import torch
 from posttrain.errors import ConfigError
 from posttrain.losses.kl import kl_estimate
 from posttrain.losses.logprobs import masked_mean
-from posttrain.losses.policy_objectives import CLIPPED_SIDES, OBJECTIVE_OPTIONS, POLICY_OBJECTIVES, clip_objective
+from posttrain.losses.policy_objectives import (
+    CLIPPED_SIDES,
+    OBJECTIVE_METRICS,
+    OBJECTIVE_OPTIONS,
+    POLICY_OBJECTIVES,
+    clip_objective,
+)
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps inf/NaN out of the loss when a token's probability collapses
 
@@ -199,6 +205,8 @@ def policy_loss(
     with torch.no_grad():
         metrics = _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo_m, hi_m, dual_clip, kl_tok, beta,
                                   entropy, entropy_coef, agg, norms)
+        if objective in OBJECTIVE_METRICS:
+            metrics.update(OBJECTIVE_METRICS[objective](logps=logps, old_logps=old_logps, adv=adv, mask=mask, **opts))
     return loss, metrics
 
 

@@ -120,3 +120,9 @@ OBJECTIVE_OPTIONS = {
 
 CLIPPED_SIDES = {"clip": (True, True), "cispo": (False, True), "sapo": (False, False), "vespo": (False, False)}
 """Which sides of [1 - eps_low, 1 + eps_high] an objective clips at (for the clip-fraction metrics)."""
+
+OBJECTIVE_METRICS = {
+    "vespo": lambda *, logps, old_logps, adv, mask, **opts: {
+        "vespo/phi_mean": vespo_weight(logps - old_logps, mask, adv, **opts).mean().item()},  # per sequence, as TRL
+}
+"""Extra metrics of an objective: fn(logps, old_logps, adv, mask, **options) -> {name: float}."""
