@@ -37,7 +37,7 @@ def nca_pair_loss(
     ref_rejected_logps: Tensor,
     beta: float = 0.1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """NCA: L = -log sigma(r_w) - 0.5 log sigma(-r_w) - 0.5 log sigma(-r_l), r = beta lr  (Chen et al. 2024, pairwise NCA, eq. 11).
+    """NCA: L = -log sigma(r_w) - 0.5 log sigma(-r_w) - 0.5 log sigma(-r_l), r = beta lr  (Chen et al. 2024, pairwise NCA).
 
     "Noise Contrastive Alignment of Language Models with Explicit Rewards": the pairwise form of NCA
     raises the chosen reward in absolute terms (not only relative to the rejected one), so the chosen
@@ -87,7 +87,7 @@ def bco_pair_loss(
     reward_shift: float = 1.0,
     state: BCOState | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """BCO: L = -log sigma(r_w - delta) - log sigma(-(r_l - delta)), r = beta lr  (Jung et al. 2024, eq. 9, paired form).
+    """BCO: L = -log sigma(r_w - delta) - log sigma(-(r_l - delta)), r = beta lr  (Jung et al. 2024, paired form).
 
     "Binary Classifier Optimization for Large Language Model Alignment": a binary classifier whose logit
     is the implicit reward, chosen = class 1, rejected = class 0. The reward shift delta (the running mean

@@ -32,7 +32,7 @@ def aot_loss(
     beta: float = 0.1,
     label_smoothing: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """AOT (paired): L = mean_i -log sigma(beta * (sort(lp_w - lp_l)_i - sort(lpref_w - lpref_l)_i))  (Melnyk et al. 2024, eq. 9).
+    """AOT (paired): L = mean_i -log sigma(beta * (sort(lp_w - lp_l)_i - sort(lpref_w - lpref_l)_i))  (Melnyk et al. 2024).
 
     Example: beta=1, policy margins [2, 0], reference margins [0, 1] -> sorted [0, 2] - [0, 1] = [0, 1]
     -> (log 2 + log(1 + e^-1)) / 2 = 0.5032.
@@ -56,7 +56,7 @@ def aot_unpaired_loss(
     beta: float = 0.1,
     label_smoothing: float = 0.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """AOT (unpaired): L = mean_i -log sigma(beta * (sort(lr_w)_i - sort(lr_l)_i))  (Melnyk et al. 2024, eq. 8).
+    """AOT (unpaired): L = mean_i -log sigma(beta * (sort(lr_w)_i - sort(lr_l)_i))  (Melnyk et al. 2024).
 
     Example: beta=1, chosen log-ratios [0, 3], rejected [2, -1] -> sorted [0, 3] - [-1, 2] = [1, 1]
     -> -log sigma(1) = 0.3133.

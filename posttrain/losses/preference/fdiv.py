@@ -56,7 +56,7 @@ def f_dpo_loss(
     beta: float = 0.1,
     alpha: float = 0.5,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """f-DPO: L = -log sigma(beta * (f'(u_w) - f'(u_l))), u = pi/pi_ref, f' from :data:`F_DIVERGENCES`  (Wang et al. 2023, Thm. 1).
+    """f-DPO: L = -log sigma(beta * (f'(u_w) - f'(u_l))), u = pi/pi_ref, f' from :data:`F_DIVERGENCES`  (Wang et al. 2023).
 
     Rewards logged: beta * log u, as TRL (whatever the divergence). Extra metric ``fdpo/margin``: mean h_f.
     Example: forward KL, beta=1, log u_w = log 2, log u_l = 0 -> h_f = 0.5 -> -log sigma(0.5) = 0.4741.
