@@ -7,13 +7,14 @@ optimizer step is a classification step over (chosen, rejected) pairs:
     loss, metrics = PREFERENCE_LOSSES[cfg.loss](policy_chosen_logps=seq_logps[:B], ...,
                                                 ref_chosen_logps=ref[:B], ref_rejected_logps=ref[B:], beta=beta)
 
-The loss is a lookup in :data:`~posttrain.losses.preference.PREFERENCE_LOSSES`; what a variant needs
+The loss is a lookup in :data:`~posttrain.losses.preference.PREFERENCE_LOSSES` (``--loss a,b,c --loss-weights``:
+their weighted sum, TRL's MPO; ``resolve_loss``); what a variant needs
 beyond the log-probs (lengths for SimPO/IPO/R-DPO, the chosen NLL for RPO) comes from
 :data:`~posttrain.losses.preference.LOSS_EXTRAS` and :data:`EXTRA_INPUTS` below, never from a branch on
 the loss name. The reference model is a second copy of the init checkpoint, frozen (``eval()``, no
 gradients). The reference log-probs depend only on the data, so by default they are computed once
 for the whole dataset before training (``precompute_ref``), which removes one of the two forward
-passes per step; SimPO (:data:`REFERENCE_FREE_LOSSES`) needs no reference at all. KTO
+passes per step; SimPO and SFT (``REFERENCE_FREE_LOSSES``) need no reference at all. KTO
 (:data:`UNPAIRED_LOSSES`) trains on labelled single completions; its KL reference point uses
 mismatched (prompt, completion) pairs that change with each batch, so it keeps the reference model.
 

@@ -36,6 +36,7 @@ from posttrain.losses.preference import (
     hinge_loss,
     ipo_loss,
     kto_loss,
+    parse_loss_weights,
     rdpo_loss,
     resolve_loss,
     robust_dpo_loss,
@@ -768,3 +769,15 @@ def test_combination_weights_add_up_and_errors():
                          ("beta_dpo,bco_pair", None, "at most one stateful")]:  # fmt: skip
         with pytest.raises(ConfigError, match=msg):
             resolve_loss(spec, w)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=5), st.sampled_from([",", ", ", " ,"]))
+def test_parse_loss_weights_round_trips_and_counts(ws, sep):
+    text = sep.join(repr(w) for w in ws)
+    assert parse_loss_weights(text, len(ws)) == tuple(ws)
+    assert parse_loss_weights(ws, len(ws)) == tuple(ws)
+    with pytest.raises(ConfigError, match=f"has {len(ws)} weights for {len(ws) + 1} loss"):
+        parse_loss_weights(text, len(ws) + 1)
+    with pytest.raises(ConfigError, match="finite number >= 0"):
+        parse_loss_weights(text + sep + "-1", len(ws) + 1)
