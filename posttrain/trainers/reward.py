@@ -25,7 +25,7 @@ Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_check
 ``reward_model`` entry (``fn(prompts, completions) -> list[float]``) so RL can train against it.
 
 Not handled: Plackett-Luce rankings and pointwise scores from files (the losses exist in
-``losses/preference.py``), gradient accumulation, reward ensembles at training time.
+``losses/ranking.py``), gradient accumulation, reward ensembles at training time.
 """
 
 from __future__ import annotations
