@@ -366,9 +366,13 @@ def flag_name(dotted: str) -> str:
     return "--" + dotted.replace("_", "-")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per leaf field of ``cls``; values stay strings until :func:`build_config`."""
-    group = parser.add_argument_group(f"{cls.__name__} fields (override preset and --config)")
+def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), *, switches: bool = False,
+                     title: str | None = None) -> None:
+    """Add one ``--flag`` per leaf field of ``cls``; values stay strings until :func:`build_config`.
+
+    With ``switches`` a bool field is a switch pair (``--bloom`` / ``--no-bloom``) instead of taking a value
+    (``--bloom true``), and a tuple or list field takes one or more values (``--contamination A.jsonl B.jsonl``)."""
+    group = parser.add_argument_group(title or f"{cls.__name__} fields (override preset and --config)")
     for name, f, tp in leaf_fields(cls):
         if name in skip:
             continue
@@ -381,13 +385,20 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...]
             help_text += f" {{{', '.join(map(str, choices))}}}"
         if f.metadata.get("bounds"):
             help_text += f" [{bounds_text(f.metadata['bounds'])}]"
+        base = _strip_optional(tp)[0]
+        kind: dict[str, Any] = {"metavar": getattr(base, "__name__", "V").upper()}
+        if switches and base is bool:
+            kind = {"action": argparse.BooleanOptionalAction}
+        elif switches and get_origin(base) in (tuple, list):
+            item = (get_args(base) or (str,))[0]
+            kind = {"nargs": "+", "metavar": getattr(item, "__name__", "V").upper()}
         group.add_argument(
             flag_name(name),
-            *([("--" + name)] if "_" in name else []),
+            *([("--" + name)] if "_" in name and "action" not in kind else []),
             dest="cfg:" + name,
             default=argparse.SUPPRESS,
-            metavar=getattr(_strip_optional(tp)[0], "__name__", "V").upper(),
             help=f"{help_text} (default: {default})",
+            **kind,
         )
 
 

@@ -27,6 +27,7 @@ import torch
 
 from posttrain.config import check_fields, knob
 from posttrain.losses.logprobs import warp_logits
+from posttrain.models.heads import positions_from_mask
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Generation:
 
     @property
     def position_ids(self) -> torch.Tensor:
-        return (self.attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+        return positions_from_mask(self.attention_mask)
 
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
@@ -134,25 +135,50 @@ def generate(
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id, device)  # (B, P)
     G = cfg.num_samples
-    B, P = ids.shape
-    N, T = B * G, cfg.max_new_tokens
-    pos = (mask.cumsum(-1) - 1).clamp_min(0)  # (B, P)
+    P = ids.shape[1]
+    pos = positions_from_mask(mask)  # (B, P)
     ckw = cache_kwarg(model)
+    logits, cache, expand = _prefill(model, ids, mask, pos, G, cfg.max_new_tokens, use_cache, ckw)
+    ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)
+    out_ids, out_mask, logps, raw_logps = _decode(model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator,
+                                                  use_cache, ckw)
+    ended = (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
+    model.train(was_training)
+    return Generation(
+        sequences=torch.cat([ids, out_ids], dim=1),
+        attention_mask=torch.cat([mask, out_mask], dim=1),
+        completion_ids=out_ids,
+        completion_mask=out_mask,
+        logps=logps,
+        raw_logps=raw_logps,
+        truncated=~ended.any(-1),
+        prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(G),
+        prompt_length=P,
+    )
 
-    # Prefill each distinct prompt once, then copy its cache to its G samples: the G rows of a group
-    # share the prompt, so this saves (G-1)/G of the prefill work (Hugging Face expands before prefill).
+
+def _prefill(model, ids, mask, pos, G: int, T: int, use_cache: bool, ckw: str):
+    """Run each distinct prompt once, then copy its cache to its G samples: the G rows of a group share the
+    prompt, so this saves (G-1)/G of the prefill work (Hugging Face expands before prefill).
+    Returns (next-token logits (N, V), the expanded cache or None, the row -> prompt index (N,))."""
+    B, P = ids.shape
     cache = _make_cache(model, B, P + T) if use_cache else None
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=use_cache, **{ckw: cache})
     logits = out.logits[:, -1].float()  # (B, V)
-    expand = torch.arange(B, device=device).repeat_interleave(G)  # (N,)
+    expand = torch.arange(B, device=ids.device).repeat_interleave(G)  # (N,)
     if use_cache:
         cache = _cache_of(out)
         if G > 1:
             cache = _repeat_cache(cache, expand, G)
-    logits = logits[expand]  # (N, V)
-    ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)
-    next_pos = pos[:, -1] + 1  # (N,)
+    return logits[expand], cache, expand
 
+
+def _decode(model, logits, cache, ids, mask, pos, cfg: SamplingConfig, pad_id, eos_id, generator, use_cache: bool,
+            ckw: str):
+    """Sample up to ``cfg.max_new_tokens`` tokens per row, in lock-step, stopping rows at EOS; without the
+    cache, every step re-runs the whole prefix (the oracle). Returns (ids, mask, logps, raw_logps), (N, steps)."""
+    N, T, device = ids.shape[0], cfg.max_new_tokens, ids.device
+    next_pos = pos[:, -1] + 1  # (N,)
     out_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)
     out_mask = torch.zeros((N, T), dtype=torch.long, device=device)
     logps = torch.zeros((N, T), dtype=torch.float32, device=device)
@@ -190,22 +216,7 @@ def generate(
             out = model(input_ids=seq, attention_mask=full_mask, position_ids=allpos)
         next_pos = next_pos + 1
         logits = out.logits[:, -1].float()
-
-    out_ids, out_mask = out_ids[:, :steps], out_mask[:, :steps]
-    logps, raw_logps = logps[:, :steps], raw_logps[:, :steps]
-    ended = (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
-    model.train(was_training)
-    return Generation(
-        sequences=torch.cat([ids, out_ids], dim=1),
-        attention_mask=torch.cat([mask, out_mask], dim=1),
-        completion_ids=out_ids,
-        completion_mask=out_mask,
-        logps=logps,
-        raw_logps=raw_logps,
-        truncated=~ended.any(-1),
-        prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(G),
-        prompt_length=P,
-    )
+    return out_ids[:, :steps], out_mask[:, :steps], logps[:, :steps], raw_logps[:, :steps]
 
 
 def decode_completions(tokenizer, gen: Generation) -> list[str]:

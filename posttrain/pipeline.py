@@ -9,7 +9,7 @@ table is printed and saved as ``demo_summary.json``. Stages that are not install
 
 The demo is ONE seed (printed first, and saved in the summary): a single run says little about what to
 expect, since outcomes vary from seed to seed. For distributions (mean ± sd over seeds, the worst seed) run
-``benchmarks/outcomes.py`` (docs/outcomes.md).
+``benchmarks/bench_outcomes.py`` (docs/outcomes.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def run_demo(out: str, sft_steps: int | None = None, rl_steps: int | None = None
 
     out_dir = Path(out)
     table: dict[str, dict] = {}
-    print(f"demo seed: {seed} (one seed; for mean ± sd over seeds and the worst seed: benchmarks/outcomes.py)")
+    print(f"demo seed: {seed} (one seed; for mean ± sd over seeds and the worst seed: benchmarks/bench_outcomes.py)")
 
     print("=== stage 1/3: SFT on the embedded task's demonstrations ===")
     sft_cfg = SFTConfig(out=str(out_dir / "sft"), seed=seed, **({"steps": sft_steps} if sft_steps else {}))

@@ -19,6 +19,30 @@ def test_help_lists_commands():
         assert cmd in out
 
 
+def test_top_level_help_imports_no_torch_and_no_trainer():
+    """``posttrain --help`` builds only the command list: no trainer module, so no torch (the flags of a
+    command are built when the command line names it)."""
+    code = ("import sys, contextlib, io\nfrom posttrain.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try: main(['--help'])\n    except SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('posttrain.trainers')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_lazy_parser_builds_only_the_named_command():
+    from posttrain.cli import build_parser, named_command
+
+    assert named_command(["sft", "--steps", "3"]) == "sft" and named_command(["--help"]) is None
+    def flags(parser):  # command -> its option strings
+        sub = next(a for a in parser._actions if isinstance(a.choices, dict))
+        return {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}
+
+    lazy, full = flags(build_parser(["dpo", "--steps", "2"])), flags(build_parser())
+    assert "--steps" in lazy["dpo"] and lazy["sft"] == {"-h", "--help"}
+    assert "--steps" in full["sft"] and "--steps" in full["dpo"] and lazy["dpo"] == full["dpo"]
+
+
 def test_sft_then_eval(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["sft", "--preset", "tiny", "--out", str(run), *TINY]) == 0

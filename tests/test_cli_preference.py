@@ -49,6 +49,8 @@ def test_dpo_loss_kwargs_flag(tmp_path, sft):
         (["dpo"], "dpo needs --init SFT_CHECKPOINT"),
         (["dpo", "--loss", "nope"], "loss='nope' is not valid"),
         (["dpo", "--loss", "dpo", "--loss-kwargs", '{"gamma": 1}'], "not accepted by loss 'dpo'"),
+        (["dpo", "--loss", "dpo,sft", "--loss-weights", "1"], "loss_weights='1' has 1 weights for 2 loss"),
+        (["dpo", "--loss", "dpo,kto"], "kto is unpaired and cannot be combined"),
         (["dpo", "--init", "/nonexistent"], "checkpoint not found"),
         (["rm", "--source", "policy"], "--source policy samples the --init model"),
         (["rm", "--bucket-edges", "3,1"], "bucket_edges must be increasing"),

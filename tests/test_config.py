@@ -141,7 +141,7 @@ def test_bounds_reach_the_help_text():
 CONFIG_MODULES = ("posttrain.trainers.sft", "posttrain.trainers.dpo", "posttrain.trainers.reward",
                   "posttrain.trainers.policy_gradient", "posttrain.trainers.alarms", "posttrain.generate",
                   "posttrain.models.gpt", "posttrain.tasks.arithmetic", "posttrain.data.preference_pairs",
-                  "posttrain.data.dedup.dedup")
+                  "posttrain.data.dedup.run")
 
 
 def _config_classes():

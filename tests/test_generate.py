@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from posttrain.errors import ConfigError
 from posttrain.generate import SamplingConfig, generate, left_pad
-from posttrain.losses.logprobs import completion_logps
+from posttrain.scoring import completion_logps
 
 PROMPTS = [[1, 5, 6, 14, 7, 8, 16], [1, 9, 16], [1, 5, 5, 5]]
 

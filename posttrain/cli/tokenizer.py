@@ -120,7 +120,7 @@ def _train(args) -> int:
 
 
 def _progress(it, desc):
-    from tqdm import tqdm
+    from posttrain.progress import tqdm  # a bar on a terminal, plain lines in a log
 
     return tqdm(it, desc=desc, unit=" lines", file=sys.stderr, disable=None, mininterval=1.0)
 

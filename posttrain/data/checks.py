@@ -239,47 +239,22 @@ def fit_sequences(tokenizer, records: Sequence, fields: Callable[[object], tuple
     for i, rec in enumerate(records):
         loc = where(records, i)
         prompt_text, comp_fields = fields(rec)
-        named = [("prompt", prompt_text, True)] + [(n, t, False) for n, t in comp_fields]
-        ids, over = {}, []
-        for name, text, is_prompt in named:
-            if limit is not None and len(text) > limit:
-                over.append(f"{name} has {len(text)} characters (too many, checked before encoding)")
-                if pol.long != "truncate":
-                    break
-                text = text[len(text) - limit:] if is_prompt else text[:limit]
-            ids[name] = enc.encode(text, name, i, loc)
-        if over and pol.long != "truncate":
-            pol.too_long(loc, over[0])
+        ids, over = _encode_fields(enc, pol, limit, prompt_text, comp_fields, i, loc)
+        if ids is None:
             continue
         for name, text in (also(rec) if also is not None else ()):
             if limit is None or len(text) <= limit:
                 enc.encode(text, name, i, loc)
-        prompt = ([int(bos)] if bos is not None else []) + ids["prompt"]
-        if max_prompt_length is not None and len(prompt) > max_prompt_length:
-            prompt = prompt[len(prompt) - max_prompt_length:]
-        comps = [ids[name] + ([int(eos)] if eos is not None else []) for name, _ in comp_fields]
+        prompt, comps = _add_specials(ids, comp_fields, bos, eos, max_prompt_length)
         if distinct and len(comps) == 2 and comps[0] == comps[1] and not over:
             raise DataError(f"{loc}: {comp_fields[0][0]!r} and {comp_fields[1][0]!r} encode to the same tokens (they "
                             f"differ only in characters this tokenizer maps to <unk>, or in what it drops): the pair "
                             f"carries no preference")
         if max_completion_length is not None:
             comps = [c[:max_completion_length] for c in comps]
-        fitted = Fitted(prompt, comps)
-        total = len(prompt) + max((len(c) for c in comps), default=0)
-        if over or (window is not None and total > window):
-            if over:
-                detail = over[0]
-            elif comps:
-                j = max(range(len(comps)), key=lambda k: len(comps[k]))
-                detail = f"prompt {len(prompt)} + {comp_fields[j][0]} {len(comps[j])} = {total} tokens"
-            else:
-                detail = f"prompt is {len(prompt)} tokens"
-            pol.too_long(loc, detail)
-            if pol.long == "skip":
-                continue
-            fitted = _fit(prompt, comps, window, bos is not None)
-            if fitted is None:
-                raise DataError(f"{loc}: the model's window of {window} tokens leaves no room for this record")
+        fitted = _fit_window(pol, window, prompt, comps, comp_fields, over, loc, bos is not None)
+        if fitted is None:  # skipped (--long skip)
+            continue
         if distinct and len(fitted.completions) == 2 and fitted.completions[0] == fitted.completions[1]:
             pol.identical.append(loc)  # identical only once cut (max_completion_length or --long truncate)
             continue
@@ -288,3 +263,51 @@ def fit_sequences(tokenizer, records: Sequence, fields: Callable[[object], tuple
     enc.finish()
     pol.finish(len(kept))
     return kept, out
+
+
+def _encode_fields(enc, pol, limit, prompt_text: str, comp_fields, i: int, loc: str):
+    """Token ids of the prompt and each completion field, and what was over the character limit (checked
+    before encoding). (None, over) when the record is too long and is not to be truncated."""
+    named = [("prompt", prompt_text, True)] + [(n, t, False) for n, t in comp_fields]
+    ids, over = {}, []
+    for name, text, is_prompt in named:
+        if limit is not None and len(text) > limit:
+            over.append(f"{name} has {len(text)} characters (too many, checked before encoding)")
+            if pol.long != "truncate":
+                break
+            text = text[len(text) - limit:] if is_prompt else text[:limit]
+        ids[name] = enc.encode(text, name, i, loc)
+    if over and pol.long != "truncate":
+        pol.too_long(loc, over[0])
+        return None, over
+    return ids, over
+
+
+def _add_specials(ids: dict, comp_fields, bos, eos, max_prompt_length):
+    """[BOS] + prompt (its last ``max_prompt_length`` tokens) and each completion + [EOS], as in training."""
+    prompt = ([int(bos)] if bos is not None else []) + ids["prompt"]
+    if max_prompt_length is not None and len(prompt) > max_prompt_length:
+        prompt = prompt[len(prompt) - max_prompt_length:]
+    return prompt, [ids[name] + ([int(eos)] if eos is not None else []) for name, _ in comp_fields]
+
+
+def _fit_window(pol, window, prompt, comps, comp_fields, over, loc: str, has_bos: bool) -> Fitted | None:
+    """The record as fitted to the model's window under the length policy (None: skipped)."""
+    fitted = Fitted(prompt, comps)
+    total = len(prompt) + max((len(c) for c in comps), default=0)
+    if not over and (window is None or total <= window):
+        return fitted
+    if over:
+        detail = over[0]
+    elif comps:
+        j = max(range(len(comps)), key=lambda k: len(comps[k]))
+        detail = f"prompt {len(prompt)} + {comp_fields[j][0]} {len(comps[j])} = {total} tokens"
+    else:
+        detail = f"prompt is {len(prompt)} tokens"
+    pol.too_long(loc, detail)
+    if pol.long == "skip":
+        return None
+    fitted = _fit(prompt, comps, window, has_bos)
+    if fitted is None:
+        raise DataError(f"{loc}: the model's window of {window} tokens leaves no room for this record")
+    return fitted

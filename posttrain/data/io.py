@@ -104,30 +104,10 @@ def iter_jsonl(
                     break
                 line_no += 1
                 stats.lines += 1
-                reason = None
-                if too_long:
-                    reason = f"line longer than {max_line_bytes} bytes (the per-record limit), not read"
-                else:
-                    try:
-                        line = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        reason = f"not valid UTF-8 ({e.reason} at byte {e.start + 1})"
-                if reason is None:
-                    if not line.strip():
-                        stats.blank += 1
-                        continue
-                    try:
-                        rec = json.loads(line)
-                        if not isinstance(rec, dict):
-                            reason = f"expected a JSON object, got {type(rec).__name__}"
-                        else:
-                            missing = [k for k in required if k not in rec]
-                            if missing:
-                                reason = f"missing field {missing[0]!r} (needs {', '.join(required)})"
-                    except json.JSONDecodeError as e:
-                        reason = f"not valid JSON ({e.msg} at column {e.colno})"
-                    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
-                        reason = f"not valid JSON ({_json_limit(e)})"
+                rec, reason = _parse_record(raw, too_long, max_line_bytes, required)
+                if rec is None and reason is None:
+                    stats.blank += 1
+                    continue
                 if reason is not None:
                     if on_bad_line == "error":
                         raise DataError(f"{p}:{line_no}: {reason}")
@@ -140,6 +120,30 @@ def iter_jsonl(
     finally:
         if rej is not None:
             rej.close()
+
+
+def _parse_record(raw: bytes, too_long: bool, max_line_bytes: int, required: tuple[str, ...]):
+    """One JSONL line -> (record, None), (None, why it is a bad line), or (None, None) for a blank line."""
+    if too_long:
+        return None, f"line longer than {max_line_bytes} bytes (the per-record limit), not read"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not valid UTF-8 ({e.reason} at byte {e.start + 1})"
+    if not line.strip():
+        return None, None
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        return None, f"not valid JSON ({e.msg} at column {e.colno})"
+    except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
+        return None, f"not valid JSON ({_json_limit(e)})"
+    if not isinstance(rec, dict):
+        return None, f"expected a JSON object, got {type(rec).__name__}"
+    missing = [k for k in required if k not in rec]
+    if missing:
+        return None, f"missing field {missing[0]!r} (needs {', '.join(required)})"
+    return rec, None
 
 
 def read_jsonl(path: str | Path, *, required: Iterable[str] = (), allow_empty: bool = False,
@@ -189,6 +193,14 @@ def write_target(path: str | Path) -> tuple[Path | None, bool]:
     if st is not None and not stat.S_ISREG(st.st_mode):
         return p, False  # open() follows a link itself (a link to /proc/self/fd/1 may name a pipe)
     return (Path(os.path.realpath(p)) if p.is_symlink() else p), True
+
+
+def sidecar(output: str | Path, suffix: str) -> str | None:
+    """The default path of a file written beside ``output`` (``kept.jsonl`` -> ``kept.jsonl.stats.json``),
+    or None when ``output`` is stdout or a device/FIFO: ``--output /dev/null`` must not create
+    ``/dev/null.stats.json``."""
+    real, atomic = write_target(output)
+    return str(output) + suffix if atomic else None
 
 
 @contextlib.contextmanager

@@ -20,6 +20,9 @@ Generated pairs are cached as JSONL (``pairs.jsonl`` + ``pairs.meta.json`` namin
 run directory, so a resumed run trains on exactly the same data and users can inspect or reuse them
 (the file is in the ``{"prompt", "chosen", "rejected"}`` format ``--data`` reads).
 
+Sampling the model is :mod:`posttrain.on_policy_pairs` (``on_policy_pairs``): this module holds only data
+(configs, labelling, corruptions, the JSONL cache) and never runs a model.
+
 Not handled here: rankings of k > 2 responses, and tasks other than the embedded arithmetic one
 (any task with a ``verify(completion, answer)`` function works with :func:`label_pairs`).
 """
@@ -33,14 +36,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-
 from posttrain.config import check_fields, knob
 from posttrain.data.io import atomic_write_json, atomic_write_jsonl
 from posttrain.data.preference import PreferencePair, load_preference_pairs
 from posttrain.errors import DataError
-from posttrain.evaluation import encode_prompt
-from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.tasks.arithmetic import Problem, verify
 
 PAIRS_FILE = "pairs.jsonl"
@@ -79,24 +78,7 @@ class PairStats:
 
 
 # ---------------------------------------------------------------------------------------------
-# on-policy pairs
-
-
-@torch.no_grad()
-def sample_completions(
-    model, tokenizer, prompts: Sequence[str], *, num_samples: int, temperature: float = 1.0,
-    max_new_tokens: int = 8, batch_prompts: int = 256, generator: torch.Generator | None = None,
-) -> list[list[str]]:
-    """``num_samples`` sampled completion texts per prompt (EOS excluded), prompt order kept."""
-    cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, num_samples=num_samples)
-    out: list[list[str]] = []
-    for start in range(0, len(prompts), batch_prompts):
-        chunk = prompts[start : start + batch_prompts]
-        gen = generate(model, [encode_prompt(tokenizer, p) for p in chunk], pad_id=tokenizer.pad_id,
-                       eos_id=tokenizer.eos_id, cfg=cfg, generator=generator)
-        texts = decode_completions(tokenizer, gen)  # prompt-major: G rows per prompt
-        out.extend(texts[i * num_samples : (i + 1) * num_samples] for i in range(len(chunk)))
-    return out
+# on-policy pairs: labelling (the sampling is posttrain.on_policy_pairs, which runs the model)
 
 
 def label_pairs(
@@ -135,24 +117,6 @@ def label_pairs(
         pairs.extend(PreferencePair(prompt, c, r) for c, r in picked)
     stats.pairs = len(pairs)
     return pairs
-
-
-def on_policy_pairs(
-    model, tokenizer, problems: Sequence[Problem], cfg: PairDataConfig, *, num_prompts: int | None = None,
-    verifier: Callable[[str, str], bool] = verify,
-) -> tuple[list[PreferencePair], PairStats]:
-    """Sample ``model`` on ``num_prompts`` (default ``cfg.num_prompts``) of ``problems`` and label the pairs."""
-    n = min(num_prompts or cfg.num_prompts, len(problems))
-    chosen_problems = random.Random(f"pair-prompts:{cfg.seed}").sample(list(problems), n)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    samples = sample_completions(model, tokenizer, [p.prompt for p in chosen_problems],
-                                 num_samples=cfg.samples_per_prompt, temperature=cfg.temperature,
-                                 max_new_tokens=cfg.max_new_tokens, batch_prompts=cfg.batch_prompts, generator=gen)
-    stats = PairStats()
-    pairs = label_pairs([p.prompt for p in chosen_problems], [p.answer for p in chosen_problems], samples,
-                        max_pairs_per_prompt=cfg.max_pairs_per_prompt, gold_chosen=cfg.gold_chosen,
-                        rng=random.Random(f"pair-choice:{cfg.seed}"), verifier=verifier, stats=stats)
-    return pairs, stats
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ careful implementation serves SFT, reward models, DPO and RL:
 draws from ``softmax(warp(logits))`` and records these log-probs; RL recomputes them with the same
 ``warp`` so the importance ratio compares like with like (no untruncated-log-prob bias).
 
-Pure tensor functions: no models, no configs.
+Pure tensor functions: no models, no configs (running a model to get these log-probs is
+:mod:`posttrain.scoring`).
 """
 
 from __future__ import annotations
@@ -93,80 +94,3 @@ def sequence_logps(token_lp: torch.Tensor, mask: torch.Tensor, average: bool = F
     mask = mask.to(token_lp.dtype)
     s = (token_lp * mask).sum(-1)
     return s / mask.sum(-1).clamp_min(1.0) if average else s
-
-
-def completion_logps(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    completion_start: int,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    position_ids: torch.Tensor | None = None,
-    completion_mask: torch.Tensor | None = None,
-    return_entropy: bool = False,
-):
-    """Token log-probs of ``input_ids[:, completion_start:]`` under ``model`` (one forward pass).
-
-    The sequences are [left-padded prompt | completion]; positions before ``completion_start`` are the
-    prompt. Returns (B, T_completion) log-probs under the warped distribution (and entropies if asked).
-    With ``completion_mask``, masked positions are 0 (a truncated-away pad token would otherwise be -inf).
-    Works with posttrain's GPT and with Hugging Face causal LMs (same call signature).
-    """
-    if position_ids is None:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    logits = out.logits[:, completion_start - 1 : -1]  # (B, Tc, V) predicts input_ids[:, completion_start:]
-    lp, warped = _completion_token_logps(logits, input_ids[:, completion_start:], temperature, top_k, top_p,
-                                         completion_mask)
-    return (lp, token_entropy(warped)) if return_entropy else lp
-
-
-def _completion_token_logps(logits, labels, temperature, top_k, top_p, completion_mask):
-    """Warp, pick the labels' log-probs, zero masked positions. -> (logps (B, T), warped logits)."""
-    warped = warp_logits(logits, temperature, top_k, top_p) if (temperature != 1.0 or top_k or top_p) else logits
-    lp = token_logps(warped, labels)
-    if completion_mask is not None:
-        lp = torch.where(completion_mask.bool(), lp, torch.zeros_like(lp))
-    return lp, warped
-
-
-def prefix_shared_completion_logps(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    completion_start: int,
-    prompt_index: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    completion_mask: torch.Tensor | None = None,
-):
-    """:func:`completion_logps` (with entropies) computed with each distinct prompt run once.
-
-    Rows sharing ``prompt_index`` (the G samples of a prompt) share the prompt's keys and values: the U
-    distinct prompts go through the model once, their cache is gathered to the N rows (a differentiable
-    index, so gradients reach the prompt positions exactly as in a full forward), then only the
-    completion tokens are run. Work drops from N*(P+T) to U*P + N*T token positions.
-    Needs a model whose ``cache`` argument accepts :class:`posttrain.models.gpt.ConcatKVCache`.
-    """
-    from posttrain.models.gpt import ConcatKVCache
-
-    P = completion_start
-    uniq, inv = torch.unique(prompt_index, return_inverse=True)  # (U,), (N,)
-    first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
-        0, inv, torch.arange(len(inv), device=input_ids.device))  # a representative row per prompt
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp_min(0)  # (N, P+T)
-    cache = ConcatKVCache()
-    out = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                position_ids=pos[first, :P], cache=cache, use_cache=True)
-    first_logits = out.logits[:, -1][inv]  # (N, V): predicts completion token 0
-    cache.reorder(inv)
-    out = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache,
-                use_cache=True)
-    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
-    lp, warped = _completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
-    return lp, token_entropy(warped)

@@ -19,6 +19,13 @@ Aggregation (a named argument, ``AGGREGATIONS``), with N sequences, T_i real tok
     "seq_mean_token_mean"      sum_i (1/N) (1/T_i) sum_t loss_it        original GRPO
     "token_mean"               sum_i sum_t loss_it / sum_i T_i          DAPO (Yu et al. 2025), TRL "dapo"
     "seq_mean_token_sum_norm"  sum_i sum_t loss_it / (N * max_len)      Dr. GRPO (Liu et al. 2025)
+    "seq_mean_token_sum"       sum_i (1/N) sum_t loss_it                LUSPO (with ratio_level="sequence": each
+                                                                        sequence's loss scaled by its length), TRL "luspo"
+
+The objective itself is a named argument too (``objective``, :mod:`posttrain.losses.policy_objectives`): the
+clipped surrogate above, or CISPO, SAPO, VESPO. ``kl_bias_correction`` multiplies the KL term by the ratio,
+beta * r_t * KL_t (DeepSeek-V3.2; TRL's ``use_bias_correction_kl``): under samples from pi_old,
+E[r k3] = E_pi[k3], so the KL term's gradient is the unbiased reverse-KL gradient even off-policy.
 
 Micro-batch invariance: each mode is a *sum over sequences* with weights that depend only on the sequence
 itself and on batch-global constants (N, sum_i T_i, max_len). The trainer computes those once on the full
@@ -40,6 +47,14 @@ import torch
 
 from posttrain.errors import ConfigError
 from posttrain.losses.kl import kl_estimate
+from posttrain.losses.logprobs import masked_mean
+from posttrain.losses.policy_objectives import (
+    CLIPPED_SIDES,
+    OBJECTIVE_METRICS,
+    OBJECTIVE_OPTIONS,
+    POLICY_OBJECTIVES,
+    clip_objective,
+)
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps inf/NaN out of the loss when a token's probability collapses
 
@@ -60,10 +75,15 @@ def _seq_mean_token_sum_norm(x, mask, num_seqs, num_tokens, max_len):
     return (x * mask).sum() / (num_seqs * max_len)
 
 
+def _seq_mean_token_sum(x, mask, num_seqs, num_tokens, max_len):
+    return (x * mask).sum() / num_seqs
+
+
 AGGREGATIONS = {
     "seq_mean_token_mean": _seq_mean_token_mean,
     "token_mean": _token_mean,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+    "seq_mean_token_sum": _seq_mean_token_sum,
 }
 
 
@@ -141,6 +161,9 @@ def policy_loss(
     ref_logps: torch.Tensor | None = None,
     beta: float = 0.0,
     kl_estimator: str = "k3",
+    objective: str = "clip",
+    objective_kwargs: dict | None = None,
+    kl_bias_correction: bool = False,
 ):
     """Clipped policy-gradient loss; returns ``(loss, metrics)``.
 
@@ -151,15 +174,13 @@ def policy_loss(
     agg, num_seqs, num_tokens, max_len: see :func:`aggregate` (pass the full batch's normalizers per micro-batch).
     entropy (B, T) and entropy_coef: bonus -coef * H. ref_logps and beta: KL(pi || ref) penalty with
     ``kl_estimator`` (k1/k2/k3); KL is reported whenever ``ref_logps`` is given, even with beta = 0.
+    objective: a key of ``POLICY_OBJECTIVES`` (clip | cispo | sapo | vespo), its options in ``objective_kwargs``.
+    kl_bias_correction: KL_t * ratio_t (TRL's use_bias_correction_kl; the reported ``kl`` is the corrected one, as TRL's).
 
     Example: logps - old_logps = 1 (ratio = e), A = 1, eps = 0.2 -> clipped to 1.2 -> loss = -1.2, zero gradient.
     """
-    if not (logps.shape == old_logps.shape == mask.shape) or logps.dim() != 2:
-        raise ValueError(f"logps, old_logps, mask must share a (B, T) shape; got {logps.shape}, {old_logps.shape}, {mask.shape}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ConfigError(f"dual_clip={dual_clip} must be > 1 (Ye et al. 2020 use 3)")
-    if beta != 0.0 and ref_logps is None:
-        raise ValueError("beta != 0 needs ref_logps (reference-model log-probs)")
+    _check_policy_inputs(logps, old_logps, mask, dual_clip, beta, ref_logps)
+    opts = _objective_options(objective, objective_kwargs)
     mask = mask.to(logps.dtype)
     adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(logps.dtype).detach()  # (B, 1|T)
     old_logps = old_logps.detach()
@@ -167,52 +188,91 @@ def policy_loss(
 
     log_ratio = _log_ratio(logps, old_logps, mask, ratio_level).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # (B, T)
     ratio = log_ratio.exp()  # (B, T)
-    obj = ratio * adv  # (B, T)
-    lo = hi = None
-    if clip_eps_low is not None:
-        lo, hi = clip_eps_low, clip_eps_low if clip_eps_high is None else clip_eps_high
-        obj = torch.minimum(obj, ratio.clamp(1.0 - lo, 1.0 + hi) * adv)  # (B, T)
-    if dual_clip is not None:
-        obj = torch.where(adv < 0, torch.maximum(obj, dual_clip * adv), obj)  # (B, T)
-    pg_tok = -obj  # (B, T)
+    lo, hi = _clip_range(clip_eps_low, clip_eps_high)
+    pg_tok = POLICY_OBJECTIVES[objective](logps=logps, old_logps=old_logps, ratio=ratio, adv=adv, mask=mask, lo=lo, hi=hi,
+                                          dual_clip=dual_clip, **opts)  # (B, T)
     total_tok = pg_tok
-
-    kl_tok = None
-    if ref_logps is not None:
-        kl_tok = kl_estimate(logps, ref_logps.detach(), kl_estimator)  # (B, T)
-        if beta != 0.0:
-            total_tok = total_tok + beta * kl_tok
+    kl_tok = kl_estimate(logps, ref_logps.detach(), kl_estimator) if ref_logps is not None else None  # (B, T)
+    if kl_tok is not None and kl_bias_correction:
+        kl_tok = kl_tok * ratio  # the ratio keeps its gradient, as in TRL
+    clip_lo, clip_hi = CLIPPED_SIDES[objective]
+    lo_m, hi_m = (lo if clip_lo else None), (hi if clip_hi else None)
+    if kl_tok is not None and beta != 0.0:
+        total_tok = total_tok + beta * kl_tok
     if entropy is not None and entropy_coef != 0.0:
         total_tok = total_tok - entropy_coef * entropy
-
     loss = aggregate(total_tok, mask, agg, **norms)
-
     with torch.no_grad():
-        n = mask.sum()
-        mmean = lambda x: ((x * mask).sum() / n.clamp_min(1.0)).item()  # noqa: E731
-        tok_log_ratio = (logps - old_logps).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-        real = mask > 0
-        metrics = {
-            "loss": loss.item(),
-            "pg_loss": aggregate(pg_tok, mask, agg, **norms).item(),
-            "num_tokens": n.item(),
-            "num_seqs": float(mask.shape[0]),
-            "ratio_mean": mmean(ratio),
-            "ratio_max": ratio[real].max().item() if real.any() else 1.0,
-            "ratio_min": ratio[real].min().item() if real.any() else 1.0,
-            "approx_kl": mmean(tok_log_ratio.exp() - 1.0 - tok_log_ratio),  # k3 of KL(pi_old || pi)
-            "clip_frac_low": mmean(((ratio < 1.0 - lo) & (adv < 0)).to(mask.dtype)) if lo is not None else 0.0,
-            "clip_frac_high": mmean(((ratio > 1.0 + hi) & (adv > 0)).to(mask.dtype)) if hi is not None else 0.0,
-        }
-        if dual_clip is not None:
-            metrics["dual_clip_frac"] = mmean(((ratio > dual_clip) & (adv < 0)).to(mask.dtype))
-        if kl_tok is not None:
-            metrics["kl"] = mmean(kl_tok)
-            metrics["kl_loss"] = aggregate(beta * kl_tok, mask, agg, **norms).item()
-        if entropy is not None:
-            metrics["entropy"] = mmean(entropy)
-            metrics["entropy_loss"] = aggregate(-entropy_coef * entropy, mask, agg, **norms).item()
+        metrics = _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo_m, hi_m, dual_clip, kl_tok, beta,
+                                  entropy, entropy_coef, agg, norms)
+        if objective in OBJECTIVE_METRICS:
+            metrics.update(OBJECTIVE_METRICS[objective](logps=logps, old_logps=old_logps, adv=adv, mask=mask, **opts))
     return loss, metrics
+
+
+def _check_policy_inputs(logps, old_logps, mask, dual_clip, beta, ref_logps) -> None:
+    if not (logps.shape == old_logps.shape == mask.shape) or logps.dim() != 2:
+        raise ValueError(f"logps, old_logps, mask must share a (B, T) shape; got {logps.shape}, {old_logps.shape}, {mask.shape}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ConfigError(f"dual_clip={dual_clip} must be > 1 (Ye et al. 2020 use 3)")
+    if beta != 0.0 and ref_logps is None:
+        raise ValueError("beta != 0 needs ref_logps (reference-model log-probs)")
+
+
+def _objective_options(objective: str, kwargs: dict | None) -> dict:
+    if objective not in POLICY_OBJECTIVES:
+        raise ConfigError(f"objective={objective!r} is not valid; choose one of: {', '.join(POLICY_OBJECTIVES)}")
+    kwargs = dict(kwargs or {})
+    unknown = sorted(set(kwargs) - set(OBJECTIVE_OPTIONS[objective]))
+    if unknown:
+        raise ConfigError(f"objective {objective!r} takes no option {unknown}; its options: "
+                          f"{', '.join(OBJECTIVE_OPTIONS[objective]) or '(none)'}")
+    return kwargs
+
+
+def _clip_range(clip_eps_low: float | None, clip_eps_high: float | None) -> tuple[float | None, float | None]:
+    """(low, high) of the clip range [1 - low, 1 + high]; high defaults to low; (None, None): no clip."""
+    if clip_eps_low is None:
+        return None, None
+    return clip_eps_low, clip_eps_low if clip_eps_high is None else clip_eps_high
+
+
+def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float | None, hi: float | None,
+                      dual_clip: float | None = None) -> torch.Tensor:
+    """PPO's pessimistic surrogate per token, ``min(r A, clip(r, 1 - lo, 1 + hi) A)`` (no clip when ``lo`` is
+    None), and with ``dual_clip`` c the objective of an A < 0 token is floored at c A. (B, T) -> (B, T)."""
+    return -clip_objective(ratio=ratio, adv=adv, lo=lo, hi=hi, dual_clip=dual_clip)
+
+
+def _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo, hi, dual_clip, kl_tok, beta, entropy,
+                    entropy_coef, agg, norms) -> dict[str, float]:
+    """The loss's parts and the ratio statistics, per-token means over the mask (:func:`masked_mean`)."""
+    def mean(x):
+        return masked_mean(x, mask).item()
+
+    tok_log_ratio = (logps - old_logps).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    real = mask > 0
+    metrics = {
+        "loss": loss.item(),
+        "pg_loss": aggregate(pg_tok, mask, agg, **norms).item(),
+        "num_tokens": mask.sum().item(),
+        "num_seqs": float(mask.shape[0]),
+        "ratio_mean": mean(ratio),
+        "ratio_max": ratio[real].max().item() if real.any() else 1.0,
+        "ratio_min": ratio[real].min().item() if real.any() else 1.0,
+        "approx_kl": mean(tok_log_ratio.exp() - 1.0 - tok_log_ratio),  # k3 of KL(pi_old || pi)
+        "clip_frac_low": mean(((ratio < 1.0 - lo) & (adv < 0)).to(mask.dtype)) if lo is not None else 0.0,
+        "clip_frac_high": mean(((ratio > 1.0 + hi) & (adv > 0)).to(mask.dtype)) if hi is not None else 0.0,
+    }
+    if dual_clip is not None:
+        metrics["dual_clip_frac"] = mean(((ratio > dual_clip) & (adv < 0)).to(mask.dtype))
+    if kl_tok is not None:
+        metrics["kl"] = mean(kl_tok)
+        metrics["kl_loss"] = aggregate(beta * kl_tok, mask, agg, **norms).item()
+    if entropy is not None:
+        metrics["entropy"] = mean(entropy)
+        metrics["entropy_loss"] = aggregate(-entropy_coef * entropy, mask, agg, **norms).item()
+    return metrics
 
 
 # --------------------------------------------------------------------------------------------- value loss

@@ -12,7 +12,7 @@ plus one transpose: GPT-2 stores its projections as ``Conv1D`` with weight (in, 
     transformer.{wte, wpe, ln_f}, h[i].ln_1 = ln1, h[i].ln_2 = ln2          (copied as they are)
 
 Both directions copy tensors (the models never share storage). Used to start a TRL run and ours from
-the *same* policy (``benchmarks/grpo.py``) and to hand a posttrain checkpoint to HF tooling.
+the *same* policy (``benchmarks/bench_grpo.py``) and to hand a posttrain checkpoint to HF tooling.
 
 Not handled (a clear error instead): grouped-query attention (``n_kv_head < n_head``), models without
 biases, GPT-2 configs with untied heads, ``scale_attn_by_inverse_layer_idx`` or

@@ -14,7 +14,9 @@ and an ``AutoModelForCausalLM`` alike:
 
 Padding: ``attention_mask`` (B, Nk) marks real tokens over all keys seen so far (cache + new); with left
 padding pass ``position_ids`` (the sampler computes them from the mask). The KV cache is preallocated
-(:class:`KVCache`), so a decode step writes one slot instead of concatenating.
+(:class:`KVCache`), so a decode step writes one slot instead of concatenating. Any object with the same
+interface works as ``cache`` (``update(layer, k, v) -> (k, v)`` over all keys so far, an int ``length``):
+:class:`posttrain.scoring.ConcatKVCache` is one, owned by its caller (this module imports none of them).
 """
 
 from __future__ import annotations
@@ -108,30 +110,6 @@ class KVCache:
             new = old.new_empty((old.shape[0], len(index), *old.shape[2:]))
             new[:, :, :, :n] = old[:, index, :, :n]
             setattr(self, name, new)
-
-
-class ConcatKVCache:
-    """A growing cache built with ``torch.cat``, safe under autograd (the preallocated :class:`KVCache` is
-    written in place, which autograd cannot differentiate through). Used to train with a shared prompt prefix:
-    run U distinct prompts once, ``reorder`` (gather, differentiable) to their N samples, then the completions."""
-
-    def __init__(self):
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
-        self.length = 0
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer in self.k:
-            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)  # (B, Hkv, Nk, D)
-        self.k[layer], self.v[layer] = k, v
-        return k, v
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def reorder(self, index: torch.Tensor) -> None:
-        self.k = {i: t[index] for i, t in self.k.items()}
-        self.v = {i: t[index] for i, t in self.v.items()}
 
 
 class CausalSelfAttention(nn.Module):

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from posttrain.ops.attention import naive_attention, visible_mask
-from posttrain.ops.flash_attention import flash_attention_backend
+from posttrain.ops.naive import naive_attention, visible_mask
+from posttrain.ops.flash import flash_attention_backend
 
 
 def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
@@ -54,9 +54,9 @@ def triton_attention_backend(q, k, v, causal: bool = True, key_padding_mask=None
 
 
 ATTENTION_BACKENDS: dict[str, Callable] = {
-    "naive": naive_attention,  # materialised N x N, hand-derived backward (ops/attention.py)
+    "naive": naive_attention,  # materialised N x N, hand-derived backward (ops/naive.py)
     "sdpa": sdpa_attention,  # torch.nn.functional.scaled_dot_product_attention
-    "flash": flash_attention_backend,  # tiled online softmax in PyTorch (ops/flash_attention.py)
+    "flash": flash_attention_backend,  # tiled online softmax in PyTorch (ops/flash.py)
     "triton": triton_attention_backend,  # Triton kernels, CUDA or TRITON_INTERPRET=1 (ops/triton_attention.py)
 }
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from posttrain.ops.attention import check_attention_inputs
+from posttrain.ops.naive import check_attention_inputs
 
 LOG2E = 1.4426950408889634
 

@@ -10,7 +10,8 @@ options dict can serve several rewards) and returning the reward function:
     REWARD_FUNCTIONS["overlength"](max_length=64, buffer=16)     -> a DAPO over-length penalty
     build_reward("math:1.0,format:0.1")                          -> WeightedReward
 
-The reward-model reward is registered by the preference/RM module (``register_reward``).
+``reward_model`` (a ``posttrain rm`` checkpoint, ``rm_path=DIR``) is listed here like the others; its module
+(:mod:`posttrain.rewards.reward_model`: torch, a checkpoint reader) is imported only when it is built.
 """
 
 from __future__ import annotations
@@ -46,12 +47,19 @@ def _math(backend: str = "auto", **_):
     return math_reward
 
 
+def _reward_model(**options):
+    from posttrain.rewards.reward_model import reward_model_reward  # lazy: torch and a checkpoint reader
+
+    return reward_model_reward(**options)
+
+
 REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunction]] = {
     "exact_match": _exact_match,
     "math": _math,
     "format": make_format_reward,
     "overlength": make_overlength_penalty,
     "code": make_code_reward,
+    "reward_model": _reward_model,
 }
 
 

@@ -15,6 +15,7 @@ from posttrain.tokenizers.base import Tokenizer
 from posttrain.tokenizers.bpe import BPEModel, BPETrainer
 from posttrain.tokenizers.bytelevel import ByteLevelBPETrainer
 from posttrain.tokenizers.char import CharTokenizer
+from posttrain.tokenizers.hf_json import load_hf_json
 from posttrain.tokenizers.pipeline import SubwordTokenizer
 from posttrain.tokenizers.unigram import UnigramModel, UnigramTrainer, sample_encode
 from posttrain.tokenizers.wordpiece import WordPieceModel, WordPieceTrainer
@@ -45,9 +46,4 @@ def load(path: str | Path) -> Tokenizer:
         raise UserError(f"{p}: not a valid tokenizer JSON file ({e})") from None
     if isinstance(data, dict) and data.get("type") == "char":
         return CharTokenizer.from_dict(data, source=p)
-    # Hugging Face tokenizer.json (BPE, byte-level BPE, WordPiece, Unigram): see hf_json.py
-    try:
-        from posttrain.tokenizers.hf_json import load_hf_json
-    except ImportError:
-        raise UserError(f"{p}: unsupported tokenizer file (only the char tokenizer is available)") from None
-    return load_hf_json(data, source=p)
+    return load_hf_json(data, source=p)  # Hugging Face tokenizer.json (BPE, byte-level BPE, WordPiece, Unigram)

@@ -3,7 +3,7 @@
 Key insight: run BPE on bytes instead of characters. The 256 byte values form the initial
 vocabulary, so any string — any *byte* string — is encodable and ``decode(encode(s)) == s`` exactly.
 To keep tokens printable in ``tokenizer.json``, each byte is shown as one character through GPT-2's
-``bytes_to_unicode`` map (space -> ``Ġ``, newline -> ``Ċ``); see :mod:`pretokenize`.
+``bytes_to_unicode`` map (space -> ``Ġ``, newline -> ``Ċ``); see :mod:`symbols`.
 
 Pre-tokenisation is a regex that keeps merges inside letter runs, digit runs and punctuation runs:
 GPT-2's (``" ?\\p{L}+"`` etc., a leading space glued to the word) or cl100k's (GPT-4: digits in
@@ -20,19 +20,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import regex
+
 from posttrain.errors import UserError
-from posttrain.tokenizers import pretokenize as P
-from posttrain.tokenizers.bpe import BPEModel, build_vocab, check_vocab_size, special_added_tokens, train_merges
+from posttrain.tokenizers.bpe import BPEModel, build_vocab, train_merges
+from posttrain.tokenizers.corpus import JoinedWords, count_words
+from posttrain.tokenizers.decoders import ByteLevelDecoder
+from posttrain.tokenizers.merges import check_vocab_size
+from posttrain.tokenizers.pipeline import SubwordTokenizer, special_added_tokens
+from posttrain.tokenizers.pre_tokenizers import GPT2_LINES_PATTERN, PATTERNS, ByteLevel, PreTokenizerSequence, Split
+from posttrain.tokenizers.symbols import BYTE_TO_UNICODE, LATIN1_TO_BL
 
 
 def pre_tokenizer_for(pattern: str):
     """'gpt2' -> ByteLevel (its own regex); 'cl100k' -> Sequence[Split(cl100k), ByteLevel(use_regex=False)]."""
     if pattern == "gpt2":
-        return P.ByteLevel(add_prefix_space=False)
-    if pattern in P.PATTERNS:
-        return P.PreTokenizerSequence([P.Split(P.PATTERNS[pattern], True, "Isolated"),
-                                       P.ByteLevel(add_prefix_space=False, use_regex=False)])
-    raise UserError(f"unknown pre-tokenizer pattern {pattern!r}; choose from {', '.join(P.PATTERNS)}")
+        return ByteLevel(add_prefix_space=False)
+    if pattern in PATTERNS:
+        return PreTokenizerSequence([Split(PATTERNS[pattern], True, "Isolated"),
+                                       ByteLevel(add_prefix_space=False, use_regex=False)])
+    raise UserError(f"unknown pre-tokenizer pattern {pattern!r}; choose from {', '.join(PATTERNS)}")
 
 
 @dataclass
@@ -53,35 +60,29 @@ class ByteLevelBPETrainer:
         """Raw regex words (byte mapping is applied once per distinct word, after counting); for 'gpt2',
         batches of lines are split by one regex pass (``corpus.JoinedWords``)."""
         if self.pattern == "gpt2":
-            from posttrain.tokenizers.corpus import JoinedWords
-
-            return JoinedWords(P.ByteLevel(add_prefix_space=False).split, regex_findall(P.GPT2_LINES_PATTERN),
+            return JoinedWords(ByteLevel(add_prefix_space=False).split, regex_findall(GPT2_LINES_PATTERN),
                                sep="", lines=True)
-        return regex_findall(P.PATTERNS[self.pattern]) if self.pattern in P.PATTERNS else pre_tokenizer_for(self.pattern)
+        return regex_findall(PATTERNS[self.pattern]) if self.pattern in PATTERNS else pre_tokenizer_for(self.pattern)
 
     def train(self, texts, log=None):
-        from posttrain.tokenizers.corpus import count_words
-
         raw = count_words(texts, self.words_fn(), workers=self.workers)
         return self.train_from_counts(raw, log=log)
 
     def train_from_counts(self, raw_word_counts: dict[str, int], log=None):
         """``raw_word_counts``: words as the regex cut them (before the byte map)."""
-        from posttrain.tokenizers.pipeline import SubwordTokenizer
-
         if not raw_word_counts:
             raise UserError("cannot train byte-level BPE on an empty corpus")
-        t = P._LATIN1_TO_BL
+        t = LATIN1_TO_BL
         wc = {w.encode("utf-8", "surrogateescape").decode("latin-1").translate(t): c for w, c in raw_word_counts.items()}
         specials = list(self.special_tokens)
-        alphabet = [P.BYTE_TO_UNICODE[b] for b in range(256)]
+        alphabet = [BYTE_TO_UNICODE[b] for b in range(256)]
         n = check_vocab_size(self.vocab_size, len(specials), 256, "byte-bpe")
-        alphabet, merges = train_merges(wc, n, min_frequency=self.min_frequency, alphabet=alphabet)
+        alphabet, merges = train_merges(wc, n, min_frequency=self.min_frequency, alphabet=alphabet, log=log)
         vocab = build_vocab(specials, alphabet, merges, self.vocab_size)
         if log:
             log(f"byte-bpe: {len(wc)} distinct words, {len(merges)} merges")
         return SubwordTokenizer(BPEModel(vocab, merges), pre_tokenizer=pre_tokenizer_for(self.pattern),
-                                decoder=P.ByteLevelDecoder(), added_tokens=special_added_tokens(specials),
+                                decoder=ByteLevelDecoder(), added_tokens=special_added_tokens(specials),
                                 kind=self.kind)
 
 
@@ -89,8 +90,6 @@ class regex_findall:
     """Picklable ``regex.findall`` for one pattern (worker processes)."""
 
     def __init__(self, pattern: str):
-        import regex
-
         self._re = regex.compile(pattern)
 
     def __call__(self, text: str) -> list[str]:

@@ -11,9 +11,9 @@ Saved as JSON ``{"type": "char", "alphabet": ..., "special_tokens": [...]}``; it
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
 
 SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -75,8 +75,6 @@ class CharTokenizer:
         return self._itos[idx] if 0 <= idx < len(self._itos) else None
 
     def save(self, path: str | Path) -> None:
-        from posttrain.data.io import atomic_write_json
-
         atomic_write_json(path, self.to_dict())
 
     # --- serialisation -----------------------------------------------------------------------

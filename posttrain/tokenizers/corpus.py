@@ -19,7 +19,9 @@ Not handled: compressed inputs, Parquet.
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -42,8 +44,6 @@ class ReadReport:
 def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, keep_bytes: bool = False,
                report: ReadReport | None = None, keep_newlines: bool = False) -> Iterator[str]:
     """Yield texts (lines, or ``record[text_field]`` for JSONL) from files; ``-`` reads stdin."""
-    import sys
-
     report = report if report is not None else ReadReport()
     errors = "surrogateescape" if keep_bytes else "replace"
     for path in paths:
@@ -118,7 +118,7 @@ class JoinedWords:
     ``words(text)`` splits one text; ``joined(sep.join(texts))`` must give the same words as all the
     texts split one by one. With ``sep="\n"`` that holds for splitters whose words never contain or
     look at whitespace (``Whitespace``: ``\w+|[^\w\s]+``). With ``lines=True`` (and ``sep=""``) it holds
-    for a splitter that treats each ``\n`` as the end of a text (``pretokenize.GPT2_LINES_PATTERN``),
+    for a splitter that treats each ``\n`` as the end of a text (``pre_tokenizers.GPT2_LINES_PATTERN``),
     and is used only when every text of the batch is one line ending in its only ``\n`` (what
     ``iter_texts(keep_newlines=True)`` yields for plain text); other batches are split text by text.
     With ``sep_free=True`` the joined pass is used only when no text holds ``sep`` itself (JSONL fields
@@ -173,8 +173,6 @@ def count_words(texts: Iterable[str], words_fn: Callable[[str], list[str]], *, w
         for b in _batches(texts, batch_chars):
             total.update(_count_batch(b))
     else:
-        import multiprocessing as mp
-
         with mp.get_context("fork").Pool(workers) as pool:
             for c in pool.imap_unordered(_count_batch, _batches(texts, batch_chars)):
                 if not total:

@@ -1,8 +1,10 @@
-"""Read and write Hugging Face ``tokenizer.json`` for the BPE, WordPiece and Unigram model types.
+"""Read Hugging Face ``tokenizer.json`` for the BPE, WordPiece and Unigram model types (writing is
+``SubwordTokenizer.to_hf_dict``: every stage writes its own JSON).
 
 Key insight: ``tokenizer.json`` is just the pipeline spelled out — ``added_tokens``, ``normalizer``,
 ``pre_tokenizer``, ``model`` and ``decoder`` — each a ``{"type": ...}`` object. Each type maps to one
-class here through a visible dict (``MODELS`` below, the component dicts in :mod:`pretokenize`),
+class here through a visible dict (``MODELS`` below, ``NORMALIZERS``, ``PRE_TOKENIZERS`` and ``DECODERS``
+in :mod:`normalizers`, :mod:`pre_tokenizers` and :mod:`decoders`),
 so a file we write loads in ``tokenizers`` and a file ``tokenizers`` writes loads here, and both
 encode every text to the same ids.
 
@@ -16,9 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from posttrain.errors import UserError
-from posttrain.tokenizers import pretokenize as P
 from posttrain.tokenizers.bpe import BPEModel
+from posttrain.tokenizers.decoders import decoder_from_json
+from posttrain.tokenizers.normalizers import normalizer_from_json
 from posttrain.tokenizers.pipeline import SubwordTokenizer
+from posttrain.tokenizers.pre_tokenizers import ByteLevel, PreTokenizerSequence, pre_tokenizer_from_json
 from posttrain.tokenizers.unigram import UnigramModel
 from posttrain.tokenizers.wordpiece import WordPieceModel
 
@@ -31,8 +35,8 @@ MODELS = {
 
 def _kind(model, pre_tokenizer) -> str:
     if model.type == "BPE":
-        pts = pre_tokenizer.steps if isinstance(pre_tokenizer, P.PreTokenizerSequence) else [pre_tokenizer]
-        return "byte-bpe" if any(isinstance(p, P.ByteLevel) for p in pts) else "bpe"
+        pts = pre_tokenizer.steps if isinstance(pre_tokenizer, PreTokenizerSequence) else [pre_tokenizer]
+        return "byte-bpe" if any(isinstance(p, ByteLevel) for p in pts) else "bpe"
     return model.type.lower()
 
 
@@ -48,9 +52,9 @@ def load_hf_json(data: dict, source: str | Path = "tokenizer.json") -> SubwordTo
         raise UserError(f"{source}: unsupported tokenizer model type {mtype!r} (supported: {', '.join(MODELS)})")
     try:
         model = MODELS[mtype](data["model"])
-        normalizer = P.normalizer_from_json(data.get("normalizer"))
-        pre_tokenizer = P.pre_tokenizer_from_json(data.get("pre_tokenizer"))
-        decoder = P.decoder_from_json(data.get("decoder"))
+        normalizer = normalizer_from_json(data.get("normalizer"))
+        pre_tokenizer = pre_tokenizer_from_json(data.get("pre_tokenizer"))
+        decoder = decoder_from_json(data.get("decoder"))
     except UserError as e:
         raise UserError(f"{source}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
@@ -59,22 +63,3 @@ def load_hf_json(data: dict, source: str | Path = "tokenizer.json") -> SubwordTo
              for t in data.get("added_tokens") or []]
     return SubwordTokenizer(model, normalizer=normalizer, pre_tokenizer=pre_tokenizer, decoder=decoder,
                             added_tokens=added, kind=_kind(model, pre_tokenizer))
-
-
-def to_hf_json(tok: SubwordTokenizer) -> dict:
-    """The tokenizer.json dict for ``tok`` (added tokens written with normalized=false, never stripped)."""
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": [
-            {"id": t["id"], "content": t["content"], "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": bool(t.get("special", True))}
-            for t in tok.added_tokens
-        ],
-        "normalizer": tok.normalizer.to_json() if tok.normalizer is not None else None,
-        "pre_tokenizer": tok.pre_tokenizer.to_json() if tok.pre_tokenizer is not None else None,
-        "post_processor": None,
-        "decoder": tok.decoder.to_json() if tok.decoder is not None else None,
-        "model": tok.model.to_json(),
-    }

@@ -2,8 +2,8 @@
 
 Key insight: every subword tokenizer is the same four-stage pipeline (Hugging Face's design) with a
 different model in the middle, so one class implements the :class:`~posttrain.tokenizers.base.Tokenizer`
-protocol for BPE, byte-level BPE, WordPiece and Unigram, and one function (``hf_json.to_hf_json``)
-serialises all of them. Encoding a text:
+protocol for BPE, byte-level BPE, WordPiece and Unigram, and one method (``to_hf_dict``: each stage
+writes its own ``to_json``) serialises all of them; :mod:`hf_json` reads them back. Encoding a text:
 
 1. split out special/added tokens (leftmost-longest match on the raw text; never split further),
 2. normalise each remaining segment, pre-tokenise it into words,
@@ -20,10 +20,15 @@ file's post-processor is ignored because ``encode`` adds no special tokens by co
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 from pathlib import Path
 
 import regex
+
+from posttrain.data.io import atomic_write_json
+from posttrain.errors import UserError
+from posttrain.tokenizers.symbols import bl_to_bytes
 
 # Conventional names -> protocol role, checked in order (first present wins).
 ROLE_NAMES = {
@@ -83,7 +88,7 @@ class SubwordTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return dict(self._stoi)
 
-    def _segments(self, text: str):
+    def segments(self, text: str):
         """Yield (plain_text, None) and (None, special_id) pieces in order."""
         if self._added_re is None:
             yield text, None
@@ -107,7 +112,7 @@ class SubwordTokenizer:
         """Text -> ids; special tokens written in the text map to their id; no bos/eos added."""
         ids: list[int] = []
         cache, tok = self._cache, self.model.tokenize
-        for seg, sid in self._segments(text):
+        for seg, sid in self.segments(text):
             if sid is not None:
                 ids.append(sid)
                 continue
@@ -135,8 +140,6 @@ class SubwordTokenizer:
         workers = min(workers, n_chars // FORK_MIN_CHARS)
         if workers <= 1:
             return [self.encode(t) for t in texts]
-        import multiprocessing as mp
-
         global _WORKER_TOK, _WORKER_TEXTS
         _WORKER_TOK, _WORKER_TEXTS = self, texts
         bounds, acc, step = [0], 0, n_chars / (CHUNKS_PER_WORKER * workers)  # dynamic load balance
@@ -170,22 +173,32 @@ class SubwordTokenizer:
         return self.encode(data.decode("utf-8", "surrogateescape"))
 
     def decode_bytes(self, ids, skip_special_tokens: bool = True) -> bytes:
-        from posttrain.tokenizers.pretokenize import bl_to_bytes
-
         tokens = [self._itos[int(i)] for i in ids
                   if int(i) in self._itos and not (skip_special_tokens and int(i) in self._special_ids)]
         return bl_to_bytes("".join(tokens))
 
     # --- files --------------------------------------------------------------------------------
     def to_hf_dict(self) -> dict:
-        from posttrain.tokenizers.hf_json import to_hf_json
-
-        return to_hf_json(self)
+        """The tokenizer.json dict (added tokens written with normalized=false, never stripped); each
+        stage writes its own ``to_json``, so this needs no knowledge of the model types."""
+        return {
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [
+                {"id": t["id"], "content": t["content"], "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": bool(t.get("special", True))}
+                for t in self.added_tokens
+            ],
+            "normalizer": self.normalizer.to_json() if self.normalizer is not None else None,
+            "pre_tokenizer": self.pre_tokenizer.to_json() if self.pre_tokenizer is not None else None,
+            "post_processor": None,
+            "decoder": self.decoder.to_json() if self.decoder is not None else None,
+            "model": self.model.to_json(),
+        }
 
     def save(self, path: str | Path) -> None:
         """Write a Hugging Face tokenizer.json (``tokenizers.Tokenizer.from_file`` loads it)."""
-        from posttrain.data.io import atomic_write_json
-
         p = Path(path)
         if p.is_dir():
             p = p / "tokenizer.json"
@@ -193,6 +206,23 @@ class SubwordTokenizer:
 
     def __repr__(self) -> str:
         return f"SubwordTokenizer(kind={self.kind!r}, vocab_size={self.vocab_size})"
+
+
+def special_added_tokens(specials) -> list[dict]:
+    """A trainer's special tokens as added tokens: ids 0..k-1 (as ``tokenizers`` trainers do), never split."""
+    if len(set(specials)) != len(specials):
+        raise UserError(f"repeated special tokens: {list(specials)}")
+    return [{"id": i, "content": t, "special": True} for i, t in enumerate(specials)]
+
+
+class TextToWords:
+    """Picklable normaliser + pre-tokeniser (what the corpus counters run in worker processes)."""
+
+    def __init__(self, normalizer, pre_tokenizer):
+        self.normalizer, self.pre_tokenizer = normalizer, pre_tokenizer
+
+    def __call__(self, text: str) -> list[str]:
+        return self.pre_tokenizer(self.normalizer(text) if self.normalizer is not None else text)
 
 
 _WORKER_TOK: SubwordTokenizer | None = None

@@ -35,7 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from posttrain.errors import UserError
-from posttrain.tokenizers.bpe import merge_ids
+from posttrain.tokenizers.corpus import JoinedWords, count_words
+from posttrain.tokenizers.decoders import WordPieceDecoder
+from posttrain.tokenizers.merges import apply_merge, check_vocab_size, count_pairs, merge_ids
+from posttrain.tokenizers.normalizers import BertNormalizer
+from posttrain.tokenizers.pipeline import SubwordTokenizer, TextToWords, special_added_tokens
+from posttrain.tokenizers.pre_tokenizers import BertPreTokenizer
+from posttrain.tokenizers.symbols import bert_regexes
 
 PREFIX = "##"
 
@@ -106,105 +112,29 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
                            criterion: str = "score"):
     """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)]).
 
-    Words are strings of symbol characters and merges are applied by BPE's machinery (``bpe._merge_few``,
-    and ``bpe._merge_many`` in numpy when a merge touches many words), with its pair -> words index.
+    Words are strings of symbol characters and merges are applied by the engine BPE shares
+    (:func:`merges.apply_merge`, in numpy when a merge touches many words), with its pair -> words index.
     Every pair also has a slot in numpy arrays (left id, right id, count, score). A merge (a, b) -> c
     changes the counts of the pairs around its sites and the symbol counts of a, b and c, so it
     rescores, in one vectorised step, the changed pairs and every pair that holds a, b or c
     (``sym_pairs``: symbol -> its pairs' slots). argmax picks the best score; ties (common: many rare
     pairs score exactly 1/(count(a)count(b))) go to the smallest left string, then right string."""
-    from posttrain.tokenizers.bpe import VECTOR_MIN_WORDS, _merge_few, _merge_many, count_pairs
-
     _check_criterion(criterion)
-    split = [(word_symbols(w), c) for w, c in word_counts.items() if w]
-    alphabet = sorted({s for w, _ in split for s in w})
-    id_to_str = list(alphabet)
-    str_to_id = {s: i for i, s in enumerate(id_to_str)}
-    if len(id_to_str) + n_merges >= 0x10FFFF:
-        raise UserError(f"WordPiece training supports vocabularies below {0x10FFFF} tokens")
-    words = ["".join(chr(str_to_id[s]) for s in w) for w, _ in split]  # symbol id i = character chr(i)
-    counts = [c for _, c in split]
+    alphabet, id_to_str, str_to_id, words, counts = _symbol_words(word_counts, n_merges)
     counts_np = np.asarray(counts, dtype=np.int64)
-    del split
-
-    cap_s = max(16, 2 * (len(id_to_str) + n_merges))
-    symc = np.zeros(cap_s, dtype=np.float64)
-    if words:
-        codes = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-        sc0 = np.bincount(codes, weights=np.repeat(counts_np.astype(np.float64), lengths))
-        symc[: sc0.size] = sc0
-        del codes, sc0
-    n0 = float(symc.sum())
+    symc = _symbol_counts(words, counts_np, max(16, 2 * (len(id_to_str) + n_merges)))
     pc, where = count_pairs(words, counts)  # pair (2-char string) -> count, and -> indices of its words
-    slot_of: dict[str, int] = {}
-    pa: list[int] = []
-    pb: list[int] = []
-    sym_pairs: dict[int, list[int]] = defaultdict(list)  # symbol -> slots of the pairs holding it
-
-    def slot(p: str) -> int:
-        s = slot_of.get(p)
-        if s is None:
-            s = len(pa)
-            slot_of[p] = s
-            x, y = ord(p[0]), ord(p[1])
-            pa.append(x)
-            pb.append(y)
-            sym_pairs[x].append(s)
-            if y != x:
-                sym_pairs[y].append(s)
-        return s
-
-    init = [(slot(p), c) for p, c in pc.items()]
+    table = _PairTable(pc, criterion, float(symc.sum()), max(min_frequency, 1))
     del pc
-    cap = max(1024, 2 * len(pa))
-    scores = np.full(cap, -np.inf)
-    pa_np = np.zeros(cap, dtype=np.int64)
-    pb_np = np.zeros(cap, dtype=np.int64)
-    cnt_np = np.zeros(cap, dtype=np.float64)
-    synced = 0  # slots [0, synced) have pa_np/pb_np filled
-    min_count = max(min_frequency, 1)
-
-    def grow():
-        nonlocal cap, scores, pa_np, pb_np, cnt_np, synced
-        if len(pa) > cap:
-            extra = 2 * len(pa) - cap
-            scores = np.concatenate([scores, np.full(extra, -np.inf)])
-            pa_np = np.concatenate([pa_np, np.zeros(extra, dtype=np.int64)])
-            pb_np = np.concatenate([pb_np, np.zeros(extra, dtype=np.int64)])
-            cnt_np = np.concatenate([cnt_np, np.zeros(extra)])
-            cap += extra
-        pa_np[synced:len(pa)] = pa[synced:]
-        pb_np[synced:len(pb)] = pb[synced:]
-        synced = len(pa)
-
-    def rescore(idx):
-        c = cnt_np[idx]  # (k,)
-        sc = pair_scores(c, symc[pa_np[idx]], symc[pb_np[idx]], criterion, n0)  # (k,) as the oracle
-        sc[c < min_count] = -np.inf
-        scores[idx] = sc
-
-    grow()
-    if init:
-        ks = np.fromiter((k for k, _ in init), dtype=np.int64, count=len(init))
-        cnt_np[ks] = np.fromiter((c for _, c in init), dtype=np.float64, count=len(init))
-    rescore(np.arange(len(pa)))
-    del init
+    table.rescore(np.arange(len(table.pa)), symc)
     key = id_to_str.__getitem__
     out = []
     n_new = 0
     while n_new < n_merges:
-        best = int(np.argmax(scores))
-        top = scores[best]
-        if top == -np.inf:
+        best = table.best(key)
+        if best is None:
             break
-        cand = np.flatnonzero(scores == top)
-        if cand.size > 1:  # smallest left string, then smallest right string, without a Python key per slot
-            a_min = min(np.unique(pa_np[cand]).tolist(), key=key)
-            cand = cand[pa_np[cand] == a_min]
-            b_min = min(np.unique(pb_np[cand]).tolist(), key=key)
-            best = int(cand[pb_np[cand] == b_min][0])
-        a, b = pa[best], pb[best]
+        a, b = table.pa[best], table.pb[best]
         new = merged(id_to_str[a], id_to_str[b])
         c_id = str_to_id.get(new)
         if c_id is None:
@@ -215,37 +145,139 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
             if c_id >= len(symc):
                 symc = np.concatenate([symc, np.zeros(len(symc))])
         out.append((id_to_str[a], id_to_str[b], new))
-        ab, c = chr(a) + chr(b), chr(c_id)
-        touched = where.pop(ab, ())
-        if a == b:  # runs "aaa" merge left to right: count the merges from the words' lengths
-            uniq = sorted(set(touched))
-            before = [len(words[wi]) for wi in uniq]
-        if len(touched) >= VECTOR_MIN_WORDS and a != b:
-            delta = _merge_many(words, counts_np, touched, ab, c, where)
-        else:
-            delta = _merge_few(words, counts, touched, ab, c, where)
-        # every occurrence of ab is merged: for a != b the merges are the pair's count
-        n_merged = (sum((n - len(words[wi])) * counts[wi] for wi, n in zip(uniq, before)) if a == b
-                    else cnt_np[best])
+        delta, n_merged = _merge_in_words(words, counts, counts_np, where, a, b, c_id, table.cnt[best])
         symc[a] -= n_merged
         symc[b] -= n_merged
         symc[c_id] += n_merged
-        changed = [(slot(p), d) for p, d in delta.items() if d]
-        grow()
-        cnt_np[best] = 0.0  # all merged, and a merge never re-creates ab (c differs from a and b)
-        if changed:
-            ks = np.fromiter((k for k, _ in changed), dtype=np.int64, count=len(changed))
-            cnt_np[ks] += np.fromiter((d for _, d in changed), dtype=np.float64, count=len(changed))
-            for k in ks[cnt_np[ks] <= 0].tolist():  # pairs that vanished: drop their word index
-                where.pop(chr(pa[k]) + chr(pb[k]), None)
-        else:
-            ks = np.zeros(0, dtype=np.int64)
+        changed = table.apply_delta(delta, best, where)
         # pairs whose count changed, and every pair holding a symbol whose count changed (a, b and c: c
         # may already have existed, spelt by another merge)
-        rescore(np.concatenate([ks, [best]] + [np.asarray(sym_pairs.get(x, ()), dtype=np.int64) for x in (a, b, c_id)]))
+        table.rescore(np.concatenate([changed, [best]] + [np.asarray(table.sym_pairs.get(x, ()), dtype=np.int64)
+                                                          for x in (a, b, c_id)]), symc)
         if progress is not None:
             progress(len(out))
     return alphabet, out
+
+
+def _symbol_words(word_counts: dict[str, int], n_merges: int):
+    """(alphabet, id_to_str, str_to_id, words as strings of symbol characters, counts): symbol id i = chr(i)."""
+    split = [(word_symbols(w), c) for w, c in word_counts.items() if w]
+    alphabet = sorted({s for w, _ in split for s in w})
+    id_to_str = list(alphabet)
+    str_to_id = {s: i for i, s in enumerate(id_to_str)}
+    if len(id_to_str) + n_merges >= 0x10FFFF:
+        raise UserError(f"WordPiece training supports vocabularies below {0x10FFFF} tokens")
+    words = ["".join(chr(str_to_id[s]) for s in w) for w, _ in split]
+    return alphabet, id_to_str, str_to_id, words, [c for _, c in split]
+
+
+def _symbol_counts(words: list[str], counts_np: np.ndarray, cap: int) -> np.ndarray:
+    """(cap,) float64 weighted count of every symbol id (one bincount over the joined words)."""
+    symc = np.zeros(cap, dtype=np.float64)
+    if words:
+        codes = np.frombuffer("".join(words).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        sc0 = np.bincount(codes, weights=np.repeat(counts_np.astype(np.float64), lengths))
+        symc[: sc0.size] = sc0
+    return symc
+
+
+def _merge_in_words(words, counts, counts_np, where, a: int, b: int, c_id: int, pair_count: float):
+    """Merge (a, b) -> c_id in every word holding it: ({pair: count change}, number of merges made)."""
+    ab, c = chr(a) + chr(b), chr(c_id)
+    touched = where.pop(ab, ())
+    if a == b:  # runs "aaa" merge left to right: count the merges from the words' lengths
+        uniq = sorted(set(touched))
+        before = [len(words[wi]) for wi in uniq]
+    delta = apply_merge(words, counts, counts_np, touched, ab, c, where)
+    # every occurrence of ab is merged: for a != b the merges are the pair's count
+    n_merged = (sum((n - len(words[wi])) * counts[wi] for wi, n in zip(uniq, before)) if a == b else pair_count)
+    return delta, n_merged
+
+
+class _PairTable:
+    """Every pair a slot: left and right symbol ids, count and score in numpy arrays (grown by doubling),
+    and symbol -> the slots of the pairs holding it (``sym_pairs``), so a merge rescores only what it changed."""
+
+    def __init__(self, pair_counts: dict[str, int], criterion: str, n0: float, min_count: int):
+        self.criterion, self.n0, self.min_count = criterion, n0, min_count
+        self.slot_of: dict[str, int] = {}
+        self.pa: list[int] = []
+        self.pb: list[int] = []
+        self.sym_pairs: dict[int, list[int]] = defaultdict(list)
+        init = [(self.slot(p), c) for p, c in pair_counts.items()]
+        cap = max(1024, 2 * len(self.pa))
+        self.scores = np.full(cap, -np.inf)
+        self.pa_np = np.zeros(cap, dtype=np.int64)
+        self.pb_np = np.zeros(cap, dtype=np.int64)
+        self.cnt = np.zeros(cap, dtype=np.float64)
+        self.synced = 0  # slots [0, synced) have pa_np/pb_np filled
+        self.sync()
+        if init:
+            ks = np.fromiter((k for k, _ in init), dtype=np.int64, count=len(init))
+            self.cnt[ks] = np.fromiter((c for _, c in init), dtype=np.float64, count=len(init))
+
+    def slot(self, p: str) -> int:
+        s = self.slot_of.get(p)
+        if s is None:
+            s = len(self.pa)
+            self.slot_of[p] = s
+            x, y = ord(p[0]), ord(p[1])
+            self.pa.append(x)
+            self.pb.append(y)
+            self.sym_pairs[x].append(s)
+            if y != x:
+                self.sym_pairs[y].append(s)
+        return s
+
+    def sync(self) -> None:
+        """Grow the arrays to hold every slot, and copy the new slots' symbols into them."""
+        n, cap = len(self.pa), self.scores.size
+        if n > cap:
+            extra = 2 * n - cap
+            self.scores = np.concatenate([self.scores, np.full(extra, -np.inf)])
+            self.pa_np = np.concatenate([self.pa_np, np.zeros(extra, dtype=np.int64)])
+            self.pb_np = np.concatenate([self.pb_np, np.zeros(extra, dtype=np.int64)])
+            self.cnt = np.concatenate([self.cnt, np.zeros(extra)])
+        self.pa_np[self.synced:n] = self.pa[self.synced:]
+        self.pb_np[self.synced:n] = self.pb[self.synced:]
+        self.synced = n
+
+    def rescore(self, idx: np.ndarray, symc: np.ndarray) -> None:
+        c = self.cnt[idx]  # (k,)
+        sc = pair_scores(c, symc[self.pa_np[idx]], symc[self.pb_np[idx]], self.criterion, self.n0)  # as the oracle
+        sc[c < self.min_count] = -np.inf
+        self.scores[idx] = sc
+
+    def best(self, key) -> int | None:
+        """The slot of the best score (None if no pair qualifies); ties (common: many rare pairs score exactly
+        1/(count(a)count(b))) go to the smallest left string, then right string, without a key per slot."""
+        best = int(np.argmax(self.scores))
+        top = self.scores[best]
+        if top == -np.inf:
+            return None
+        cand = np.flatnonzero(self.scores == top)
+        if cand.size > 1:
+            a_min = min(np.unique(self.pa_np[cand]).tolist(), key=key)
+            cand = cand[self.pa_np[cand] == a_min]
+            b_min = min(np.unique(self.pb_np[cand]).tolist(), key=key)
+            best = int(cand[self.pb_np[cand] == b_min][0])
+        return best
+
+    def apply_delta(self, delta: dict[str, int], merged_slot: int, where) -> np.ndarray:
+        """Add a merge's pair-count changes; returns the changed slots. The merged pair's count drops to 0
+        (all merged, and a merge never re-creates it: c differs from a and b); pairs that vanished lose
+        their word index."""
+        changed = [(self.slot(p), d) for p, d in delta.items() if d]
+        self.sync()
+        self.cnt[merged_slot] = 0.0
+        if not changed:
+            return np.zeros(0, dtype=np.int64)
+        ks = np.fromiter((k for k, _ in changed), dtype=np.int64, count=len(changed))
+        self.cnt[ks] += np.fromiter((d for _, d in changed), dtype=np.float64, count=len(changed))
+        for k in ks[self.cnt[ks] <= 0].tolist():
+            where.pop(chr(self.pa[k]) + chr(self.pb[k]), None)
+        return ks
 
 
 class WordPieceModel:
@@ -316,31 +348,21 @@ class WordPieceTrainer:
     keep_newlines = False
 
     def components(self):
-        from posttrain.tokenizers import pretokenize as P
-
-        norm = P.BertNormalizer(True, True, self.strip_accents, self.lowercase)
-        return norm, P.BertPreTokenizer(), P.WordPieceDecoder(PREFIX, True)
+        norm = BertNormalizer(True, True, self.strip_accents, self.lowercase)
+        return norm, BertPreTokenizer(), WordPieceDecoder(PREFIX, True)
 
     def words_fn(self):
         norm, pre, _ = self.components()
-        from posttrain.tokenizers import pretokenize as P
-        from posttrain.tokenizers.corpus import JoinedWords
-
-        P.bert_regexes()  # build once here, before the counting workers fork
+        bert_regexes()  # build once here, before the counting workers fork
         # every BERT rule is per character (NFD never reorders across a newline; final sigma sees the
         # newline, turned into a space, as a word end), so a batch joined by newlines splits the same
-        fn = _Compose(norm, pre)
+        fn = TextToWords(norm, pre)
         return JoinedWords(fn, fn, sep="\n")
 
     def train(self, texts, log=None):
-        from posttrain.tokenizers.corpus import count_words
-
         return self.train_from_counts(count_words(texts, self.words_fn(), workers=self.workers), log=log)
 
     def train_from_counts(self, word_counts: dict[str, int], log=None):
-        from posttrain.tokenizers.bpe import check_vocab_size, special_added_tokens
-        from posttrain.tokenizers.pipeline import SubwordTokenizer
-
         _check_criterion(self.criterion)
         specials = list(self.special_tokens)
         if self.unk_token not in specials:
@@ -373,13 +395,3 @@ class WordPieceTrainer:
         model = WordPieceModel(vocab, self.unk_token, PREFIX, self.max_input_chars_per_word)
         return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
                                 added_tokens=special_added_tokens(specials), kind=self.kind)
-
-
-class _Compose:
-    """Picklable normaliser + pre-tokeniser."""
-
-    def __init__(self, norm, pre):
-        self.norm, self.pre = norm, pre
-
-    def __call__(self, text: str) -> list[str]:
-        return self.pre(self.norm(text) if self.norm is not None else text)

@@ -7,13 +7,14 @@ optimizer step is a classification step over (chosen, rejected) pairs:
     loss, metrics = PREFERENCE_LOSSES[cfg.loss](policy_chosen_logps=seq_logps[:B], ...,
                                                 ref_chosen_logps=ref[:B], ref_rejected_logps=ref[B:], beta=beta)
 
-The loss is a lookup in :data:`~posttrain.losses.preference.PREFERENCE_LOSSES`; what a variant needs
+The loss is a lookup in :data:`~posttrain.losses.preference.PREFERENCE_LOSSES` (``--loss a,b,c --loss-weights``:
+their weighted sum, TRL's MPO; ``resolve_loss``); what a variant needs
 beyond the log-probs (lengths for SimPO/IPO/R-DPO, the chosen NLL for RPO) comes from
 :data:`~posttrain.losses.preference.LOSS_EXTRAS` and :data:`EXTRA_INPUTS` below, never from a branch on
 the loss name. The reference model is a second copy of the init checkpoint, frozen (``eval()``, no
 gradients). The reference log-probs depend only on the data, so by default they are computed once
 for the whole dataset before training (``precompute_ref``), which removes one of the two forward
-passes per step; SimPO (:data:`REFERENCE_FREE_LOSSES`) needs no reference at all. KTO
+passes per step; SimPO and SFT (``REFERENCE_FREE_LOSSES``) need no reference at all. KTO
 (:data:`UNPAIRED_LOSSES`) trains on labelled single completions; its KL reference point uses
 mismatched (prompt, completion) pairs that change with each batch, so it keeps the reference model.
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, check_value, knob
 from posttrain.data.io import iter_jsonl
@@ -51,17 +52,13 @@ from posttrain.data.preference import (
     load_preference_pairs,
     pairs_to_kto,
 )
-from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, on_policy_pairs, stats_dict
+from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_pairs, stats_dict
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
-from posttrain.losses.logprobs import completion_logps, sequence_logps
-from posttrain.losses.preference import (
-    LOSS_EXTRAS,
-    PREFERENCE_LOSSES,
-    REFERENCE_FREE_LOSSES,
-    UNPAIRED_LOSSES,
-    BetaDPOState,
-)
+from posttrain.losses.logprobs import sequence_logps
+from posttrain.losses.preference import LOSS_STATES, PREFERENCE_LOSSES, resolve_loss
+from posttrain.on_policy_pairs import on_policy_pairs
+from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -73,9 +70,10 @@ from posttrain.trainers.sft import batch_indices, load_pairs
 class DPOConfig:
     out: str = knob("runs/dpo", "output directory (metrics.jsonl, summary.json, pairs.jsonl, checkpoints/, model/)")
     init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
-    loss: str = knob("rpo", "preference loss (a key of PREFERENCE_LOSSES); default rpo = DPO + NLL of the chosen "
-                            "answer, the one that beat SFT on every seed of docs/outcomes.md (plain DPO: --loss dpo)",
-                     choices=tuple(PREFERENCE_LOSSES))
+    loss: str = knob("rpo", f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}; or several joined by commas "
+                            "(weighted sum). Default rpo (DPO + NLL of the chosen answer): it beat SFT on every seed "
+                            "of docs/outcomes.md; plain DPO: --loss dpo")
+    loss_weights: str | None = knob(None, "weights of a combined --loss a,b,c, e.g. '0.8,0.2,1.0' (default 1 each; TRL's loss_weights)")
     beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)", gt=0)
     loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
     steps: int = knob(250, "optimizer steps", gt=0)
@@ -107,6 +105,7 @@ class DPOConfig:
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        resolve_loss(self.loss, self.loss_weights)  # names, weights, combinability
         check_loss_kwargs(self.loss, self.loss_kwargs)
 
 
@@ -127,8 +126,8 @@ EXTRA_INPUTS = {
 }
 """Per-sequence tensors named in LOSS_EXTRAS: fn(batch, token_logps (2B, C), B) -> (B,)."""
 
-STATEFUL_LOSSES = {"beta_dpo": BetaDPOState.from_metrics}
-"""Losses that carry state between steps (passed as ``state=``): name -> how to read the new state from metrics."""
+STATEFUL_LOSSES = LOSS_STATES
+"""Losses that carry state between steps (passed as ``state=``, read back with ``State.from_metrics``, saved on resume)."""
 
 _PROVIDED = {"policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps", "policy_logps",
              "ref_logps", "labels", "policy_kl_logps", "ref_kl_logps", "kl", "beta", "state", "generator"}
@@ -136,8 +135,8 @@ _PROVIDED = {"policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps",
 
 def loss_options(loss: str) -> list[str]:
     """Keyword arguments of a loss that a user may set through ``loss_kwargs``."""
-    params = inspect.signature(PREFERENCE_LOSSES[loss]).parameters
-    return [n for n in params if n not in _PROVIDED and n not in LOSS_EXTRAS.get(loss, ())]
+    choice = resolve_loss(loss)
+    return [n for n in inspect.signature(choice.fn).parameters if n not in _PROVIDED and n not in choice.extras]
 
 
 LOSS_KWARG_BOUNDS: dict[tuple[str, str], dict] = {
@@ -151,6 +150,11 @@ LOSS_KWARG_BOUNDS: dict[tuple[str, str], dict] = {
     ("beta_dpo", "filter_ratio"): {"ge": 0, "lt": 1},
     ("beta_dpo", "momentum"): {"ge": 0, "lt": 1},
     ("beta_dpo", "min_beta"): {"gt": 0},
+    ("exo_pair", "label_smoothing"): {"gt": 0, "lt": 1},  # log eps and log(1 - eps)
+    ("aot", "label_smoothing"): {"ge": 0, "le": 0.5},
+    ("aot_unpaired", "label_smoothing"): {"ge": 0, "le": 0.5},
+    ("discopop", "tau"): {"gt": 0},
+    ("bco_pair", "reward_shift"): {"ge": 0, "le": 1},
 }
 """Domains of the losses' numeric options, checked at config time (options not listed: any finite number)."""
 
@@ -175,13 +179,14 @@ def check_loss_kwargs(loss: str, kwargs) -> None:
         try:
             if isinstance(v, int) and abs(v) > 2**53:
                 raise ConfigError(f"{name}={v!r} is out of range")
-            check_value(name, v, bounds=LOSS_KWARG_BOUNDS.get((loss, k)))
+            for part in resolve_loss(loss).components:  # a combined loss: each component's domain
+                check_value(name, v, bounds=LOSS_KWARG_BOUNDS.get((part, k)))
         except ConfigError as e:
             raise ConfigError(f"{e} (loss {loss!r})") from None
 
 
 def default_beta(loss: str) -> float:
-    return float(inspect.signature(PREFERENCE_LOSSES[loss]).parameters["beta"].default)
+    return float(inspect.signature(resolve_loss(loss).fn).parameters["beta"].default)
 
 
 def seq_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,7 +241,7 @@ class PairedData:
             ref_rows = torch.stack(reference_logps(ref_model, [batch]).chunk(2), dim=1)  # (B, 2)
         if ref_rows is not None:
             kw["ref_chosen_logps"], kw["ref_rejected_logps"] = ref_rows[:, 0], ref_rows[:, 1]
-        for name in LOSS_EXTRAS.get(self.cfg.loss, ()):
+        for name in resolve_loss(self.cfg.loss).extras:
             kw[name] = EXTRA_INPUTS[name](batch, token_lp, B)
         return kw
 
@@ -294,8 +299,8 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="dpo --init")
     tokenizer = init.tokenizer
     task = ArithmeticTask(cfg.task)
-    loss_fn = PREFERENCE_LOSSES[cfg.loss]
-    unpaired = cfg.loss in UNPAIRED_LOSSES
+    choice = resolve_loss(cfg.loss, cfg.loss_weights)
+    loss_fn, unpaired = choice.fn, choice.unpaired
     beta = cfg.beta if cfg.beta is not None else default_beta(cfg.loss)
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
     evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
@@ -313,7 +318,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         if start_step > cfg.steps:
             raise UserError(f"checkpoint {ckpt.path} is at step {start_step}, beyond steps={cfg.steps}")
         if ckpt.state.get("loss_state") is not None:
-            loss_state = BetaDPOState(*ckpt.state["loss_state"])
+            loss_state = choice.state_type(*ckpt.state["loss_state"])
     else:
         policy = copy.deepcopy(init.model)
 
@@ -330,7 +335,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
     per_step = cfg.batch_size * (2 if unpaired else 1)
 
-    ref_model = None if cfg.loss in REFERENCE_FREE_LOSSES else freeze(init.model)
+    ref_model = None if choice.reference_free else freeze(init.model)
     ref_table = None
     if ref_model is not None and cfg.precompute_ref:
         t0 = time.perf_counter()
@@ -350,7 +355,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     manager = CheckpointManager(out, keep=cfg.keep_checkpoints)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
-          f"model {n_params / 1e6:.2f}M params, reference {'none' if cfg.loss in REFERENCE_FREE_LOSSES else 'precomputed' if ref_table is not None else 'model'}, "
+          f"model {n_params / 1e6:.2f}M params, reference {'none' if choice.reference_free else 'precomputed' if ref_table is not None else 'model'}, "
           f"steps {start_step}->{cfg.steps}")
 
     def run_eval():
@@ -384,8 +389,8 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         loss.backward()
         gnorm = common.grad_norm_and_clip(policy, cfg.grad_clip)
         stepped = finite_step(opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
-        if stepped and cfg.loss in STATEFUL_LOSSES:
-            loss_state = STATEFUL_LOSSES[cfg.loss](m)
+        if stepped and choice.state_type is not None:
+            loss_state = choice.state_type.from_metrics(m)
         dt = time.perf_counter() - t0
         metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
                    "step_time": dt}
@@ -417,7 +422,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
         **({"heldout_accuracy_init": init_eval.accuracy} if init_eval is not None else {}),
         "num_examples": len(examples), "pairs": pair_info, "params": n_params,
-        "reference": "none" if cfg.loss in REFERENCE_FREE_LOSSES else "precomputed" if ref_table is not None else "model",
+        "reference": "none" if choice.reference_free else "precomputed" if ref_table is not None else "model",
         "train_seconds": time.perf_counter() - t_start, "model_dir": str(final), "samples": last_eval.samples,
     }
     path = common.write_summary(out, summary)

@@ -37,8 +37,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
@@ -46,9 +46,10 @@ from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_controller_from_state
 from posttrain.losses.kl import kl_penalized_rewards
-from posttrain.losses.logprobs import completion_logps, prefix_shared_completion_logps
+from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.models.gpt import GPT
 from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
+from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS, POLICY_OBJECTIVES
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
@@ -85,6 +86,17 @@ class PolicyGradientConfig:
                                        ge=0)
     dual_clip: float | None = knob(None, "dual clip constant c > 1 for negative advantages (None = off)", gt=1)
     ratio_level: str = knob("token", "importance ratio per token, or per sequence (GSPO)", choices=("token", "sequence"))
+    objective: str = knob("clip", "policy objective (TRL loss_type): clip (PPO/GRPO/DAPO/GSPO; LUSPO with loss_agg "
+                                  "seq_mean_token_sum) | cispo (ratio capped at 1 + clip_eps_high) | sapo | vespo",
+                          choices=tuple(POLICY_OBJECTIVES))
+    sapo_temperature_pos: float = knob(1.0, "SAPO gate temperature where A > 0", gt=0)
+    sapo_temperature_neg: float = knob(1.05, "SAPO gate temperature where A <= 0", gt=0)
+    vespo_k_pos: float = knob(2.0, "VESPO power k where A >= 0", ge=0)
+    vespo_lambda_pos: float = knob(3.0, "VESPO decay lambda where A >= 0", gt=0)
+    vespo_k_neg: float = knob(3.0, "VESPO power k where A < 0", ge=0)
+    vespo_lambda_neg: float = knob(2.0, "VESPO decay lambda where A < 0", gt=0)
+    kl_bias_correction: bool = knob(False, "KL term times the importance ratio (DeepSeek-V3.2; TRL's use_bias_correction_kl, "
+                                           "on by default there)")
     loss_agg: str = knob("seq_mean_token_mean", "loss aggregation", choices=tuple(AGGREGATIONS))
     scale_rewards: str = knob("group", "GRPO std scaling: group | batch | none (Dr. GRPO)", choices=("group", "batch", "none"))
     reinforce_baseline: str = knob("batch_mean", "REINFORCE baseline: none | batch_mean", choices=("none", "batch_mean"))
@@ -137,6 +149,10 @@ PRESETS: dict[str, dict] = {
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
     "dr_grpo": {"scale_rewards": "none", "loss_agg": "seq_mean_token_sum_norm"},
+    "cispo": {"objective": "cispo", "clip_eps_high": 4.0, "loss_agg": "token_mean"},  # TRL: epsilon_high=5.0
+    "sapo": {"objective": "sapo"},
+    "luspo": {"ratio_level": "sequence", "loss_agg": "seq_mean_token_sum"},
+    "vespo": {"objective": "vespo", "loss_agg": "token_mean"},
 }
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
@@ -358,6 +374,8 @@ class PolicyGradientTrainer:
             ratio_level=cfg.ratio_level, agg=cfg.loss_agg, entropy=entropy, entropy_coef=cfg.entropy_coef,
             ref_logps=ro.ref_logps[rows, :width] if ro.ref_logps is not None else None,
             beta=self.kl_ctl.value if cfg.kl_in == "loss" else 0.0, kl_estimator=cfg.kl_estimator, **norms,
+            objective=cfg.objective, kl_bias_correction=cfg.kl_bias_correction,
+            objective_kwargs={k: getattr(cfg, f"{cfg.objective}_{k}") for k in OBJECTIVE_OPTIONS[cfg.objective]},
         )
 
     def update(self, ro: Rollout, step: int) -> dict:

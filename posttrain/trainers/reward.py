@@ -7,7 +7,8 @@ Key insight: comparisons are learned as P(y_w > y_l) = sigma(r(x, y_w) - r(x, y_
 
 The reward's offset is free under BT (only differences are seen), so after training the RM scores the
 training completions once and saves their mean/std (:class:`~posttrain.models.heads.RewardStats`) beside
-the weights: RL then uses z-scored rewards (:meth:`LoadedRewardModel.__call__` with ``normalize``).
+the weights: RL then uses z-scored rewards (``LoadedRewardModel.__call__`` in
+:mod:`posttrain.rewards.reward_model`, with ``normalize``).
 
 Data: ``--data`` pairs, or the embedded task's pairs: on-policy samples of ``--init`` labelled by the
 verifier (chosen correct, rejected wrong), or, with no model to sample, the reference answer against
@@ -20,11 +21,11 @@ that is not finite is never saved (``trainers/guards.py``).
 
 Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_checkpoint``) plus
 ``reward_head.safetensors`` and ``reward_stats.json``, written atomically as one directory.
-:func:`load_reward_model` reads it back; the reward registry gets a ``reward_model`` entry
-(``fn(prompts, completions) -> list[float]``) so RL can train against it.
+:func:`posttrain.rewards.reward_model.load_reward_model` reads it back; the reward registry lists a
+``reward_model`` entry (``fn(prompts, completions) -> list[float]``) so RL can train against it.
 
 Not handled: Plackett-Luce rankings and pointwise scores from files (the losses exist in
-``losses/preference.py``), gradient accumulation, reward ensembles at training time.
+``losses/ranking.py``), gradient accumulation, reward ensembles at training time.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from safetensors.torch import save_file
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, knob
 from posttrain.data.io import atomic_dir
@@ -47,33 +48,30 @@ from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     PreferencePair,
     collate_preference,
-    encode_completion,
-    encode_prompt,
     fit_pairs,
     load_preference_pairs,
-    pack_prompt_completion,
 )
 from posttrain.data.preference_pairs import (
     PairDataConfig,
     answer_distance,
     cached_pairs,
-    on_policy_pairs,
     stats_dict,
     synthetic_pairs,
 )
 from posttrain.errors import ConfigError, UserError
-from posttrain.losses.preference import accuracy_by_margin_bucket, bradley_terry_loss
+from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
+from posttrain.on_policy_pairs import on_policy_pairs
+from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import (POLICY, REWARD_HEAD_FILE, REWARD_MODEL, CheckpointManager, load_checkpoint,
-                                           reading, restore_rng, rng_state, save_checkpoint, writing)
+from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state,
+                                           save_checkpoint, writing)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step, require_finite_parameters
 from posttrain.trainers.sft import batch_indices
 
-HEAD_FILE = REWARD_HEAD_FILE
 
 
 @dataclass
@@ -143,72 +141,6 @@ def save_reward_checkpoint(directory: str | Path, rm: RewardModel, tokenizer, st
         if stats is not None:
             stats.save(tmp / REWARD_STATS_FILE)
     return directory
-
-
-@dataclass
-class LoadedRewardModel:
-    """A reward model ready to score text: ``rewards = loaded(prompts, completions)`` (list of floats)."""
-
-    model: RewardModel
-    tokenizer: object
-    stats: RewardStats | None
-    path: Path
-    state: dict = dataclasses.field(default_factory=dict)
-
-    @torch.no_grad()
-    def score(self, prompts: Sequence[str], completions: Sequence[str], normalize: bool = False,
-              batch_size: int = 256) -> torch.Tensor:
-        """Rewards (N,) of [BOS] prompt | completion [EOS], z-scored with the saved stats if ``normalize``."""
-        if len(prompts) != len(completions):
-            raise UserError(f"{len(prompts)} prompts for {len(completions)} completions")
-        if normalize and self.stats is None:
-            raise UserError(f"{self.path} has no {REWARD_STATS_FILE}: cannot normalise rewards")
-        self.model.eval()
-        tok, out = self.tokenizer, []
-        pad = tok.pad_id if tok.pad_id is not None else 0
-        for s in range(0, len(prompts), batch_size):
-            b = pack_prompt_completion([encode_prompt(tok, p) for p in prompts[s : s + batch_size]],
-                                       [encode_completion(tok, c) for c in completions[s : s + batch_size]], pad)
-            out.append(self.model(b["input_ids"], b["attention_mask"]))
-        r = torch.cat(out) if out else torch.zeros(0)
-        return self.stats.normalize(r) if normalize else r
-
-    def __call__(self, prompts: list[str], completions: list[str], normalize: bool = True, **columns) -> list[float]:
-        return self.score(prompts, completions, normalize=normalize).tolist()
-
-
-def load_reward_model(path: str | Path, device: str = "cpu", with_training_state: bool = False,
-                      prefer_latest: bool = False) -> LoadedRewardModel:
-    """Rebuild a reward model saved by ``posttrain rm`` (a checkpoint or run directory) in eval mode."""
-    ckpt = load_checkpoint(path, device=device, prefer_latest=prefer_latest, accept_kinds=REWARD_MODEL)
-    p = ckpt.path
-    rm = RewardModel(ckpt.model)
-    with reading(p / HEAD_FILE):
-        rm.head.load_state_dict(load_file(str(p / HEAD_FILE), device=str(device)))
-    stats = RewardStats.load(p) if (p / REWARD_STATS_FILE).is_file() else None
-    return LoadedRewardModel(model=rm.eval(), tokenizer=ckpt.tokenizer, stats=stats, path=p, state=ckpt.state)
-
-
-def reward_model_reward(rm_path: str | None = None, rm_normalize: bool = True, **_):
-    """Reward-registry factory: ``get_reward("reward_model", rm_path=DIR)`` -> fn(prompts, completions)."""
-    if not rm_path:
-        raise ConfigError("the reward_model reward needs rm_path (a `posttrain rm` output directory)")
-    loaded = load_reward_model(rm_path)
-
-    def reward_model(prompts: list[str], completions: list[str], **columns) -> list[float]:
-        return loaded(prompts, completions, normalize=rm_normalize)
-
-    return reward_model
-
-
-def _register() -> None:
-    from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
-
-    if REWARD_FUNCTIONS.get("reward_model") is None:
-        register_reward("reward_model", reward_model_reward)
-
-
-_register()
 
 
 # ---------------------------------------------------------------------------------------------

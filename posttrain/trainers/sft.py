@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.config import check_fields, knob
 from posttrain.data.io import iter_jsonl
 from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window

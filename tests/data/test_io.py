@@ -185,3 +185,26 @@ def test_clean_stale_temps_removes_only_what_killed_writers_leave(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden.tmp", ".x.short.tmp", "notes.tmp",
                                                           "step-00000002", "step-00000004.old"]
     assert (outside / "keep").read_text() == "x"  # the link was removed, not followed
+
+
+def test_sidecar_files_never_go_beside_a_device_or_stdout(tmp_path):
+    from posttrain.data.io import sidecar
+
+    assert sidecar(tmp_path / "kept.jsonl", ".stats.json") == str(tmp_path / "kept.jsonl") + ".stats.json"
+    assert sidecar("-", ".stats.json") is None
+    assert sidecar("/dev/null", ".stats.json") is None
+
+
+def test_dedup_to_dev_null_writes_nothing_beside_it(tmp_path, capsys):
+    import os
+
+    from posttrain.cli import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "a b c d e f"}\n{"text": "a b c d e f"}\n')
+    before = set(os.listdir("/dev"))
+    assert main(["dedup", str(src), "--output", "/dev/null"]) == 0
+    assert set(os.listdir("/dev")) == before
+    assert "stats ->" not in capsys.readouterr().out
+    assert main(["dedup", str(src), "--output", "/dev/null", "--on-bad-line", "skip"]) == 2
+    assert "needs --rejects FILE" in capsys.readouterr().err

@@ -164,7 +164,8 @@ def test_collate_kto_with_mismatched_kl_batch():
 
 def test_sequence_logps_over_the_batch_match_unpadded_per_sequence_forward():
     transformers = pytest.importorskip("transformers")
-    from posttrain.losses.logprobs import completion_logps, sequence_logps
+    from posttrain.losses.logprobs import sequence_logps
+    from posttrain.scoring import completion_logps
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=TOK.vocab_size, n_positions=32)).eval()

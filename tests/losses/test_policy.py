@@ -219,7 +219,7 @@ def test_value_loss_hand_values():
 TRL_TO_OURS = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "token_mean", "dr_grpo": "seq_mean_token_sum_norm"}
 
 
-def _trl_loss(loss_type, logps, inputs, *, beta, eps_low, eps_high, delta, level, max_len):
+def _trl_loss(loss_type, logps, inputs, *, beta, eps_low, eps_high, delta, level, max_len, bias_kl=False, **trl_args):
     from trl.trainer.grpo_trainer import GRPOTrainer
 
     ident = lambda x, **_: x  # noqa: E731
@@ -229,7 +229,8 @@ def _trl_loss(loss_type, logps, inputs, *, beta, eps_low, eps_high, delta, level
         off_policy_mask_threshold=None,
         importance_sampling_level=level,
         beta=beta,
-        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=delta),
+        args=types.SimpleNamespace(use_bias_correction_kl=bias_kl, delta=delta, **trl_args),
+        get_gamma_weights=GRPOTrainer.get_gamma_weights,
         loss_type=loss_type,
         epsilon_low=eps_low,
         epsilon_high=eps_high,
@@ -293,3 +294,119 @@ def test_parity_with_trl_grpo_loss(loss_type, beta, eps_high, dual, level):
     assert m["clip_frac_high"] == pytest.approx(trl_m["clip_ratio/high_mean"][0], abs=1e-6)
     if beta:
         assert m["kl"] == pytest.approx(trl_m["kl"][0], abs=1e-6)
+
+
+def _parity_inputs(seed=3):
+    torch.manual_seed(seed)
+    B, T = 6, 5
+    lengths = torch.tensor([5, 3, 1, 4, 5, 2])
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    old = -torch.rand(B, T, dtype=torch.float64) * 2
+    base = old + 0.4 * torch.randn(B, T, dtype=torch.float64)
+    ref = old + 0.3 * torch.randn(B, T, dtype=torch.float64)
+    adv = torch.randn(B, dtype=torch.float64)
+    adv[2] = 0.0  # A = 0: SAPO takes tau_neg, VESPO the (k, lambda)_pos pair
+    inputs = {
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long), "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
+        "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref, "num_items_in_batch": mask.sum(),
+    }
+    return base, old, ref, adv, mask, inputs
+
+
+# TRL loss_type -> (our objective, aggregation, TRL's epsilon_high for our clip_eps_high); two settings each.
+# (trl type, level, beta, bias-corrected KL, ours: objective, objective_kwargs, agg, clip_eps_high, TRL extra args)
+_SAPO = lambda p, n: ({"temperature_pos": p, "temperature_neg": n}, {"sapo_temperature_pos": p, "sapo_temperature_neg": n})  # noqa: E731
+_VESPO = lambda kp, lp, kn, ln: ({"k_pos": kp, "lambda_pos": lp, "k_neg": kn, "lambda_neg": ln},  # noqa: E731
+                                 {"vespo_k_pos": kp, "vespo_lambda_pos": lp, "vespo_k_neg": kn, "vespo_lambda_neg": ln})
+ZOO_POLICY_CASES = [
+    ("cispo", "token", 0.0, False, "cispo", ({}, {}), "token_mean", 4.0),  # TRL epsilon_high = 5.0 (ScaleRL)
+    ("cispo", "token", 0.04, True, "cispo", ({}, {}), "token_mean", 0.25),  # a cap of 1.25 that acts
+    ("sapo", "token", 0.0, False, "sapo", _SAPO(1.0, 1.05), "seq_mean_token_mean", 0.2),
+    ("sapo", "token", 0.04, True, "sapo", _SAPO(0.5, 2.0), "seq_mean_token_mean", 0.2),
+    ("luspo", "sequence", 0.0, False, "clip", ({}, {}), "seq_mean_token_sum", 0.2),
+    ("luspo", "sequence", 0.04, True, "clip", ({}, {}), "seq_mean_token_sum", 0.28),
+    ("luspo", "token", 0.04, False, "clip", ({}, {}), "seq_mean_token_sum", 0.2),
+    ("vespo", "token", 0.0, False, "vespo", _VESPO(2.0, 3.0, 3.0, 2.0), "token_mean", 0.2),
+    ("vespo", "token", 0.04, True, "vespo", _VESPO(1.0, 0.5, 4.0, 1.5), "token_mean", 0.2),
+    ("grpo", "token", 0.04, True, "clip", ({}, {}), "seq_mean_token_mean", 0.2),  # bias-corrected KL alone
+    ("grpo", "sequence", 0.1, True, "clip", ({}, {}), "seq_mean_token_mean", 0.28),
+    ("dapo", "token", 0.1, True, "clip", ({}, {}), "token_mean", 0.28),
+]
+
+
+@pytest.mark.parametrize("trl_type,level,beta,bias_kl,objective,opts,agg,eps_high", ZOO_POLICY_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(ZOO_POLICY_CASES)])
+def test_parity_with_trl_policy_zoo(trl_type, level, beta, bias_kl, objective, opts, agg, eps_high):
+    ours_opts, trl_args = opts
+    for seed in (3, 4):
+        base, old, ref, adv, mask, inputs = _parity_inputs(seed)
+        trl_eps_high = 1.0 + eps_high if trl_type == "cispo" else eps_high  # TRL caps CISPO's ratio at epsilon_high itself
+        trl_lp = base.clone().requires_grad_(True)
+        trl_loss, trl_m = _trl_loss(trl_type, trl_lp, inputs, beta=beta, eps_low=0.2, eps_high=trl_eps_high, delta=None,
+                                    level=level, max_len=7, bias_kl=bias_kl, **trl_args)  # fmt: skip
+        trl_loss.backward()
+        lp = base.clone().requires_grad_(True)
+        loss, m = policy_loss(lp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=eps_high, ratio_level=level, agg=agg,
+                              ref_logps=ref if beta else None, beta=beta, objective=objective, objective_kwargs=ours_opts,
+                              kl_bias_correction=bias_kl)  # fmt: skip
+        loss.backward()
+        assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-6, rel=1e-9)
+        torch.testing.assert_close(lp.grad * mask, trl_lp.grad * mask, atol=1e-6, rtol=1e-9)
+        assert (lp.grad * mask).abs().sum() > 0
+        if beta:
+            assert m["kl"] == pytest.approx(trl_m["kl"][0], abs=1e-6)
+        if trl_type == "cispo":
+            assert m["clip_frac_high"] == pytest.approx(trl_m["cispo_clip_ratio"][0], abs=1e-6)
+            assert m["clip_frac_low"] == 0.0
+        if trl_type == "vespo":
+            assert m["vespo/phi_mean"] == pytest.approx(trl_m["vespo/phi_seq_mean"][0], abs=1e-6)
+    if trl_type == "cispo" and eps_high < 1:
+        assert m["clip_frac_high"] > 0  # the cap acts in this case
+
+
+def test_new_objectives_hand_values():
+    one = lambda lr, a, **kw: _one(lr, a, **kw)  # noqa: E731  (logps = lr, old = 0, single token)
+    # CISPO: r = e^-0.5 (uncapped), A = 2, log pi = -0.5: loss = -r * 2 * -0.5 = r = 0.606531; grad = -r * A = -1.213061
+    loss, grad, _ = one(-0.5, 2.0, objective="cispo")
+    assert loss == pytest.approx(math.exp(-0.5), rel=1e-6) and grad == pytest.approx(-2 * math.exp(-0.5), rel=1e-6)
+    # CISPO capped: log pi = 1 -> r = e > 1.2 -> weight 1.2 (detached): loss = -1.2 * 1 * 1, grad = -1.2 (never zero)
+    loss, grad, m = one(1.0, 1.0, objective="cispo")
+    assert loss == pytest.approx(-1.2) and grad == pytest.approx(-1.2) and m["clip_frac_high"] == 1.0
+    # SAPO: r = 1, A = 1, tau_pos = 1: loss = -(4/1) sigma(0) = -2, grad = -4 sigma'(0) r = -1 (REINFORCE on-policy)
+    loss, grad, _ = one(0.0, 1.0, objective="sapo")
+    assert loss == pytest.approx(-2.0) and grad == pytest.approx(-1.0)
+    # SAPO, A = -1 (tau_neg = 2), r = e: loss = (4/2) sigma(2 (e - 1)); grad = 4 sigma(1 - sigma) * r
+    x = 2 * (math.e - 1)
+    s_ = 1 / (1 + math.exp(-x))
+    loss, grad, _ = one(1.0, -1.0, objective="sapo", objective_kwargs={"temperature_neg": 2.0})
+    assert loss == pytest.approx(2 * s_, rel=1e-6) and grad == pytest.approx(4 * s_ * (1 - s_) * math.e, rel=1e-5)
+    # VESPO on-policy: phi(1) = 1 -> loss = -A log pi = 0.5 for A = 1, log pi = -0.5 ... with old = log pi (w = 1)
+    lp = torch.tensor([[-0.5]], dtype=torch.float64, requires_grad=True)
+    loss, m = policy_loss(lp, lp.detach(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), objective="vespo")
+    loss.backward()
+    assert loss.item() == pytest.approx(0.5) and lp.grad.item() == pytest.approx(-1.0) and m["vespo/phi_mean"] == pytest.approx(1.0)
+    # VESPO weight: k = 2, lambda = 3, w = 0.5 -> e^(3 - 1.5) * 0.25 = 1.120422
+    from posttrain.losses.policy_objectives import vespo_weight
+
+    w = vespo_weight(torch.tensor([[math.log(0.5)]]), torch.ones(1, 1), torch.tensor([[1.0]]))
+    assert w.item() == pytest.approx(math.exp(1.5) / 4, rel=1e-6)
+    # LUSPO aggregation: per-sequence token sums over N: x=[[1,3],[5,7]], mask [[1,1],[1,0]] -> (4 + 5) / 2
+    assert aggregate(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]]), "seq_mean_token_sum").item() == 4.5
+    with pytest.raises(ConfigError, match="objective='nope'"):
+        one(0.0, 1.0, objective="nope")
+    with pytest.raises(ConfigError, match="takes no option"):
+        one(0.0, 1.0, objective="cispo", objective_kwargs={"k_pos": 1.0})
+
+
+def test_kl_bias_correction_hand_value():
+    # one token: logp = 0.5, old = 0 (r = e^0.5), ref = 0: k3 = e^-0.5 + 0.5 - 1 = 0.106531; corrected r * k3 = 0.175639
+    # d(r k3)/d logp = r k3 + r (1 - e^-0.5) = r * (k3 + 1 - e^-0.5) = r * 0.5 = 0.824361
+    lp = torch.tensor([[0.5]], dtype=torch.float64, requires_grad=True)
+    z = torch.zeros(1, 1, dtype=torch.float64)
+    loss, m = policy_loss(lp, z, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), ref_logps=z, beta=1.0,
+                          kl_bias_correction=True, clip_eps_low=None)  # fmt: skip
+    loss.backward()
+    r, k3 = math.exp(0.5), math.exp(-0.5) + 0.5 - 1
+    assert loss.item() == pytest.approx(r * k3) and m["kl"] == pytest.approx(r * k3)
+    assert lp.grad.item() == pytest.approx(r * 0.5)

@@ -18,28 +18,33 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posttrain.errors import ConfigError
 from posttrain.losses.preference import (
     LOSS_EXTRAS,
     PREFERENCE_LOSSES,
     REFERENCE_FREE_LOSSES,
+    BCOState,
     BetaDPOState,
-    accuracy_by_margin_bucket,
+    bco_pair_loss,
+    bco_update_state,
     beta_dpo_filter,
     beta_dpo_loss,
     beta_dpo_update_state,
-    bradley_terry_loss,
     conservative_dpo_loss,
     dpo_loss,
+    f_dpo_loss,
     hinge_loss,
     ipo_loss,
     kto_loss,
-    plackett_luce_loss,
-    pointwise_mse_loss,
+    parse_loss_weights,
     rdpo_loss,
+    resolve_loss,
     robust_dpo_loss,
     rpo_loss,
+    sft_loss,
     simpo_loss,
 )
+from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss, plackett_luce_loss, pointwise_mse_loss
 
 LOG2 = math.log(2.0)
 
@@ -457,16 +462,18 @@ def _random_batch(B, T, seed, equal_chosen_lengths=False):
     return token_lp, completion_mask, ref
 
 
-def _trl_dpo(loss_types, loss_weights, beta, label_smoothing, token_lp, completion_mask, ref):
+def _trl_dpo(loss_types, loss_weights, beta, label_smoothing, token_lp, completion_mask, ref, *, f_divergence_type="reverse_kl",
+             f_alpha_divergence_coef=0.5, discopop_tau=0.05):
     from trl.trainer.dpo_trainer import DPOTrainer
 
     B2, T = completion_mask.shape
     model = _StubLM({T: token_lp})
     stub = SimpleNamespace(
         model=model, accelerator=_accel(), aux_loss_enabled=False, ld_alpha=None, precompute_ref_logps=True,
-        f_divergence_type="reverse_kl", loss_types=loss_types, loss_weights=loss_weights, beta=beta,
-        label_smoothing=label_smoothing, use_weighting=False, _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
-        _total_train_tokens=0, _tp_size=1, args=SimpleNamespace(),
+        f_divergence_type=f_divergence_type, f_alpha_divergence_coef=f_alpha_divergence_coef, loss_types=loss_types,
+        loss_weights=loss_weights, beta=beta, label_smoothing=label_smoothing, use_weighting=False,
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)}, _total_train_tokens=0, _tp_size=1,
+        args=SimpleNamespace(discopop_tau=discopop_tau),
     )  # fmt: skip
     inputs = {
         "input_ids": torch.zeros(B2, T, dtype=torch.long), "attention_mask": torch.ones(B2, T, dtype=torch.long),
@@ -476,14 +483,15 @@ def _trl_dpo(loss_types, loss_weights, beta, label_smoothing, token_lp, completi
     return loss, {k: v[-1] for k, v in stub._metrics["train"].items()}
 
 
-def _ours(name, token_lp, completion_mask, ref, **kw):
+def _ours(name, token_lp, completion_mask, ref, weights=None, **kw):
     B = completion_mask.shape[0] // 2
     seq = token_lp.sum(-1)  # (2B,) the stub's log-probs are already zero off the completion
     lengths = completion_mask.sum(-1).to(seq.dtype)
     extras = {"chosen_lengths": lengths[:B], "rejected_lengths": lengths[B:]}
     args = dict(policy_chosen_logps=seq[:B], policy_rejected_logps=seq[B:], ref_chosen_logps=ref[:B], ref_rejected_logps=ref[B:])
-    args.update({k: v for k, v in extras.items() if k in LOSS_EXTRAS.get(name, ())})
-    return PREFERENCE_LOSSES[name](**args, **kw)
+    choice = resolve_loss(name, weights)
+    args.update({k: v for k, v in extras.items() if k in choice.extras})
+    return choice.fn(**args, **kw)
 
 
 @pytest.mark.parametrize(
@@ -608,3 +616,168 @@ def test_parity_with_trl_reward_trainer():
         assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-6, rel=1e-9)
         assert m["accuracy"].item() == pytest.approx(stub._metrics["train"]["accuracy"][-1])
         assert m["margin"].item() == pytest.approx(stub._metrics["train"]["margin"][-1])
+
+
+# TRL 1.16's other DPOConfig.loss_type values, its f-divergences, and weighted combinations: loss, metrics and
+# the gradient w.r.t. the per-token log-probs, in float64 (alpha_divergence: float32, see the test).
+# (our name, TRL loss_type list, TRL weights, our kwargs, TRL's label_smoothing, extra TRL attributes)
+ZOO_CASES = [
+    ("sigmoid_norm", ["sigmoid_norm"], None, {"beta": 0.1}, 0.0, {}),
+    ("sigmoid_norm", ["sigmoid_norm"], None, {"beta": 1.5}, 0.0, {}),
+    ("exo_pair", ["exo_pair"], None, {"beta": 0.1, "label_smoothing": 1e-3}, 1e-3, {}),
+    ("exo_pair", ["exo_pair"], None, {"beta": 0.5, "label_smoothing": 0.2}, 0.2, {}),
+    ("discopop", ["discopop"], None, {"beta": 0.1, "tau": 0.05}, 0.0, {"discopop_tau": 0.05}),
+    ("discopop", ["discopop"], None, {"beta": 1.0, "tau": 0.7}, 0.0, {"discopop_tau": 0.7}),
+    ("nca_pair", ["nca_pair"], None, {"beta": 0.1}, 0.0, {}),
+    ("nca_pair", ["nca_pair"], None, {"beta": 2.0}, 0.0, {}),
+    ("bco_pair", ["bco_pair"], None, {"beta": 0.1, "reward_shift": 0.0}, 0.0, {}),  # TRL 1.16 dropped the shift
+    ("bco_pair", ["bco_pair"], None, {"beta": 0.7, "reward_shift": 0.0}, 0.0, {}),
+    ("sppo_hard", ["sppo_hard"], None, {"beta": 0.1}, 0.0, {}),
+    ("sppo_hard", ["sppo_hard"], None, {"beta": 1.0}, 0.0, {}),
+    ("aot", ["aot"], None, {"beta": 0.1}, 0.0, {}),
+    ("aot", ["aot"], None, {"beta": 0.5, "label_smoothing": 0.2}, 0.2, {}),
+    ("aot_unpaired", ["aot_unpaired"], None, {"beta": 0.1}, 0.0, {}),
+    ("aot_unpaired", ["aot_unpaired"], None, {"beta": 0.5, "label_smoothing": 0.2}, 0.2, {}),
+    ("apo_zero", ["apo_zero"], None, {"beta": 0.1}, 0.0, {}),
+    ("apo_zero", ["apo_zero"], None, {"beta": 1.0}, 0.0, {}),
+    ("apo_down", ["apo_down"], None, {"beta": 0.1}, 0.0, {}),
+    ("apo_down", ["apo_down"], None, {"beta": 1.0}, 0.0, {}),
+    ("sft", ["sft"], None, {"beta": 0.1}, 0.0, {}),
+    ("sft", ["sft"], None, {"beta": 2.0}, 0.0, {}),
+    ("forward_kl", ["sigmoid"], None, {"beta": 0.1}, 0.0, {"f_divergence_type": "forward_kl"}),
+    ("forward_kl", ["sigmoid"], None, {"beta": 0.5}, 0.0, {"f_divergence_type": "forward_kl"}),
+    ("js_divergence", ["sigmoid"], None, {"beta": 0.1}, 0.0, {"f_divergence_type": "js_divergence"}),
+    ("js_divergence", ["sigmoid"], None, {"beta": 1.0}, 0.0, {"f_divergence_type": "js_divergence"}),
+    ("alpha_divergence", ["sigmoid"], None, {"beta": 0.1, "alpha": 0.5}, 0.0,
+     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5}),
+    ("alpha_divergence", ["sigmoid"], None, {"beta": 0.5, "alpha": 0.3}, 0.0,
+     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.3}),
+    ("dpo,bco_pair,sft", ["sigmoid", "bco_pair", "sft"], [0.8, 0.2, 1.0], {"beta": 0.1, "reward_shift": 0.0}, 0.0, {}),  # MPO
+    ("dpo,bco_pair,sft", ["sigmoid", "bco_pair", "sft"], [0.3, 1.5, 0.25], {"beta": 0.4, "reward_shift": 0.0}, 0.0, {}),
+    ("hinge,sft", ["hinge", "sft"], [1.0, 0.5], {"beta": 0.3}, 0.0, {}),
+]
+
+
+@pytest.mark.parametrize("name,trl_types,weights,kw,eps,trl_attrs", ZOO_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ZOO_CASES)])
+def test_parity_with_trl_dpo_zoo(name, trl_types, weights, kw, eps, trl_attrs):
+    # TRL's alpha-divergence clamps in a per-dtype table without float64 (KeyError): compare in float32 there
+    dtype = torch.float32 if name == "alpha_divergence" else torch.float64
+    tol = 1e-6
+    for seed in range(2):
+        token_lp, cmask, ref = _random_batch(B=8, T=12, seed=seed)
+        token_lp, ref = token_lp.to(dtype), ref.to(dtype)
+        trl_lp = token_lp.clone().requires_grad_(True)
+        trl_loss, trl_m = _trl_dpo(trl_types, weights or [1.0], kw["beta"], eps, trl_lp, cmask, ref, **trl_attrs)
+        trl_loss.backward()
+        lp = token_lp.clone().requires_grad_(True)
+        loss, m = _ours(name, lp, cmask, ref, weights=weights, **kw)
+        loss.backward()
+        assert loss.item() == pytest.approx(trl_loss.item(), abs=tol, rel=1e-9)
+        # gradient on the completion tokens (elsewhere the real log-probs are constants; the stub's zeros are not)
+        on = cmask[:, 1:].to(dtype)
+        torch.testing.assert_close(lp.grad * on, trl_lp.grad * on, atol=tol, rtol=1e-9 if dtype == torch.float64 else 1e-5)
+        assert (lp.grad * on).abs().sum() > 0  # the case has a gradient to compare
+        if name.split(",")[0] != "sft":  # TRL logs the DPO implicit rewards whatever the loss; so do we (sft: none without ref)
+            for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"):
+                assert m[key].item() == pytest.approx(trl_m[key], abs=tol), key
+
+
+def test_zoo_hand_values():
+    # each the docstring's worked number, derived by hand (softplus(x) = -log sigma(-x) ... here softplus(x) = log(1 + e^-x))
+    L = lambda name, pc, pr, rc, rr, **kw: resolve_loss(name).fn(**pair(pc, pr, rc, rr), **kw)[0].item()  # noqa: E731
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    # sigmoid_norm: lr_w = 2 over 2 tokens, lr_l = -1 over 1 -> h = 1 + 1 = 2 -> log(1 + e^-2) = 0.126928
+    assert L("sigmoid_norm", [2], [-1], [0], [0], beta=1.0, chosen_lengths=t(2), rejected_lengths=t(1)) == pytest.approx(softplus(2))
+    # exo: h = 0 -> q = (1/2, 1/2) -> 1/2 (log 1/2 - log .999) + 1/2 (log 1/2 - log .001) = 2.761231
+    exo = 0.5 * (math.log(0.5) - math.log(0.999)) + 0.5 * (math.log(0.5) - math.log(0.001))
+    assert L("exo_pair", [0], [0], [0], [0], beta=1.0) == pytest.approx(exo) and exo == pytest.approx(2.761231, abs=1e-6)
+    # discopop: h = 0 -> m = 1/2 -> log 2 / 2 + 1/2
+    assert L("discopop", [0], [0], [0], [0], beta=1.0) == pytest.approx(LOG2 / 2 + 0.5)
+    # nca: all 0 -> log 2 + log 2 / 2 + log 2 / 2
+    assert L("nca_pair", [0], [0], [0], [0], beta=1.0) == pytest.approx(2 * LOG2)
+    # sppo_hard: beta 0.5 -> targets +-1 -> 1 + 1
+    assert L("sppo_hard", [0], [0], [0], [0], beta=0.5) == pytest.approx(2.0)
+    # apo_zero: (1 - 1/2) + 1/2; apo_down at r_w = 1, r_l = 0: sigma(1) + 1 - sigma(1) = 1; at r_w = 2, r_l = 1 likewise 1 ...
+    assert L("apo_zero", [0], [0], [0], [0], beta=1.0) == pytest.approx(1.0)
+    assert L("apo_down", [1], [0], [0], [0], beta=1.0) == pytest.approx(1.0)
+    # ... and apo_down at r_w = 0, r_l = 1: 1/2 + 1 - sigma(-1)
+    assert L("apo_down", [0], [1], [0], [0], beta=1.0) == pytest.approx(0.5 + 1 - sig(-1))
+    # aot: policy margins [2, 0] sorted [0, 2], ref margins [0, 1] -> delta [0, 1] -> (log 2 + softplus(1)) / 2
+    assert L("aot", [2, 0], [0, 0], [0, 1], [0, 0], beta=1.0) == pytest.approx((LOG2 + softplus(1)) / 2)
+    # aot_unpaired: sorted chosen lr [0, 3] - sorted rejected lr [-1, 2] = [1, 1] -> softplus(1)
+    assert L("aot_unpaired", [0, 3], [2, -1], [0, 0], [0, 0], beta=1.0) == pytest.approx(softplus(1))
+    # sft: -(-2 - 6) / (1 + 3) = 2
+    assert sft_loss(policy_chosen_logps=t(-2, -6), chosen_lengths=t(1, 3))[0].item() == pytest.approx(2.0)
+    # f-DPO at u_w = 2 (or 4), u_l = 1: forward KL h = (1 - 1/2) - 0; JS h = log(4/3) - log 1; alpha 0.5: (4^-.5 - 1)/(-.5) = 1
+    lg2, lg4 = math.log(2), math.log(4)
+    assert L("forward_kl", [lg2], [0], [0], [0], beta=1.0) == pytest.approx(softplus(0.5))
+    assert L("js_divergence", [lg2], [0], [0], [0], beta=1.0) == pytest.approx(softplus(math.log(4 / 3)))
+    assert L("alpha_divergence", [lg4], [0], [0], [0], beta=1.0, alpha=0.5) == pytest.approx(softplus(1.0))
+    # alpha -> 1 is DPO; reverse_kl through f_dpo_loss is DPO
+    kw = pair([-1, -3], [-2, -1], [-2, -2], [-2, -2])
+    assert L("alpha_divergence", [-1, -3], [-2, -1], [-2, -2], [-2, -2], beta=0.3, alpha=1.0) == pytest.approx(dpo_loss(**kw, beta=0.3)[0].item())
+    assert f_dpo_loss(**kw, beta=0.3)[0].item() == pytest.approx(dpo_loss(**kw, beta=0.3)[0].item())
+
+
+def test_bco_running_shift_and_state():
+    # step 1: r_w = 1, r_l = -1 -> batch mean 0 -> delta 0 -> 2 softplus(1) = 0.626523
+    loss, m = bco_pair_loss(**pair([1], [-1], [0], [0]), beta=1.0)
+    assert loss.item() == pytest.approx(2 * softplus(1)) and loss.item() == pytest.approx(0.6265234, abs=1e-6)
+    s1 = BCOState.from_metrics(m)
+    assert s1 == (0.0, 1)
+    # step 2: r_w = 3, r_l = 1 -> batch mean 2 -> delta = (0 + 2) / 2 = 1 -> softplus(3 - 1) + softplus(-(1 - 1)) ...
+    # i.e. -log sigma(2) - log sigma(0) = 0.126928 + 0.693147
+    loss, m = bco_pair_loss(**pair([3], [1], [0], [0]), beta=1.0, state=s1)
+    assert loss.item() == pytest.approx(softplus(2) + LOG2)
+    assert BCOState.from_metrics(m) == (1.0, 2)
+    # reward_shift = 0: the shift is tracked but not applied -> -log sigma(3) - log sigma(-1)
+    loss0, m0 = bco_pair_loss(**pair([3], [1], [0], [0]), beta=1.0, state=s1, reward_shift=0.0)
+    assert loss0.item() == pytest.approx(softplus(3) + softplus(-1)) and m0["bco/delta"].item() == 1.0
+    # the shift is a constant: gradient of -log sigma(r_w - delta) w.r.t. lp_w is -beta sigma(-(r_w - delta))
+    pc = t(3.0).requires_grad_()
+    bco_pair_loss(policy_chosen_logps=pc, policy_rejected_logps=t(1), ref_chosen_logps=t(0), ref_rejected_logps=t(0), beta=1.0,
+                  state=s1)[0].backward()  # fmt: skip
+    assert pc.grad.item() == pytest.approx(-sig_(-2.0))
+    assert bco_update_state(t(2, 4), BCOState(1.0, 1)) == (2.0, 2)
+
+
+def sig_(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_combination_weights_add_up_and_errors():
+    torch.manual_seed(2)
+    pc, pr, rc, rr = (-torch.rand(5, dtype=torch.float64) * 9 for _ in range(4))
+    lengths = torch.randint(1, 6, (5,)).double()
+    kw = dict(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr,
+              chosen_lengths=lengths, rejected_lengths=lengths, beta=0.2)
+    choice = resolve_loss("dpo, bco_pair,sft", "0.8,0.2,1.0")
+    assert choice.components == ("dpo", "bco_pair", "sft") and choice.weights == (0.8, 0.2, 1.0)
+    assert choice.state_type is BCOState and not choice.reference_free and not choice.unpaired
+    loss, m = choice.fn(**kw)
+    parts = {n: PREFERENCE_LOSSES[n](**{k: v for k, v in kw.items() if k in ("beta", *pair([0], [0], [0], [0]), *LOSS_EXTRAS.get(n, ()))})[0]
+             for n in choice.components}  # fmt: skip
+    assert loss.item() == pytest.approx(0.8 * parts["dpo"].item() + 0.2 * parts["bco_pair"].item() + parts["sft"].item(), abs=1e-12)
+    assert loss.item() == pytest.approx(sum(w * m[f"loss/{n}"].item() for n, w in zip(choice.components, choice.weights)), abs=1e-12)
+    assert "bco/delta" in m and m["rewards/chosen"].item() == pytest.approx((0.2 * (pc - rc)).mean().item())
+    # default weights are 1; a single name is the dict's own function
+    assert resolve_loss("dpo,sft").weights == (1.0, 1.0) and resolve_loss("dpo").fn is dpo_loss
+    assert resolve_loss("simpo,sft").reference_free
+    for spec, w, msg in [("dpo,nope", None, "loss='nope' is not valid"), ("dpo,dpo", None, "names a loss twice"),
+                         ("dpo,sft", "1", "has 1 weights for 2"), ("dpo,sft", "1,x", "not a comma-separated"),
+                         ("dpo,sft", "1,-1", ">= 0"), ("dpo,kto", None, "unpaired"),
+                         ("beta_dpo,bco_pair", None, "at most one stateful")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=msg):
+            resolve_loss(spec, w)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=5), st.sampled_from([",", ", ", " ,"]))
+def test_parse_loss_weights_round_trips_and_counts(ws, sep):
+    text = sep.join(repr(w) for w in ws)
+    assert parse_loss_weights(text, len(ws)) == tuple(ws)
+    assert parse_loss_weights(ws, len(ws)) == tuple(ws)
+    with pytest.raises(ConfigError, match=f"has {len(ws)} weights for {len(ws) + 1} loss"):
+        parse_loss_weights(text, len(ws) + 1)
+    with pytest.raises(ConfigError, match="finite number >= 0"):
+        parse_loss_weights(text + sep + "-1", len(ws) + 1)

@@ -2,8 +2,8 @@
 
 import torch
 
-from posttrain.ops.attention import naive_attention
-from posttrain.ops.flash_attention import flash_attention
+from posttrain.ops.naive import naive_attention
+from posttrain.ops.flash import flash_attention
 from posttrain.ops.memory import attention_peak_memory, peak_memory
 
 

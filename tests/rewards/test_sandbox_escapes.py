@@ -97,8 +97,10 @@ for pid in ({proc.pid}, {os.getpid()}):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_cannot_write_or_delete_files_outside(mode, tmp_path):
-    # A directory the sandbox can SEE (under the repo: the root is bound read-only), and one under /tmp (hidden).
-    visible = tempfile.mkdtemp(prefix="escape-", dir=os.path.dirname(__file__))
+    # A directory the sandbox can SEE, and one under /tmp (hidden). The interpreter's prefix is visible
+    # wherever the checkout lives (bound back read-only when it is under /tmp or a home directory); the
+    # checkout itself is not: a clone under /tmp is hidden by the sandbox's private /tmp.
+    visible = tempfile.mkdtemp(prefix="escape-", dir=sys.prefix)
     try:
         target, sibling = os.path.join(visible, "keep.txt"), os.path.join(visible, "new.txt")
         hidden = tmp_path / "hidden.txt"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from posttrain.tokenizers import BPETrainer
-from posttrain.tokenizers.bpe import (BPEModel, count_pairs, encode_words, merge_ids, merge_string, merge_word,
-                                      train_merges, train_merges_slow)
+from posttrain.tokenizers.bpe import BPEModel, encode_words, train_merges, train_merges_slow
+from posttrain.tokenizers.merges import count_pairs, merge_ids, merge_string, merge_word
 
 
 def test_worked_example_low_lower_lowest():
@@ -33,9 +33,9 @@ def _random_counts(rng: random.Random, n_words: int, alphabet: str) -> dict[str,
 @pytest.fixture(params=["per-word", "vectorised"])
 def merge_path(request, monkeypatch):
     """Run a test with every merge applied word by word, then with every merge (a != b) in numpy."""
-    import posttrain.tokenizers.bpe as bpe
+    import posttrain.tokenizers.merges as merges
 
-    monkeypatch.setattr(bpe, "VECTOR_MIN_WORDS", 10**9 if request.param == "per-word" else 1)
+    monkeypatch.setattr(merges, "VECTOR_MIN_WORDS", 10**9 if request.param == "per-word" else 1)
     return request.param
 
 
@@ -54,13 +54,13 @@ def test_heap_trainer_matches_recount_oracle(seed, suffix, merge_path):
 @given(st.dictionaries(st.text("xyz", min_size=1, max_size=7), st.integers(1, 5), min_size=1, max_size=15),
        st.integers(1, 3))
 def test_heap_trainer_matches_oracle_property(vector_min, wc, min_freq):
-    import posttrain.tokenizers.bpe as bpe
+    import posttrain.tokenizers.merges as merges
 
-    bpe.VECTOR_MIN_WORDS, old = vector_min, bpe.VECTOR_MIN_WORDS
+    merges.VECTOR_MIN_WORDS, old = vector_min, merges.VECTOR_MIN_WORDS
     try:
         assert train_merges(wc, 25, min_frequency=min_freq) == train_merges_slow(wc, 25, min_frequency=min_freq)
     finally:
-        bpe.VECTOR_MIN_WORDS = old
+        merges.VECTOR_MIN_WORDS = old
 
 
 def test_same_corpus_same_vocabulary(train_texts):

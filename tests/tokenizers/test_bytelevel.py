@@ -5,11 +5,12 @@ import regex
 from hypothesis import given, settings, strategies as st
 
 from posttrain.tokenizers import ByteLevelBPETrainer
-from posttrain.tokenizers import pretokenize as P
+from posttrain.tokenizers import pre_tokenizers as P
+from posttrain.tokenizers import symbols
 
 
 def test_bytes_to_unicode_is_a_printable_bijection():
-    m = P.bytes_to_unicode()
+    m = symbols.bytes_to_unicode()
     assert len(m) == 256 and len(set(m.values())) == 256
     assert m[32] == "Ġ" and m[10] == "Ċ" and m[ord("A")] == "A"
     assert all(c.isprintable() and not c.isspace() for c in m.values())
@@ -53,7 +54,7 @@ def test_invalid_utf8_roundtrips_at_bytes_level(tok):
 
 def test_every_byte_is_in_the_vocabulary(tok):
     for b in range(256):
-        assert tok.token_to_id(P.BYTE_TO_UNICODE[b]) is not None
+        assert tok.token_to_id(symbols.BYTE_TO_UNICODE[b]) is not None
 
 
 def test_special_tokens_are_never_split(tok):

@@ -7,7 +7,7 @@ import regex
 from hypothesis import example, given, settings, strategies as st
 
 from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer, UnigramTrainer, WordPieceTrainer
-from posttrain.tokenizers import pretokenize as P
+from posttrain.tokenizers import pre_tokenizers as P
 from posttrain.tokenizers.corpus import JoinedWords, count_words
 
 # whitespace of every kind the GPT-2 alternatives treat differently, letters, digits, contractions, punctuation

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from posttrain.errors import UserError
 from posttrain.tokenizers import WordPieceTrainer, load
-from posttrain.tokenizers import pretokenize as P
+from posttrain.tokenizers import normalizers, pre_tokenizers, symbols
 from posttrain.tokenizers.wordpiece import WordPieceModel, train_wordpiece_merges, train_wordpiece_merges_slow
 
 
@@ -66,8 +66,8 @@ def test_greedy_longest_prefix_and_unk():
 
 
 def test_bert_basic_pretokenisation():
-    norm = P.BertNormalizer(lowercase=True)
-    pre = P.BertPreTokenizer()
+    norm = normalizers.BertNormalizer(lowercase=True)
+    pre = pre_tokenizers.BertPreTokenizer()
     assert pre(norm("Héllo, WORLD!  机器\x00学习")) == ["hello", ",", "world", "!", "机", "器", "学", "习"]
 
 
@@ -97,20 +97,20 @@ _BERT_CHARS = st.characters(codec=None) | st.sampled_from(list("\t\n\r\x00\ufffd
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_BERT_CHARS, max_size=30).map("".join), st.booleans(), st.booleans(), st.booleans(), st.booleans())
 def test_bert_normalizer_and_pre_tokenizer_match_per_character_reference(text, clean, cjk, strip, lower):
-    norm = P.BertNormalizer(clean, cjk, strip, lower)
-    assert norm(text) == P.bert_normalize_slow(text, clean, cjk, strip, lower)
-    assert P.BertPreTokenizer()(text) == P.bert_pre_tokenize_slow(text)
+    norm = normalizers.BertNormalizer(clean, cjk, strip, lower)
+    assert norm(text) == normalizers.bert_normalize_slow(text, clean, cjk, strip, lower)
+    assert pre_tokenizers.BertPreTokenizer()(text) == pre_tokenizers.bert_pre_tokenize_slow(text)
 
 
 def test_bert_character_classes_agree_with_predicates_on_every_code_point():
-    r = P.bert_regexes()
+    r = symbols.bert_regexes()
     every = "".join(map(chr, range(0x110000)))
-    assert "".join(r["cjk"].findall(every)) == "".join(filter(P.is_chinese_char, every))
-    assert "".join(r["space"].findall(every)) == "".join(sorted(P._WHITESPACE))
+    assert "".join(r["cjk"].findall(every)) == "".join(filter(symbols.is_chinese_char, every))
+    assert "".join(r["space"].findall(every)) == "".join(sorted(symbols.WHITESPACE))
     assert "".join(r["mn"].findall(every)) == "".join(c for c in every if unicodedata.category(c) == "Mn")
     keep = "".join(c for c in every if not (c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C")
-                   or c in P._WHITESPACE)
+                   or c in symbols.WHITESPACE)
     assert r["drop"].sub("", every) == keep
-    punct = "".join(filter(P.is_bert_punctuation, every))
-    assert [w for w in r["words"].findall(every) if len(w) == 1 and P.is_bert_punctuation(w)] == list(punct)
-    assert "".join(r["words"].findall(every)) == "".join(c for c in every if c not in P._WHITESPACE)
+    punct = "".join(filter(symbols.is_bert_punctuation, every))
+    assert [w for w in r["words"].findall(every) if len(w) == 1 and symbols.is_bert_punctuation(w)] == list(punct)
+    assert "".join(r["words"].findall(every)) == "".join(c for c in every if c not in symbols.WHITESPACE)

@@ -17,7 +17,8 @@ from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.reward import HEAD_FILE, RMConfig, load_reward_model, train_reward_model
+from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
+from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false",

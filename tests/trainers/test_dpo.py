@@ -12,9 +12,9 @@ from posttrain.data.preference_pairs import (
     answer_distance,
     cached_pairs,
     label_pairs,
-    on_policy_pairs,
     synthetic_pairs,
 )
+from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPTConfig
@@ -65,7 +65,7 @@ def test_every_loss_trains_and_logs(tmp_path, sft_ckpt, pair_file, loss):
     for r in rows:
         assert math.isfinite(r["loss"]) and {"rewards/chosen", "rewards/rejected", "logps/chosen", "lr"} <= r.keys()
     assert "heldout_accuracy" in rows[-1] and 0 <= s["heldout_accuracy_init"] <= 1
-    assert s["reference"] == ("none" if loss == "simpo" else "precomputed")
+    assert s["reference"] == ("none" if loss in ("simpo", "sft") else "precomputed")  # REFERENCE_FREE_LOSSES
     if loss == "beta_dpo":
         assert "beta_dpo/beta" in rows[0]
     if loss == "rdpo":
@@ -129,9 +129,13 @@ def test_dpo_moves_the_margin(tmp_path, sft_ckpt, pair_file):
     assert rows[-1]["loss"] < rows[0]["loss"]
 
 
-def test_resume_is_bitwise_with_loss_state(tmp_path, sft_ckpt, pair_file):
-    # beta-DPO carries running statistics and samples its filter: both must be restored exactly
-    kw = dict(loss="beta_dpo", data=pair_file, steps=4, loss_kwargs={"filter_ratio": 0.5})
+@pytest.mark.parametrize("loss,extra,key", [
+    ("beta_dpo", {"loss_kwargs": {"filter_ratio": 0.5}}, "beta_dpo/beta"),
+    ("dpo,bco_pair,sft", {"loss_weights": "0.8,0.2,1.0"}, "bco/delta"),  # BCO's running shift, inside a combination
+])
+def test_resume_is_bitwise_with_loss_state(tmp_path, sft_ckpt, pair_file, loss, extra, key):
+    # beta-DPO carries running statistics and samples its filter, BCO a running reward mean: restored exactly
+    kw = dict(loss=loss, data=pair_file, steps=4, **extra)
     train_dpo(cfg(tmp_path / "full", sft_ckpt, **kw))
     train_dpo(cfg(tmp_path / "part", sft_ckpt, save_every=2, **kw))
     resumed = tmp_path / "resumed"
@@ -144,7 +148,7 @@ def test_resume_is_bitwise_with_loss_state(tmp_path, sft_ckpt, pair_file):
         assert torch.equal(a[k], b[k]), k
     full, res = metrics(tmp_path / "full"), metrics(resumed)
     assert [r["step"] for r in res] == [3, 4]
-    assert res[-1]["beta_dpo/beta"] == full[-1]["beta_dpo/beta"]
+    assert res[-1][key] == full[-1][key]
 
 
 def test_embedded_on_policy_pairs_are_cached(tmp_path, sft_ckpt):

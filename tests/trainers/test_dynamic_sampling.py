@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posttrain.generate import SamplingConfig, generate
-from posttrain.losses.logprobs import completion_logps
+from posttrain.scoring import completion_logps
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig

@@ -1,10 +1,10 @@
-"""benchmarks/outcomes.py's aggregation over seeds: mean, sample sd, worst seed, gain over each seed's own SFT."""
+"""benchmarks/bench_outcomes.py's aggregation over seeds: mean, sample sd, worst seed, gain over each seed's own SFT."""
 
 import statistics
 
 import pytest
 
-from benchmarks.outcomes import aggregate, describe
+from benchmarks.bench_outcomes import aggregate, describe
 
 
 def test_describe_names_the_worst_and_best_seed():

@@ -12,7 +12,8 @@ from posttrain.models.heads import RewardStats
 from posttrain.rewards.registry import get_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.reward import RMConfig, load_reward_model, pair_rewards, train_reward_model
+from posttrain.rewards.reward_model import load_reward_model
+from posttrain.trainers.reward import RMConfig, pair_rewards, train_reward_model
 
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
 MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)

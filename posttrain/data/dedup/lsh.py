@@ -32,6 +32,7 @@ import numpy as np
 
 from posttrain.data.dedup.shingles import fmix64
 from posttrain.errors import ConfigError
+from posttrain.hashing import GOLDEN
 
 U64 = np.uint64
 
@@ -107,7 +108,7 @@ def band_keys(sig: np.ndarray, bands: int, rows: int, seed: int = 0) -> np.ndarr
         acc = np.zeros(n, U64)
         for j in range(rows):
             acc += sig[:, band * rows + j].astype(U64) * mult[j]
-        acc ^= U64((band * 0x9E3779B97F4A7C15) % (1 << 64))  # the band index is part of the key
+        acc ^= U64((band * GOLDEN) % (1 << 64))  # the band index is part of the key
         out[:, band] = fmix64(acc, seed=seed)
     return out
 

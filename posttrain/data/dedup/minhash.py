@@ -27,6 +27,7 @@ import numpy as np
 
 from posttrain.data.dedup.shingles import fmix64, fmix64_int
 from posttrain.errors import ConfigError
+from posttrain.hashing import GOLDEN
 
 U64 = np.uint64
 EMPTY = np.uint32(0xFFFFFFFF)
@@ -41,7 +42,7 @@ def _bins(h: np.ndarray, num_perm: int) -> np.ndarray:
 
 def _dens_src(k: np.ndarray, t: int, num_perm: int, seed: int) -> np.ndarray:
     """Densification source bin for empty bins ``k`` at attempt ``t`` (same for every document)."""
-    x = k.astype(U64) * U64(0x9E3779B97F4A7C15) + U64((t * 0xD1B54A32D192ED03) % (1 << 64))
+    x = k.astype(U64) * U64(GOLDEN) + U64((t * 0xD1B54A32D192ED03) % (1 << 64))
     return _bins(fmix64(x, seed=seed + 1), num_perm)
 
 
@@ -99,7 +100,7 @@ def oph_signature_loop(hashes: Sequence[int], num_perm: int = 128, seed: int = 1
     for k in range(K):
         t = 0
         while out[k] is None:
-            x = (k * 0x9E3779B97F4A7C15 + (t * 0xD1B54A32D192ED03)) % (1 << 64)
+            x = (k * GOLDEN + (t * 0xD1B54A32D192ED03)) % (1 << 64)
             src = ((fmix64_int(x, seed + 1) >> 32) * K) >> 32
             if sig[src] is not None:
                 out[k] = sig[src]

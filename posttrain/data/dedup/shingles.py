@@ -31,12 +31,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from posttrain.errors import ConfigError
+from posttrain.hashing import GOLDEN
 
 U64 = np.uint64
 P = 0x100000001B3 * 0x9E3779B1 | 1  # odd multiplier of the polynomial hash (FNV prime x golden ratio)
 P = P % (1 << 64)
 P_INV = pow(P, -1, 1 << 64)
-GOLDEN = 0x9E3779B97F4A7C15
 
 # --------------------------------------------------------------------------------------------
 # normalisation: named steps in a visible dict, applied in the order given

@@ -1,9 +1,9 @@
 """Dedup benchmark: posttrain vs datasketch vs rensa on a labelled synthetic corpus, side by side.
 
-    .venv/bin/python benchmarks/dedup.py                       # 10k documents, 3 repeats
-    .venv/bin/python benchmarks/dedup.py --sizes 10000,100000 --repeats 3,1
-    .venv/bin/python benchmarks/dedup.py --corpus-seeds 0,1,2,3,4 --repeats 1   # quality over 5 corpora
-    .venv/bin/python benchmarks/dedup.py --corpus-seeds 0,1,2,3,4 --hash-seeds 1,2,3 --repeats 1 --skip-sig-for ...
+    .venv/bin/python benchmarks/bench_dedup.py                       # 10k documents, 3 repeats
+    .venv/bin/python benchmarks/bench_dedup.py --sizes 10000,100000 --repeats 3,1
+    .venv/bin/python benchmarks/bench_dedup.py --corpus-seeds 0,1,2,3,4 --repeats 1   # quality over 5 corpora
+    .venv/bin/python benchmarks/bench_dedup.py --corpus-seeds 0,1,2,3,4 --hash-seeds 1,2,3 --repeats 1 --skip-sig-for ...
 
 Corpus: "real-looking" English text (words of the bundled MiniLM WordPiece vocabulary, Zipf-distributed,
 in sentences and paragraphs, ~1 KB per document) where 30% of documents are near-duplicates of an
@@ -243,7 +243,7 @@ def sig_rensa(texts):
 
 
 def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
-    from posttrain.data.dedup.dedup import DedupConfig, dedup
+    from posttrain.data.dedup.run import DedupConfig, dedup
 
     clusters = out.with_suffix(".clusters.jsonl")
     dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False,

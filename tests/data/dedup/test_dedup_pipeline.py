@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from posttrain.cli import main as cli_main
-from posttrain.data.dedup.dedup import DedupConfig, dedup
+from posttrain.data.dedup.run import DedupConfig, dedup
 from posttrain.errors import ConfigError, DataError
 
 BASE = [

@@ -1,9 +1,9 @@
 """Attention benchmark: naive vs PyTorch SDPA vs ours (tiled PyTorch flash; Triton on CUDA), side by side.
 
-    .venv/bin/python benchmarks/attention.py                 # N in 1k,4k,8k,16k (~10 min on 2 busy cores)
-    .venv/bin/python benchmarks/attention.py --sizes 1k,4k   # a subset
-    .venv/bin/python benchmarks/attention.py --device cuda   # adds the Triton kernel
-    .venv/bin/python benchmarks/attention.py --threads 1 --clock cpu   # on a shared machine (see docs)
+    .venv/bin/python benchmarks/bench_attention.py                 # N in 1k,4k,8k,16k (~10 min on 2 busy cores)
+    .venv/bin/python benchmarks/bench_attention.py --sizes 1k,4k   # a subset
+    .venv/bin/python benchmarks/bench_attention.py --device cuda   # adds the Triton kernel
+    .venv/bin/python benchmarks/bench_attention.py --threads 1 --clock cpu   # on a shared machine (see docs)
 
 B=1, H=4, D=64, float32 (bf16 on CUDA), causal and not, forward and forward+backward.  Time = median
 over --repeats runs, the implementations interleaved within each repeat so that noise from a shared

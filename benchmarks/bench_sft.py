@@ -5,27 +5,22 @@ Both sides: 4 layers, width 128, 4 heads, vocab 32, tied embeddings (0.8M parame
 The HF side is the usual plain PyTorch loop: ``model(input_ids, labels=...)`` with -100 on prompt tokens.
 A third row trains the HF model with our loss function, separating model speed from loop speed.
 
-    .venv/bin/python benchmarks/sft.py [--steps 30] [--repeats 5] [--threads 2] [--clock wall|cpu]
+    .venv/bin/python benchmarks/bench_sft.py [--steps 30] [--repeats 5] [--threads 2] [--clock wall|cpu]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-# benchmarks/tokenizers.py is named like the `tokenizers` package: keep this directory off the import path
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-from benchmarks._util import median_time, print_table  # noqa: E402
+from _util import median_time, print_table
 
-from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
-from posttrain.models.hf import hf_model_from_config, tiny_hf_config  # noqa: E402
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask  # noqa: E402
-from posttrain.tokenizers.char import CharTokenizer  # noqa: E402
-from posttrain.trainers.sft import batch_indices, encode_demos, sft_loss  # noqa: E402
+from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.models.hf import hf_model_from_config, tiny_hf_config
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tokenizers.char import CharTokenizer
+from posttrain.trainers.sft import batch_indices, encode_demos, sft_loss
 
 
 def main():

@@ -12,7 +12,7 @@ DPO loss with beta 0.1. Rows:
 Each step of ours includes tokenising and collating its batch, as TRL's includes its collator.
 TRL's step time comes from a TrainerCallback (on_step_begin -> on_step_end). Medians over steps.
 
-    .venv/bin/python benchmarks/dpo.py --threads 1 --steps 30
+    .venv/bin/python benchmarks/bench_dpo.py --threads 1 --steps 30
 """
 
 from __future__ import annotations
@@ -20,25 +20,21 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent  # not on sys.path: benchmarks/tokenizers.py would shadow the package
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-import torch  # noqa: E402
+import torch
 
-from benchmarks._util import median_time, print_table  # noqa: E402
+from _util import median_time, print_table
 
-from posttrain.data.preference_pairs import synthetic_pairs  # noqa: E402
-from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
-from posttrain.models.hf import hf_model_from_config, tiny_hf_config  # noqa: E402
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask  # noqa: E402
-from posttrain.tokenizers.char import SPECIALS, CharTokenizer  # noqa: E402
-from posttrain.trainers import common  # noqa: E402
-from posttrain.trainers.dpo import DPOConfig, PairedData, freeze  # noqa: E402
-from posttrain.losses.preference import PREFERENCE_LOSSES  # noqa: E402
+from posttrain.data.preference_pairs import synthetic_pairs
+from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.models.hf import hf_model_from_config, tiny_hf_config
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tokenizers.char import SPECIALS, CharTokenizer
+from posttrain.trainers import common
+from posttrain.trainers.dpo import DPOConfig, PairedData, freeze
+from posttrain.losses.preference import PREFERENCE_LOSSES
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 BATCH, BETA, LR = 16, 0.1, 1e-4

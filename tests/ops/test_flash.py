@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.ops import ATTENTION_BACKENDS, attention, flash_attention
-from posttrain.ops.attention import reference_attention
-from posttrain.ops.flash_attention import FlashAttention
+from posttrain.ops.naive import reference_attention
+from posttrain.ops.flash import FlashAttention
 
 
 def make(b, h, hkv, nq, nk, d, dtype=torch.float64, seed=0, mult=1.0):
@@ -53,7 +53,7 @@ def test_flash_matches_autograd_of_naive_float64(shape, causal, padded):
             kpm[-1] = False  # one sequence fully padded: zeros and zero grads
     go = torch.randn(b, h, nq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
     ref = grads(lambda q, k, v: reference_attention(q, k, v, causal, kpm, 0.4), q, k, v, go)
-    got = grads(lambda q, k, v: flash_attention(q, k, v, causal, 0.4, kpm, block_q=8, block_k=16), q, k, v, go)
+    got = grads(lambda q, k, v: flash_attention(q, k, v, causal, kpm, 0.4, block_q=8, block_k=16), q, k, v, go)
     assert_all_close(got, ref, atol=1e-10, rtol=1e-8)
 
 
@@ -87,7 +87,7 @@ def test_fully_masked_rows_give_zeros_and_zero_grads():
     q, k, v = make(2, 2, 2, 6, 4, 8, dtype=torch.float32)
     kpm = torch.tensor([[False] * 4, [True, False, True, False]])  # batch 0: no real key at all
     go = torch.ones(2, 2, 6, 8)
-    out, dq, dk, dv = grads(lambda q, k, v: flash_attention(q, k, v, True, None, kpm, block_q=4, block_k=2), q, k, v, go)
+    out, dq, dk, dv = grads(lambda q, k, v: flash_attention(q, k, v, True, kpm, block_q=4, block_k=2), q, k, v, go)
     assert all(torch.isfinite(t).all() for t in (out, dq, dk, dv))
     assert (out[0] == 0).all() and (dq[0] == 0).all() and (dk[0] == 0).all() and (dv[0] == 0).all()
     assert (out[1, :, :2] == 0).all() and (dq[1, :, :2] == 0).all()  # causal, Nq > Nk: rows 0, 1 see no key
@@ -114,7 +114,7 @@ def test_very_negative_logits_after_fully_masked_tiles():
     kpm = torch.ones(2, 24, dtype=torch.bool)
     kpm[0, :17] = False  # the first two key tiles of sequence 0 are padding
     go = torch.randn(2, 2, 8, 4)
-    got = grads(lambda q, k, v: flash_attention(q, k, v, False, None, kpm, block_q=4, block_k=8), q, k, v, go)
+    got = grads(lambda q, k, v: flash_attention(q, k, v, False, kpm, block_q=4, block_k=8), q, k, v, go)
     ref = grads(lambda q, k, v: reference_attention(q, k, v, False, kpm), q.double(), k.double(), v.double(), go.double())
     assert all(torch.isfinite(t).all() for t in got)
     torch.testing.assert_close(got[0], ref[0].float(), atol=1e-4, rtol=1e-4)
@@ -156,7 +156,7 @@ def test_property_random_shapes_and_blocks(b, hkv, g, nq, nk, d, causal, padded,
     kpm = (torch.rand(b, nk, generator=torch.Generator().manual_seed(seed)) > 0.4) if padded else None
     go = torch.randn(b, hkv * g, nq, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
     ref = grads(lambda q, k, v: reference_attention(q, k, v, causal, kpm), q, k, v, go)
-    got = grads(lambda q, k, v: flash_attention(q, k, v, causal, None, kpm, block_q=block_q, block_k=block_k), q, k, v, go)
+    got = grads(lambda q, k, v: flash_attention(q, k, v, causal, kpm, block_q=block_q, block_k=block_k), q, k, v, go)
     assert_all_close(got, ref, atol=1e-10, rtol=1e-8)
 
 
@@ -195,7 +195,7 @@ def test_flash_rejects_bad_inputs():
 def _flash_module():
     import importlib
 
-    return importlib.import_module("posttrain.ops.flash_attention")  # the module (the package attribute is the function)
+    return importlib.import_module("posttrain.ops.flash")
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -209,10 +209,10 @@ def test_fast_and_rescaling_paths_both_match_the_oracle(monkeypatch, causal, pad
         kpm = torch.rand(2, 29, generator=torch.Generator().manual_seed(22)) > 0.3
     go = torch.randn(2, 4, 37, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
     ref = grads(lambda q, k, v: reference_attention(q, k, v, causal, kpm), q, k, v, go)
-    fast = grads(lambda q, k, v: flash_attention(q, k, v, causal, None, kpm, block_q=8, block_k=8), q, k, v, go)
+    fast = grads(lambda q, k, v: flash_attention(q, k, v, causal, kpm, block_q=8, block_k=8), q, k, v, go)
     assert_all_close(fast, ref, atol=1e-10, rtol=1e-8)
     monkeypatch.setattr(_flash_module(), "_forward_block_fast", lambda *a: None)  # force the fallback
-    safe = grads(lambda q, k, v: flash_attention(q, k, v, causal, None, kpm, block_q=8, block_k=8), q, k, v, go)
+    safe = grads(lambda q, k, v: flash_attention(q, k, v, causal, kpm, block_q=8, block_k=8), q, k, v, go)
     assert_all_close(safe, ref, atol=1e-10, rtol=1e-8)
 
 
@@ -230,7 +230,7 @@ def test_fast_path_overflow_falls_back_to_rescaling(monkeypatch):
     calls = []
     safe = fa._forward_block_safe
     monkeypatch.setattr(fa, "_forward_block_safe", lambda *a: calls.append(1) or safe(*a))
-    got = grads(lambda q, k, v: flash_attention(q, k, v, block_q=8, block_k=8), q, k, v, go)
+    got = grads(lambda q, k, v: flash_attention(q, k, v, causal=False, block_q=8, block_k=8), q, k, v, go)
     assert calls, "the overflow was not detected"
     ref = grads(lambda q, k, v: reference_attention(q, k, v, False), q.double(), k.double(), v.double(), go.double())
     assert all(torch.isfinite(t).all() for t in got)

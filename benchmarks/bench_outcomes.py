@@ -19,8 +19,8 @@ to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is no
 seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
 GRPO hyper-parameters then reuse the SFT runs). No number is hand-entered: every one is read from a run.
 
-    .venv/bin/python benchmarks/outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
-    .venv/bin/python benchmarks/outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
+    .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
+    .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
 """
 
 from __future__ import annotations
@@ -39,9 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-_HERE = Path(__file__).resolve().parent
-ROOT = _HERE.parent
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and PYTHONPATH
 
 STAGES = ("sft", "grpo", "dpo", "rm")
 DEPENDS_ON_SFT = {"grpo", "dpo"}

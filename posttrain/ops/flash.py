@@ -10,6 +10,7 @@ with logits S_j = scale * Q K_j^T updates them as
 
 and O = o~ / l at the end.  The N_q x N_k matrix is never stored; the forward keeps only O and the
 per-row log-sum-exp L = m + log l (Dao et al. 2022, Alg. 1; Dao 2023, FlashAttention-2, Alg. 1).
+That recurrence, written plainly, is :mod:`posttrain.ops.flash_reference`, this forward's test oracle.
 
 The backward recomputes each tile from L: P = exp(S - L) exactly, then (Alg. 2)
 
@@ -59,7 +60,7 @@ import math
 
 import torch
 
-from posttrain.ops.attention import check_attention_inputs
+from posttrain.ops.naive import check_attention_inputs
 
 BLOCK_Q = 256
 """Forward: query rows per tile.  256 x 256 keeps the extra memory near SDPA's (a tile of B*H*256*256 floats);
@@ -438,18 +439,18 @@ def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    causal: bool = False,
-    scale: float | None = None,
+    causal: bool = True,
     key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
     *,
     block_q: int | None = None,
     block_k: int | None = None,
 ) -> torch.Tensor:
     """Exact attention softmax(scale Q K^T + mask) V, tiled.  q (B, H, Nq, D), k/v (B, Hkv, Nk, D) -> (B, H, Nq, D).
 
-    Same conventions as ``torch.nn.functional.scaled_dot_product_attention`` (scale defaults to
-    1/sqrt(D)), plus end-aligned causality for Nq != Nk, a (B, Nk) key-padding mask (True = real
-    key) and grouped-query attention.
+    The arguments, their order and defaults are :func:`posttrain.ops.attention`'s (causal by default;
+    scale defaults to 1/sqrt(D)): end-aligned causality for Nq != Nk, a (B, Nk) key-padding mask (True =
+    real key) and grouped-query attention; only the tile sizes are extra.
     """
     check_attention_inputs(q, k, v, key_padding_mask)
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
@@ -479,4 +480,4 @@ def flash_attention(
 
 def flash_attention_backend(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
     """Backend "flash" for ``posttrain.ops.attention`` (the dispatch signature)."""
-    return flash_attention(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+    return flash_attention(q, k, v, causal, key_padding_mask, scale)

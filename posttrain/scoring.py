@@ -1,0 +1,124 @@
+"""Scoring: run a causal LM over [prompt | completion] sequences and return the completion's log-probs.
+
+Key insight: every trainer needs ``log pi(y_t | x, y_<t)`` of given completions; the model runs once
+over the whole sequence and the logits at positions ``P-1 .. P+T-2`` predict completion tokens
+``0 .. T-1``. The tensor maths (warp, gather, entropy, masking) is :mod:`posttrain.losses.logprobs`;
+this module is the part that runs a model, as :mod:`posttrain.generate` is for sampling.
+
+``prefix_shared_completion_logps`` runs each distinct prompt once and shares its keys and values with
+its G samples through a :class:`ConcatKVCache` — the cache belongs to this engine, and the model only
+sees its interface (``update(layer, k, v) -> (k, v)``, ``length``, ``get_seq_length()``), so
+``models/`` never imports its callers.
+
+Works with posttrain's GPT and with Hugging Face causal LMs (same call signature); the shared-prefix
+path needs a model whose ``cache`` argument accepts any object with that interface (posttrain's GPT).
+Not handled: packed sequences (one sequence per row).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posttrain.losses.logprobs import token_entropy, token_logps, warp_logits
+from posttrain.models.heads import positions_from_mask
+
+
+class ConcatKVCache:
+    """A growing cache built with ``torch.cat``, safe under autograd (the preallocated
+    :class:`posttrain.models.gpt.KVCache` is written in place, which autograd cannot differentiate
+    through). Used to train with a shared prompt prefix: run U distinct prompts once, ``reorder``
+    (gather, differentiable) to their N samples, then the completions."""
+
+    def __init__(self):
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer in self.k:
+            k, v = torch.cat([self.k[layer], k], dim=2), torch.cat([self.v[layer], v], dim=2)  # (B, Hkv, Nk, D)
+        self.k[layer], self.v[layer] = k, v
+        return k, v
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.k = {i: t[index] for i, t in self.k.items()}
+        self.v = {i: t[index] for i, t in self.v.items()}
+
+
+def completion_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_start: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    position_ids: torch.Tensor | None = None,
+    completion_mask: torch.Tensor | None = None,
+    return_entropy: bool = False,
+):
+    """Token log-probs of ``input_ids[:, completion_start:]`` under ``model`` (one forward pass).
+
+    The sequences are [left-padded prompt | completion]; positions before ``completion_start`` are the
+    prompt. Returns (B, T_completion) log-probs under the warped distribution (and entropies if asked).
+    With ``completion_mask``, masked positions are 0 (a truncated-away pad token would otherwise be -inf).
+    Works with posttrain's GPT and with Hugging Face causal LMs (same call signature).
+    """
+    if position_ids is None:
+        position_ids = positions_from_mask(attention_mask)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    logits = out.logits[:, completion_start - 1 : -1]  # (B, Tc, V) predicts input_ids[:, completion_start:]
+    lp, warped = completion_token_logps(logits, input_ids[:, completion_start:], temperature, top_k, top_p,
+                                         completion_mask)
+    return (lp, token_entropy(warped)) if return_entropy else lp
+
+
+def completion_token_logps(logits, labels, temperature, top_k, top_p, completion_mask):
+    """Warp, pick the labels' log-probs, zero masked positions. -> (logps (B, T), warped logits)."""
+    warped = warp_logits(logits, temperature, top_k, top_p) if (temperature != 1.0 or top_k or top_p) else logits
+    lp = token_logps(warped, labels)
+    if completion_mask is not None:
+        lp = torch.where(completion_mask.bool(), lp, torch.zeros_like(lp))
+    return lp, warped
+
+
+def prefix_shared_completion_logps(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_start: int,
+    prompt_index: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    completion_mask: torch.Tensor | None = None,
+):
+    """:func:`completion_logps` (with entropies) computed with each distinct prompt run once.
+
+    Rows sharing ``prompt_index`` (the G samples of a prompt) share the prompt's keys and values: the U
+    distinct prompts go through the model once, their cache is gathered to the N rows (a differentiable
+    index, so gradients reach the prompt positions exactly as in a full forward), then only the
+    completion tokens are run. Work drops from N*(P+T) to U*P + N*T token positions.
+    Needs a model whose ``cache`` argument takes any object with the cache interface (``update``,
+    ``length``; :class:`ConcatKVCache`): posttrain's GPT does.
+    """
+    P = completion_start
+    uniq, inv = torch.unique(prompt_index, return_inverse=True)  # (U,), (N,)
+    first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
+        0, inv, torch.arange(len(inv), device=input_ids.device))  # a representative row per prompt
+    pos = positions_from_mask(attention_mask)  # (N, P+T)
+    cache = ConcatKVCache()
+    out = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+                position_ids=pos[first, :P], cache=cache, use_cache=True)
+    first_logits = out.logits[:, -1][inv]  # (N, V): predicts completion token 0
+    cache.reorder(inv)
+    out = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache,
+                use_cache=True)
+    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
+    lp, warped = completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
+    return lp, token_entropy(warped)
