@@ -36,6 +36,7 @@ from posttrain.models.convert import gpt_to_hf_gpt2
 from posttrain.rewards.verifiers import exact_match_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import SPECIALS, CharTokenizer
+from posttrain.trainers.alarms import AlarmConfig
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
 from posttrain.trainers.sft import SFTConfig, train_sft
@@ -220,6 +221,8 @@ def run_ours(args, init_dir: Path, task_cfg: ArithmeticConfig, work: Path) -> di
         clip_eps_low=0.2, loss_agg=agg, scale_rewards="group", beta=0.0, reward="exact_match:1.0",
         eval_every=args.eval_every, save_every=0, seed=args.seed, threads=args.threads, progress=False,
         task=task_cfg,
+        # like for like with TRL's GRPOTrainer: no dynamic sampling, no collapse restore (posttrain's defaults have both)
+        dynamic_sampling=False, alarms=AlarmConfig(collapse_fraction=0.0),
     )
     trainer = PolicyGradientTrainer(cfg, overwrite=True)
     clock = Stopwatch()

@@ -11,6 +11,8 @@ def add_arguments(p):
     p.add_argument("--sft-steps", type=int, default=None, help="override SFT steps")
     p.add_argument("--rl-steps", type=int, default=None, help="override GRPO steps")
     p.add_argument("--dpo-steps", type=int, default=None, help="override DPO steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0; outcomes over seeds: "
+                                                       "benchmarks/bench_outcomes.py)")
 
 
 def run(args) -> int:
@@ -21,5 +23,7 @@ def run(args) -> int:
         v = getattr(args, name)
         if v is not None and v < 1:
             raise UserError(f"--{name.replace('_', '-')}={v} must be >= 1")
-    run_demo(args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps, dpo_steps=args.dpo_steps)
+    if not 0 <= args.seed < 2**32:
+        raise UserError(f"--seed={args.seed} must be in [0, 2**32)")
+    run_demo(args.out, sft_steps=args.sft_steps, rl_steps=args.rl_steps, dpo_steps=args.dpo_steps, seed=args.seed)
     return 0
