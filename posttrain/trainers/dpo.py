@@ -23,7 +23,7 @@ number, inside its domain (:data:`LOSS_KWARG_BOUNDS`, e.g. cDPO's label_smoothin
 loss or gradient norm skips the step, ``nan_patience`` in a row stop the run (``trainers/guards.py``).
 
 Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> DPOState`` (policy,
-reference or precomputed reference log-probs, data), ``train_step(state, step) -> (metrics, loss metrics)``,
+reference or precomputed reference log-probs, data), ``train_step(state, step) -> metrics``,
 ``run_eval``, ``save``, ``finish``; :func:`train_dpo` is the loop over them.
 
 Batches are a pure function of (seed, step) and the pairs are cached in the run directory
@@ -389,8 +389,8 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     return s
 
 
-def train_step(s: DPOState, step: int) -> tuple[dict, dict]:
-    """One optimizer step on batch ``step`` -> (logged metrics, the loss's own metrics as tensors)."""
+def train_step(s: DPOState, step: int) -> dict:
+    """One optimizer step on batch ``step`` -> its metrics (the loss's own ones included)."""
     cfg, t0 = s.cfg, time.perf_counter()
     lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     common.set_lr(s.opt, lr)
@@ -409,9 +409,8 @@ def train_step(s: DPOState, step: int) -> tuple[dict, dict]:
     stepped = finite_step(s.opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
     if stepped and s.choice.state_type is not None:
         s.loss_state = s.choice.state_type.from_metrics(m)
-    metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
-               "step_time": time.perf_counter() - t0}
-    return metrics, m
+    return {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
+            "step_time": time.perf_counter() - t0}
 
 
 def run_eval(s: DPOState):
@@ -466,7 +465,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     bar = common.progress_bar(s.start_step, cfg.steps, cfg.loss, cfg.progress)
     s.policy.train()
     for step in bar:
-        metrics, m = train_step(s, step)
+        metrics = train_step(s, step)
         done = step + 1
         if s.guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
             s.logger.log(done, metrics)
@@ -478,7 +477,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
             metrics["heldout_accuracy"] = last_eval.accuracy
             s.policy.train()
         s.logger.log(done, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{m.get('rewards/accuracies', torch.tensor(0.0)).item():.2f}",
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics.get('rewards/accuracies', 0.0):.2f}",
                         **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
         if common.should_save(done, cfg.save_every, cfg.steps):
             save(s, done, metrics)
