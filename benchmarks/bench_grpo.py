@@ -230,14 +230,14 @@ def run_ours(args, init_dir: Path, task_cfg: ArithmeticConfig, work: Path) -> di
     done = {"step": 0}
     # the trainer's own periodic evaluation (same evaluate(), same held-out problems, greedy, outside its
     # step_time) runs through the EvalLog so the clock pauses exactly as on the TRL side
-    update, own_eval = trainer.update, trainer.evaluate
+    update, own_eval = trainer.update, trainer.run_eval
 
     def counting_update(ro, step):
         done["step"] = step + 1
         return update(ro, step)
 
     trainer.update = counting_update
-    trainer.evaluate = lambda: evals.timed(done["step"], own_eval)
+    trainer.run_eval = lambda: evals.timed(done["step"], own_eval)
     clock.start()
     trainer.train()
     total = clock.now()

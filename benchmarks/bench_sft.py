@@ -20,7 +20,8 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.hf import hf_model_from_config, tiny_hf_config
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers.sft import batch_indices, encode_demos, sft_loss
+from posttrain.data.batches import batch_indices
+from posttrain.trainers.sft import encode_demos, sft_loss
 
 
 def main():

@@ -30,7 +30,7 @@ def run(args) -> int:
     from posttrain.evaluation import evaluate
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
     from posttrain.trainers.common import write_summary
-    from posttrain.trainers.sft import load_pairs
+    from posttrain.data.pairs import load_pairs
     from posttrain.evaluation import fit_prompts, prompt_window
     from posttrain.text import printable
 

@@ -29,6 +29,7 @@ Not handled: checking that weights are finite or plausible (a bit-flipped but we
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import json
 import pickle
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
 
 from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
@@ -217,6 +219,46 @@ def load_checkpoint(path: str | Path, device="cpu", with_training_state: bool = 
             if not isinstance(ckpt.rng_state.get("torch"), torch.Tensor):
                 raise UserError(f"{p / 'rng.pt'}: corrupt checkpoint file (no torch RNG state)")
     return ckpt
+
+
+def save_with_extras(directory, write_extras, **kwargs) -> Path:
+    """:func:`save_checkpoint` plus ``write_extras(tmp_dir)``'s files, as one atomic directory; errors (a refused
+    non-finite model, a failed write) name ``directory``, never the temporary one."""
+    require_finite_parameters(kwargs["model"], directory)
+    try:
+        with atomic_dir(directory) as tmp, writing(directory):
+            save_checkpoint(tmp, **kwargs)
+            write_extras(tmp)
+    except OSError as e:
+        if e.filename is None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(directory)) from e  # not the temporary directory
+    return Path(directory)
+
+
+SNAPSHOT_WEIGHTS, SNAPSHOT_OPTIMIZER = "good_model.safetensors", "good_optimizer.pt"  # in periodic checkpoints
+
+
+def take_snapshot(model, opt) -> dict:
+    """The policy-gradient collapse guard's snapshot: copies of the weights and the optimizer state."""
+    return {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(opt.state_dict())}
+
+
+def save_with_snapshot(directory, snapshot: dict | None, **kwargs) -> Path:
+    """:func:`save_checkpoint` plus the collapse guard's snapshot (for an exact resume), one atomic directory."""
+    def extras(tmp):
+        if snapshot is not None:
+            save_file(snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
+            torch.save(snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
+    return save_with_extras(directory, extras, **kwargs)
+
+
+def load_snapshot(path: Path) -> dict | None:
+    if not (path / SNAPSHOT_WEIGHTS).is_file():
+        return None
+    return {"model": load_file(str(path / SNAPSHOT_WEIGHTS)),
+            "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True)}
 
 
 class CheckpointManager:

@@ -1,4 +1,13 @@
-"""Loop pieces every trainer shares: optimizer, LR schedule, metrics logging, run directory set-up.
+"""Loop pieces every trainer shares: optimizer, LR schedule, metrics logging, run directory set-up, cadence.
+
+Every trainer (``sft.py``, ``reward.py``, ``dpo.py``, ``policy_gradient.py``) has the same named parts, in
+this order: ``setup(cfg, resume, overwrite) -> state`` (open the run, load or build the model, validate the
+inputs, ``begin_run``, optimizer/logger/checkpoint manager), ``train_step(state, step) -> metrics`` (one
+optimizer step), ``run_eval(state)``, ``save(state, done, metrics)`` (a periodic checkpoint) and
+``finish(state, ...) -> summary`` (the final model, ``summary.json``); the public ``train_*`` function is the
+loop over them, written out in the trainer's own file. The loop's shared decisions live here:
+``check_resume_step``, ``should_eval``, ``should_save``, ``progress_bar``. No base class: a trainer is read
+top to bottom in one file.
 
 - ``open_run`` / ``begin_run`` (from :mod:`posttrain.trainers.run_dir`): a trainer calls ``open_run(cfg,
   "sft", resume, overwrite)`` first (checks ``--out``, picks the checkpoint to resume; writes nothing), loads
@@ -26,7 +35,35 @@ import numpy as np
 import torch
 
 from posttrain.data.io import atomic_write_json
+from posttrain.errors import UserError
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.trainers.run_dir import Run, begin_run, open_run  # noqa: F401  (re-exported for the trainers)
+
+
+def check_resume_step(ckpt_path, start_step: int, steps: int) -> None:
+    """A resumed checkpoint past the configured ``steps`` cannot be continued: a one-line UserError."""
+    if start_step > steps:
+        raise UserError(f"checkpoint {ckpt_path} is at step {start_step}, beyond steps={steps}")
+
+
+def should_eval(done: int, every: int, total: int) -> bool:
+    """Evaluate after step ``done`` (1-based): every ``every`` steps (0 = never periodically) and at the end."""
+    return bool(every and done % every == 0) or done == total
+
+
+def should_save(done: int, every: int, total: int) -> bool:
+    """Periodic checkpoint after step ``done``: every ``every`` steps, never at the end (``model/`` is saved then)."""
+    return bool(every and done % every == 0) and done != total
+
+
+def progress_bar(start: int, total: int, desc: str, enabled: bool):
+    """The training loop's iterator: steps ``start..total-1`` with a bar (or a line every 10 % in a log)."""
+    return tqdm(range(start, total), initial=start, total=total, desc=desc, disable=not enabled,
+                dynamic_ncols=True, mininterval=1.0)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def lr_at(step: int, peak: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:

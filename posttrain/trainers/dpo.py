@@ -22,6 +22,10 @@ mismatched (prompt, completion) pairs that change with each batch, so it keeps t
 number, inside its domain (:data:`LOSS_KWARG_BOUNDS`, e.g. cDPO's label_smoothing in [0, 0.5]). A NaN/Inf
 loss or gradient norm skips the step, ``nan_patience`` in a row stop the run (``trainers/guards.py``).
 
+Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> DPOState`` (policy,
+reference or precomputed reference log-probs, data), ``train_step(state, step) -> metrics``,
+``run_eval``, ``save``, ``finish``; :func:`train_dpo` is the loop over them.
+
 Batches are a pure function of (seed, step) and the pairs are cached in the run directory
 (``pairs.jsonl``), so a resumed run ends bitwise equal to an uninterrupted one on CPU (tested), as in SFT.
 
@@ -38,10 +42,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, check_value, knob
+from posttrain.data.batches import batch_indices
 from posttrain.data.io import iter_jsonl
+from posttrain.data.pairs import load_pairs
 from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     collate_kto,
@@ -63,7 +68,6 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
-from posttrain.trainers.sft import batch_indices, load_pairs
 
 
 @dataclass
@@ -285,22 +289,50 @@ def load_user_data(path: str, unpaired: bool):
 
 
 # ---------------------------------------------------------------------------------------------
-# the trainer
+# the trainer: setup -> train_step / run_eval / save -> finish (the shape every trainer has; trainers/common.py)
 
 
-def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:
-    """Run a DPO-family trainer; returns the summary dict (also written to ``cfg.out/summary.json``)."""
+@dataclass
+class DPOState:
+    """Everything one DPO-family run holds between its parts."""
+
+    cfg: DPOConfig
+    run: common.Run
+    policy: torch.nn.Module
+    tokenizer: object
+    choice: object  # the resolved loss (fn, unpaired, reference_free, state_type)
+    beta: float
+    data: PairedData | UnpairedData
+    pair_info: dict
+    ref_model: torch.nn.Module | None  # None: reference-free, or paired with precomputed log-probs
+    ref_table: torch.Tensor | None  # (N, 2) or (N, 1) precomputed reference log-probs
+    evals: list
+    eval_window: int | None
+    opt: torch.optim.Optimizer
+    loss_gen: torch.Generator
+    loss_state: object
+    logger: common.MetricsLogger
+    manager: CheckpointManager
+    start_step: int
+    guard: NonFiniteGuard
+
+    @property
+    def reference(self) -> str:
+        return "none" if self.choice.reference_free else "precomputed" if self.ref_table is not None else "model"
+
+
+def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> DPOState:
+    """Open the run, load the policy and the frozen reference, load (or sample and cache) and check the data."""
     if not cfg.init:
         raise UserError("dpo needs --init SFT_CHECKPOINT (the starting policy and the frozen reference)")
     common.set_threads(cfg.threads)
     run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
-    out = run.dir
     common.seed_everything(cfg.seed)
     init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="dpo --init")
     tokenizer = init.tokenizer
     task = ArithmeticTask(cfg.task)
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
-    loss_fn, unpaired = choice.fn, choice.unpaired
+    unpaired = choice.unpaired
     beta = cfg.beta if cfg.beta is not None else default_beta(cfg.loss)
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
     evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
@@ -315,8 +347,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     if resume:
         ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo")
         policy, start_step = ckpt.model, ckpt.step
-        if start_step > cfg.steps:
-            raise UserError(f"checkpoint {ckpt.path} is at step {start_step}, beyond steps={cfg.steps}")
+        common.check_resume_step(ckpt.path, start_step, cfg.steps)
         if ckpt.state.get("loss_state") is not None:
             loss_state = choice.state_type(*ckpt.state["loss_state"])
     else:
@@ -330,10 +361,9 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         meta = {"init": str(Path(cfg.init).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
                 "task": dataclasses.asdict(cfg.task)}
         print(f"sampling preference pairs from {cfg.init} ...")
-        pairs, pair_info = cached_pairs(Path(out) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
+        pairs, pair_info = cached_pairs(Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
         examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
-    per_step = cfg.batch_size * (2 if unpaired else 1)
 
     ref_model = None if choice.reference_free else freeze(init.model)
     ref_table = None
@@ -346,92 +376,114 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
 
     opt = common.make_optimizer(policy, cfg.lr, cfg.weight_decay)
     loss_gen = torch.Generator().manual_seed(cfg.seed)
-    params = inspect.signature(loss_fn).parameters
     if ckpt is not None:
         opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state, {"loss": loss_gen})
-    logger = common.MetricsLogger(out, cfg.logger, resume_step=start_step if resume else None)
-    manager = CheckpointManager(out, keep=cfg.keep_checkpoints)
-    n_params = sum(p.numel() for p in policy.parameters())
+    logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
+    s = DPOState(cfg, run, policy, tokenizer, choice, beta, data, pair_info, ref_model, ref_table, evals, eval_window,
+                 opt, loss_gen, loss_state, logger, CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step,
+                 NonFiniteGuard(cfg.nan_patience))
     print(f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
-          f"model {n_params / 1e6:.2f}M params, reference {'none' if choice.reference_free else 'precomputed' if ref_table is not None else 'model'}, "
-          f"steps {start_step}->{cfg.steps}")
+          f"model {common.n_params(policy) / 1e6:.2f}M params, reference {s.reference}, steps {start_step}->{cfg.steps}")
+    return s
 
-    def run_eval():
-        return evaluate(policy, tokenizer, [p for p, _ in evals], [a for _, a in evals],
-                        max_new_tokens=cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=eval_window)
 
-    def state(step, extra=None):
-        return {"step": step, "trainer": "dpo", "run_id": run.run_id, "config": dataclasses.asdict(cfg),
-                "loss_state": list(loss_state) if loss_state is not None else None, **(extra or {})}
+def train_step(s: DPOState, step: int) -> dict:
+    """One optimizer step on batch ``step`` -> its metrics (the loss's own ones included)."""
+    cfg, t0 = s.cfg, time.perf_counter()
+    lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    common.set_lr(s.opt, lr)
+    per_step = cfg.batch_size * (2 if s.choice.unpaired else 1)
+    idx = batch_indices(len(s.data.examples), per_step, step, cfg.seed).tolist()
+    batch = s.data.collate(idx)
+    kw = s.data.loss_inputs(s.policy, s.ref_model, batch, s.ref_table[idx] if s.ref_table is not None else None)
+    params = inspect.signature(s.choice.fn).parameters
+    if "state" in params:
+        kw["state"] = s.loss_state
+    if "generator" in params:
+        kw["generator"] = s.loss_gen
+    loss, m = s.choice.fn(**kw, beta=s.beta, **cfg.loss_kwargs)
+    loss.backward()
+    gnorm = common.grad_norm_and_clip(s.policy, cfg.grad_clip)
+    stepped = finite_step(s.opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
+    if stepped and s.choice.state_type is not None:
+        s.loss_state = s.choice.state_type.from_metrics(m)
+    return {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
+            "step_time": time.perf_counter() - t0}
 
-    guard = NonFiniteGuard(cfg.nan_patience)
-    init_eval = None if resume else run_eval()
-    if init_eval is not None:
-        print(f"held-out accuracy at init: {init_eval.accuracy:.3f}")
-    last_eval, t_start = None, time.perf_counter()
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc=cfg.loss,
-               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
-    policy.train()
-    for step in bar:
-        t0 = time.perf_counter()
-        lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
-        common.set_lr(opt, lr)
-        idx = batch_indices(len(examples), per_step, step, cfg.seed).tolist()
-        batch = data.collate(idx)
-        kw = data.loss_inputs(policy, ref_model, batch, ref_table[idx] if ref_table is not None else None)
-        if "state" in params:
-            kw["state"] = loss_state
-        if "generator" in params:
-            kw["generator"] = loss_gen
-        loss, m = loss_fn(**kw, beta=beta, **cfg.loss_kwargs)
-        loss.backward()
-        gnorm = common.grad_norm_and_clip(policy, cfg.grad_clip)
-        stepped = finite_step(opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
-        if stepped and choice.state_type is not None:
-            loss_state = choice.state_type.from_metrics(m)
-        dt = time.perf_counter() - t0
-        metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
-                   "step_time": dt}
-        done = step + 1
-        if guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            logger.log(done, metrics)
-            bar.close()
-            logger.close()
-            raise TrainingDiverged(guard.stop_message(cfg.loss, done, out))
-        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-            last_eval = run_eval()
-            metrics["heldout_accuracy"] = last_eval.accuracy
-            policy.train()
-        logger.log(done, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{m.get('rewards/accuracies', torch.tensor(0.0)).item():.2f}",
-                        **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
-        if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-            manager.save(done, model=policy, tokenizer=tokenizer, state=state(done, {"metrics": metrics}),
-                         optimizer=opt, rng_state=rng_state({"loss": loss_gen}))
-    bar.close()
-    logger.close()
+
+def run_eval(s: DPOState):
+    """Greedy accuracy of the policy on the held-out problems."""
+    return evaluate(s.policy, s.tokenizer, [p for p, _ in s.evals], [a for _, a in s.evals],
+                    max_new_tokens=s.cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=s.eval_window)
+
+
+def _state(s: DPOState, step: int, extra: dict | None = None) -> dict:
+    return {"step": step, "trainer": "dpo", "run_id": s.run.run_id, "config": dataclasses.asdict(s.cfg),
+            "loss_state": list(s.loss_state) if s.loss_state is not None else None, **(extra or {})}
+
+
+def save(s: DPOState, done: int, metrics: dict) -> None:
+    """A periodic checkpoint (with the loss's generator and state, for an exact resume)."""
+    s.manager.save(done, model=s.policy, tokenizer=s.tokenizer, state=_state(s, done, {"metrics": metrics}),
+                   optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
+
+
+def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
+    """``model/``, the final held-out evaluation and ``summary.json``."""
+    cfg, out = s.cfg, s.run.dir
     if last_eval is None:  # resumed at the end: evaluate the loaded model
-        last_eval = run_eval()
-    final = save_checkpoint(Path(out) / "model", model=policy, tokenizer=tokenizer,
-                            state=state(cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
-                            optimizer=opt, rng_state=rng_state({"loss": loss_gen}))
+        last_eval = run_eval(s)
+    final = save_checkpoint(Path(out) / "model", model=s.policy, tokenizer=s.tokenizer,
+                            state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
+                            optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
     summary = {
-        "trainer": "dpo", "loss": cfg.loss, "beta": beta, "steps": cfg.steps,
+        "trainer": "dpo", "loss": cfg.loss, "beta": s.beta, "steps": cfg.steps,
         "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
         **({"heldout_accuracy_init": init_eval.accuracy} if init_eval is not None else {}),
-        "num_examples": len(examples), "pairs": pair_info, "params": n_params,
-        "reference": "none" if choice.reference_free else "precomputed" if ref_table is not None else "model",
-        "train_seconds": time.perf_counter() - t_start, "model_dir": str(final), "samples": last_eval.samples,
+        "num_examples": len(s.data.examples), "pairs": s.pair_info, "params": common.n_params(s.policy),
+        "reference": s.reference, "train_seconds": time.perf_counter() - t_start, "model_dir": str(final),
+        "samples": last_eval.samples,
     }
     path = common.write_summary(out, summary)
     before = f"{init_eval.accuracy:.3f} -> " if init_eval is not None else ""
     print(f"held-out accuracy: {before}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
-    for s in last_eval.samples:
-        print(sample_line(s))
+    for x in last_eval.samples:
+        print(sample_line(x))
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
     return summary
+
+
+def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    """Run a DPO-family trainer; returns the summary dict (also written to ``cfg.out/summary.json``)."""
+    s = setup(cfg, resume, overwrite)
+    init_eval = None if resume else run_eval(s)
+    if init_eval is not None:
+        print(f"held-out accuracy at init: {init_eval.accuracy:.3f}")
+    last_eval, t_start = None, time.perf_counter()
+    bar = common.progress_bar(s.start_step, cfg.steps, cfg.loss, cfg.progress)
+    s.policy.train()
+    for step in bar:
+        metrics = train_step(s, step)
+        done = step + 1
+        if s.guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            s.logger.log(done, metrics)
+            bar.close()
+            s.logger.close()
+            raise TrainingDiverged(s.guard.stop_message(cfg.loss, done, s.run.dir))
+        if common.should_eval(done, cfg.eval_every, cfg.steps):
+            last_eval = run_eval(s)
+            metrics["heldout_accuracy"] = last_eval.accuracy
+            s.policy.train()
+        s.logger.log(done, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics.get('rewards/accuracies', 0.0):.2f}",
+                        **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+        if common.should_save(done, cfg.save_every, cfg.steps):
+            save(s, done, metrics)
+    bar.close()
+    s.logger.close()
+    return finish(s, last_eval, init_eval, t_start)
 
 
 def _build_pairs(init, task: ArithmeticTask, pcfg: PairDataConfig):

@@ -13,16 +13,24 @@ If fewer than ``prompts_per_step`` informative groups are found the update uses 
 normalises by what it is given); if none, the step makes no update (no zero-gradient Adam step that would
 still move the weights by its momentum) and says so in its metrics.
 
-Here: :func:`informative_groups` (which groups to keep) and :func:`merge_rows` (the kept rows of several
+Here: :func:`round_generator` (round r's sampling generator), :func:`informative_groups` (which groups to keep) and :func:`merge_rows` (the kept rows of several
 generation rounds as one left-padded prompt | right-padded completion batch). The loop is in
 ``policy_gradient.py``.
 """
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from posttrain.losses.advantages import zero_std_groups
+
+
+def round_generator(seed: int, step: int, rnd: int) -> torch.Generator:
+    """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round)."""
+    h = hashlib.blake2b(f"dynamic-sampling:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

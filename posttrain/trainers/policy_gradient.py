@@ -19,6 +19,10 @@ update. Reward collapse (``alarms.CollapseGuard``): the smoothed reward falling 
 for ``collapse_patience`` steps restores the weights and optimizer snapshotted at that best, with the LR
 scaled down (bounded number of restores; logged as ``restores`` / ``restored_from``).
 
+Shape (every trainer's, ``trainers/common.py``), as methods of :class:`PolicyGradientTrainer`, whose state
+lives on the instance: ``__init__`` is the set-up, ``train_step(step)`` (= ``rollout`` + ``update`` + KL
+controller, alarms, collapse guard), ``run_eval``, ``save``, ``finish``; ``train()`` is the loop over them.
+
 Everything random is a pure function of (seed, step) — the prompt batch, the sampling generator (of each
 dynamic-sampling round), the minibatch order — so a resumed run reproduces an uninterrupted one exactly
 (with the model, optimizer, KL-controller, alarm and collapse-guard state, and the guard's snapshot,
@@ -29,17 +33,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.config import check_fields, knob
+from posttrain.data.batches import batch_indices
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
@@ -55,10 +58,10 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
-from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
-from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
+from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, load_snapshot, restore_rng,
+                                           rng_state, save_checkpoint, save_with_snapshot, take_snapshot)
 from posttrain.trainers.guards import TrainingDiverged, finite_step
-from posttrain.trainers.sft import batch_indices, save_with_extras
 
 
 @dataclass
@@ -175,36 +178,6 @@ def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
 
 
-SNAPSHOT_WEIGHTS, SNAPSHOT_OPTIMIZER = "good_model.safetensors", "good_optimizer.pt"  # in periodic checkpoints
-
-
-def take_snapshot(model, opt) -> dict:
-    return {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
-            "optimizer": copy.deepcopy(opt.state_dict())}
-
-
-def save_with_snapshot(directory, snapshot: dict | None, **kwargs) -> Path:
-    """:func:`save_checkpoint` plus the collapse guard's snapshot (for an exact resume), one atomic directory."""
-    def extras(tmp):
-        if snapshot is not None:
-            save_file(snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
-            torch.save(snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
-    return save_with_extras(directory, extras, **kwargs)
-
-
-def load_snapshot(path: Path) -> dict | None:
-    if not (path / SNAPSHOT_WEIGHTS).is_file():
-        return None
-    return {"model": load_file(str(path / SNAPSHOT_WEIGHTS)),
-            "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True)}
-
-
-def round_generator(seed: int, step: int, rnd: int) -> torch.Generator:
-    """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round)."""
-    h = hashlib.blake2b(f"dynamic-sampling:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
-
-
 @dataclass
 class Rollout:
     """One rollout batch, everything the update needs (rows prompt-major: G samples per prompt)."""
@@ -222,7 +195,8 @@ class Rollout:
 
 
 class PolicyGradientTrainer:
-    """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here."""
+    """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here;
+    ``__init__`` is the trainer's set-up (the run directory is written only once its inputs are checked)."""
 
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
         if not cfg.init and not resume:
@@ -241,6 +215,7 @@ class PolicyGradientTrainer:
         if resume:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
             self.start_step = ckpt.step
+            common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
         init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="grpo --init") if cfg.init else None
         src = ckpt or init
         self.model, self.tokenizer = src.model, src.tokenizer
@@ -410,8 +385,37 @@ class PolicyGradientTrainer:
         out["skipped_updates"] = skipped
         return out
 
-    # ------------------------------------------------------------------------------------------ loop
-    def evaluate(self):
+    # ------------------------------------------------------------------------------------------ the shape
+    # setup (__init__) -> train_step / run_eval / save -> finish, as in every trainer (trainers/common.py)
+    def train_step(self, step: int) -> dict:
+        """One rollout batch and its updates, then the KL controller, the alarms and the collapse guard."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        common.set_lr(self.opt, self.collapse.lr_scale * common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+        ro = self.rollout(step)
+        t1 = time.perf_counter()
+        upd = self.update(ro, step)
+        metrics = {**ro.metrics, **upd, "time_update": time.perf_counter() - t1,
+                   "step_time": time.perf_counter() - t0, "beta": self.kl_ctl.value}
+        if "kl" in upd:
+            self.kl_ctl.update(upd["kl"], 1)
+        warnings = self.alarms.update(step + 1, metrics)
+        action = self.collapse.update(step + 1, metrics["reward_mean"])
+        if action == "snapshot":
+            self.snapshot = take_snapshot(self.model, self.opt)
+        elif action in ("restore", "warn"):
+            if action == "restore" and self.snapshot is not None:
+                self.model.load_state_dict(self.snapshot["model"])
+                self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
+                metrics["restored_from"] = self.collapse.best_step
+            warnings.append(self.collapse.message(step + 1, action))
+        metrics["restores"] = self.collapse.restores
+        for w in warnings:
+            tqdm.write(f"ALARM step {step + 1}: {w}")
+        if warnings:
+            metrics["alarms"] = warnings
+        return metrics
+
+    def run_eval(self):
         r = evaluate(self.model, self.tokenizer, [p.prompt for p in self.evals], [p.answer for p in self.evals],
                      max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
         self.model.train()
@@ -421,66 +425,17 @@ class PolicyGradientTrainer:
         return {"step": step, "trainer": "policy_gradient", "run_id": self.run.run_id, "config": dataclasses.asdict(self.cfg),
                 "kl_controller": self.kl_ctl.state_dict(), "alarms": self.alarms.state_dict(), **(extra or {})}
 
-    def train(self) -> dict:
+    def save(self, done: int, metrics: dict) -> None:
+        """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume)."""
+        self.manager.save(done, save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw), model=self.model,
+                          tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
+                          optimizer=self.opt, rng_state=rng_state())
+
+    def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
+        """``model/`` (unless the run stopped on non-finite updates), ``summary.json``; a stopped run then fails."""
         cfg = self.cfg
-        n_params = sum(p.numel() for p in self.model.parameters())
-        print(f"{cfg.algo.upper()}: {len(self.prompts)} training prompts, {cfg.prompts_per_step} x {cfg.num_generations} "
-              f"samples/step, model {n_params / 1e6:.2f}M params, reference model: "
-              f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}")
-        t_start = time.perf_counter()
-        initial = self.evaluate() if self.start_step == 0 else None
-        if initial is not None:
-            print(f"held-out accuracy at start: {initial.accuracy:.3f}")
-            self.logger.log(0, {"heldout_accuracy": initial.accuracy})
-        last_eval, stopped = None, False
-        bar = tqdm(range(self.start_step, cfg.steps), initial=self.start_step, total=cfg.steps, desc=cfg.algo,
-                   disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
-        for step in bar:
-            t0 = time.perf_counter()
-            common.set_lr(self.opt, self.collapse.lr_scale
-                          * common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
-            ro = self.rollout(step)
-            t1 = time.perf_counter()
-            upd = self.update(ro, step)
-            metrics = {**ro.metrics, **upd, "time_update": time.perf_counter() - t1,
-                       "step_time": time.perf_counter() - t0, "beta": self.kl_ctl.value}
-            if "kl" in upd:
-                self.kl_ctl.update(upd["kl"], 1)
-            warnings = self.alarms.update(step + 1, metrics)
-            action = self.collapse.update(step + 1, metrics["reward_mean"])
-            if action == "snapshot":
-                self.snapshot = take_snapshot(self.model, self.opt)
-            elif action in ("restore", "warn"):
-                if action == "restore" and self.snapshot is not None:
-                    self.model.load_state_dict(self.snapshot["model"])
-                    self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
-                    metrics["restored_from"] = self.collapse.best_step
-                warnings.append(self.collapse.message(step + 1, action))
-            metrics["restores"] = self.collapse.restores
-            for w in warnings:
-                tqdm.write(f"ALARM step {step + 1}: {w}")
-            if warnings:
-                metrics["alarms"] = warnings
-            done = step + 1
-            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-                last_eval = self.evaluate()
-                metrics["heldout_accuracy"] = last_eval.accuracy
-            self.logger.log(done, metrics)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
-                            **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
-            if self.alarms.should_stop:
-                tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
-                stopped = True
-                break
-            if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-                self.manager.save(done, save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw), model=self.model,
-                                  tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
-                                  optimizer=self.opt, rng_state=rng_state())
-        bar.close()
-        self.logger.close()
         if last_eval is None:
-            last_eval = self.evaluate()
-        final_step = done if stopped else cfg.steps
+            last_eval = self.run_eval()
         final = None
         if not stopped:
             final = save_checkpoint(Path(self.out) / "model", model=self.model, tokenizer=self.tokenizer,
@@ -490,7 +445,8 @@ class PolicyGradientTrainer:
             "trainer": cfg.algo, "steps": final_step, "stopped_early": stopped,
             "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
             "heldout_n": last_eval.n, "train_seconds": time.perf_counter() - t_start,
-            "alarms": self.alarms.summary(), "restores": self.collapse.restores, "model_dir": str(final) if final else None, "samples": last_eval.samples,
+            "alarms": self.alarms.summary(), "restores": self.collapse.restores, "model_dir": str(final) if final else None,
+            "samples": last_eval.samples,
         }
         path = common.write_summary(self.out, summary)
         if stopped:  # summary.json says stopped_early; the command fails like SFT/DPO/RM do (exit 2)
@@ -499,6 +455,37 @@ class PolicyGradientTrainer:
         print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
         print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))
         return summary
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        print(f"{cfg.algo.upper()}: {len(self.prompts)} training prompts, {cfg.prompts_per_step} x {cfg.num_generations} "
+              f"samples/step, model {common.n_params(self.model) / 1e6:.2f}M params, reference model: "
+              f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}")
+        t_start = time.perf_counter()
+        initial = self.run_eval() if self.start_step == 0 else None
+        if initial is not None:
+            print(f"held-out accuracy at start: {initial.accuracy:.3f}")
+            self.logger.log(0, {"heldout_accuracy": initial.accuracy})
+        last_eval, stopped, done = None, False, self.start_step
+        bar = common.progress_bar(self.start_step, cfg.steps, cfg.algo, cfg.progress)
+        for step in bar:
+            metrics = self.train_step(step)
+            done = step + 1
+            if common.should_eval(done, cfg.eval_every, cfg.steps):
+                last_eval = self.run_eval()
+                metrics["heldout_accuracy"] = last_eval.accuracy
+            self.logger.log(done, metrics)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
+                            **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+            if self.alarms.should_stop:
+                tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
+                stopped = True
+                break
+            if common.should_save(done, cfg.save_every, cfg.steps):
+                self.save(done, metrics)
+        bar.close()
+        self.logger.close()
+        return self.finish(last_eval, initial, done if stopped else cfg.steps, stopped, t_start)
 
 
 def train_policy_gradient(cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False) -> dict:

@@ -24,6 +24,11 @@ Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_check
 :func:`posttrain.rewards.reward_model.load_reward_model` reads it back; the reward registry lists a
 ``reward_model`` entry (``fn(prompts, completions) -> list[float]``) so RL can train against it.
 
+Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> RMState``,
+``train_step(state, step) -> metrics``, ``run_eval`` (held-out pairs), ``save`` (a periodic checkpoint through
+the run's one ``CheckpointManager``), ``finish`` (reward mean/std, ``model/``, ``summary.json``);
+:func:`train_reward_model` is the loop over them.
+
 Not handled: Plackett-Luce rankings and pointwise scores from files (the losses exist in
 ``losses/ranking.py``), gradient accumulation, reward ensembles at training time.
 """
@@ -40,9 +45,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 
 from posttrain.config import check_fields, knob
+from posttrain.data.batches import batch_indices
 from posttrain.data.io import atomic_dir
 from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
@@ -70,7 +75,6 @@ from posttrain.trainers import common
 from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state,
                                            save_checkpoint, writing)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step, require_finite_parameters
-from posttrain.trainers.sft import batch_indices
 
 
 
@@ -208,11 +212,32 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     return train, held, {"train": info, "heldout": held_info}
 
 
-def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> dict:
-    """Train a Bradley-Terry reward model; returns the summary (also ``cfg.out/summary.json``)."""
+# ---------------------------------------------------------------------------------------------
+# the trainer: setup -> train_step / run_eval / save -> finish (the shape every trainer has; trainers/common.py)
+
+
+@dataclass
+class RMState:
+    """Everything one reward-model run holds between its parts."""
+
+    cfg: RMConfig
+    run: common.Run
+    rm: RewardModel
+    tokenizer: object
+    train: list  # fitted training pairs
+    held: list  # fitted held-out pairs
+    pair_info: dict
+    opt: torch.optim.Optimizer
+    logger: common.MetricsLogger
+    manager: CheckpointManager
+    start_step: int
+    guard: NonFiniteGuard
+
+
+def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> RMState:
+    """Open the run, load or build the reward model, load (or build and cache) and check the pairs."""
     common.set_threads(cfg.threads)
     run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
-    out = run.dir
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
     init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="rm --init") if cfg.init else None
@@ -221,8 +246,7 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
         ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
         loaded = load_reward_model(ck.path)
         rm, tokenizer, start_step, opt_state, rng = loaded.model, loaded.tokenizer, ck.step, ck.optimizer_state, ck.rng_state
-        if start_step > cfg.steps:
-            raise UserError(f"checkpoint {loaded.path} is at step {start_step}, beyond steps={cfg.steps}")
+        common.check_resume_step(loaded.path, start_step, cfg.steps)
     elif init is not None:
         tokenizer = init.tokenizer
         rm = RewardModel(init.model)  # pairs are sampled from it before any training step
@@ -237,7 +261,7 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
         train, held = load_preference_pairs(cfg.data), load_preference_pairs(cfg.eval_data)
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if not (cfg.data or cfg.eval_data):
-        train, held, pair_info = _embedded_pairs(cfg, task, init, Path(out))
+        train, held, pair_info = _embedded_pairs(cfg, task, init, Path(run.dir))
     train, held = (fit_pairs(x, tokenizer, window=model_window(rm), long=cfg.long, what=what,
                              max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
                    for x, what in ((train, "training"), (held, "held-out")))
@@ -247,70 +271,66 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
         opt.load_state_dict(opt_state)
         if rng is not None:
             restore_rng(rng)
-    logger = common.MetricsLogger(out, cfg.logger, resume_step=start_step if resume else None)
-    n_params = sum(p.numel() for p in rm.parameters())
-    print(f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {n_params / 1e6:.2f}M params, "
+    logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
+    print(f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(rm) / 1e6:.2f}M params, "
           f"steps {start_step}->{cfg.steps}")
+    return RMState(cfg, run, rm, tokenizer, train, held, pair_info, opt, logger,
+                   CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step, NonFiniteGuard(cfg.nan_patience))
 
-    def state(step, extra=None):
-        return {"step": step, "trainer": "rm", "run_id": run.run_id, "config": dataclasses.asdict(cfg), **(extra or {})}
 
-    guard = NonFiniteGuard(cfg.nan_patience)
+def train_step(s: RMState, step: int) -> dict:
+    """One Bradley-Terry optimizer step on pair batch ``step``."""
+    cfg, t0 = s.cfg, time.perf_counter()
+    lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    common.set_lr(s.opt, lr)
+    idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()
+    batch = collate_preference([s.train[i] for i in idx], s.tokenizer, max_prompt_length=cfg.max_prompt_length,
+                               max_completion_length=cfg.max_completion_length)
+    r = s.rm(batch["input_ids"], batch["attention_mask"])  # (2B,)
+    chosen, rejected = r.chunk(2)
+    margin = batch.get("margin") if cfg.use_margin else None
+    if cfg.use_margin and margin is None:
+        raise UserError("--use-margin needs a numeric 'margin' field on every pair")
+    loss, m = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
+    loss.backward()
+    gnorm = common.grad_norm_and_clip(s.rm, cfg.grad_clip)
+    finite_step(s.opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
+    return {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
+            "step_time": time.perf_counter() - t0}
 
-    last_eval, t_start = None, time.perf_counter()
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="rm",
-               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
-    rm.train()
-    for step in bar:
-        t0 = time.perf_counter()
-        lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
-        common.set_lr(opt, lr)
-        idx = batch_indices(len(train), cfg.batch_size, step, cfg.seed).tolist()
-        batch = collate_preference([train[i] for i in idx], tokenizer, max_prompt_length=cfg.max_prompt_length,
-                                   max_completion_length=cfg.max_completion_length)
-        r = rm(batch["input_ids"], batch["attention_mask"])  # (2B,)
-        chosen, rejected = r.chunk(2)
-        margin = batch.get("margin") if cfg.use_margin else None
-        if cfg.use_margin and margin is None:
-            raise UserError("--use-margin needs a numeric 'margin' field on every pair")
-        loss, m = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
-        loss.backward()
-        gnorm = common.grad_norm_and_clip(rm, cfg.grad_clip)
-        finite_step(opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
-        metrics = {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
-                   "step_time": time.perf_counter() - t0}
-        done = step + 1
-        if guard.record("rm", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            logger.log(done, metrics)
-            bar.close()
-            logger.close()
-            raise TrainingDiverged(guard.stop_message("rm", done, out))
-        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-            last_eval = evaluate_pairs(rm, held, tokenizer, cfg)
-            metrics.update(last_eval)
-        logger.log(done, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}",
-                        **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}))
-        if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-            CheckpointManager(out, keep=cfg.keep_checkpoints).save(
-                done, save_fn=save_reward_checkpoint, rm=rm, tokenizer=tokenizer,
-                state=state(done, {"metrics": metrics}), optimizer=opt, rng=rng_state())
-    bar.close()
-    logger.close()
+
+def run_eval(s: RMState) -> dict[str, float]:
+    """Held-out pairwise accuracy (overall and per margin bucket)."""
+    return evaluate_pairs(s.rm, s.held, s.tokenizer, s.cfg)
+
+
+def _state(s: RMState, step: int, extra: dict | None = None) -> dict:
+    return {"step": step, "trainer": "rm", "run_id": s.run.run_id, "config": dataclasses.asdict(s.cfg), **(extra or {})}
+
+
+def save(s: RMState, done: int, metrics: dict) -> None:
+    """A periodic checkpoint through the run's one :class:`CheckpointManager`."""
+    s.manager.save(done, save_fn=save_reward_checkpoint, rm=s.rm, tokenizer=s.tokenizer,
+                   state=_state(s, done, {"metrics": metrics}), optimizer=s.opt, rng=rng_state())
+
+
+def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
+    """Reward mean/std on training completions, ``model/`` (backbone + head + stats) and ``summary.json``."""
+    cfg, out = s.cfg, s.run.dir
     if last_eval is None:
-        last_eval = evaluate_pairs(rm, held, tokenizer, cfg)
-    c, x = pair_rewards(rm, train[: cfg.stats_pairs], tokenizer, cfg)
+        last_eval = run_eval(s)
+    c, x = pair_rewards(s.rm, s.train[: cfg.stats_pairs], s.tokenizer, cfg)
     stats = RewardStats.from_rewards(torch.cat([c, x]))
-    final = save_reward_checkpoint(Path(out) / "model", rm, tokenizer, state(cfg.steps, {"heldout": last_eval}),
-                                   optimizer=opt, rng=rng_state(), stats=stats)
+    final = save_reward_checkpoint(Path(out) / "model", s.rm, s.tokenizer, _state(s, cfg.steps, {"heldout": last_eval}),
+                                   optimizer=s.opt, rng=rng_state(), stats=stats)
     summary = {
         "trainer": "rm", "steps": cfg.steps, "heldout_pairwise_accuracy": last_eval["heldout/accuracy"],
-        "heldout_pairs": len(held), "train_pairs": len(train), **last_eval,
-        "reward_stats": dataclasses.asdict(stats), "pairs": pair_info, "params": n_params,
+        "heldout_pairs": len(s.held), "train_pairs": len(s.train), **last_eval,
+        "reward_stats": dataclasses.asdict(stats), "pairs": s.pair_info, "params": common.n_params(s.rm),
         "train_seconds": time.perf_counter() - t_start, "model_dir": str(final),
     }
     path = common.write_summary(out, summary)
-    print(f"held-out pairwise accuracy: {last_eval['heldout/accuracy']:.3f} on {len(held)} pairs")
+    print(f"held-out pairwise accuracy: {last_eval['heldout/accuracy']:.3f} on {len(s.held)} pairs")
     for k, v in last_eval.items():
         if k.startswith("heldout/accuracy/bucket_"):
             name = k.rsplit("/", 1)[-1]
@@ -318,3 +338,30 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
     print(f"reward mean {stats.mean:.3f} std {stats.std:.3f} (saved in {final / REWARD_STATS_FILE})")
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
     return summary
+
+
+def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    """Train a Bradley-Terry reward model; returns the summary (also ``cfg.out/summary.json``)."""
+    s = setup(cfg, resume, overwrite)
+    last_eval, t_start = None, time.perf_counter()
+    bar = common.progress_bar(s.start_step, cfg.steps, "rm", cfg.progress)
+    s.rm.train()
+    for step in bar:
+        metrics = train_step(s, step)
+        done = step + 1
+        if s.guard.record("rm", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            s.logger.log(done, metrics)
+            bar.close()
+            s.logger.close()
+            raise TrainingDiverged(s.guard.stop_message("rm", done, s.run.dir))
+        if common.should_eval(done, cfg.eval_every, cfg.steps):
+            last_eval = run_eval(s)
+            metrics.update(last_eval)
+        s.logger.log(done, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}",
+                        **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}))
+        if common.should_save(done, cfg.save_every, cfg.steps):
+            save(s, done, metrics)
+    bar.close()
+    s.logger.close()
+    return finish(s, last_eval, t_start)

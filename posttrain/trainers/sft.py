@@ -19,6 +19,10 @@ best one so far (the earliest on ties; validation loss breaks no ties) are kept,
 demonstrations, a 30-47 problem validation split costs more than it selects (docs/outcomes.md); use e.g.
 ``--val-fraction 0.1 --eval-every 25``. Held-out accuracy in the summary is measured on the selected model.
 
+Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> SFTState``,
+``train_step(state, step) -> metrics``, ``run_eval`` (held-out) and ``run_val`` (selection), ``save`` (a periodic
+checkpoint), ``finish`` (``model/``, ``summary.json``); :func:`train_sft` is the loop over them.
+
 Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by
 (seed, epoch). Together with the saved weights, optimizer state, torch RNG state and the best-so-far
 weights and patience counter (``best.safetensors`` + ``trainer_state.json`` in each checkpoint) this makes
@@ -38,16 +42,17 @@ from safetensors.torch import load_file, save_file
 
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.config import check_fields, knob
-from posttrain.data.io import iter_jsonl
+from posttrain.data.batches import batch_indices  # noqa: F401  (also imported from here by older callers)
 from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
-from posttrain.errors import ConfigError, DataError, UserError
+from posttrain.data.pairs import load_pairs
+from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
-from posttrain.data.io import atomic_dir
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state,
+                                           save_checkpoint, save_with_extras)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 
 
@@ -97,21 +102,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def load_pairs(path: str, what: str) -> Located:
-    """{prompt, answer} JSONL -> list of (prompt, answer) pairs that remembers each one's line, with
-    file:line errors for bad records. The answer may be a string or a number (not a bool)."""
-    pairs = Located(source=str(path), lines=[])
-    for line, rec in iter_jsonl(path, required=("prompt", "answer")):
-        p, a = rec["prompt"], rec["answer"]
-        if not isinstance(p, str) or isinstance(a, bool) or not isinstance(a, (str, int, float)):
-            raise DataError(f"{path}:{line}: 'prompt' must be a string and 'answer' a string or number")
-        pairs.append((p, str(a)))
-        pairs.lines.append(line)
-    if not pairs:
-        raise DataError(f"{path}: no {what} records (the file is empty)")
-    return pairs
-
-
 def encode_demos(tokenizer, pairs: list[tuple[str, str]], fitted=None) -> tuple[torch.Tensor, torch.Tensor]:
     """[BOS] prompt answer [EOS], right-padded; loss mask on answer + EOS. -> ids (n, L), mask (n, L).
     ``fitted``: the pairs' token ids as checked by ``fit_sequences`` (then ``pairs`` is not re-encoded)."""
@@ -138,17 +128,6 @@ def fit_demos(tokenizer, demos, model, long: str):
                                  long=long, what="training")
     demos = demos.subset(kept) if isinstance(demos, Located) else [demos[i] for i in kept]
     return (demos, *encode_demos(tokenizer, demos, fitted))
-
-
-def batch_indices(n: int, batch_size: int, step: int, seed: int) -> torch.Tensor:
-    """Indices of step ``step``'s batch: positions [step*B, (step+1)*B) of the concatenated epoch permutations."""
-    out, start = [], step * batch_size
-    while len(out) < batch_size:
-        epoch, offset = divmod(start + len(out), n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-        take = min(batch_size - len(out), n - offset)
-        out.extend(perm[offset : offset + take].tolist())
-    return torch.tensor(out)
 
 
 def sft_loss(model, ids: torch.Tensor, loss_mask: torch.Tensor, n_tokens: int) -> torch.Tensor:
@@ -203,24 +182,6 @@ class BestKeeper:
             self.weights = load_file(str(path / BEST_FILE))
 
 
-def save_with_extras(directory, write_extras, **kwargs) -> Path:
-    """:func:`save_checkpoint` plus ``write_extras(tmp_dir)``'s files, as one atomic directory; errors (a refused
-    non-finite model, a failed write) name ``directory``, never the temporary one."""
-    from posttrain.trainers.checkpoint import writing
-    from posttrain.trainers.guards import require_finite_parameters
-
-    require_finite_parameters(kwargs["model"], directory)
-    try:
-        with atomic_dir(directory) as tmp, writing(directory):
-            save_checkpoint(tmp, **kwargs)
-            write_extras(tmp)
-    except OSError as e:
-        if e.filename is None:
-            raise
-        raise OSError(e.errno, e.strerror or str(e), str(directory)) from e  # not the temporary directory
-    return Path(directory)
-
-
 def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
     """:func:`save_checkpoint` plus ``best.safetensors`` (the best-so-far weights), one atomic directory."""
     def extras(tmp):
@@ -229,11 +190,37 @@ def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
     return save_with_extras(directory, extras, **kwargs)
 
 
-def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
-    """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``)."""
+# ---------------------------------------------------------------------------------------------
+# the trainer: setup -> train_step / run_eval / save -> finish (the shape every trainer has; trainers/common.py)
+
+
+@dataclass
+class SFTState:
+    """Everything one SFT run holds between its parts."""
+
+    cfg: SFTConfig
+    run: common.Run
+    model: torch.nn.Module
+    tokenizer: object
+    demos: list
+    ids: torch.Tensor  # (n_train, L) training demonstrations, encoded
+    loss_mask: torch.Tensor  # (n_train, L)
+    vals: list  # validation demonstrations (model selection)
+    evals: list  # held-out evaluation problems
+    eval_window: int | None
+    opt: torch.optim.Optimizer
+    logger: common.MetricsLogger
+    manager: CheckpointManager
+    start_step: int
+    best: BestKeeper = dataclasses.field(default_factory=BestKeeper)
+    guard: NonFiniteGuard | None = None
+    tokens_seen: int = 0
+
+
+def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> SFTState:
+    """Open the run, load or build the model, check the data, then write the run directory's header."""
     common.set_threads(cfg.threads)
     run = common.open_run(cfg, "sft", resume=resume, overwrite=overwrite)
-    out = run.dir
     task = ArithmeticTask(cfg.task)
     demos = load_pairs(cfg.data, "training") if cfg.data else [(p.prompt, p.answer) for p in task.demonstrations()]
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
@@ -244,8 +231,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="sft")
         model, tokenizer = ckpt.model, ckpt.tokenizer
         start_step = ckpt.step
-        if start_step > cfg.steps:
-            raise UserError(f"checkpoint {ckpt.path} is at step {start_step}, beyond steps={cfg.steps}")
+        common.check_resume_step(ckpt.path, start_step, cfg.steps)
     elif cfg.init:
         init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="sft --init")
         model, tokenizer = init.model, init.tokenizer
@@ -268,93 +254,117 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state)
-    logger = common.MetricsLogger(out, cfg.logger, resume_step=start_step if resume else None)
-    manager = CheckpointManager(out, keep=cfg.keep_checkpoints)
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model {n_params / 1e6:.2f}M params, "
-          f"steps {start_step}->{cfg.steps}")
+    logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
+    manager = CheckpointManager(run.dir, keep=cfg.keep_checkpoints)
+    print(f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model "
+          f"{common.n_params(model) / 1e6:.2f}M params, steps {start_step}->{cfg.steps}")
+    return SFTState(cfg, run, model, tokenizer, demos, ids, loss_mask, vals, evals, eval_window, opt, logger, manager,
+                    start_step, best, NonFiniteGuard(cfg.nan_patience))
 
-    def run_eval():
-        r = evaluate(model, tokenizer, [p for p, _ in evals], [a for _, a in evals],
-                     max_new_tokens=cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=eval_window)
-        return r
 
-    def run_val():
-        return evaluate(model, tokenizer, [p for p, _ in vals], [a for _, a in vals], max_new_tokens=cfg.max_new_tokens,
-                        max_prompt_tokens=eval_window).accuracy
+def train_step(s: SFTState, step: int) -> dict:
+    """One optimizer step on batch ``step`` (gradient accumulation over ``grad_accum`` micro-batches)."""
+    cfg, t0 = s.cfg, time.perf_counter()
+    lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    common.set_lr(s.opt, lr)
+    idx = batch_indices(len(s.ids), cfg.batch_size, step, cfg.seed)
+    b_ids, b_mask = s.ids[idx], s.loss_mask[idx]
+    n_tok = int(b_mask[:, 1:].sum())
+    micro, loss_total = cfg.batch_size // cfg.grad_accum, 0.0
+    for m in range(cfg.grad_accum):
+        sl = slice(m * micro, (m + 1) * micro)
+        loss = sft_loss(s.model, b_ids[sl], b_mask[sl], n_tok)
+        loss.backward()
+        loss_total += loss.item()
+    gnorm = common.grad_norm_and_clip(s.model, cfg.grad_clip)
+    finite_step(s.opt, loss_total, gnorm)  # a NaN/Inf loss or grad norm skips the step
+    dt = time.perf_counter() - t0
+    n_real = int((b_ids != s.tokenizer.pad_id).sum())
+    s.tokens_seen += n_real
+    return {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
 
-    def state(step, extra=None):
-        return {"step": step, "trainer": "sft", "run_id": run.run_id, "config": dataclasses.asdict(cfg), **(extra or {})}
 
-    micro = cfg.batch_size // cfg.grad_accum
-    guard = NonFiniteGuard(cfg.nan_patience)
-    last_eval, t_start, tokens_seen, stopped_at = None, time.perf_counter(), 0, None
-    bar = tqdm(range(start_step, cfg.steps), initial=start_step, total=cfg.steps, desc="sft",
-               disable=not cfg.progress, dynamic_ncols=True, mininterval=1.0)
-    model.train()
-    for step in bar:
-        t0 = time.perf_counter()
-        lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
-        common.set_lr(opt, lr)
-        idx = batch_indices(len(train_idx), cfg.batch_size, step, cfg.seed)
-        b_ids, b_mask = ids[idx], loss_mask[idx]
-        n_tok = int(b_mask[:, 1:].sum())
-        loss_total = 0.0
-        for m in range(cfg.grad_accum):
-            sl = slice(m * micro, (m + 1) * micro)
-            loss = sft_loss(model, b_ids[sl], b_mask[sl], n_tok)
-            loss.backward()
-            loss_total += loss.item()
-        gnorm = common.grad_norm_and_clip(model, cfg.grad_clip)
-        finite_step(opt, loss_total, gnorm)  # a NaN/Inf loss or grad norm skips the step
-        dt = time.perf_counter() - t0
-        n_real = int((b_ids != tokenizer.pad_id).sum())
-        tokens_seen += n_real
-        metrics = {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
-        done = step + 1
-        if guard.record("sft", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            logger.log(done, metrics)
-            bar.close()
-            logger.close()
-            raise TrainingDiverged(guard.stop_message("sft", done, out))
-        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-            if vals:
-                metrics["val_accuracy"] = run_val()
-                best.offer(done, metrics["val_accuracy"], model)
-            last_eval = run_eval()  # logged for the curve only: selection never looks at the evaluation split
-            metrics["heldout_accuracy"] = last_eval.accuracy
-            model.train()
-        logger.log(done, metrics)
-        bar.set_postfix(loss=f"{loss_total:.3f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
-        if cfg.patience and vals and best.since >= cfg.patience:
-            tqdm.write(f"early stop at step {done}: no better validation accuracy in {best.since} evaluations")
-            stopped_at = done
-            break
-        if cfg.save_every and done % cfg.save_every == 0 and done != cfg.steps:
-            manager.save(done, save_fn=lambda d, **kw: save_with_best(d, best, **kw), model=model, tokenizer=tokenizer,
-                         state=state(done, {"metrics": metrics, "best": best.state_dict()}), optimizer=opt, rng_state=rng_state())
-    bar.close()
-    logger.close()
+def run_eval(s: SFTState):
+    """Greedy accuracy on the held-out problems (logged for the curve; selection never looks at it)."""
+    return evaluate(s.model, s.tokenizer, [p for p, _ in s.evals], [a for _, a in s.evals],
+                    max_new_tokens=s.cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=s.eval_window)
+
+
+def run_val(s: SFTState) -> float:
+    """Greedy accuracy on the validation demonstrations: what model selection looks at."""
+    return evaluate(s.model, s.tokenizer, [p for p, _ in s.vals], [a for _, a in s.vals],
+                    max_new_tokens=s.cfg.max_new_tokens, max_prompt_tokens=s.eval_window).accuracy
+
+
+def _state(s: SFTState, step: int, extra: dict | None = None) -> dict:
+    return {"step": step, "trainer": "sft", "run_id": s.run.run_id, "config": dataclasses.asdict(s.cfg), **(extra or {})}
+
+
+def save(s: SFTState, done: int, metrics: dict) -> None:
+    """A periodic checkpoint (with the best-so-far weights, for an exact resume)."""
+    s.manager.save(done, save_fn=lambda d, **kw: save_with_best(d, s.best, **kw), model=s.model, tokenizer=s.tokenizer,
+                   state=_state(s, done, {"metrics": metrics, "best": s.best.state_dict()}), optimizer=s.opt,
+                   rng_state=rng_state())
+
+
+def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> dict:
+    """``model/`` (the selected weights), the final held-out evaluation and ``summary.json``."""
+    cfg, out, best = s.cfg, s.run.dir, s.best
     last_step = stopped_at or cfg.steps
     if best.weights is not None:  # model/ = the best validation checkpoint
-        model.load_state_dict(best.weights)
+        s.model.load_state_dict(best.weights)
         last_eval = None
     if last_eval is None:  # the selected (or resumed-at-the-end) model
-        last_eval = run_eval()
-    final = save_checkpoint(Path(out) / "model", model=model, tokenizer=tokenizer,
-                            state=state(cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
-                                                    "selected_step": best.step if best.weights is not None else last_step}),
-                            optimizer=opt, rng_state=rng_state())
+        last_eval = run_eval(s)
+    final = save_checkpoint(Path(out) / "model", model=s.model, tokenizer=s.tokenizer,
+                            state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
+                                                        "selected_step": best.step if best.weights is not None else last_step}),
+                            optimizer=s.opt, rng_state=rng_state())
     summary = {
         "trainer": "sft", "steps": cfg.steps, "steps_trained": last_step, "stopped_early": stopped_at is not None,
         "best_step": best.step if best.weights is not None else last_step, "best_val_accuracy": best.score,
-        "val_n": len(vals), "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
-        "num_demos": len(demos), "train_demos": len(train_idx), "params": n_params, "train_seconds": time.perf_counter() - t_start,
-        "tokens_seen": tokens_seen, "model_dir": str(final), "samples": last_eval.samples,
+        "val_n": len(s.vals), "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
+        "num_demos": len(s.demos), "train_demos": len(s.ids), "params": common.n_params(s.model),
+        "train_seconds": time.perf_counter() - t_start, "tokens_seen": s.tokens_seen, "model_dir": str(final),
+        "samples": last_eval.samples,
     }
     path = common.write_summary(out, summary)
     print(f"held-out accuracy: {last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
-    for s in last_eval.samples:
-        print(sample_line(s))
+    for x in last_eval.samples:
+        print(sample_line(x))
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
     return summary
+
+
+def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``)."""
+    s = setup(cfg, resume, overwrite)
+    last_eval, t_start, stopped_at = None, time.perf_counter(), None
+    bar = common.progress_bar(s.start_step, cfg.steps, "sft", cfg.progress)
+    s.model.train()
+    for step in bar:
+        metrics = train_step(s, step)
+        done = step + 1
+        if s.guard.record("sft", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+            s.logger.log(done, metrics)
+            bar.close()
+            s.logger.close()
+            raise TrainingDiverged(s.guard.stop_message("sft", done, s.run.dir))
+        if common.should_eval(done, cfg.eval_every, cfg.steps):
+            if s.vals:
+                metrics["val_accuracy"] = run_val(s)
+                s.best.offer(done, metrics["val_accuracy"], s.model)
+            last_eval = run_eval(s)  # logged for the curve only: selection never looks at the evaluation split
+            metrics["heldout_accuracy"] = last_eval.accuracy
+            s.model.train()
+        s.logger.log(done, metrics)
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+        if cfg.patience and s.vals and s.best.since >= cfg.patience:
+            tqdm.write(f"early stop at step {done}: no better validation accuracy in {s.best.since} evaluations")
+            stopped_at = done
+            break
+        if common.should_save(done, cfg.save_every, cfg.steps):
+            save(s, done, metrics)
+    bar.close()
+    s.logger.close()
+    return finish(s, last_eval, stopped_at, t_start)

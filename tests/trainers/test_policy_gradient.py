@@ -115,3 +115,10 @@ def test_errors(sft_dir, tmp_path):
         cfg(sft_dir, tmp_path / "x", algo="rloo", num_generations=1)
     with pytest.raises(ConfigError, match="unknown reward"):
         PolicyGradientTrainer(cfg(sft_dir, tmp_path / "x", reward="nope"))
+
+
+def test_resume_past_the_configured_steps_is_refused_like_every_trainer(sft_dir, tmp_path):
+    out = tmp_path / "done"
+    train_policy_gradient(cfg(sft_dir, out, steps=2, save_every=0))
+    with pytest.raises(UserError, match=r"is at step 2, beyond steps=1$"):
+        PolicyGradientTrainer(cfg(sft_dir, out, steps=1), resume=str(out))
