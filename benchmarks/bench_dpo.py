@@ -33,7 +33,8 @@ from posttrain.models.hf import hf_model_from_config, tiny_hf_config
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import SPECIALS, CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.dpo import DPOConfig, PairedData, freeze
+from posttrain.trainers.common import frozen
+from posttrain.trainers.dpo import DPOConfig, PairedData
 from posttrain.losses.preference import PREFERENCE_LOSSES
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
@@ -93,7 +94,7 @@ def time_ours(model, pairs, steps: int, clock: str, precompute: bool):
     tok = CharTokenizer(ArithmeticTask.alphabet)
     cfg = DPOConfig(init="bench", loss="dpo", batch_size=BATCH)
     data = PairedData(pairs, tok, cfg)
-    ref = freeze(__import__("copy").deepcopy(model))
+    ref = frozen(__import__("copy").deepcopy(model))
     table = data.precompute(ref) if precompute else None
     ref_model = None if precompute else ref
     opt = common.make_optimizer(model, LR, 0.0)

@@ -159,3 +159,10 @@ def set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
     elif os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+
+
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` as a reference: eval mode (no dropout) and no gradients; returns it (in place)."""
+    model.eval()
+    model.requires_grad_(False)
+    return model

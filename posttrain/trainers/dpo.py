@@ -206,13 +206,6 @@ def reference_logps(ref_model, batches) -> torch.Tensor:
     return torch.cat([seq_logps(ref_model, b)[0] for b in batches])
 
 
-def freeze(model: torch.nn.Module) -> torch.nn.Module:
-    """The reference model: eval mode (no dropout) and no gradients."""
-    model.eval()
-    model.requires_grad_(False)
-    return model
-
-
 # ---------------------------------------------------------------------------------------------
 # paired and unpaired data: same interface, chosen by UNPAIRED_LOSSES
 
@@ -365,7 +358,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
 
-    ref_model = None if choice.reference_free else freeze(init.model)
+    ref_model = None if choice.reference_free else common.frozen(init.model)
     ref_table = None
     if ref_model is not None and cfg.precompute_ref:
         t0 = time.perf_counter()

@@ -166,14 +166,6 @@ ESTIMATOR_OPTIONS = {
 }
 
 
-def build_reference(model: torch.nn.Module) -> torch.nn.Module:
-    """A frozen copy of the starting policy (eval mode, no gradients)."""
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
 
@@ -224,7 +216,7 @@ class PolicyGradientTrainer:
         self.ref_model = None
         if cfg.beta > 0:
             ref_src = init.model if init is not None else load_checkpoint(ckpt.state["config"]["init"], accept_kinds=POLICY).model
-            self.ref_model = build_reference(ref_src)
+            self.ref_model = common.frozen(copy.deepcopy(ref_src))  # a frozen copy of the starting policy
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
         self.alarms = Alarms(cfg.alarms)

@@ -20,7 +20,8 @@ from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, verify
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.dpo import DPOConfig, PairedData, freeze, seq_logps, train_dpo
+from posttrain.trainers.common import frozen
+from posttrain.trainers.dpo import DPOConfig, PairedData, seq_logps, train_dpo
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
@@ -87,7 +88,7 @@ def test_implicit_reward_is_beta_log_ratio(sft_ckpt, pair_file):
     from posttrain.data.preference import load_preference_pairs
 
     init = load_checkpoint(sft_ckpt)
-    ref = freeze(load_checkpoint(sft_ckpt).model)
+    ref = frozen(load_checkpoint(sft_ckpt).model)
     with torch.no_grad():  # move the policy away from the reference
         for p in init.model.parameters():
             p.add_(0.01 * torch.randn_like(p))

@@ -46,7 +46,7 @@ def test_beta_zero_never_builds_a_reference(sft_dir, tmp_path, monkeypatch):
     def boom(model):
         raise AssertionError("reference model built with beta=0")
 
-    monkeypatch.setattr(pg, "build_reference", boom)
+    monkeypatch.setattr(pg.common, "frozen", boom)  # the one reference builder (trainers/common.py)
     t = PolicyGradientTrainer(cfg(sft_dir, tmp_path / "b0", steps=1))
     assert t.ref_model is None
     t.train()
