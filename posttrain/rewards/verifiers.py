@@ -70,16 +70,14 @@ def digits_reward(prompts: list[str], completions: list[str], answer=None, **_) 
     an exact match scores 1. Examples, answer 85: "85" -> 1.0, "84" -> 0.5, "75" -> 0.5, "58" -> 0.0,
     "085" -> 0.0, "8" -> 0.0, "-85" -> 0.0, "85." -> 0.0; answer 134: "124" -> 2/3.
     Meant as a shaping term next to ``exact_match`` (e.g. ``exact_match:1.0,digits:0.5``) so near misses
-    carry signal; an answer column that is not an integer raises a UserError.
+    carry signal. A gold answer that is not an integer ("1/2", "x+1") scores 0 for every completion, so
+    next to ``exact_match`` on such a dataset the term is a constant 0 and changes nothing.
     """
     answers = _column({"answer": answer}, "answer", len(completions), "digits")
     out = []
     for c, a in zip(completions, answers):
-        ma = _INTEGER.fullmatch(str(a).strip())
-        if ma is None:
-            raise UserError(f"the digits reward needs integer answers; got {str(a)!r}")
-        mc = _INTEGER.fullmatch(c.strip())
-        if mc is None or mc.group(1) != ma.group(1) or len(mc.group(2)) != len(ma.group(2)):
+        ma, mc = _INTEGER.fullmatch(str(a).strip()), _INTEGER.fullmatch(c.strip())
+        if ma is None or mc is None or mc.group(1) != ma.group(1) or len(mc.group(2)) != len(ma.group(2)):
             out.append(0.0)
             continue
         da, dc = ma.group(2), mc.group(2)
