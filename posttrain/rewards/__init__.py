@@ -11,6 +11,7 @@ from posttrain.rewards.registry import (
 )
 from posttrain.rewards.sandbox import SandboxResult, run_python
 from posttrain.rewards.verifiers import (
+    digits_reward,
     exact_match_reward,
     extract_answer,
     make_code_reward,
@@ -22,6 +23,6 @@ from posttrain.rewards.verifiers import (
 
 __all__ = [
     "REWARD_FUNCTIONS", "RewardFunction", "WeightedReward", "build_reward", "get_reward", "parse_reward_spec",
-    "register_reward", "SandboxResult", "run_python", "exact_match_reward", "extract_answer", "make_code_reward",
+    "register_reward", "SandboxResult", "run_python", "digits_reward", "exact_match_reward", "extract_answer", "make_code_reward",
     "make_format_reward", "make_overlength_penalty", "math_answer_reward", "parse_math",
 ]

@@ -21,6 +21,7 @@ from typing import Callable, Protocol
 
 from posttrain.errors import ConfigError, UserError
 from posttrain.rewards.verifiers import (
+    digits_reward,
     exact_match_reward,
     make_code_reward,
     make_format_reward,
@@ -35,6 +36,10 @@ class RewardFunction(Protocol):
 
 def _exact_match(**_):
     return exact_match_reward
+
+
+def _digits(**_):
+    return digits_reward
 
 
 def _math(backend: str = "auto", **_):
@@ -55,6 +60,7 @@ def _reward_model(**options):
 
 REWARD_FUNCTIONS: dict[str, Callable[..., RewardFunction]] = {
     "exact_match": _exact_match,
+    "digits": _digits,
     "math": _math,
     "format": make_format_reward,
     "overlength": make_overlength_penalty,

@@ -1,4 +1,4 @@
-"""Verifiable rewards: exact match, a math-answer checker, format and over-length shaping, and a code runner.
+"""Verifiable rewards: exact match, partial credit for integer digits, a math-answer checker, format and over-length shaping, and a code runner.
 
 Key insight: for tasks with a checkable answer the reward is a *verifier*, not a learned model, so it
 cannot be flattered — but it must be exact about equivalence (``0.5 == \\frac{1}{2} == 2/4``) and it
@@ -51,6 +51,38 @@ def exact_match_reward(prompts: list[str], completions: list[str], answer=None, 
     """
     answers = _column({"answer": answer}, "answer", len(completions), "exact_match")
     return [1.0 if c.strip() == str(a).strip() else 0.0 for c, a in zip(completions, answers)]
+
+
+_INTEGER = re.compile(r"(-?)(\d+)")
+
+
+def digits_reward(prompts: list[str], completions: list[str], answer=None, **_) -> list[float]:
+    """Partial credit for integer answers: the fraction of digit positions that are right.
+
+    With c = completion.strip() and a = str(answer).strip(), both of the form ``-?[0-9]+``:
+
+        digits(c, a) = #{i : c_digits[i] == a_digits[i]} / len(a_digits)   if sign(c) == sign(a)
+                                                                           and len(c_digits) == len(a_digits)
+                     = 0                                                   otherwise
+
+    (equal lengths, so aligning from the right is aligning from the left: position i is the same power of
+    ten in both). A wrong sign, a wrong number of digits, or a completion that is not an integer scores 0;
+    an exact match scores 1. Examples, answer 85: "85" -> 1.0, "84" -> 0.5, "75" -> 0.5, "58" -> 0.0,
+    "085" -> 0.0, "8" -> 0.0, "-85" -> 0.0, "85." -> 0.0; answer 134: "124" -> 2/3.
+    Meant as a shaping term next to ``exact_match`` (e.g. ``exact_match:1.0,digits:0.5``) so near misses
+    carry signal. A gold answer that is not an integer ("1/2", "x+1") scores 0 for every completion, so
+    next to ``exact_match`` on such a dataset the term is a constant 0 and changes nothing.
+    """
+    answers = _column({"answer": answer}, "answer", len(completions), "digits")
+    out = []
+    for c, a in zip(completions, answers):
+        ma, mc = _INTEGER.fullmatch(str(a).strip()), _INTEGER.fullmatch(c.strip())
+        if ma is None or mc is None or mc.group(1) != ma.group(1) or len(mc.group(2)) != len(ma.group(2)):
+            out.append(0.0)
+            continue
+        da, dc = ma.group(2), mc.group(2)
+        out.append(sum(x == y for x, y in zip(dc, da)) / len(da))
+    return out
 
 
 # ------------------------------------------------------------------------------------------- math parser

@@ -116,7 +116,8 @@ class PolicyGradientConfig:
                                   ge=1)
     share_prompt_prefix: bool = knob(True, "run each prompt once per update and share its keys/values across its G "
                                            "samples (exact; posttrain GPT only, HF models use a full forward)")
-    reward: str = knob("exact_match:1.0", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1'")
+    reward: str = knob("exact_match:1.0,digits:0.5", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1' "
+                       "(default: exact match plus partial credit for digits right; docs/outcomes.md)")
     eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)", ge=0)
     save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
@@ -146,8 +147,10 @@ class PolicyGradientConfig:
 
 PRESETS: dict[str, dict] = {
     "tiny": {},
-    # the defaults before the seed sweep of docs/outcomes.md: lr 1e-4, no dynamic sampling, no collapse restore
-    "classic": {"steps": 500, "lr": 1e-4, "dynamic_sampling": False, "alarms": {"collapse_fraction": 0.0}},
+    # the defaults before the seed sweep of docs/outcomes.md: lr 1e-4, no dynamic sampling, no collapse restore,
+    # exact-match reward only
+    "classic": {"steps": 500, "lr": 1e-4, "dynamic_sampling": False, "alarms": {"collapse_fraction": 0.0},
+                "reward": "exact_match:1.0"},
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
