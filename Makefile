@@ -30,6 +30,7 @@ demo: $(STAMP_CORE)
 	$(BIN)/posttrain demo --out $(DEMO_OUT)
 
 test: $(STAMP_DEV)
+	$(BIN)/ruff check posttrain tests benchmarks
 	$(BIN)/python -m pytest tests
 
 clean:

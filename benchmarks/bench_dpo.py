@@ -22,12 +22,11 @@ import random
 import statistics
 import time
 
-
 import torch
-
 from _util import median_time, print_table
 
 from posttrain.data.preference_pairs import synthetic_pairs
+from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.hf import hf_model_from_config, tiny_hf_config
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
@@ -35,7 +34,6 @@ from posttrain.tokenizers.char import SPECIALS, CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.common import frozen
 from posttrain.trainers.dpo import DPOConfig, PairedData
-from posttrain.losses.preference import PREFERENCE_LOSSES
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 BATCH, BETA, LR = 16, 0.1, 1e-4

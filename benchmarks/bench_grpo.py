@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _util import print_table
 
 from posttrain.evaluation import encode_prompt, evaluate

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from _util import median_time, print_table
 
 from posttrain.generate import SamplingConfig, generate

@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 
 import torch
-
 from _util import median_time, print_table
 
+from posttrain.data.batches import batch_indices
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.hf import hf_model_from_config, tiny_hf_config
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.data.batches import batch_indices
 from posttrain.trainers.sft import encode_demos, sft_loss
 
 

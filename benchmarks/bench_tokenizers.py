@@ -354,10 +354,10 @@ def main(argv=None) -> int:
     print()
     print(f"Training on {size:.1f} MB, 2 cores (wall seconds, peak RSS MB, CPU seconds of all threads and worker "
           f"processes; ratio = peer s / our s, >1 means we are faster)")
-    print(f"| model     | vocab  | ours s | tokenizers s | sentencepiece s | tok/ours | spm/ours | ours RSS | tok RSS | spm RSS "
-          f"| ours CPU s | tok CPU s | spm CPU s | spm/ours CPU |")
-    print(f"|-----------|--------|--------|--------------|-----------------|----------|----------|----------|---------|---------"
-          f"|------------|-----------|-----------|--------------|")
+    print("| model     | vocab  | ours s | tokenizers s | sentencepiece s | tok/ours | spm/ours | ours RSS | tok RSS | spm RSS "
+          "| ours CPU s | tok CPU s | spm CPU s | spm/ours CPU |")
+    print("|-----------|--------|--------|--------------|-----------------|----------|----------|----------|---------|---------"
+          "|------------|-----------|-----------|--------------|")
     for model, vocab, r in rows:
         o, h, s = r["ours"], r["hf"], r["spm"]
         print(f"| {model:9s} | {vocab:6d} | {_fmt(o, 'seconds', '6.1f'):>6s} | {_fmt(h, 'seconds', '12.1f'):>12s} | "

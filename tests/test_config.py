@@ -82,7 +82,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.cli import main
-from posttrain.config import bounds_text, check_fields, coerce, leaf_fields
+from posttrain.config import bounds_text, check_fields, coerce
 
 
 @dataclass

@@ -6,8 +6,8 @@ import torch
 def test_prefix_shared_logps_equal_full_forward_with_gradients():
     """Sharing each prompt's keys/values across its samples gives the same log-probs, entropies and gradients."""
     from posttrain.generate import SamplingConfig, generate
-    from posttrain.scoring import completion_logps, prefix_shared_completion_logps
     from posttrain.models.gpt import GPT, GPTConfig
+    from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 
     torch.manual_seed(0)
     m = GPT(GPTConfig(vocab_size=17, n_layer=2, n_head=2, d_model=32, max_seq_len=32))

@@ -26,15 +26,13 @@ def run(args) -> int:
     import torch
 
     from posttrain.data.io import atomic_write_jsonl
+    from posttrain.data.pairs import load_pairs
     from posttrain.errors import UserError
-    from posttrain.evaluation import evaluate
+    from posttrain.evaluation import evaluate, fit_prompts, prompt_window
+    from posttrain.generate import SamplingConfig
+    from posttrain.text import printable
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
     from posttrain.trainers.common import write_summary
-    from posttrain.data.pairs import load_pairs
-    from posttrain.evaluation import fit_prompts, prompt_window
-    from posttrain.text import printable
-
-    from posttrain.generate import SamplingConfig
 
     SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # checks both (finite, bounds)
     if args.batch_size < 1:

@@ -20,8 +20,8 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from posttrain.trainers.sft import PRESETS, SFTConfig, train_sft
     from posttrain.trainers.run_dir import resume_out
+    from posttrain.trainers.sft import PRESETS, SFTConfig, train_sft
 
     cfg = resolve(SFTConfig, PRESETS, args, **resume_out(args))
     announce(cfg, cfg.out)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import torch
 import torch.nn.functional as F
 
-from posttrain.ops.naive import naive_attention, visible_mask
 from posttrain.ops.flash import flash_attention_backend
+from posttrain.ops.naive import naive_attention, visible_mask
 
 
 def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):

@@ -16,6 +16,7 @@ import regex
 from posttrain.tokenizers.normalizers import Replace, component_from_json, pattern_from_json
 from posttrain.tokenizers.symbols import METASPACE, bl_to_bytes
 
+
 class ByteLevelDecoder:
     """Join the tokens, map each character back to its byte, decode UTF-8 (invalid bytes -> U+FFFD)."""
 

@@ -18,6 +18,7 @@ import regex
 from posttrain.errors import UserError
 from posttrain.tokenizers.symbols import WHITESPACE, bert_regexes, is_chinese_char
 
+
 class UnicodeNormalizer:
     def __init__(self, form: str):
         self.form = form

@@ -46,6 +46,7 @@ from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
 from posttrain.models import load_model, save_model
 from posttrain.tokenizers import load as load_tokenizer
+from posttrain.trainers.guards import require_finite_parameters
 from posttrain.trainers.run_dir import (
     REWARD_HEAD_FILE,
     STATE_FILE,
@@ -57,7 +58,6 @@ from posttrain.trainers.run_dir import (
     read_json_file,
     warn,
 )
-from posttrain.trainers.guards import require_finite_parameters
 
 
 @dataclass

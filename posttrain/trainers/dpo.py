@@ -45,9 +45,9 @@ import torch
 
 from posttrain.config import check_fields, check_value, knob
 from posttrain.data.batches import batch_indices
+from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.io import iter_jsonl
 from posttrain.data.pairs import load_pairs
-from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.preference import (
     collate_kto,
     collate_preference,
@@ -66,7 +66,14 @@ from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import (
+    POLICY,
+    CheckpointManager,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 
 

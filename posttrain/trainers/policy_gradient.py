@@ -40,27 +40,41 @@ from pathlib import Path
 
 import torch
 
-from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
-from posttrain.losses.kl import KL_ESTIMATORS, AdaptiveKLController, FixedKLController, kl_controller_from_state
-from posttrain.losses.kl import kl_penalized_rewards
-from posttrain.scoring import completion_logps, prefix_shared_completion_logps
-from posttrain.models.gpt import GPT
+from posttrain.losses.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_controller_from_state,
+    kl_penalized_rewards,
+)
 from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS, POLICY_OBJECTIVES
+from posttrain.models.gpt import GPT
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward
+from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
+from posttrain.trainers.checkpoint import (
+    POLICY,
+    CheckpointManager,
+    load_checkpoint,
+    load_snapshot,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    save_with_snapshot,
+    take_snapshot,
+)
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
-from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, load_snapshot, restore_rng,
-                                           rng_state, save_checkpoint, save_with_snapshot, take_snapshot)
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 
 

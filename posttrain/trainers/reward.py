@@ -48,8 +48,8 @@ from safetensors.torch import save_file
 
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices
-from posttrain.data.io import atomic_dir
 from posttrain.data.checks import LONG_POLICIES, model_window
+from posttrain.data.io import atomic_dir
 from posttrain.data.preference import (
     PreferencePair,
     collate_preference,
@@ -72,10 +72,16 @@ from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state,
-                                           save_checkpoint, writing)
+from posttrain.trainers.checkpoint import (
+    POLICY,
+    CheckpointManager,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    writing,
+)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step, require_finite_parameters
-
 
 
 @dataclass

@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices  # noqa: F401  (also imported from here by older callers)
 from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
@@ -48,11 +47,19 @@ from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import (POLICY, CheckpointManager, load_checkpoint, restore_rng, rng_state,
-                                           save_checkpoint, save_with_extras)
+from posttrain.trainers.checkpoint import (
+    POLICY,
+    CheckpointManager,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    save_checkpoint,
+    save_with_extras,
+)
 from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
 
 

@@ -44,7 +44,12 @@ from posttrain.losses.preference import (
     sft_loss,
     simpo_loss,
 )
-from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss, plackett_luce_loss, pointwise_mse_loss
+from posttrain.losses.ranking import (
+    accuracy_by_margin_bucket,
+    bradley_terry_loss,
+    plackett_luce_loss,
+    pointwise_mse_loss,
+)
 
 LOG2 = math.log(2.0)
 

@@ -6,9 +6,9 @@ import torch
 pytest.importorskip("transformers")
 
 from posttrain.generate import SamplingConfig, generate  # noqa: E402
-from posttrain.scoring import completion_logps  # noqa: E402
 from posttrain.models import load_model, save_model  # noqa: E402
 from posttrain.models.hf import hf_model_from_config, tiny_hf_config  # noqa: E402
+from posttrain.scoring import completion_logps  # noqa: E402
 from posttrain.trainers.sft import sft_loss  # noqa: E402
 
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.ops import ATTENTION_BACKENDS, attention, flash_attention
-from posttrain.ops.naive import reference_attention
 from posttrain.ops.flash import FlashAttention
+from posttrain.ops.naive import reference_attention
 
 
 def make(b, h, hkv, nq, nk, d, dtype=torch.float64, seed=0, mult=1.0):

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posttrain.ops.naive import reference_attention
 from posttrain.ops.flash import _flash_forward, flash_attention
 from posttrain.ops.flash_reference import flash_attention_reference
+from posttrain.ops.naive import reference_attention
 
 
 def _inputs(b, h, hkv, nq, nk, d, seed, padded):

@@ -2,9 +2,9 @@
 
 import torch
 
-from posttrain.ops.naive import naive_attention
 from posttrain.ops.flash import flash_attention
 from posttrain.ops.memory import attention_peak_memory, peak_memory
+from posttrain.ops.naive import naive_attention
 
 
 def test_known_allocations():

@@ -5,14 +5,14 @@ small multilingual sample (accents, CJK, emoji). Held-out text: other stdlib mod
 checked on words the tokenizer never saw.
 """
 
+import argparse as _ap
+import calendar as _cal
+import difflib as _dl
+import fractions as _fr
 import inspect
 import json
-import textwrap as _tw
-import argparse as _ap
-import difflib as _dl
-import calendar as _cal
-import fractions as _fr
 import statistics as _st
+import textwrap as _tw
 
 import pytest
 

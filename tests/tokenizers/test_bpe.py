@@ -3,7 +3,8 @@
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrain.tokenizers import BPETrainer
 from posttrain.tokenizers.bpe import BPEModel, encode_words, train_merges, train_merges_slow

@@ -2,10 +2,9 @@
 word once (it used to search a word once per occurrence of the pair: quadratic), progress on stderr."""
 
 import random
+from collections import defaultdict
 
 import pytest
-
-from collections import defaultdict
 
 import posttrain.tokenizers.merges as merges
 from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer

@@ -2,11 +2,11 @@
 
 import pytest
 import regex
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from posttrain.tokenizers import ByteLevelBPETrainer
+from posttrain.tokenizers import ByteLevelBPETrainer, symbols
 from posttrain.tokenizers import pre_tokenizers as P
-from posttrain.tokenizers import symbols
 
 
 def test_bytes_to_unicode_is_a_printable_bijection():

@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 import regex
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from posttrain.tokenizers import BPETrainer, ByteLevelBPETrainer, UnigramTrainer, WordPieceTrainer
 from posttrain.tokenizers import pre_tokenizers as P

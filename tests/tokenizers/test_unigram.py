@@ -1,13 +1,14 @@
 """Unigram: Viterbi == brute-force best segmentation, byte-fallback round trips, character coverage on
 mixed scripts, sampling, determinism, and the vectorised trainer's pieces."""
 
-from collections import Counter
 import itertools
 import math
+from collections import Counter
 
 import pytest
 import regex
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from posttrain.tokenizers import UnigramTrainer, sample_encode
 from posttrain.tokenizers.unigram import UNK_PENALTY, UnigramModel
@@ -233,7 +234,8 @@ def test_hash_index_equals_a_dict(keys, queries, crowd):
     """The open-addressing seed index against a dict, with keys crowded into few home slots (long probe
     runs, wrap-around at the table's end) and queries both present and absent."""
     np = pytest.importorskip("numpy")
-    from posttrain.tokenizers.unigram.seeds import MIX as _MIX, HashIndex as _HashIndex
+    from posttrain.tokenizers.unigram.seeds import MIX as _MIX
+    from posttrain.tokenizers.unigram.seeds import HashIndex as _HashIndex
 
     inv = pow(int(_MIX), -1, 2**64)
     # crowd: the mixed keys' top 8 bits all set and the next `crowd` bits clear, so their home slots are a
@@ -264,7 +266,8 @@ def test_count_substrings_equals_brute_force(words, threads, max_len, keep_top, 
     from collections import Counter
 
     from posttrain.errors import UserError
-    from posttrain.tokenizers.unigram.seeds import HashIndex as _HashIndex, count_substrings
+    from posttrain.tokenizers.unigram.seeds import HashIndex as _HashIndex
+    from posttrain.tokenizers.unigram.seeds import count_substrings
 
     counts = np.arange(1, len(words) + 1, dtype=np.float64)
     if not any(words):

@@ -6,11 +6,11 @@ import random
 import unicodedata
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrain.errors import UserError
-from posttrain.tokenizers import WordPieceTrainer, load
-from posttrain.tokenizers import normalizers, pre_tokenizers, symbols
+from posttrain.tokenizers import WordPieceTrainer, load, normalizers, pre_tokenizers, symbols
 from posttrain.tokenizers.wordpiece import WordPieceModel, train_wordpiece_merges, train_wordpiece_merges_slow
 
 

@@ -15,9 +15,9 @@ import posttrain.trainers.checkpoint as checkpoint
 from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
+from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.sft import SFTConfig, train_sft
 

@@ -14,10 +14,10 @@ from posttrain.data.preference_pairs import (
     label_pairs,
     synthetic_pairs,
 )
-from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPTConfig
+from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, verify
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.common import frozen

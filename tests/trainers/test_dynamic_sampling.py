@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from posttrain.generate import SamplingConfig, generate
-from posttrain.scoring import completion_logps
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
+from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows

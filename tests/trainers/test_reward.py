@@ -10,9 +10,9 @@ from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.models.heads import RewardStats
 from posttrain.rewards.registry import get_reward
+from posttrain.rewards.reward_model import load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.rewards.reward_model import load_reward_model
 from posttrain.trainers.reward import RMConfig, pair_rewards, train_reward_model
 
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)

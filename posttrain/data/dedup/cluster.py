@@ -19,7 +19,15 @@ from collections.abc import Callable
 import numpy as np
 
 from posttrain.data.dedup.exact import first_occurrence
-from posttrain.data.dedup.lsh import band_keys, borderline, candidate_pairs, exact_jaccard, plan_bands, sorted_set, verify_pairs
+from posttrain.data.dedup.lsh import (
+    band_keys,
+    borderline,
+    candidate_pairs,
+    exact_jaccard,
+    plan_bands,
+    sorted_set,
+    verify_pairs,
+)
 from posttrain.data.dedup.shingles import SHINGLERS
 from posttrain.data.dedup.simhash import simhash_pairs
 from posttrain.data.dedup.unionfind import components

@@ -27,7 +27,6 @@ from posttrain.data.dedup.records import parse_line, record_text
 from posttrain.data.dedup.shingles import SHINGLERS, normalize
 from posttrain.data.dedup.simhash import simhash
 
-
 # ---------------------------------------------------------------------------------------------
 # pass 1 worker: raw batch -> compact per-document results
 

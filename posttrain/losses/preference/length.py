@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from posttrain.losses.preference.base import Tensor, _check_beta, _logratios, _pair_metrics, _smoothed_logistic, check_same_shape
+from posttrain.losses.preference.base import (
+    Tensor,
+    _check_beta,
+    _logratios,
+    _pair_metrics,
+    _smoothed_logistic,
+    check_same_shape,
+)
 from posttrain.losses.preference.margin import dpo_loss
 
 

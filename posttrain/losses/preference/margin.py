@@ -12,7 +12,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from posttrain.losses.preference.base import Tensor, _check_beta, _logratios, _pair_metrics, _smoothed_logistic, check_same_shape
+from posttrain.losses.preference.base import (
+    Tensor,
+    _check_beta,
+    _logratios,
+    _pair_metrics,
+    _smoothed_logistic,
+    check_same_shape,
+)
 
 
 def dpo_loss(

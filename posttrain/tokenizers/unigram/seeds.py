@@ -28,6 +28,7 @@ from posttrain.errors import UserError
 from posttrain.hashing import GOLDEN
 from posttrain.tokenizers.symbols import METASPACE
 
+
 # Training
 # ------------------------------------------------------------------------------------------------
 def _code_points(words: list[str]) -> tuple[np.ndarray, np.ndarray]:

@@ -23,16 +23,27 @@ import regex
 
 from posttrain.errors import UserError
 from posttrain.tokenizers.corpus import JoinedWords, count_words
-from posttrain.tokenizers.decoders import (ByteFallbackDecoder, DecoderSequence, FuseDecoder, MetaspaceDecoder,
-                                           ReplaceDecoder, StripDecoder)
+from posttrain.tokenizers.decoders import (
+    ByteFallbackDecoder,
+    DecoderSequence,
+    FuseDecoder,
+    MetaspaceDecoder,
+    ReplaceDecoder,
+    StripDecoder,
+)
 from posttrain.tokenizers.normalizers import NormalizerSequence, Replace, UnicodeNormalizer
 from posttrain.tokenizers.pipeline import SubwordTokenizer, TextToWords, special_added_tokens
 from posttrain.tokenizers.pre_tokenizers import Metaspace
 from posttrain.tokenizers.symbols import BYTE_TOKENS, METASPACE
 from posttrain.tokenizers.unigram.lattice import Lattice, release_memory
 from posttrain.tokenizers.unigram.model import UnigramModel
-from posttrain.tokenizers.unigram.seeds import (HashIndex, count_substrings, kept_characters, script_breaks,
-                                               split_uncovered)
+from posttrain.tokenizers.unigram.seeds import (
+    HashIndex,
+    count_substrings,
+    kept_characters,
+    script_breaks,
+    split_uncovered,
+)
 
 
 def digamma(x: np.ndarray) -> np.ndarray:

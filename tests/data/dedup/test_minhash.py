@@ -9,7 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.data.dedup.minhash import (
-    EMPTY, MINHASH_SCHEMES, estimate_jaccard, oph_signature_loop, oph_signatures, perm_signature_loop,
+    EMPTY,
+    MINHASH_SCHEMES,
+    estimate_jaccard,
+    oph_signature_loop,
+    oph_signatures,
+    perm_signature_loop,
 )
 
 LOOPS = {"oph": oph_signature_loop, "perm": perm_signature_loop}

@@ -6,7 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.data.dedup.shingles import (
-    char_shingles, fmix64, fmix64_int, normalize, parse_normalize, shingle_strings, substring_hash_int, word_shingles,
+    char_shingles,
+    fmix64,
+    fmix64_int,
+    normalize,
+    parse_normalize,
+    shingle_strings,
+    substring_hash_int,
+    word_shingles,
 )
 from posttrain.errors import ConfigError
 

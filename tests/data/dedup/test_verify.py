@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.data.dedup.cluster import pair_chunks as _pair_chunks
-from posttrain.data.dedup.run import DedupConfig, dedup
 from posttrain.data.dedup.lsh import borderline, exact_jaccard, plan_bands, sorted_set
 from posttrain.data.dedup.minhash import oph_signatures
+from posttrain.data.dedup.run import DedupConfig, dedup
 from posttrain.data.dedup.shingles import char_shingles, jaccard, normalize, shingle_strings
 from posttrain.errors import ConfigError
 
