@@ -74,7 +74,7 @@ from posttrain.trainers.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
+from posttrain.trainers.guards import NonFiniteGuard, finite_step
 
 
 @dataclass
@@ -468,10 +468,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         metrics = train_step(s, step)
         done = step + 1
         if s.guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            s.logger.log(done, metrics)
-            bar.close()
-            s.logger.close()
-            raise TrainingDiverged(s.guard.stop_message(cfg.loss, done, s.run.dir))
+            s.guard.stop(cfg.loss, done, metrics, s.logger, bar, s.run.dir)
         if common.should_eval(done, cfg.eval_every, cfg.steps):
             last_eval = run_eval(s)
             metrics["heldout_accuracy"] = last_eval.accuracy

@@ -89,6 +89,14 @@ class NonFiniteGuard:
                 f"norm (each skipped); no final model was written, the last good checkpoint (if any) is in "
                 f"{out}/checkpoints; lower the learning rate or check the data")
 
+    def stop(self, trainer: str, step: int, metrics: dict, logger, bar, out) -> None:
+        """End a run that hit the streak: log this step's metrics, close the bar and the log, raise
+        :class:`TrainingDiverged` with :meth:`stop_message` (the one line the CLI prints, exit 2)."""
+        logger.log(step, metrics)
+        bar.close()
+        logger.close()
+        raise TrainingDiverged(self.stop_message(trainer, step, out))
+
     def state_dict(self) -> dict:
         return {"streak": self.streak, "skipped": self.skipped, "should_stop": self.should_stop}
 

@@ -81,7 +81,7 @@ from posttrain.trainers.checkpoint import (
     save_checkpoint,
     writing,
 )
-from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step, require_finite_parameters
+from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
 
 
 @dataclass
@@ -356,10 +356,7 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
         metrics = train_step(s, step)
         done = step + 1
         if s.guard.record("rm", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            s.logger.log(done, metrics)
-            bar.close()
-            s.logger.close()
-            raise TrainingDiverged(s.guard.stop_message("rm", done, s.run.dir))
+            s.guard.stop("rm", done, metrics, s.logger, bar, s.run.dir)
         if common.should_eval(done, cfg.eval_every, cfg.steps):
             last_eval = run_eval(s)
             metrics.update(last_eval)

@@ -60,7 +60,7 @@ from posttrain.trainers.checkpoint import (
     save_checkpoint,
     save_with_extras,
 )
-from posttrain.trainers.guards import NonFiniteGuard, TrainingDiverged, finite_step
+from posttrain.trainers.guards import NonFiniteGuard, finite_step
 
 
 @dataclass
@@ -353,10 +353,7 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         metrics = train_step(s, step)
         done = step + 1
         if s.guard.record("sft", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            s.logger.log(done, metrics)
-            bar.close()
-            s.logger.close()
-            raise TrainingDiverged(s.guard.stop_message("sft", done, s.run.dir))
+            s.guard.stop("sft", done, metrics, s.logger, bar, s.run.dir)
         if common.should_eval(done, cfg.eval_every, cfg.steps):
             if s.vals:
                 metrics["val_accuracy"] = run_val(s)
