@@ -51,7 +51,6 @@ class AlarmConfig:
                            ge=0, allow_inf=True)
     entropy_floor: float = knob(0.05, "warn when the mean token entropy falls below this (nats): collapse", ge=0)
     entropy_patience: int = knob(3, "steps in a row below the entropy floor before warning", ge=1)
-    nan_patience: int = knob(3, "consecutive non-finite loss/grad steps (each skipped) before asking to stop", ge=1)
     repeat_every: int = knob(50, "while a condition persists, repeat its warning every this many steps", ge=1)
     collapse_fraction: float = knob(0.5, "reward collapse: restore the best weights when the smoothed reward stays below "
                                          "this fraction of its best (0 = off)", ge=0, lt=1)
@@ -141,11 +140,13 @@ _NAN_KEYS = ("loss", "grad_norm")
 class Alarms:
     """Feed it each step's metrics; read ``skip_step`` and ``should_stop`` after ``update``."""
 
-    def __init__(self, config: AlarmConfig | None = None):
+    def __init__(self, config: AlarmConfig | None = None, nan_patience: int = 3):
+        """``nan_patience``: consecutive non-finite steps (each skipped) before ``should_stop`` (the trainer's
+        shared ``TrainerConfig.nan_patience``)."""
         self.config = config or AlarmConfig()
         self.streaks = {name: 0 for name in ALARM_CHECKS}
         self.fired = {name: 0 for name in [*ALARM_CHECKS, "non_finite"]}
-        self.nan = NonFiniteGuard(self.config.nan_patience)  # the streak logic SFT/DPO/RM share
+        self.nan = NonFiniteGuard(nan_patience)  # the streak logic SFT/DPO/RM share
         self.skip_step = False
         self.should_stop = False
 
@@ -208,7 +209,9 @@ class CollapseGuard:
     weights), "restore" (collapsed: reload the snapshot, LR scaled down), "warn" (collapsed, restores used up)
     or None. Example (smoothing 0, fraction 0.5, patience 2): rewards .6 .2 .2 -> snapshot, None, restore."""
 
-    def __init__(self, config: AlarmConfig | None = None):
+    def __init__(self, config: AlarmConfig | None = None, nan_patience: int = 3):
+        """``nan_patience``: consecutive non-finite steps (each skipped) before ``should_stop`` (the trainer's
+        shared ``TrainerConfig.nan_patience``)."""
         self.config = config or AlarmConfig()
         self.ema, self.best, self.best_step, self.below, self.restores, self.lr_scale = None, None, None, 0, 0, 1.0
         self.m, self.seen = 0.0, 0  # EMA numerator and the steps seen (bias correction, warm-up)

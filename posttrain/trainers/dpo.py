@@ -75,11 +75,12 @@ from posttrain.trainers.checkpoint import (
     save_checkpoint,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
 @dataclass
-class DPOConfig:
-    out: str = knob("runs/dpo", "output directory (metrics.jsonl, summary.json, pairs.jsonl, checkpoints/, model/)")
+class DPOConfig(TrainerConfig):
+    out: str = override("out", "runs/dpo")
     init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
     loss: str = knob("rpo", f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}; or several joined by commas "
                             "(weighted sum). Default rpo (DPO + NLL of the chosen answer): it beat SFT on every seed "
@@ -87,28 +88,18 @@ class DPOConfig:
     loss_weights: str | None = knob(None, "weights of a combined --loss a,b,c, e.g. '0.8,0.2,1.0' (default 1 each; TRL's loss_weights)")
     beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)", gt=0)
     loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
-    steps: int = knob(250, "optimizer steps", gt=0)
+    steps: int = override("steps", 250)
     batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)", gt=0)
-    lr: float = knob(1e-4, "peak learning rate (AdamW)", gt=0)
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)", ge=0, le=1)
-    warmup_steps: int = knob(10, "linear warmup steps", ge=0)
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
-    nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
+    lr: float = override("lr", 1e-4)
     precompute_ref: bool = knob(True, "compute reference log-probs once for the dataset (one forward pass per step)")
-    eval_every: int = knob(50, "steps between held-out greedy evaluations (0 = only at the end)", ge=0)
-    save_every: int = knob(50, "steps between checkpoints (0 = only the final model)", ge=0)
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
-    seed: int = knob(0, "seed for data order and the loss's own sampling (beta-DPO filtering)", ge=0, lt=2**32)
-    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
+    save_every: int = override("save_every", 50)
+    seed: int = override("seed", 0, "seed for data order and the loss's own sampling (beta-DPO filtering)")
     data: str | None = knob(None, "JSONL of {prompt, chosen, rejected} pairs (KTO: {prompt, completion, label}); "
                                   "default: on-policy pairs sampled from --init on the embedded task")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
     max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
-    progress: bool = knob(True, "show a progress bar")
     long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
                               "completions their start) | skip", choices=LONG_POLICIES)
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")

@@ -76,25 +76,23 @@ from posttrain.trainers.checkpoint import (
 )
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
 from posttrain.trainers.guards import TrainingDiverged, finite_step
+from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
 @dataclass
-class PolicyGradientConfig:
-    out: str = knob("runs/grpo", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
+class PolicyGradientConfig(TrainerConfig):
+    out: str = override("out", "runs/grpo")
     init: str | None = knob(None, "SFT checkpoint (or run directory) to start from; required")
     algo: str = knob("grpo", "advantage estimator: reinforce | rloo | grpo", choices=tuple(ADVANTAGE_ESTIMATORS))
-    steps: int = knob(700, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)", gt=0)
+    steps: int = override("steps", 700, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)")
     prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
     num_generations: int = knob(8, "samples per prompt (G)", gt=0)
     max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
     temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
     top_k: int | None = knob(None, "sampling top-k (None = off)", ge=1)
     top_p: float | None = knob(None, "sampling top-p (None = off)", gt=0, le=1)
-    lr: float = knob(3e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)", gt=0)
-    warmup_steps: int = knob(10, "linear LR warmup steps", ge=0)
-    min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)", ge=0, le=1)
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = off)", ge=0)
+    lr: float = override("lr", 3e-4, "learning rate (AdamW, constant after warmup unless min_lr_ratio < 1)")
+    min_lr_ratio: float = override("min_lr_ratio", 1.0)
     mu: int = knob(1, "optimisation epochs over each rollout batch (pi_old fixed at sampling)", gt=0)
     minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is split into this many minibatches", gt=0)
     grad_accum: int = knob(1, "micro-batches per minibatch (loss and gradients are identical for any value)", gt=0)
@@ -132,13 +130,7 @@ class PolicyGradientConfig:
                                            "samples (exact; posttrain GPT only, HF models use a full forward)")
     reward: str = knob("exact_match:1.0,digits:0.5", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1' "
                        "(default: exact match plus partial credit for digits right; docs/outcomes.md)")
-    eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)", ge=0)
-    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
-    seed: int = knob(0, "seed for prompt order, sampling and minibatch order", ge=0, lt=2**32)
-    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
-    progress: bool = knob(True, "show a progress bar")
+    seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
 
@@ -236,7 +228,7 @@ class PolicyGradientTrainer:
             self.ref_model = common.frozen(copy.deepcopy(ref_src))  # a frozen copy of the starting policy
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
-        self.alarms = Alarms(cfg.alarms)
+        self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
         self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
         if ckpt is not None:

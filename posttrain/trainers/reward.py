@@ -82,38 +82,28 @@ from posttrain.trainers.checkpoint import (
     writing,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
+from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
 @dataclass
-class RMConfig:
-    out: str = knob("runs/rm", "output directory (metrics.jsonl, summary.json, pairs.jsonl, checkpoints/, model/)")
+class RMConfig(TrainerConfig):
+    out: str = override("out", "runs/rm")
     init: str | None = knob(None, "backbone from this (SFT) checkpoint; without it a fresh GPT of --model shape")
     source: str = knob("auto", "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
                        choices=("auto", "policy", "synthetic"))
-    steps: int = knob(300, "optimizer steps", gt=0)
+    steps: int = override("steps", 300)
     batch_size: int = knob(32, "pairs per optimizer step", gt=0)
-    lr: float = knob(1e-3, "peak learning rate (AdamW)", gt=0)
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)", ge=0, le=1)
-    warmup_steps: int = knob(20, "linear warmup steps", ge=0)
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
-    nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
+    warmup_steps: int = override("warmup_steps", 20)
     center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)", ge=0)
     use_margin: bool = knob(False, "subtract each pair's 'margin' field inside the BT loss (Llama 2)")
     bucket_edges: tuple[float, ...] = knob((1.5, 10.0, 100.0), "margin-bucket edges for held-out accuracy")
     eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs", gt=0)
     stats_pairs: int = knob(1024, "training pairs whose completions define the saved reward mean/std", gt=0)
-    eval_every: int = knob(100, "steps between held-out evaluations (0 = only at the end)", ge=0)
-    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
-    seed: int = knob(0, "seed for init, data order", ge=0, lt=2**32)
-    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
+    eval_every: int = override("eval_every", 100)
     data: str | None = knob(None, "JSONL of {prompt, chosen, rejected[, margin]} training pairs (default: embedded)")
     eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
-    progress: bool = knob(True, "show a progress bar")
     long: str = knob("error", "pairs longer than the model's window: error | truncate (prompt keeps its end, "
                               "completions their start) | skip", choices=LONG_POLICIES)
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")

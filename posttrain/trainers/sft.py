@@ -61,37 +61,30 @@ from posttrain.trainers.checkpoint import (
     save_with_extras,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
 @dataclass
-class SFTConfig:
-    out: str = knob("runs/sft", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
-    steps: int = knob(600, "optimizer steps", gt=0)
+class SFTConfig(TrainerConfig):
+    out: str = override("out", "runs/sft")
+    steps: int = override("steps", 600)
     batch_size: int = knob(64, "sequences per optimizer step", gt=0)
     grad_accum: int = knob(1, "micro-batches per optimizer step (batch_size must divide evenly)", gt=0)
-    lr: float = knob(3e-3, "peak learning rate (AdamW)", gt=0)
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay)", ge=0, le=1)
-    warmup_steps: int = knob(30, "linear warmup steps", ge=0)
-    weight_decay: float = knob(0.1, "AdamW weight decay on matrices", ge=0)
-    grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
-    nan_patience: int = knob(3, "consecutive non-finite loss/grad-norm steps (each skipped) before the run stops", ge=1)
-    eval_every: int = knob(200, "steps between validation (and held-out) evaluations (0 = only at the end; use ~25 "
-                                "with val_fraction)", ge=0)
+    lr: float = override("lr", 3e-3)
+    warmup_steps: int = override("warmup_steps", 30)
+    weight_decay: float = override("weight_decay", 0.1)
+    eval_every: int = override("eval_every", 200, "steps between validation (and held-out) evaluations (0 = only at "
+                                                      "the end; use ~25 with val_fraction)")
     val_fraction: float = knob(0.0, "fraction of the training demonstrations held out (stable hash of the prompt) to "
                                      "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step)",
                                ge=0, lt=1)
     patience: int = knob(0, "stop after this many evaluations in a row without a new best validation accuracy "
                             "(0 = never stop early)", ge=0)
-    save_every: int = knob(200, "steps between checkpoints (0 = only the final model)", ge=0)
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
-    seed: int = knob(0, "seed for init, data order and dropout", ge=0, lt=2**32)
-    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)", ge=1)
+    save_every: int = override("save_every", 200)
     init: str | None = knob(None, "start from this checkpoint's weights and tokenizer instead of a fresh model")
     data: str | None = knob(None, "JSONL of {prompt, answer} demonstrations (default: the embedded task's)")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
     max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
-    progress: bool = knob(True, "show a progress bar")
     long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
                               "answer its start) | skip", choices=LONG_POLICIES)
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")

@@ -72,7 +72,7 @@ def test_missing_metrics_are_ignored():
 
 @pytest.mark.parametrize("bad", [{"loss": float("nan")}, {"grad_norm": float("inf")}, {"loss": -math.inf}])
 def test_non_finite_skips_then_stops(bad):
-    a = Alarms(AlarmConfig(nan_patience=3))
+    a = Alarms(AlarmConfig(), nan_patience=3)
     _run(a, [bad])
     assert a.skip_step and not a.should_stop
     _run(a, [{}])  # a good step resets the streak
@@ -105,4 +105,4 @@ def test_state_round_trip_resumes_streaks():
 
 def test_bad_config():
     with pytest.raises(ConfigError):
-        AlarmConfig(nan_patience=0)
+        AlarmConfig(entropy_patience=0)

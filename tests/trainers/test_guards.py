@@ -186,7 +186,7 @@ def test_grpo_skips_nan_updates_then_stops(tmp_path, capsys, monkeypatch):
     # classic sampling: with dynamic sampling this tiny policy (all rewards 0) would make no update at all
     assert main(["grpo", "--dynamic-sampling", "false", "--init", str(init), "--out", str(out), "--steps", "6", "--prompts-per-step", "2",
                  "--num-generations", "2", "--max-new-tokens", "3", "--eval-every", "0", "--save-every", "1",
-                 "--alarms.nan-patience", "2", *TASK]) == 2
+                 "--nan-patience", "2", *TASK]) == 2
     assert capsys.readouterr().err.startswith("posttrain grpo: error: grpo stopped at step 3: 2 steps in a row")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stopped_early"] and summary["alarms"]["skipped_steps"] == 2 and not (out / "model").exists()
