@@ -10,7 +10,7 @@ optimizer step is a classification step over (chosen, rejected) pairs:
 The loss is a lookup in :data:`~posttrain.losses.preference.PREFERENCE_LOSSES` (``--loss a,b,c --loss-weights``:
 their weighted sum, TRL's MPO; ``resolve_loss``); what a variant needs
 beyond the log-probs (lengths for SimPO/IPO/R-DPO, the chosen NLL for RPO) comes from
-:data:`~posttrain.losses.preference.LOSS_EXTRAS` and :data:`EXTRA_INPUTS` below, never from a branch on
+the loss's :class:`~posttrain.losses.preference.LossSpec` (``extras``) and :data:`EXTRA_INPUTS` below, never from a branch on
 the loss name. The reference model is a second copy of the init checkpoint, frozen (``eval()``, no
 gradients). The reference log-probs depend only on the data, so by default they are computed once
 for the whole dataset before training (``precompute_ref``), which removes one of the two forward
@@ -19,7 +19,7 @@ passes per step; SimPO and SFT (``REFERENCE_FREE_LOSSES``) need no reference at 
 mismatched (prompt, completion) pairs that change with each batch, so it keeps the reference model.
 
 ``loss_kwargs`` are checked when the config is built: each must be an option of the chosen loss, a finite
-number, inside its domain (:data:`LOSS_KWARG_BOUNDS`, e.g. cDPO's label_smoothing in [0, 0.5]). A NaN/Inf
+number, inside its domain (its ``LossSpec.options``, e.g. cDPO's label_smoothing in [0, 0.5]). A NaN/Inf
 loss or gradient norm skips the step, ``nan_patience`` in a row stop the run (``trainers/guards.py``).
 
 Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> DPOState`` (policy,
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +60,7 @@ from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_p
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.losses.logprobs import sequence_logps
-from posttrain.losses.preference import LOSS_STATES, PREFERENCE_LOSSES, resolve_loss
+from posttrain.losses.preference import PREFERENCE_LOSSES, resolve_loss
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
@@ -128,52 +127,25 @@ EXTRA_INPUTS = {
 }
 """Per-sequence tensors named in LOSS_EXTRAS: fn(batch, token_logps (2B, C), B) -> (B,)."""
 
-STATEFUL_LOSSES = LOSS_STATES
-"""Losses that carry state between steps (passed as ``state=``, read back with ``State.from_metrics``, saved on resume)."""
-
-_PROVIDED = {"policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps", "policy_logps",
-             "ref_logps", "labels", "policy_kl_logps", "ref_kl_logps", "kl", "beta", "state", "generator"}
-
-
 def loss_options(loss: str) -> list[str]:
-    """Keyword arguments of a loss that a user may set through ``loss_kwargs``."""
-    choice = resolve_loss(loss)
-    return [n for n in inspect.signature(choice.fn).parameters if n not in _PROVIDED and n not in choice.extras]
-
-
-LOSS_KWARG_BOUNDS: dict[tuple[str, str], dict] = {
-    ("cdpo", "label_smoothing"): {"ge": 0, "le": 0.5},
-    ("robust", "label_smoothing"): {"ge": 0, "lt": 0.5},  # the loss divides by 1 - 2 eps
-    ("simpo", "label_smoothing"): {"ge": 0, "le": 0.5},
-    ("kto", "desirable_weight"): {"ge": 0},
-    ("kto", "undesirable_weight"): {"ge": 0},
-    ("rpo", "alpha"): {"ge": 0},
-    ("beta_dpo", "alpha"): {"ge": 0},
-    ("beta_dpo", "filter_ratio"): {"ge": 0, "lt": 1},
-    ("beta_dpo", "momentum"): {"ge": 0, "lt": 1},
-    ("beta_dpo", "min_beta"): {"gt": 0},
-    ("exo_pair", "label_smoothing"): {"gt": 0, "lt": 1},  # log eps and log(1 - eps)
-    ("aot", "label_smoothing"): {"ge": 0, "le": 0.5},
-    ("aot_unpaired", "label_smoothing"): {"ge": 0, "le": 0.5},
-    ("discopop", "tau"): {"gt": 0},
-    ("bco_pair", "reward_shift"): {"ge": 0, "le": 1},
-}
-"""Domains of the losses' numeric options, checked at config time (options not listed: any finite number)."""
+    """Keyword arguments of a loss that a user may set through ``loss_kwargs`` (declared in its ``LossSpec``)."""
+    return list(resolve_loss(loss).options)
 
 
 def check_loss_kwargs(loss: str, kwargs) -> None:
-    """ConfigError unless every ``loss_kwargs`` entry is an option of ``loss``, a finite number, in its domain.
+    """ConfigError unless every ``loss_kwargs`` entry is an option of ``loss``, a finite number, in its domain
+    (the ``options`` of its :class:`~posttrain.losses.preference.LossSpec`; a combined loss: each component's).
 
     Example: ``check_loss_kwargs("cdpo", {"label_smoothing": 5})`` raises
     "loss_kwargs.label_smoothing=5 must be in [0, 0.5] (loss 'cdpo')".
     """
     if not isinstance(kwargs, dict):
         raise ConfigError(f"loss_kwargs must be a JSON object, got {kwargs!r}")
-    allowed = loss_options(loss)
-    unknown = sorted(set(kwargs) - set(allowed))
+    options = resolve_loss(loss).options
+    unknown = sorted(set(kwargs) - set(options))
     if unknown:
         raise ConfigError(f"loss_kwargs {unknown} not accepted by loss {loss!r}; its options: "
-                          f"{', '.join(allowed) or '(none)'}")
+                          f"{', '.join(options) or '(none)'}")
     for k, v in kwargs.items():
         name = f"loss_kwargs.{k}"
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -181,14 +153,10 @@ def check_loss_kwargs(loss: str, kwargs) -> None:
         try:
             if isinstance(v, int) and abs(v) > 2**53:
                 raise ConfigError(f"{name}={v!r} is out of range")
-            for part in resolve_loss(loss).components:  # a combined loss: each component's domain
-                check_value(name, v, bounds=LOSS_KWARG_BOUNDS.get((part, k)))
+            for bounds in options[k].values():  # each component that takes the option: its domain
+                check_value(name, v, bounds=bounds or None)
         except ConfigError as e:
             raise ConfigError(f"{e} (loss {loss!r})") from None
-
-
-def default_beta(loss: str) -> float:
-    return float(inspect.signature(resolve_loss(loss).fn).parameters["beta"].default)
 
 
 def seq_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -324,7 +292,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     task = ArithmeticTask(cfg.task)
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
     unpaired = choice.unpaired
-    beta = cfg.beta if cfg.beta is not None else default_beta(cfg.loss)
+    beta = cfg.beta if cfg.beta is not None else choice.default_beta
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
     evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
     eval_window = prompt_window(init.model, cfg.max_new_tokens)
@@ -389,10 +357,9 @@ def train_step(s: DPOState, step: int) -> dict:
     idx = batch_indices(len(s.data.examples), per_step, step, cfg.seed).tolist()
     batch = s.data.collate(idx)
     kw = s.data.loss_inputs(s.policy, s.ref_model, batch, s.ref_table[idx] if s.ref_table is not None else None)
-    params = inspect.signature(s.choice.fn).parameters
-    if "state" in params:
+    if s.choice.state_type is not None:
         kw["state"] = s.loss_state
-    if "generator" in params:
+    if s.choice.generator:
         kw["generator"] = s.loss_gen
     loss, m = s.choice.fn(**kw, beta=s.beta, **cfg.loss_kwargs)
     loss.backward()

@@ -17,7 +17,9 @@ padding masked out; see ``posttrain.losses.logprobs``). Every loss is keyword-on
 (``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``, ``rewards/accuracies``, ``logps/chosen``,
 ``logps/rejected`` plus per-type extras). The DPO family is gathered in :data:`PREFERENCE_LOSSES`, keyed by
 TRL's names where TRL has the loss (its ``DPOConfig.loss_type``, and its ``f_divergence_type`` names for the
-f-DPO losses); trainers choose a loss from that dict, never by ``if/elif``. Several losses combine into a
+f-DPO losses). Each loss is declared once, as a :class:`LossSpec` in :data:`LOSS_SPECS` (function, TRL name,
+default beta, user options with their domains, extra inputs, reference-free, unpaired, state, sampling);
+trainers read the spec, never a branch on the name or the function's signature. Several losses combine into a
 weighted sum (``"dpo,bco_pair,sft"`` with weights, TRL's MPO) through :func:`resolve_loss`.
 
 One module per family: ``margin`` (functions of the margin h: dpo, ipo, hinge, cdpo, robust, sigmoid_norm,
@@ -64,7 +66,7 @@ from posttrain.losses.preference.margin import (
 )
 
 __all__ = [
-    "PREFERENCE_LOSSES", "REFERENCE_FREE_LOSSES", "UNPAIRED_LOSSES", "LOSS_EXTRAS", "LOSS_STATES", "TRL_LOSS_TYPES",
+    "LOSS_SPECS", "LossSpec", "PREFERENCE_LOSSES", "REFERENCE_FREE_LOSSES", "UNPAIRED_LOSSES", "LOSS_EXTRAS", "LOSS_STATES", "TRL_LOSS_TYPES",
     "F_DIVERGENCES", "LossChoice", "resolve_loss", "parse_loss_weights", "combined_loss",
     "BetaDPOState", "BCOState", "beta_dpo_filter", "beta_dpo_loss", "beta_dpo_update_state", "bco_update_state",
     "check_same_shape", "conservative_dpo_loss", "dpo_loss", "hinge_loss", "ipo_loss", "kto_loss", "rdpo_loss",
@@ -73,64 +75,72 @@ __all__ = [
     "aot_unpaired_loss", "sft_loss", "f_dpo_loss", "forward_kl_dpo_loss", "js_dpo_loss", "alpha_dpo_loss",
 ]
 
-PREFERENCE_LOSSES = {
-    "dpo": dpo_loss,
-    "ipo": ipo_loss,
-    "hinge": hinge_loss,
-    "robust": robust_dpo_loss,
-    "cdpo": conservative_dpo_loss,
-    "kto": kto_loss,
-    "simpo": simpo_loss,
-    "rpo": rpo_loss,
-    "rdpo": rdpo_loss,
-    "beta_dpo": beta_dpo_loss,
-    "sigmoid_norm": sigmoid_norm_loss,
-    "exo_pair": exo_pair_loss,
-    "discopop": discopop_loss,
-    "nca_pair": nca_pair_loss,
-    "bco_pair": bco_pair_loss,
-    "sppo_hard": sppo_hard_loss,
-    "apo_zero": apo_zero_loss,
-    "apo_down": apo_down_loss,
-    "aot": aot_loss,
-    "aot_unpaired": aot_unpaired_loss,
-    "sft": sft_loss,
-    "forward_kl": forward_kl_dpo_loss,
-    "js_divergence": js_dpo_loss,
-    "alpha_divergence": alpha_dpo_loss,
+LENGTHS = ("chosen_lengths", "rejected_lengths")
+SMOOTHING = {"label_smoothing": {"ge": 0, "le": 0.5}}
+
+
+class LossSpec(NamedTuple):
+    """Everything a trainer needs to know about one loss, declared in one place (:data:`LOSS_SPECS`).
+
+    ``options``: the keyword arguments a user may set (``loss_kwargs``), each with its domain as knob bounds
+    (``{}`` = any finite number); their defaults are the function's own. ``extras``: per-sequence tensors the
+    trainer computes from the batch (``chosen_lengths``, ``rejected_lengths``, ``chosen_nll``). ``state``: the
+    class of the state carried between steps (passed as ``state=``). ``generator``: the loss samples (takes
+    ``generator=``). ``trl``: how TRL 1.16 spells the same loss (``DPOConfig.loss_type`` unless another
+    trainer is named; None where TRL has none).
+    """
+
+    fn: Callable
+    trl: str | None
+    default_beta: float = 0.1
+    options: dict = {}
+    extras: tuple[str, ...] = ()
+    reference_free: bool = False
+    unpaired: bool = False
+    state: type | None = None
+    generator: bool = False
+
+
+LOSS_SPECS: dict[str, LossSpec] = {
+    "dpo": LossSpec(dpo_loss, "sigmoid"),
+    "ipo": LossSpec(ipo_loss, "ipo", extras=LENGTHS),
+    "hinge": LossSpec(hinge_loss, "hinge"),
+    "robust": LossSpec(robust_dpo_loss, "robust", options={"label_smoothing": {"ge": 0, "lt": 0.5}}),  # / (1 - 2 eps)
+    "cdpo": LossSpec(conservative_dpo_loss, "CPOTrainer sigmoid", options=SMOOTHING),
+    "kto": LossSpec(kto_loss, "KTOTrainer kto", unpaired=True,
+                    options={"desirable_weight": {"ge": 0}, "undesirable_weight": {"ge": 0}}),
+    "simpo": LossSpec(simpo_loss, "CPOTrainer simpo", default_beta=2.0, extras=LENGTHS, reference_free=True,
+                      options={"gamma": {}, **SMOOTHING}),
+    "rpo": LossSpec(rpo_loss, "sigmoid,sft", options={"alpha": {"ge": 0}}, extras=("chosen_nll",)),
+    "rdpo": LossSpec(rdpo_loss, None, options={"alpha": {}}, extras=LENGTHS),
+    "beta_dpo": LossSpec(beta_dpo_loss, None, state=BetaDPOState, generator=True,
+                         options={"alpha": {"ge": 0}, "filter_ratio": {"ge": 0, "lt": 1}, "momentum": {"ge": 0, "lt": 1},
+                                  "min_beta": {"gt": 0}}),
+    "sigmoid_norm": LossSpec(sigmoid_norm_loss, "sigmoid_norm", extras=LENGTHS),
+    "exo_pair": LossSpec(exo_pair_loss, "exo_pair", options={"label_smoothing": {"gt": 0, "lt": 1}}),  # log eps, log(1-eps)
+    "discopop": LossSpec(discopop_loss, "discopop", options={"tau": {"gt": 0}}),
+    "nca_pair": LossSpec(nca_pair_loss, "nca_pair"),
+    "bco_pair": LossSpec(bco_pair_loss, "bco_pair", state=BCOState, options={"reward_shift": {"ge": 0, "le": 1}}),
+    "sppo_hard": LossSpec(sppo_hard_loss, "sppo_hard"),
+    "apo_zero": LossSpec(apo_zero_loss, "apo_zero"),
+    "apo_down": LossSpec(apo_down_loss, "apo_down"),
+    "aot": LossSpec(aot_loss, "aot", options=SMOOTHING),
+    "aot_unpaired": LossSpec(aot_unpaired_loss, "aot_unpaired", options=SMOOTHING),
+    "sft": LossSpec(sft_loss, "sft", extras=LENGTHS, reference_free=True),
+    "forward_kl": LossSpec(forward_kl_dpo_loss, "sigmoid + f_divergence_type=forward_kl"),
+    "js_divergence": LossSpec(js_dpo_loss, "sigmoid + f_divergence_type=js_divergence"),
+    "alpha_divergence": LossSpec(alpha_dpo_loss, "sigmoid + f_divergence_type=alpha_divergence", options={"alpha": {}}),
 }
-"""Loss name -> function. Paired losses take ``policy_/ref_ chosen/rejected _logps`` and ``beta``;
-their extras are keyword arguments (see :data:`LOSS_EXTRAS`). ``kto`` is unpaired."""
+"""Loss name (TRL's where TRL has the loss) -> its one spec. Paired losses take ``policy_/ref_ chosen/rejected
+_logps`` and ``beta``; ``kto`` takes labelled single completions. The tables below are views of this one."""
 
-TRL_LOSS_TYPES = {
-    "dpo": "sigmoid", "ipo": "ipo", "hinge": "hinge", "robust": "robust", "sigmoid_norm": "sigmoid_norm",
-    "exo_pair": "exo_pair", "discopop": "discopop", "nca_pair": "nca_pair", "bco_pair": "bco_pair",
-    "sppo_hard": "sppo_hard", "apo_zero": "apo_zero", "apo_down": "apo_down", "aot": "aot",
-    "aot_unpaired": "aot_unpaired", "sft": "sft", "rpo": "sigmoid,sft", "kto": "KTOTrainer kto",
-    "simpo": "CPOTrainer simpo", "cdpo": "CPOTrainer sigmoid", "forward_kl": "sigmoid + f_divergence_type=forward_kl",
-    "js_divergence": "sigmoid + f_divergence_type=js_divergence",
-    "alpha_divergence": "sigmoid + f_divergence_type=alpha_divergence",
-}
-"""Our name -> how TRL 1.16 spells the same loss (``DPOConfig.loss_type`` unless another trainer is named)."""
-
-REFERENCE_FREE_LOSSES = frozenset({"simpo", "sft"})
-"""Losses that need no reference model (the trainer can skip the reference forward pass)."""
-
-UNPAIRED_LOSSES = frozenset({"kto"})
-"""Losses that take unpaired, labelled completions instead of (chosen, rejected) pairs."""
-
-LOSS_EXTRAS = {
-    "ipo": ("chosen_lengths", "rejected_lengths"),
-    "simpo": ("chosen_lengths", "rejected_lengths"),
-    "rdpo": ("chosen_lengths", "rejected_lengths"),
-    "sigmoid_norm": ("chosen_lengths", "rejected_lengths"),
-    "sft": ("chosen_lengths", "rejected_lengths"),
-    "rpo": ("chosen_nll",),
-}
-"""Per-sequence tensors a loss needs beyond the log-probs (the trainer computes them from the batch)."""
-
-LOSS_STATES = {"beta_dpo": BetaDPOState, "bco_pair": BCOState}
-"""Losses that carry state between steps (passed as ``state=``, read back with ``State.from_metrics``)."""
+PREFERENCE_LOSSES = {name: spec.fn for name, spec in LOSS_SPECS.items()}
+"""Loss name -> function (a view of :data:`LOSS_SPECS`)."""
+TRL_LOSS_TYPES = {name: spec.trl for name, spec in LOSS_SPECS.items() if spec.trl}
+REFERENCE_FREE_LOSSES = frozenset(n for n, spec in LOSS_SPECS.items() if spec.reference_free)
+UNPAIRED_LOSSES = frozenset(n for n, spec in LOSS_SPECS.items() if spec.unpaired)
+LOSS_EXTRAS = {n: spec.extras for n, spec in LOSS_SPECS.items() if spec.extras}
+LOSS_STATES = {n: spec.state for n, spec in LOSS_SPECS.items() if spec.state is not None}
 
 
 class LossChoice(NamedTuple):
@@ -144,6 +154,9 @@ class LossChoice(NamedTuple):
     reference_free: bool  # every component is
     unpaired: bool
     state_type: type | None  # the one stateful component's state class
+    generator: bool  # some component samples (takes ``generator=``)
+    options: dict  # option -> {component: bounds}: what ``loss_kwargs`` may set, and each component's domain
+    default_beta: float  # the first component's
 
 
 def parse_loss_weights(weights, n: int) -> tuple[float, ...]:
@@ -191,5 +204,11 @@ def resolve_loss(spec: str, weights=None) -> LossChoice:
         fn = PREFERENCE_LOSSES[names[0]]
     else:
         fn = combined_loss([(n, PREFERENCE_LOSSES[n], wk) for n, wk in zip(names, w)])
-    return LossChoice(",".join(names), fn, names, w, extras, all(n in REFERENCE_FREE_LOSSES for n in names),
-                      bool(UNPAIRED_LOSSES & set(names)), LOSS_STATES[stateful[0]] if stateful else None)
+    specs = [LOSS_SPECS[n] for n in names]
+    options: dict[str, dict] = {}
+    for n, spec in zip(names, specs):
+        for opt, bounds in spec.options.items():
+            options.setdefault(opt, {})[n] = bounds
+    return LossChoice(",".join(names), fn, names, w, extras, all(sp.reference_free for sp in specs),
+                      any(sp.unpaired for sp in specs), LOSS_STATES[stateful[0]] if stateful else None,
+                      any(sp.generator for sp in specs), options, specs[0].default_beta)
