@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from posttrain.config import check_fields, knob
-from posttrain.data.batches import batch_indices
+from posttrain.data.batches import batch_indices, stream_seed
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
@@ -176,7 +176,7 @@ ESTIMATOR_OPTIONS = {
 
 
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + salt)
+    return torch.Generator().manual_seed(stream_seed(seed, step) * 7 + salt)
 
 
 @dataclass
