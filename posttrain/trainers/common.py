@@ -37,6 +37,7 @@ import torch
 from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
+from posttrain.trainers import distributed
 from posttrain.trainers.run_dir import Run, begin_run, open_run  # noqa: F401  (re-exported for the trainers)
 
 
@@ -58,6 +59,7 @@ def should_save(done: int, every: int, total: int) -> bool:
 
 def progress_bar(start: int, total: int, desc: str, enabled: bool):
     """The training loop's iterator: steps ``start..total-1`` with a bar (or a line every 10 % in a log)."""
+    enabled = enabled and distributed.world().is_main  # under torchrun: rank 0's bar only
     return tqdm(range(start, total), initial=start, total=total, desc=desc, disable=not enabled,
                 dynamic_ncols=True, mininterval=1.0)
 
@@ -105,10 +107,13 @@ def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
 
 
 class MetricsLogger:
-    """Append-only ``metrics.jsonl`` (+ optional TensorBoard)."""
+    """Append-only ``metrics.jsonl`` (+ optional TensorBoard); under ``torchrun`` only rank 0 writes."""
 
     def __init__(self, out_dir: str | Path, kind: str = "jsonl", resume_step: int | None = None):
         self.path = Path(out_dir) / "metrics.jsonl"
+        self._fh = self._tb = None
+        if not distributed.world().is_main:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.exists():
             kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
@@ -126,6 +131,8 @@ class MetricsLogger:
                 self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._fh is None:
+            return
         rec = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._fh.write(json.dumps(rec) + "\n")
         self._fh.flush()
@@ -135,6 +142,8 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
 
     def close(self) -> None:
+        if self._fh is None:
+            return
         self._fh.close()
         if self._tb is not None:
             self._tb.close()
@@ -149,8 +158,10 @@ def _plain(v):
 
 
 def write_summary(out: str | Path, summary: dict) -> Path:
+    """``out/summary.json`` (atomically; rank 0 only under ``torchrun``)."""
     path = Path(out) / "summary.json"
-    atomic_write_json(path, {k: _plain(v) for k, v in summary.items()})
+    if distributed.world().is_main:
+        atomic_write_json(path, {k: _plain(v) for k, v in summary.items()})
     return path
 
 

@@ -50,6 +50,7 @@ from posttrain import __version__
 from posttrain import config as C
 from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
 from posttrain.errors import UserError
+from posttrain.trainers import distributed
 
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
@@ -243,7 +244,17 @@ def _inside(a: Path, b: Path) -> bool:
 
 
 def open_run(cfg, trainer: str, resume: str | Path | None = None, overwrite: bool = False) -> Run:
-    """Check ``cfg.out`` for a new run or a resume of ``resume``; writes nothing but cleans a resumed run's temps."""
+    """Check ``cfg.out`` for a new run or a resume of ``resume``; writes nothing but cleans a resumed run's temps.
+
+    Under ``torchrun`` every rank checks (and fails) alike, and all take rank 0's run id."""
+    run = _open_run(cfg, trainer, resume, overwrite)
+    w = distributed.world()
+    if w.distributed:
+        run = dataclasses.replace(run, run_id=distributed.broadcast_object(run.run_id, w))
+    return run
+
+
+def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> Run:
     out = Path(cfg.out)
     if resume is not None and overwrite:
         raise UserError("--resume and --overwrite exclude each other: --resume continues a run, --overwrite "
@@ -317,7 +328,18 @@ def changed_settings(old: dict, cfg, ignore=RESUME_MAY_CHANGE) -> list[str]:
 
 def begin_run(run: Run, cfg) -> Path:
     """Call once the inputs are validated: clear (``--overwrite``), write ``run.json`` (new runs, or a resumed
-    directory without one) and ``config.resolved.*``; warn about settings changed since the resumed checkpoint."""
+    directory without one) and ``config.resolved.*``; warn about settings changed since the resumed checkpoint.
+    Under ``torchrun`` rank 0 writes and the others wait for it."""
+    w = distributed.world()
+    if not w.is_main:
+        distributed.barrier(w)  # rank 0 clears and writes the directory first
+        return run.dir
+    out = _begin_run(run, cfg)
+    distributed.barrier(w)
+    return out
+
+
+def _begin_run(run: Run, cfg) -> Path:
     out = run.dir
     if run.clear:
         clear_dir(out)

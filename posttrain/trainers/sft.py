@@ -50,7 +50,7 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers import common
+from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import (
     POLICY,
     CheckpointManager,
@@ -214,12 +214,15 @@ class SFTState:
     start_step: int
     best: BestKeeper = dataclasses.field(default_factory=BestKeeper)
     guard: NonFiniteGuard | None = None
+    world: distributed.World = dataclasses.field(default_factory=distributed.World)
+    train_model: torch.nn.Module | None = None  # the model, or its DDP wrapper under torchrun (forward + backward)
     tokens_seen: int = 0
 
 
 def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> SFTState:
     """Open the run, load or build the model, check the data, then write the run directory's header."""
     common.set_threads(cfg.threads)
+    world = distributed.init()  # one process, or this rank under torchrun
     run = common.open_run(cfg, "sft", resume=resume, overwrite=overwrite)
     task = ArithmeticTask(cfg.task)
     demos = load_pairs(cfg.data, "training") if cfg.data else [(p.prompt, p.answer) for p in task.demonstrations()]
@@ -258,8 +261,12 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     manager = CheckpointManager(run.dir, keep=cfg.keep_checkpoints)
     print(f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model "
           f"{common.n_params(model) / 1e6:.2f}M params, steps {start_step}->{cfg.steps}")
+    if world.distributed and cfg.batch_size < world.world_size * cfg.grad_accum:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be >= processes x grad_accum = "
+                          f"{world.world_size} x {cfg.grad_accum}")
     return SFTState(cfg, run, model, tokenizer, demos, ids, loss_mask, vals, evals, eval_window, opt, logger, manager,
-                    start_step, best, NonFiniteGuard(cfg.nan_patience))
+                    start_step, best, NonFiniteGuard(cfg.nan_patience), world=world,
+                    train_model=distributed.wrap_ddp(model, world))
 
 
 def train_step(s: SFTState, step: int) -> dict:
@@ -267,19 +274,22 @@ def train_step(s: SFTState, step: int) -> dict:
     cfg, t0 = s.cfg, time.perf_counter()
     lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     common.set_lr(s.opt, lr)
-    idx = batch_indices(len(s.ids), cfg.batch_size, step, cfg.seed)
+    idx = batch_indices(len(s.ids), cfg.batch_size, step, cfg.seed)  # the global batch (every rank draws it)
+    n_tok = int(s.loss_mask[idx][:, 1:].sum())  # the global normaliser: the same on every rank
+    idx = distributed.shard(idx, s.world)  # this rank's rows (all of them on one process)
     b_ids, b_mask = s.ids[idx], s.loss_mask[idx]
-    n_tok = int(b_mask[:, 1:].sum())
-    micro, loss_total = cfg.batch_size // cfg.grad_accum, 0.0
-    for m in range(cfg.grad_accum):
-        sl = slice(m * micro, (m + 1) * micro)
-        loss = sft_loss(s.model, b_ids[sl], b_mask[sl], n_tok)
-        loss.backward()
+    model, scale, loss_total = s.train_model or s.model, distributed.ddp_loss_scale(s.world), 0.0
+    micros = [m for m in torch.tensor_split(torch.arange(len(idx)), cfg.grad_accum) if len(m)]
+    for k, m in enumerate(micros):
+        with distributed.no_sync(model, last=k == len(micros) - 1):  # DDP all-reduces on the last micro-batch
+            loss = sft_loss(model, b_ids[m], b_mask[m], n_tok)
+            (loss * scale).backward()
         loss_total += loss.item()
+    loss_total = distributed.global_sum(loss_total, s.world)
     gnorm = common.grad_norm_and_clip(s.model, cfg.grad_clip)
     finite_step(s.opt, loss_total, gnorm)  # a NaN/Inf loss or grad norm skips the step
     dt = time.perf_counter() - t0
-    n_real = int((b_ids != s.tokenizer.pad_id).sum())
+    n_real = int(distributed.global_sum(int((b_ids != s.tokenizer.pad_id).sum()), s.world))
     s.tokens_seen += n_real
     return {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
 
@@ -301,7 +311,9 @@ def _state(s: SFTState, step: int, extra: dict | None = None) -> dict:
 
 
 def save(s: SFTState, done: int, metrics: dict) -> None:
-    """A periodic checkpoint (with the best-so-far weights, for an exact resume)."""
+    """A periodic checkpoint (with the best-so-far weights, for an exact resume); rank 0 writes it."""
+    if not s.world.is_main:
+        return
     s.manager.save(done, save_fn=lambda d, **kw: save_with_best(d, s.best, **kw), model=s.model, tokenizer=s.tokenizer,
                    state=_state(s, done, {"metrics": metrics, "best": s.best.state_dict()}), optimizer=s.opt,
                    rng_state=rng_state())
@@ -316,10 +328,13 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
         last_eval = None
     if last_eval is None:  # the selected (or resumed-at-the-end) model
         last_eval = run_eval(s)
-    final = save_checkpoint(Path(out) / "model", model=s.model, tokenizer=s.tokenizer,
-                            state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
-                                                        "selected_step": best.step if best.weights is not None else last_step}),
-                            optimizer=s.opt, rng_state=rng_state())
+    final = Path(out) / "model"
+    if s.world.is_main:  # under torchrun rank 0 writes model/; the others wait so that it exists when they return
+        save_checkpoint(final, model=s.model, tokenizer=s.tokenizer,
+                        state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
+                                                    "selected_step": best.step if best.weights is not None else last_step}),
+                        optimizer=s.opt, rng_state=rng_state())
+    distributed.barrier(s.world)
     summary = {
         "trainer": "sft", "steps": cfg.steps, "steps_trained": last_step, "stopped_early": stopped_at is not None,
         "best_step": best.step if best.weights is not None else last_step, "best_val_accuracy": best.score,
