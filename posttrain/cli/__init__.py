@@ -85,6 +85,8 @@ EXIT_SIGPIPE = 128 + 13  # the reader of standard output went away (as a process
 
 def main(argv: list[str] | None = None) -> int:
     prog = ["posttrain"]  # "posttrain CMD" once the command is parsed
+    if os.environ.get("RANK", "0") != "0":  # under torchrun: rank 0 prints, the others only report errors (stderr)
+        sys.stdout = open(os.devnull, "w")
     try:
         return _main(argv, prog)
     except UserError as e:

@@ -133,3 +133,13 @@ def hf_gpt2_to_gpt(hf, attn_backend: str = "sdpa") -> GPT:
     _copy_state(src, model, ((d, s, t) for s, d, t in _name_pairs(c.n_layer)))
     model.train(hf.training)
     return model
+
+
+def gpt2_named_tensors(model: GPT):
+    """``(GPT-2 name, tensor)`` for each of ``model``'s parameters, in GPT-2's layout (Conv1D weights transposed):
+    what a GPT-2 loader (``GPT2LMHeadModel.load_state_dict``, vLLM's ``load_weights``) reads. Tensors are views of
+    ``model``'s (no copy); the tied ``lm_head`` is ``transformer.wte``. Example: ``blocks.0.attn.qkv.weight`` (3C, C)
+    -> ``("transformer.h.0.attn.c_attn.weight", (C, 3C))``."""
+    params = dict(model.named_parameters())
+    for ours, theirs, transpose in _name_pairs(model.config.n_layer):
+        yield theirs, params[ours].t() if transpose else params[ours]
