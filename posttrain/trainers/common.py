@@ -100,10 +100,11 @@ def seed_everything(seed: int) -> None:
 
 
 def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
+    """The global gradient L2 norm (before clipping), clipping to ``max_norm`` when it is > 0. Sharded (FSDP)
+    gradients give the norm over all shards."""
     params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm and max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm and max_norm > 0 else float("inf"))
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 class MetricsLogger:

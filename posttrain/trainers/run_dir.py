@@ -58,8 +58,8 @@ REWARD_HEAD_FILE = "reward_head.safetensors"
 STEP_NAME = re.compile(r"step-\d{8}")
 COMMANDS = {"sft": "sft", "dpo": "dpo", "rm": "rm", "policy_gradient": "grpo"}
 """trainer name (as stored in run.json / trainer_state.json) -> the CLI command that runs it."""
-RESUME_MAY_CHANGE = ("out", "progress", "threads", "logger", "steps", "eval_every", "save_every", "keep_checkpoints")
-"""Config fields that may differ on resume without a warning (outputs, logging, length and checkpoint cadence)."""
+RESUME_MAY_CHANGE = ("out", "progress", "threads", "logger", "steps", "eval_every", "save_every", "keep_checkpoints", "fsdp")
+"""Config fields that may differ on resume without a warning (outputs, logging, length, checkpoint cadence, sharding: the same update)."""
 
 
 def warn(msg: str) -> None:
@@ -94,7 +94,8 @@ def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
 
 
 def is_checkpoint(p: Path) -> bool:
-    return (p / "model.safetensors").is_file() and (p / "config.json").is_file()
+    """A plain checkpoint (``model.safetensors``) or a sharded one (``dcp/``, written under --fsdp), with ``config.json``."""
+    return ((p / "model.safetensors").is_file() or (p / "dcp").is_dir()) and (p / "config.json").is_file()
 
 
 def checkpoint_state(p: Path) -> dict:

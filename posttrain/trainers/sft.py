@@ -50,7 +50,7 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers import common, distributed
+from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
     POLICY,
     CheckpointManager,
@@ -89,9 +89,14 @@ class SFTConfig(TrainerConfig):
                               "answer its start) | skip", choices=LONG_POLICIES)
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    fsdp: bool = knob(False, "under torchrun: shard parameters, gradients and optimizer state over the processes "
+                             "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them")
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        if self.fsdp and self.val_fraction > 0:
+            raise ConfigError("fsdp with val_fraction > 0 is not supported yet (the best-so-far weights would be "
+                              "sharded); use one or the other")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
 
@@ -230,7 +235,12 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
 
     common.seed_everything(cfg.seed)
     start_step, ckpt = 0, None
-    if resume:
+    if resume and sharded.is_sharded_checkpoint(run.resume_from):  # written under --fsdp: weights come with the
+        ckpt = sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="sft")  # optimizer state, below
+        model, tokenizer = ckpt.model, ckpt.tokenizer
+        start_step = ckpt.step
+        common.check_resume_step(ckpt.path, start_step, cfg.steps)
+    elif resume:
         ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="sft")
         model, tokenizer = ckpt.model, ckpt.tokenizer
         start_step = ckpt.step
@@ -252,9 +262,17 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     if ckpt is not None and ckpt.state.get("best"):  # a periodic checkpoint (model/ holds the selection itself)
         best.load(ckpt.state["best"], ckpt.path)
 
+    fsdp = cfg.fsdp and world.distributed
+    if fsdp:
+        sharded.shard_model(model)  # in place; FSDP's own hooks reduce the gradients (no DDP wrapper)
+    elif cfg.fsdp:
+        print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
     opt = common.make_optimizer(model, cfg.lr, cfg.weight_decay)
     if ckpt is not None:
-        opt.load_state_dict(ckpt.optimizer_state)
+        if ckpt.optimizer_state is None:  # a sharded checkpoint (any world size): model and optimizer state
+            sharded.load_sharded_checkpoint(ckpt.path, model, opt)
+        else:
+            opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state)
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
@@ -266,7 +284,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
                           f"{world.world_size} x {cfg.grad_accum}")
     return SFTState(cfg, run, model, tokenizer, demos, ids, loss_mask, vals, evals, eval_window, opt, logger, manager,
                     start_step, best, NonFiniteGuard(cfg.nan_patience), world=world,
-                    train_model=distributed.wrap_ddp(model, world))
+                    train_model=model if fsdp else distributed.wrap_ddp(model, world))
 
 
 def train_step(s: SFTState, step: int) -> dict:
@@ -281,7 +299,7 @@ def train_step(s: SFTState, step: int) -> dict:
     model, scale, loss_total = s.train_model or s.model, distributed.ddp_loss_scale(s.world), 0.0
     micros = [m for m in torch.tensor_split(torch.arange(len(idx)), cfg.grad_accum) if len(m)]
     for k, m in enumerate(micros):
-        with distributed.no_sync(model, last=k == len(micros) - 1):  # DDP all-reduces on the last micro-batch
+        with sharded.no_sync(model, last=k == len(micros) - 1):  # gradients are reduced on the last micro-batch
             loss = sft_loss(model, b_ids[m], b_mask[m], n_tok)
             (loss * scale).backward()
         loss_total += loss.item()
@@ -311,7 +329,14 @@ def _state(s: SFTState, step: int, extra: dict | None = None) -> dict:
 
 
 def save(s: SFTState, done: int, metrics: dict) -> None:
-    """A periodic checkpoint (with the best-so-far weights, for an exact resume); rank 0 writes it."""
+    """A periodic checkpoint (with the best-so-far weights, for an exact resume); rank 0 writes it, or, under
+    --fsdp, every rank its shards (trainers/sharded.py)."""
+    if sharded.is_sharded(s.model):
+        sharded.save_sharded_checkpoint(s.manager.root / f"step-{done:08d}", s.model, s.opt, s.tokenizer,
+                                        _state(s, done, {"metrics": metrics}), rng_state(), s.world)
+        if s.world.is_main:  # point checkpoints/latest at it and prune, as for a plain checkpoint
+            s.manager.save(done, save_fn=lambda d, **kw: d)
+        return
     if not s.world.is_main:
         return
     s.manager.save(done, save_fn=lambda d, **kw: save_with_best(d, s.best, **kw), model=s.model, tokenizer=s.tokenizer,
@@ -328,12 +353,15 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
         last_eval = None
     if last_eval is None:  # the selected (or resumed-at-the-end) model
         last_eval = run_eval(s)
-    final = Path(out) / "model"
+    final, model = Path(out) / "model", s.model
+    if sharded.is_sharded(model):  # model/ is published whole: gathered to rank 0 (on CPU)
+        full = sharded.full_model_state(model)
+        model = sharded.plain_copy(model, full) if s.world.is_main else model
     if s.world.is_main:  # under torchrun rank 0 writes model/; the others wait so that it exists when they return
-        save_checkpoint(final, model=s.model, tokenizer=s.tokenizer,
+        save_checkpoint(final, model=model, tokenizer=s.tokenizer,
                         state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
                                                     "selected_step": best.step if best.weights is not None else last_step}),
-                        optimizer=s.opt, rng_state=rng_state())
+                        optimizer=None if sharded.is_sharded(s.model) else s.opt, rng_state=rng_state())
     distributed.barrier(s.world)
     summary = {
         "trainer": "sft", "steps": cfg.steps, "steps_trained": last_step, "stopped_early": stopped_at is not None,

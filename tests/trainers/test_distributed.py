@@ -69,8 +69,14 @@ def _run(tmp_path: Path, world: int, name: str) -> Path:
     return out
 
 
-def test_two_process_sft_equals_one_process_and_only_rank0_writes(tmp_path):
-    one, two = _run(tmp_path, 1, "one"), _run(tmp_path, 2, "two")
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """The oracle: the same config trained in one process (shared by the tests below)."""
+    return _run(tmp_path_factory.mktemp("one"), 1, "one")
+
+
+def test_two_process_sft_equals_one_process_and_only_rank0_writes(tmp_path, one):
+    two = _run(tmp_path, 2, "two")
     a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
     assert a.keys() == b.keys()
     for k in a:  # ~1e-8 apart; the key bias's gradient is 0 in exact arithmetic, and Adam scales its float noise
@@ -85,3 +91,48 @@ def test_two_process_sft_equals_one_process_and_only_rank0_writes(tmp_path):
         # clipping) is the global one: a normaliser off by a constant factor shows here (Adam would hide it above)
         assert abs(r1["loss"] - r2["loss"]) < 1e-5
         assert abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5 * max(1.0, r1["grad_norm"])
+
+
+FSDP_SCRIPT = SCRIPT.replace("train_sft(cfg)", "import dataclasses\n"
+                             "cfg = dataclasses.replace(cfg, fsdp=len(sys.argv) > 5 and sys.argv[5] == 'fsdp')\n"
+                             "train_sft(cfg, resume=sys.argv[6] if len(sys.argv) > 6 else None)")
+
+
+def _run_script(script, tmp_path, world, name, *extra):
+    out = tmp_path / name
+    init = tmp_path / f"{name}.{len(extra)}.rendezvous"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(world), str(init), str(out), *extra], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, log in zip(procs, logs):
+        assert p.returncode == 0, log[-3000:]
+    return out
+
+
+def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_process(tmp_path, one):
+    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.trainers.sharded import consolidate
+
+    two = _run_script(FSDP_SCRIPT, tmp_path, 2, "two", "fsdp")
+    a, b = load_file(one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
+    for k in a:  # model/ is published whole (gathered from the shards); same tolerance as DDP above
+        torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=1e-5, msg=k)
+    step2 = two / "checkpoints" / "step-00000002"
+    assert (step2 / "dcp").is_dir() and not (step2 / "model.safetensors").exists()  # sharded, for resume only
+    # consolidated by one process (no process group) = the 1-process run's checkpoint at the same step
+    plain = consolidate(step2, tmp_path / "consolidated")
+    ref = load_file(one / "checkpoints" / "step-00000002" / "model.safetensors")
+    got = load_file(plain / "model.safetensors")
+    for k in ref:
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
+    assert load_checkpoint(plain).step == 2
+    # resumed at another world size (1 process, unsharded) from the 2-process shards: ends as the 1-process run
+    import shutil
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-00000004", ignore_errors=True)
+    _run_script(FSDP_SCRIPT, tmp_path, 1, "resumed", "plain", str(resumed / "checkpoints" / "step-00000002"))
+    c = load_file(resumed / "model" / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(c[k], a[k], atol=1e-5, rtol=1e-5, msg=k)
