@@ -21,6 +21,7 @@ parallelism, elastic membership changes mid-run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -124,14 +125,23 @@ def wrap_ddp(model: torch.nn.Module, w: World) -> torch.nn.Module:
 def no_sync(model: torch.nn.Module, last: bool):
     """Skip DDP's gradient all-reduce on every micro-batch but the ``last`` of an accumulation (a null context for
     a plain module, or on the last micro-batch)."""
-    import contextlib
-
     return model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside a DDP wrapper (what is saved and evaluated)."""
     return getattr(model, "module", model)
+
+
+@contextlib.contextmanager
+def main_first(w: World):
+    """Rank 0 runs the block first (e.g. sampling data and caching it in the run directory), then the others
+    (which find the cache). A plain block on one process."""
+    if not w.is_main:
+        barrier(w)
+    yield
+    if w.is_main:
+        barrier(w)
 
 
 def barrier(w: World) -> None:

@@ -64,7 +64,7 @@ from posttrain.losses.preference import PREFERENCE_LOSSES, resolve_loss
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers import common
+from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import (
     POLICY,
     CheckpointManager,
@@ -274,6 +274,8 @@ class DPOState:
     manager: CheckpointManager
     start_step: int
     guard: NonFiniteGuard
+    world: distributed.World = dataclasses.field(default_factory=distributed.World)
+    train_model: torch.nn.Module | None = None  # the policy, or its DDP wrapper under torchrun (forward + backward)
 
     @property
     def reference(self) -> str:
@@ -285,12 +287,18 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     if not cfg.init:
         raise UserError("dpo needs --init SFT_CHECKPOINT (the starting policy and the frozen reference)")
     common.set_threads(cfg.threads)
+    world = distributed.init()  # one process, or this rank under torchrun
     run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="dpo --init")
     tokenizer = init.tokenizer
     task = ArithmeticTask(cfg.task)
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
+    if world.distributed and choice.batch_coupled:
+        raise ConfigError(f"loss={cfg.loss!r} couples the examples of a batch (batch statistics, sorting or a shared "
+                          f"state): split over {world.world_size} processes it would change; run it in one process")
+    if world.distributed and cfg.batch_size < world.world_size:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     unpaired = choice.unpaired
     beta = cfg.beta if cfg.beta is not None else choice.default_beta
     evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
@@ -320,7 +328,8 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         meta = {"init": str(Path(cfg.init).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
                 "task": dataclasses.asdict(cfg.task)}
         print(f"sampling preference pairs from {cfg.init} ...")
-        pairs, pair_info = cached_pairs(Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
+        with distributed.main_first(world):  # rank 0 samples and caches them; the others read the cache
+            pairs, pair_info = cached_pairs(Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
         examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
 
@@ -342,7 +351,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
     s = DPOState(cfg, run, policy, tokenizer, choice, beta, data, pair_info, ref_model, ref_table, evals, eval_window,
                  opt, loss_gen, loss_state, logger, CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step,
-                 NonFiniteGuard(cfg.nan_patience))
+                 NonFiniteGuard(cfg.nan_patience), world, distributed.wrap_ddp(policy, world))
     print(f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
           f"model {common.n_params(policy) / 1e6:.2f}M params, reference {s.reference}, steps {start_step}->{cfg.steps}")
     return s
@@ -354,21 +363,24 @@ def train_step(s: DPOState, step: int) -> dict:
     lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     common.set_lr(s.opt, lr)
     per_step = cfg.batch_size * (2 if s.choice.unpaired else 1)
-    idx = batch_indices(len(s.data.examples), per_step, step, cfg.seed).tolist()
+    idx = batch_indices(len(s.data.examples), per_step, step, cfg.seed).tolist()  # the global batch
+    idx = distributed.shard(idx, s.world)  # this rank's pairs; the loss is a mean over pairs (not batch_coupled):
+    share = len(idx) / per_step * distributed.ddp_loss_scale(s.world)  # weighted by its share of the global batch
     batch = s.data.collate(idx)
-    kw = s.data.loss_inputs(s.policy, s.ref_model, batch, s.ref_table[idx] if s.ref_table is not None else None)
+    kw = s.data.loss_inputs(s.train_model, s.ref_model, batch, s.ref_table[idx] if s.ref_table is not None else None)
     if s.choice.state_type is not None:
         kw["state"] = s.loss_state
     if s.choice.generator:
         kw["generator"] = s.loss_gen
     loss, m = s.choice.fn(**kw, beta=s.beta, **cfg.loss_kwargs)
-    loss.backward()
+    (loss * share).backward()
+    loss = distributed.global_sum(loss.item() * len(idx) / per_step, s.world)  # the global batch's mean
     gnorm = common.grad_norm_and_clip(s.policy, cfg.grad_clip)
-    stepped = finite_step(s.opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
+    stepped = finite_step(s.opt, loss, gnorm)  # a NaN/Inf loss or grad norm skips the step
     if stepped and s.choice.state_type is not None:
         s.loss_state = s.choice.state_type.from_metrics(m)
-    return {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
-            "step_time": time.perf_counter() - t0}
+    metrics = distributed.mean_metrics({k: v.item() for k, v in m.items()}, s.world)  # per-pair means: averaged
+    return {"loss": loss, **metrics, "lr": lr, "grad_norm": gnorm, "step_time": time.perf_counter() - t0}
 
 
 def run_eval(s: DPOState):
@@ -383,7 +395,9 @@ def _state(s: DPOState, step: int, extra: dict | None = None) -> dict:
 
 
 def save(s: DPOState, done: int, metrics: dict) -> None:
-    """A periodic checkpoint (with the loss's generator and state, for an exact resume)."""
+    """A periodic checkpoint (with the loss's generator and state, for an exact resume); rank 0 writes it."""
+    if not s.world.is_main:
+        return
     s.manager.save(done, model=s.policy, tokenizer=s.tokenizer, state=_state(s, done, {"metrics": metrics}),
                    optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
 
@@ -393,9 +407,12 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
     cfg, out = s.cfg, s.run.dir
     if last_eval is None:  # resumed at the end: evaluate the loaded model
         last_eval = run_eval(s)
-    final = save_checkpoint(Path(out) / "model", model=s.policy, tokenizer=s.tokenizer,
-                            state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
-                            optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
+    final = Path(out) / "model"
+    if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
+        save_checkpoint(final, model=s.policy, tokenizer=s.tokenizer,
+                        state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
+                        optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
+    distributed.barrier(s.world)
     summary = {
         "trainer": "dpo", "loss": cfg.loss, "beta": s.beta, "steps": cfg.steps,
         "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,

@@ -136,3 +136,44 @@ def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_
     c = load_file(resumed / "model" / "model.safetensors")
     for k in a:
         torch.testing.assert_close(c[k], a[k], atol=1e-5, rtol=1e-5, msg=k)
+
+
+DPO_SCRIPT = textwrap.dedent("""
+    import os, sys, torch.distributed as dist
+    from posttrain.data.preference_pairs import PairDataConfig
+    from posttrain.trainers.dpo import DPOConfig, train_dpo
+    rank, world, init_file, out, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if world > 1:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    train_dpo(DPOConfig(out=out, init=init, loss=sys.argv[6], steps=3, batch_size=6, lr=1e-3, warmup_steps=1,
+                        eval_every=0, save_every=0, progress=False, max_new_tokens=4,
+                        pairs=PairDataConfig(num_prompts=48, gold_chosen=True)))
+    if world > 1:
+        dist.destroy_process_group()
+""")
+
+
+def test_two_process_dpo_equals_one_process(tmp_path, one):
+    init = str(one / "model")
+    a = _run_script(DPO_SCRIPT, tmp_path, 1, "dpo1", init, "rpo")
+    b = _run_script(DPO_SCRIPT, tmp_path, 2, "dpo2", init, "rpo")
+    assert (a / "pairs.jsonl").read_bytes() == (b / "pairs.jsonl").read_bytes()  # sampled once, by rank 0
+    wa, wb = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
+    ma = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    for r1, r2 in zip(ma, mb):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+
+
+def test_batch_coupled_losses_refuse_several_processes(tmp_path, one):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    init = str(tmp_path / "x.rendezvous")
+    procs = [subprocess.Popen([sys.executable, "-c", DPO_SCRIPT, str(r), "2", init, str(tmp_path / "o"),
+                               str(one / "model"), "aot"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for r in range(2)]
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode != 0 for p in procs)
+    assert all("couples the examples of a batch" in log for log in logs)

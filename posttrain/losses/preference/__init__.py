@@ -99,6 +99,7 @@ class LossSpec(NamedTuple):
     unpaired: bool = False
     state: type | None = None
     generator: bool = False
+    batch_coupled: bool = False  # not a mean of per-pair terms (batch statistics, sorting, a batch KL, a shared state)
 
 
 LOSS_SPECS: dict[str, LossSpec] = {
@@ -107,26 +108,27 @@ LOSS_SPECS: dict[str, LossSpec] = {
     "hinge": LossSpec(hinge_loss, "hinge"),
     "robust": LossSpec(robust_dpo_loss, "robust", options={"label_smoothing": {"ge": 0, "lt": 0.5}}),  # / (1 - 2 eps)
     "cdpo": LossSpec(conservative_dpo_loss, "CPOTrainer sigmoid", options=SMOOTHING),
-    "kto": LossSpec(kto_loss, "KTOTrainer kto", unpaired=True,
+    "kto": LossSpec(kto_loss, "KTOTrainer kto", unpaired=True, batch_coupled=True,
                     options={"desirable_weight": {"ge": 0}, "undesirable_weight": {"ge": 0}}),
     "simpo": LossSpec(simpo_loss, "CPOTrainer simpo", default_beta=2.0, extras=LENGTHS, reference_free=True,
                       options={"gamma": {}, **SMOOTHING}),
     "rpo": LossSpec(rpo_loss, "sigmoid,sft", options={"alpha": {"ge": 0}}, extras=("chosen_nll",)),
     "rdpo": LossSpec(rdpo_loss, None, options={"alpha": {}}, extras=LENGTHS),
-    "beta_dpo": LossSpec(beta_dpo_loss, None, state=BetaDPOState, generator=True,
+    "beta_dpo": LossSpec(beta_dpo_loss, None, state=BetaDPOState, generator=True, batch_coupled=True,
                          options={"alpha": {"ge": 0}, "filter_ratio": {"ge": 0, "lt": 1}, "momentum": {"ge": 0, "lt": 1},
                                   "min_beta": {"gt": 0}}),
     "sigmoid_norm": LossSpec(sigmoid_norm_loss, "sigmoid_norm", extras=LENGTHS),
     "exo_pair": LossSpec(exo_pair_loss, "exo_pair", options={"label_smoothing": {"gt": 0, "lt": 1}}),  # log eps, log(1-eps)
     "discopop": LossSpec(discopop_loss, "discopop", options={"tau": {"gt": 0}}),
     "nca_pair": LossSpec(nca_pair_loss, "nca_pair"),
-    "bco_pair": LossSpec(bco_pair_loss, "bco_pair", state=BCOState, options={"reward_shift": {"ge": 0, "le": 1}}),
+    "bco_pair": LossSpec(bco_pair_loss, "bco_pair", state=BCOState, batch_coupled=True,
+                          options={"reward_shift": {"ge": 0, "le": 1}}),
     "sppo_hard": LossSpec(sppo_hard_loss, "sppo_hard"),
     "apo_zero": LossSpec(apo_zero_loss, "apo_zero"),
     "apo_down": LossSpec(apo_down_loss, "apo_down"),
-    "aot": LossSpec(aot_loss, "aot", options=SMOOTHING),
-    "aot_unpaired": LossSpec(aot_unpaired_loss, "aot_unpaired", options=SMOOTHING),
-    "sft": LossSpec(sft_loss, "sft", extras=LENGTHS, reference_free=True),
+    "aot": LossSpec(aot_loss, "aot", options=SMOOTHING, batch_coupled=True),
+    "aot_unpaired": LossSpec(aot_unpaired_loss, "aot_unpaired", options=SMOOTHING, batch_coupled=True),
+    "sft": LossSpec(sft_loss, "sft", extras=LENGTHS, reference_free=True, batch_coupled=True),  # a token mean
     "forward_kl": LossSpec(forward_kl_dpo_loss, "sigmoid + f_divergence_type=forward_kl"),
     "js_divergence": LossSpec(js_dpo_loss, "sigmoid + f_divergence_type=js_divergence"),
     "alpha_divergence": LossSpec(alpha_dpo_loss, "sigmoid + f_divergence_type=alpha_divergence", options={"alpha": {}}),
@@ -157,6 +159,7 @@ class LossChoice(NamedTuple):
     generator: bool  # some component samples (takes ``generator=``)
     options: dict  # option -> {component: bounds}: what ``loss_kwargs`` may set, and each component's domain
     default_beta: float  # the first component's
+    batch_coupled: bool  # some component is (see LossSpec)
 
 
 def parse_loss_weights(weights, n: int) -> tuple[float, ...]:
@@ -211,4 +214,5 @@ def resolve_loss(spec: str, weights=None) -> LossChoice:
             options.setdefault(opt, {})[n] = bounds
     return LossChoice(",".join(names), fn, names, w, extras, all(sp.reference_free for sp in specs),
                       any(sp.unpaired for sp in specs), LOSS_STATES[stateful[0]] if stateful else None,
-                      any(sp.generator for sp in specs), options, specs[0].default_beta)
+                      any(sp.generator for sp in specs), options, specs[0].default_beta,
+                      any(sp.batch_coupled for sp in specs))
