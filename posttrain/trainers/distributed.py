@@ -97,6 +97,17 @@ def global_sum(value: float | int, w: World) -> float:
     return all_reduce_sum(torch.tensor(float(value), dtype=torch.float64), w).item()
 
 
+def row_offsets(n: int, w: World) -> tuple[int, int]:
+    """(this rank's first row in the global batch, the global row count) when rank r holds ``n_r`` rows.
+    One process: (0, n)."""
+    if not w.distributed:
+        return 0, n
+    counts = torch.zeros(w.world_size, dtype=torch.float64)
+    counts[w.rank] = n
+    counts = all_reduce_sum(counts, w).long().tolist()
+    return sum(counts[: w.rank]), sum(counts)
+
+
 def mean_metrics(metrics: dict, w: World) -> dict:
     """Finite float metrics averaged over ranks (SUM / W), for logging on rank 0; other values kept as they are."""
     if not w.distributed:
@@ -106,6 +117,25 @@ def mean_metrics(metrics: dict, w: World) -> dict:
         return metrics
     summed = all_reduce_sum(torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64), w) / w.world_size
     return {**metrics, **{k: v for k, v in zip(keys, summed.tolist())}}
+
+
+def all_reduce_grads(model: torch.nn.Module, w: World) -> None:
+    """Sum every parameter's gradient over ranks in one flat buffer (a missing gradient counts as zeros): what
+    DDP's reducer does, for a trainer whose forward passes the DDP wrapper cannot see (the policy-gradient
+    trainer's shared-prefix scoring). With losses normalised by global counts, the sum is the 1-process gradient."""
+    if not w.distributed:
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
 
 
 def ddp_loss_scale(w: World) -> float:

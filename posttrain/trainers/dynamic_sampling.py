@@ -27,9 +27,11 @@ import torch
 from posttrain.losses.advantages import zero_std_groups
 
 
-def round_generator(seed: int, step: int, rnd: int) -> torch.Generator:
-    """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round)."""
-    h = hashlib.blake2b(f"dynamic-sampling:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
+def round_generator(seed: int, step: int, rnd: int, rank: int | None = None) -> torch.Generator:
+    """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round); under several
+    processes every round's (0 included) is a hash of (seed, step, round, rank)."""
+    key = f"dynamic-sampling:{seed}:{step}:{rnd}" + (f":rank{rank}" if rank is not None else "")
+    h = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
 
 

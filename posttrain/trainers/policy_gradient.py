@@ -61,7 +61,7 @@ from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
-from posttrain.trainers import common
+from posttrain.trainers import common, distributed
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.checkpoint import (
     POLICY,
@@ -204,6 +204,15 @@ class PolicyGradientTrainer:
             raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
         self.cfg = cfg
         common.set_threads(cfg.threads)
+        self.world = w = distributed.init()  # one process, or this rank under torchrun
+        if w.distributed:  # groups stay whole on one rank; batch-wide statistics would differ per rank
+            if cfg.prompts_per_step % w.world_size:
+                raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
+                                  f"processes ({w.world_size}): each rank samples whole groups")
+            if (cfg.algo == "grpo" and cfg.scale_rewards == "batch") or (cfg.algo == "reinforce"
+                                                                          and cfg.reinforce_baseline == "batch_mean"):
+                raise ConfigError("batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
+                                  "are per rank under several processes; use group statistics or one process")
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
@@ -252,10 +261,14 @@ class PolicyGradientTrainer:
         """Round ``rnd`` of step ``step``: prompts, samples, rewards. Round 0 is the classic batch."""
         cfg = self.cfg
         idx = batch_indices(len(self.prompts), cfg.prompts_per_step, step, cfg.seed + 17 + rnd * 2**32)
+        idx = distributed.shard(idx, self.world)  # this rank's prompts (all of them on one process)
         problems = [self.prompts[i] for i in idx.tolist()]
+        if self.world.distributed:  # each rank its own sampling stream
+            generator = round_generator(cfg.seed, step, rnd, rank=self.world.rank)
+        else:
+            generator = step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd)
         gen = generate(self.model, [encode_prompt(self.tokenizer, p.prompt) for p in problems],
-                       pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, cfg=cfg.sampling,
-                       generator=step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd))
+                       pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, cfg=cfg.sampling, generator=generator)
         texts = decode_completions(self.tokenizer, gen)
         G = cfg.num_generations
         prompts = [p.prompt for p in problems for _ in range(G)]
@@ -355,26 +368,36 @@ class PolicyGradientTrainer:
         )
 
     def update(self, ro: Rollout, step: int) -> dict:
-        cfg = self.cfg
+        cfg, w = self.cfg, self.world
         N = ro.sequences.shape[0]
-        if not ro.apply:  # dynamic sampling found no group with signal: measure only (no Adam momentum step)
+        apply = ro.apply if not w.distributed else distributed.global_sum(int(ro.apply), w) > 0  # one decision
+        if not apply:  # dynamic sampling found no group with signal: measure only (no Adam momentum step)
             with torch.no_grad():
                 _, met = self._micro_loss(ro, torch.arange(N), batch_normalizers(ro.completion_mask, max_len=cfg.max_new_tokens))
             return {**met, "grad_norm": 0.0, "skipped_updates": 0}
+        if not ro.apply:  # another rank has signal: this one takes part with no rows (zero gradient)
+            N = 0
         parts, gnorms, skipped = [], [], 0
+        offset, total = distributed.row_offsets(N, w)  # this rank's rows are [offset, offset + N) of the global batch
         for epoch in range(cfg.mu):
-            order = torch.randperm(N, generator=step_generator(cfg.seed, step, salt=1 + epoch)) if cfg.minibatches > 1 \
-                else torch.arange(N)
-            # equal splits (dynamic sampling keeps a varying number of rows: then as equal as possible)
-            for rows in (r for r in torch.tensor_split(order, cfg.minibatches) if len(r)):
-                norms = batch_normalizers(ro.completion_mask[rows], max_len=cfg.max_new_tokens)
+            order = torch.randperm(total, generator=step_generator(cfg.seed, step, salt=1 + epoch)) \
+                if cfg.minibatches > 1 else torch.arange(total)
+            # equal splits of the global batch (dynamic sampling keeps a varying number of rows: then as equal as
+            # possible); each rank works on its own rows of each global minibatch, so the minibatches (and their
+            # gradients) are those of one process, and every rank runs every split
+            for split in (r for r in torch.tensor_split(order, cfg.minibatches) if len(r)):
+                rows = split[(split >= offset) & (split < offset + N)] - offset
+                norms = self._global_normalizers(ro.completion_mask[rows])
                 mb_parts = []
                 for micro in (m for m in torch.tensor_split(rows, cfg.grad_accum) if len(m)):
                     loss, met = self._micro_loss(ro, micro, norms)
                     loss.backward()
                     mb_parts.append(met)
+                distributed.all_reduce_grads(self.model, w)  # the global minibatch's gradient on every rank
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip)
-                met = merge_metrics(mb_parts)
+                met = merge_metrics(mb_parts) if mb_parts else {"loss": 0.0, "pg_loss": 0.0}
+                if w.distributed:  # the same skip decision on every rank: the global loss (a sum of the ranks')
+                    met["loss"] = distributed.global_sum(met["loss"], w)
                 if not finite_step(self.opt, met["loss"], gnorm):
                     skipped += 1  # a non-finite step is skipped and reported, never applied
                 parts.append(met)
@@ -385,6 +408,14 @@ class PolicyGradientTrainer:
         out["grad_norm"] = max(gnorms) if all(map(math.isfinite, gnorms)) else float("nan")
         out["skipped_updates"] = skipped
         return out
+
+    def _global_normalizers(self, mask: torch.Tensor) -> dict:
+        """The minibatch's loss normalisers (sequences, tokens) over all ranks: each rank's rows are one part of it."""
+        norms = batch_normalizers(mask, max_len=self.cfg.max_new_tokens)
+        if self.world.distributed:
+            norms["num_seqs"] = int(distributed.global_sum(int(mask.shape[0]), self.world))
+            norms["num_tokens"] = max(distributed.global_sum(float(mask.sum().item()), self.world), 1.0)
+        return norms
 
     # ------------------------------------------------------------------------------------------ the shape
     # setup (__init__) -> train_step / run_eval / save -> finish, as in every trainer (trainers/common.py)
@@ -397,6 +428,8 @@ class PolicyGradientTrainer:
         upd = self.update(ro, step)
         metrics = {**ro.metrics, **upd, "time_update": time.perf_counter() - t1,
                    "step_time": time.perf_counter() - t0, "beta": self.kl_ctl.value}
+        # under torchrun: rank means, so that the KL controller, the alarms and the collapse guard decide alike
+        metrics = distributed.mean_metrics(metrics, self.world)
         if "kl" in upd:
             self.kl_ctl.update(upd["kl"], 1)
         warnings = self.alarms.update(step + 1, metrics)
@@ -427,7 +460,9 @@ class PolicyGradientTrainer:
                 "kl_controller": self.kl_ctl.state_dict(), "alarms": self.alarms.state_dict(), **(extra or {})}
 
     def save(self, done: int, metrics: dict) -> None:
-        """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume)."""
+        """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume); rank 0 writes."""
+        if not self.world.is_main:
+            return
         self.manager.save(done, save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw), model=self.model,
                           tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
                           optimizer=self.opt, rng_state=rng_state())
@@ -439,9 +474,12 @@ class PolicyGradientTrainer:
             last_eval = self.run_eval()
         final = None
         if not stopped:
-            final = save_checkpoint(Path(self.out) / "model", model=self.model, tokenizer=self.tokenizer,
-                                    state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                                    optimizer=self.opt, rng_state=rng_state())
+            final = Path(self.out) / "model"
+            if self.world.is_main:
+                save_checkpoint(final, model=self.model, tokenizer=self.tokenizer,
+                                state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
+                                optimizer=self.opt, rng_state=rng_state())
+            distributed.barrier(self.world)
         summary = {
             "trainer": cfg.algo, "steps": final_step, "stopped_early": stopped,
             "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
