@@ -103,12 +103,19 @@ def check_messages(msgs, field: str = "messages", *, need_assistant: bool = Fals
 # ------------------------------------------------------------------------------------------ templates
 
 
+CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                "{% endif %}")
+"""ChatML as the Jinja source saved beside a checkpoint's tokenizer (transformers and vLLM render it alike)."""
+
+
 class ChatML:
     """The built-in ChatML template (Qwen's): ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, and
     ``<|im_start|>assistant\\n`` as the generation prompt. Needs ``<|im_start|>``/``<|im_end|>`` tokens."""
 
     name = "chatml"
     special_tokens = ("<|im_start|>", "<|im_end|>")
+    source = CHATML_JINJA
 
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
@@ -303,8 +310,9 @@ def resolve_chat(spec: str | None, tokenizer, dirs: Sequence = ()) -> Chat | Non
                                   "a .jinja file")
             return None
         source, where, hf = own
-        return Chat(JinjaTemplate(source, f"({where})", hf, _special_strings(tokenizer)), tokenizer,
-                    wrap_strings=spec == "tokenizer")
+        template = ChatML() if source == CHATML_JINJA else JinjaTemplate(source, f"({where})", hf,
+                                                                           _special_strings(tokenizer))
+        return Chat(template, tokenizer, wrap_strings=spec == "tokenizer")
     p = Path(spec)
     if not p.is_file():
         raise ConfigError(f"--chat-template {spec!r}: not one of {', '.join(TEMPLATE_MODES)} and not a file")
@@ -325,25 +333,33 @@ def _special_strings(tokenizer) -> dict:
 
 class ChatTokenizer:
     """A tokenizer seen with the chat template's end-of-turn token as its EOS (everything else delegated), so
-    sampling stops where a reply ends and the EOS appended to completions is that token."""
+    sampling stops where a reply ends and the EOS appended to completions is that token. ``save`` also writes
+    the template as ``chat_template.jinja`` beside the tokenizer file: every checkpoint carries it, and the next
+    stage's ``--chat-template auto`` (and transformers) find it there."""
 
-    def __init__(self, tokenizer, stop_id: int):
-        self._tok, self._stop = tokenizer, int(stop_id)
+    def __init__(self, tokenizer, chat: Chat):
+        self._tok, self._chat = tokenizer, chat
+        self._stop = chat.stop_id if chat.stop_id is not None else getattr(tokenizer, "eos_id", None)
 
     @property
-    def eos_id(self) -> int:
+    def eos_id(self):
         return self._stop
 
     @property
     def base(self):
         return self._tok
 
+    def save(self, path) -> None:
+        self._tok.save(path)
+        source = getattr(self._chat.template, "source", None)
+        if source:
+            (Path(path).parent / "chat_template.jinja").write_text(source, encoding="utf-8")
+
     def __getattr__(self, name):
         return getattr(self._tok, name)
 
 
 def chat_tokenizer(tokenizer, chat: Chat | None):
-    """``tokenizer``, or with a chat template whose end marker is one token, a view whose ``eos_id`` is it."""
-    if chat is None or chat.stop_id is None or chat.stop_id == getattr(tokenizer, "eos_id", None):
-        return tokenizer
-    return ChatTokenizer(tokenizer, chat.stop_id)
+    """``tokenizer`` without a template; with one, a :class:`ChatTokenizer` view (EOS = the end-of-turn token
+    when that is one token; the template saved with the tokenizer)."""
+    return tokenizer if chat is None else ChatTokenizer(tokenizer, chat)

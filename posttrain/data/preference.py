@@ -40,7 +40,6 @@ import torch
 from posttrain.chat import check_messages, is_conversation
 from posttrain.data.checks import Located, fit_sequences
 from posttrain.data.io import BadLinePolicy, ReadStats, load_records
-from posttrain.data.pairs import render_prompt
 from posttrain.errors import ConfigError, DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -82,12 +81,17 @@ def _render(rec: dict, chat, prompt_field: str, reply_fields: Sequence[str]):
     if not any(is_conversation(rec[f]) for f in (prompt_field, *reply_fields)) and (chat is None or not chat.wrap_strings):
         reason = _check_str(rec, (prompt_field, *reply_fields))
         return (None, None, reason) if reason else (rec[prompt_field], [rec[f] for f in reply_fields], None)
-    prompt, reason = render_prompt(chat, rec[prompt_field], prompt_field)
+    if chat is None:
+        raise ConfigError("a conversation, but there is no chat template: the tokenizer has none (no chat_template in "
+                          "its tokenizer_config.json); pass --chat-template chatml")
+    raw_prompt, reason = rec[prompt_field], None
+    if is_conversation(raw_prompt):
+        raw_prompt, reason = check_messages(raw_prompt, prompt_field)
+    elif not isinstance(raw_prompt, str):
+        reason = f"field {prompt_field!r} must be a string or a list of messages, got {type(raw_prompt).__name__}"
     if reason:
         return None, None, reason
-    raw_prompt = rec[prompt_field]
-    if is_conversation(raw_prompt):
-        raw_prompt, _ = check_messages(raw_prompt, prompt_field)
+    prompt = chat.render(chat.as_messages(raw_prompt, "user"), add_generation_prompt=True)  # a string: one user turn
     replies = []
     for f in reply_fields:
         v = rec[f]
@@ -97,9 +101,6 @@ def _render(rec: dict, chat, prompt_field: str, reply_fields: Sequence[str]):
             reason = f"field {f!r} must be a string or a list of messages, got {type(v).__name__}"
         if reason:
             return None, None, reason
-        if chat is None:
-            raise ConfigError(f"field {f!r} is a conversation, but there is no chat template: the tokenizer has none; "
-                              f"pass --chat-template chatml")
         replies.append(chat.completion_text(raw_prompt, v))
     return prompt, replies, None
 

@@ -140,7 +140,7 @@ def test_template_without_end_marker_gets_eos(tmp_path, tok):
     t.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant: {% endif %}")
     chat = resolve_chat(str(t), tok)
-    assert chat.end_marker == "" and chat.stop_id is None and chat_tokenizer(tok, chat) is tok
+    assert chat.end_marker == "" and chat.stop_id is None and chat_tokenizer(tok, chat).eos_id == tok.eos_id
     ids, mask = chat.encode([{"role": "user", "content": "q"}, {"role": "assistant", "content": "yes"}])
     assert [i for i, m in zip(ids, mask) if m][-1] == tok.eos_id
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == "yes"
@@ -160,3 +160,15 @@ def test_chat_tokenizer_stops_at_the_end_of_turn(tok):
     view = chat_tokenizer(tok, chat)
     assert isinstance(view, ChatTokenizer) and view.eos_id == tok.token_to_id("<|im_end|>") != tok.eos_id
     assert view.bos_id == tok.bos_id and view.encode("ab") == tok.encode("ab") and view.base is tok
+    assert chat_tokenizer(tok, None) is tok
+
+
+def test_saved_template_is_found_by_the_next_stage(tmp_path, tok, tok_dir):
+    for spec in ("chatml", "auto"):
+        view = chat_tokenizer(tok, resolve_chat(spec, tok, [tok_dir]))
+        d = tmp_path / spec
+        d.mkdir()
+        view.save(d / "tokenizer.json")
+        again = resolve_chat("auto", load(d / "tokenizer.json"), [d])
+        assert again.render(CONVERSATIONS[1]) == resolve_chat(spec, tok, [tok_dir]).render(CONVERSATIONS[1])
+        assert (again.name == "chatml") == (spec == "chatml")  # the built-in is recognised by its saved source
