@@ -32,7 +32,8 @@ tokenizer, else its ``render_jinja_template``), so they behave exactly as in tra
 A rendered text never starts with the BOS token's text: posttrain adds BOS as an id (``encode_prompt``),
 so a template that writes ``{{ bos_token }}`` does not give two. With a template, generation stops at the
 template's end-of-turn token (:func:`chat_tokenizer`: the tokenizer seen through a view whose ``eos_id``
-is that token), the token SFT trained the model to emit.
+is that token), the token SFT trained the model to emit; that view also saves the template as
+``chat_template.jinja`` beside the tokenizer in every checkpoint, where the next stage (and transformers) find it.
 
 Not handled: tools, documents and multimodal content (only text parts are kept), ``continue_final_message``.
 """

@@ -215,3 +215,26 @@ def test_conversation_without_a_template_is_a_config_error(tmp_path):
                                                             {"role": "assistant", "content": "2"}]}])
     with pytest.raises(ConfigError, match=r"d\.jsonl:1: a conversation, but no chat template.*--chat-template chatml"):
         fit_chat_demos(CharTokenizer("0123456789"), load_sft_data(path), None, window=32)
+
+
+def test_kto_rows_and_long_conversations(tmp_path, env):
+    from posttrain.data.conversations import fit_chat_demos
+    from posttrain.data.preference import load_kto_examples
+
+    chat = resolve_chat("chatml", env["tok"])
+    path = write_jsonl(tmp_path / "kto.jsonl", [
+        {"prompt": [{"role": "user", "content": "2+3?"}], "completion": [{"role": "assistant", "content": "5"}], "label": True},
+        {"prompt": "2+3?", "completion": "6", "label": 0}])
+    got = load_kto_examples(path, chat=chat)
+    assert [(e.prompt, e.completion, e.label) for e in got] == [(chat.prompt_text("2+3?"), "5", True),
+                                                               (chat.prompt_text("2+3?"), "6", False)]
+    demos = load_sft_data(env["sft"])
+    full, _, _ = fit_chat_demos(env["tok"], demos, chat, window=None)
+    n = max(len(chat.encode(d.messages)[0]) for d in demos)
+    with pytest.raises(DataError, match=r"sft\.jsonl:1: the sequence is \d+ tokens, over the model's window of 20"):
+        fit_chat_demos(env["tok"], demos, chat, window=20)
+    kept, ids, mask = fit_chat_demos(env["tok"], demos, chat, window=n - 1, long="skip")
+    assert len(kept) == len(full) - 1 and kept.lines[0] == 2  # only the longest (line 1, two replies) is dropped
+    cut, ids, mask = fit_chat_demos(env["tok"], demos, chat, window=n - 1, long="truncate")
+    assert len(cut) == len(full) and ids.shape[1] == n - 1
+    assert ids[0].tolist() == chat.encode(demos[0].messages)[0][: n - 1]  # a conversation keeps its first tokens
