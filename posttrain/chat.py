@@ -357,6 +357,8 @@ class ChatTokenizer:
             (Path(path).parent / "chat_template.jinja").write_text(source, encoding="utf-8")
 
     def __getattr__(self, name):
+        if name.startswith("__") or name in ("_tok", "_chat", "_stop"):  # copy/pickle probe before __init__ ran
+            raise AttributeError(name)
         return getattr(self._tok, name)
 
 

@@ -161,6 +161,11 @@ def test_chat_tokenizer_stops_at_the_end_of_turn(tok):
     assert isinstance(view, ChatTokenizer) and view.eos_id == tok.token_to_id("<|im_end|>") != tok.eos_id
     assert view.bos_id == tok.bos_id and view.encode("ab") == tok.encode("ab") and view.base is tok
     assert chat_tokenizer(tok, None) is tok
+    import copy
+    import pickle
+
+    for clone in (copy.deepcopy(view), pickle.loads(pickle.dumps(view))):
+        assert clone.eos_id == view.eos_id and clone.encode("ab") == tok.encode("ab")
 
 
 def test_saved_template_is_found_by_the_next_stage(tmp_path, tok, tok_dir):
