@@ -60,7 +60,7 @@ def validate_sft(rec: dict):
         return None, "needs a 'messages' conversation, or 'prompt' and 'completion' (or 'answer')"
     field = "completion" if "completion" in rec else "answer" if "answer" in rec else None
     if field is None:
-        return None, "missing field 'answer' (or 'completion') beside 'prompt'"
+        return None, "missing field 'answer' (needs prompt, answer)"
     p, c = rec["prompt"], rec[field]
     if not is_conversation(p) and not is_conversation(c):
         if not isinstance(p, str):
