@@ -13,7 +13,12 @@
   ``atomic_dir`` does the same for a directory (checkpoints; ``0777 & ~umask``), ``recover_dir`` undoes an
   interrupted directory replace and ``clean_stale_temps`` removes what killed writers left behind.
 
-Not handled here: Parquet (see the dedup I/O), remote filesystems, preserving the owner of a file
+- ``iter_records`` reads JSONL or Parquet (``.parquet``/``.pq``, 1-based row numbers in errors) with the same
+  policy, and ``load_records`` adds a per-record check (``validate(rec) -> (item, reason)``): a record
+  that fails it is a bad line too (``FILE:LINE: reason``, or skipped to the rejects file), the mechanism
+  every trainer's data loader shares with ``posttrain dedup``.
+
+Not handled here: remote filesystems, preserving the owner of a file
 replaced by another user (root), concurrent writers to one path (the last rename wins).
 """
 
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from posttrain.errors import DataError
+from posttrain.errors import ConfigError, DataError
 
 BadLinePolicy = Literal["error", "skip"]
 
@@ -144,6 +149,112 @@ def _parse_record(raw: bytes, too_long: bool, max_line_bytes: int, required: tup
     if missing:
         return None, f"missing field {missing[0]!r} (needs {', '.join(required)})"
     return rec, None
+
+
+def is_parquet(path: str | Path) -> bool:
+    return str(path).lower().endswith((".parquet", ".pq"))
+
+
+def rejects_path(path: str | Path) -> str:
+    """Where ``--on-bad-line skip`` writes the bad lines of a data file: beside it, ``FILE.rejects.jsonl``."""
+    return str(path) + ".rejects.jsonl"
+
+
+def _iter_parquet(p: Path, *, on_bad_line, rej, stats: ReadStats, required: tuple[str, ...]):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{p}: reading Parquet needs pyarrow: pip install 'posttrain[parquet]'") from None
+    try:
+        batches = pq.ParquetFile(p).iter_batches(batch_size=1024)
+        row = 0
+        for rb in batches:
+            for rec in rb.to_pylist():
+                row += 1
+                stats.lines += 1
+                missing = [k for k in required if rec.get(k) is None]
+                if missing:
+                    reason = f"missing field {missing[0]!r} (needs {', '.join(required)})"
+                    if on_bad_line == "error":
+                        raise DataError(f"{p}:{row}: {reason}")
+                    stats.bad_lines.append((row, reason))
+                    if rej is not None:
+                        rej.write((json.dumps(rec, ensure_ascii=False, default=str) + "\n").encode())
+                    continue
+                stats.records += 1
+                yield row, rec
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors on a file that is not Parquet
+        raise DataError(f"{p}: not a readable Parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def iter_records(path: str | Path, *, on_bad_line: BadLinePolicy = "error", rejects: str | Path | None = None,
+                 stats: ReadStats | None = None, required: Iterable[str] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`iter_jsonl`, or for a ``.parquet``/``.pq`` file its rows as dicts (``line`` = 1-based row);
+    a Parquet row missing a required field (or holding null there) is a bad line, written to ``rejects``
+    as a JSON line under ``skip``."""
+    p = Path(path)
+    if not is_parquet(p):
+        yield from iter_jsonl(p, on_bad_line=on_bad_line, rejects=rejects, stats=stats, required=required)
+        return
+    if not p.exists():
+        raise DataError(f"data file not found: {p}")
+    stats = stats if stats is not None else ReadStats()
+    rej = open(rejects, "wb") if (rejects and on_bad_line == "skip") else None
+    try:
+        yield from _iter_parquet(p, on_bad_line=on_bad_line, rej=rej, stats=stats, required=tuple(required))
+    finally:
+        if rej is not None:
+            rej.close()
+
+
+def load_records(path: str | Path, validate, *, required: Iterable[str] = (), on_bad_line: BadLinePolicy = "error",
+                 rejects: str | Path | None = None, stats: ReadStats | None = None, what: str = "data",
+                 allow_empty: bool = False, warn=None) -> tuple[list, list[int]]:
+    """Read ``path`` (JSONL or Parquet) and check each record: ``validate(rec) -> (item, None)`` or
+    ``(None, reason)``. Returns (items, their line numbers).
+
+    A record that is malformed, lacks a ``required`` field or fails ``validate`` raises a DataError
+    ``FILE:LINE: reason``; with ``on_bad_line="skip"`` it is written to ``rejects`` (default
+    :func:`rejects_path`) and counted in ``stats.bad_lines``, and one warning says how many and where.
+    """
+    if on_bad_line not in ("error", "skip"):
+        raise DataError(f"on_bad_line={on_bad_line!r}: choose 'error' or 'skip'")
+    stats = stats if stats is not None else ReadStats()
+    rej_path = (rejects or rejects_path(path)) if on_bad_line == "skip" else None
+    items, lines, late = [], [], []
+    for line_no, rec in iter_records(path, on_bad_line=on_bad_line, rejects=rej_path, stats=stats, required=required):
+        try:
+            item, reason = validate(rec)
+        except ConfigError as e:  # not the record's fault (no chat template): never skipped
+            raise ConfigError(f"{path}:{line_no}: {e}") from None
+        except DataError as e:  # the record cannot be rendered (a template refusing it): a bad line
+            item, reason = None, str(e)
+        if reason is not None:
+            if on_bad_line == "error":
+                raise DataError(f"{path}:{line_no}: {reason}")
+            stats.records -= 1
+            stats.bad_lines.append((line_no, reason))
+            late.append(rec)
+            continue
+        items.append(item)
+        lines.append(line_no)
+    if late:  # records that parsed but failed the check: appended to the rejects file iter_records wrote
+        with open(rej_path, "a", encoding="utf-8") as fh:
+            for rec in late:
+                fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
+    if stats.bad_lines:
+        first = min(stats.bad_lines)
+        (warn or _warn)(f"{what} data {path}: skipped {len(stats.bad_lines)} bad line(s) (first: line {first[0]}: "
+                        f"{first[1]}); written to {rej_path}")
+    if not items and not allow_empty:
+        raise DataError(f"{path}: no usable {what} records" + (" (every line was bad)" if stats.bad_lines else ""))
+    return items, lines
+
+
+def _warn(msg: str) -> None:
+    print(f"posttrain: warning: {msg}", file=sys.stderr)
 
 
 def read_jsonl(path: str | Path, *, required: Iterable[str] = (), allow_empty: bool = False,

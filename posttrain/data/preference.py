@@ -14,13 +14,18 @@ so ``completion_logps(model, input_ids, attention_mask, P, completion_mask=...)`
 ``completion_mask.sum(-1)`` gives |y| for SimPO/R-DPO/IPO, and a reward model reads the last real
 token (the completion's EOS). One forward pass covers chosen and rejected.
 
-Files:
+Files (JSONL or Parquet):
     pairs: {"prompt": str, "chosen": str, "rejected": str, "margin": float (optional)}
     KTO:   {"prompt": str, "completion": str, "label": true | false (or 1 | 0)}
+Each of prompt/chosen/rejected/completion may instead be a list of messages (TRL's conversational
+preference format: ``prompt`` the conversation so far, ``chosen``/``rejected`` the assistant reply as a list
+holding its message). They are rendered with the chat template (``chat``, :mod:`posttrain.chat`): the prompt
+with its generation prompt, a reply as the text that follows it (its end marker becomes the EOS the
+encoders append). ``on_bad_line="skip"`` sends bad records to ``FILE.rejects.jsonl``.
 Errors name the file, the line and the field. Loaded records remember their lines (a ``Located``
 list); :func:`fit_pairs` / :func:`fit_kto` encode them once, check unknown characters and the model's
-window (:mod:`posttrain.data.checks`) and store the tokens the collate functions then use. Not handled here: chat templates (the prompt is used
-as given), multi-turn conversations, rankings of k > 2 responses.
+window (:mod:`posttrain.data.checks`) and store the tokens the collate functions then use. Not handled here:
+rankings of k > 2 responses.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from pathlib import Path
 
 import torch
 
+from posttrain.chat import check_messages, is_conversation
 from posttrain.data.checks import Located, fit_sequences
-from posttrain.data.io import BadLinePolicy, ReadStats, iter_jsonl
-from posttrain.errors import DataError
+from posttrain.data.io import BadLinePolicy, ReadStats, load_records
+from posttrain.errors import ConfigError, DataError
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
 KTO_FIELDS = ("prompt", "completion", "label")
@@ -69,19 +75,40 @@ def _check_str(rec: dict, fields: Sequence[str]) -> str | None:
     return None
 
 
+def _render(rec: dict, chat, prompt_field: str, reply_fields: Sequence[str]):
+    """(prompt text, [reply texts], None) of a record whose fields are strings or conversations, or
+    (None, None, reason). Plain strings without a template for everything pass through unchanged."""
+    if not any(is_conversation(rec[f]) for f in (prompt_field, *reply_fields)) and (chat is None or not chat.wrap_strings):
+        reason = _check_str(rec, (prompt_field, *reply_fields))
+        return (None, None, reason) if reason else (rec[prompt_field], [rec[f] for f in reply_fields], None)
+    if chat is None:
+        raise ConfigError("a conversation, but there is no chat template: the tokenizer has none (no chat_template in "
+                          "its tokenizer_config.json); pass --chat-template chatml")
+    raw_prompt, reason = rec[prompt_field], None
+    if is_conversation(raw_prompt):
+        raw_prompt, reason = check_messages(raw_prompt, prompt_field)
+    elif not isinstance(raw_prompt, str):
+        reason = f"field {prompt_field!r} must be a string or a list of messages, got {type(raw_prompt).__name__}"
+    if reason:
+        return None, None, reason
+    prompt = chat.render(chat.as_messages(raw_prompt, "user"), add_generation_prompt=True)  # a string: one user turn
+    replies = []
+    for f in reply_fields:
+        v = rec[f]
+        if is_conversation(v):
+            v, reason = check_messages(v, f, last="assistant")
+        elif not isinstance(v, str):
+            reason = f"field {f!r} must be a string or a list of messages, got {type(v).__name__}"
+        if reason:
+            return None, None, reason
+        replies.append(chat.completion_text(raw_prompt, v))
+    return prompt, replies, None
+
+
 def _load(path, fields, validate, on_bad_line: BadLinePolicy, stats: ReadStats | None, allow_empty: bool):
-    stats = stats if stats is not None else ReadStats()
-    out = Located(source=str(path), lines=[])
-    for line_no, rec in iter_jsonl(path, on_bad_line=on_bad_line, stats=stats, required=fields):
-        item, reason = validate(path, line_no, rec)
-        if reason is not None:
-            if on_bad_line == "error":
-                raise DataError(f"{path}:{line_no}: {reason}")
-            stats.records -= 1
-            stats.bad_lines.append((line_no, reason))
-            continue
-        out.append(item)
-        out.lines.append(line_no)
+    items, lines = load_records(path, validate, required=fields, on_bad_line=on_bad_line, stats=stats,
+                                what="preference", allow_empty=True)
+    out = Located(items, str(path), lines)
     if not out and not allow_empty:
         raise DataError(f"{path}: no usable records (needs fields {', '.join(fields)})")
     return out
@@ -95,43 +122,46 @@ def _finite_float32(x: int | float) -> bool:
         return False
 
 
-def _validate_pair(path, line_no, rec):
-    reason = _check_str(rec, PAIR_FIELDS)
+def _validate_pair(rec, chat=None):
+    prompt, replies, reason = _render(rec, chat, "prompt", ("chosen", "rejected"))
     if reason is not None:
         return None, reason
-    if rec["chosen"] == rec["rejected"]:
+    if replies[0] == replies[1]:
         return None, "'chosen' and 'rejected' are identical (the pair carries no preference)"
     margin = rec.get("margin")
     if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
         return None, f"field 'margin' must be a number, got {type(margin).__name__}"
     if margin is not None and not _finite_float32(margin):  # NaN, Infinity, 1e999, 10**400 (batches are float32)
         return None, f"field 'margin' must be a finite number, got {margin!r:.24}"
-    return PreferencePair(rec["prompt"], rec["chosen"], rec["rejected"], None if margin is None else float(margin)), None
+    return PreferencePair(prompt, *replies, None if margin is None else float(margin)), None
 
 
-def _validate_kto(path, line_no, rec):
-    reason = _check_str(rec, ("prompt", "completion"))
+def _validate_kto(rec, chat=None):
+    prompt, replies, reason = _render(rec, chat, "prompt", ("completion",))
     if reason is not None:
         return None, reason
     label = rec["label"]
     if label in (True, False) or (isinstance(label, int) and label in (0, 1)):
-        return KTOExample(rec["prompt"], rec["completion"], bool(label)), None
+        return KTOExample(prompt, replies[0], bool(label)), None
     return None, f"field 'label' must be true/false (or 1/0), got {label!r}"
 
 
 def load_preference_pairs(
-    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False
+    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False,
+    chat=None,
 ) -> list[PreferencePair]:
-    """Read ``{"prompt", "chosen", "rejected"[, "margin"]}`` lines. A bad line raises a DataError naming
-    ``file:line`` and the field (or, with ``on_bad_line="skip"``, is counted in ``stats.bad_lines``)."""
-    return _load(path, PAIR_FIELDS, _validate_pair, on_bad_line, stats, allow_empty)
+    """Read ``{"prompt", "chosen", "rejected"[, "margin"]}`` lines (strings or conversations, rendered with
+    ``chat``). A bad line raises a DataError naming ``file:line`` and the field (or, with
+    ``on_bad_line="skip"``, goes to ``FILE.rejects.jsonl`` and is counted in ``stats.bad_lines``)."""
+    return _load(path, PAIR_FIELDS, lambda rec: _validate_pair(rec, chat), on_bad_line, stats, allow_empty)
 
 
 def load_kto_examples(
-    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False
+    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False,
+    chat=None,
 ) -> list[KTOExample]:
     """Read ``{"prompt", "completion", "label"}`` lines (label true = desirable); errors as for pairs."""
-    return _load(path, KTO_FIELDS, _validate_kto, on_bad_line, stats, allow_empty)
+    return _load(path, KTO_FIELDS, lambda rec: _validate_kto(rec, chat), on_bad_line, stats, allow_empty)
 
 
 def pairs_to_kto(pairs: Sequence[PreferencePair]) -> list[KTOExample]:

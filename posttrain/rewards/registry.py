@@ -12,11 +12,32 @@ options dict can serve several rewards) and returning the reward function:
 
 ``reward_model`` (a ``posttrain rm`` checkpoint, ``rm_path=DIR``) is listed here like the others; its module
 (:mod:`posttrain.rewards.reward_model`: torch, a checkpoint reader) is imported only when it is built.
+
+Rewards from Python: a spec item ``MODULE:FUNCTION`` names a callable ``fn(prompts, completions, **columns)
+-> list[float]`` in an importable module (``my_rewards:length_bonus``, ``pkg.sub:fn``) or in a file
+(``path/to/rewards.py:fn``), beside the built-ins:
+
+    spec  := item ("," item)*
+    item  := NAME [":" WEIGHT]  |  MODULE ":" FUNCTION [":" WEIGHT]
+    WEIGHT: a decimal number (1.0, .5, -2, 1e-3); the weight is 1 when absent
+
+The last ``:``-part is a weight only when it is a number (a function name never is), so ``math:0.5``
+and ``my_mod:fn`` and ``my_mod:fn:0.5`` read unambiguously (after a built-in name such as ``math`` only a
+weight may follow: a module of that name is written ``./math.py:fn``). The module is imported when the reward is
+built (the current directory is importable); a missing module or function is a one-line ConfigError. A
+function without ``**kwargs`` gets only the columns its signature names. ``answer_field`` (an option of
+``exact_match``, ``digits`` and ``math``) names the column they read as the reference (default ``answer``).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
 import math
+import re
+import sys
+from pathlib import Path
 from typing import Callable, Protocol
 
 from posttrain.errors import ConfigError, UserError
@@ -34,22 +55,29 @@ class RewardFunction(Protocol):
     def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float]: ...
 
 
-def _exact_match(**_):
-    return exact_match_reward
+def _reading(fn, answer_field: str, **fixed):
+    """``fn`` reading its reference from column ``answer_field`` instead of ``answer`` (and ``fixed`` options)."""
+    if answer_field == "answer" and not fixed:
+        return fn
+
+    def reward(prompts, completions, **columns):
+        cols = {k: v for k, v in columns.items() if k != "answer"}
+        return fn(prompts, completions, **{**cols, "answer": columns.get(answer_field), **fixed})
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    return reward
 
 
-def _digits(**_):
-    return digits_reward
+def _exact_match(answer_field: str = "answer", **_):
+    return _reading(exact_match_reward, answer_field)
 
 
-def _math(backend: str = "auto", **_):
-    if backend == "auto":
-        return math_answer_reward
+def _digits(answer_field: str = "answer", **_):
+    return _reading(digits_reward, answer_field)
 
-    def math_reward(prompts, completions, **columns):
-        return math_answer_reward(prompts, completions, **{**columns, "backend": backend})
 
-    return math_reward
+def _math(backend: str = "auto", answer_field: str = "answer", **_):
+    return _reading(math_answer_reward, answer_field, **({} if backend == "auto" else {"backend": backend}))
 
 
 def _reward_model(**options):
@@ -76,7 +104,67 @@ def register_reward(name: str, factory: Callable[..., RewardFunction]) -> None:
     REWARD_FUNCTIONS[name] = factory
 
 
+_WEIGHT = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
+
+def is_python_reward(name: str) -> bool:
+    """``module:function`` (or ``file.py:function``): a reward imported from Python, not a built-in name."""
+    return ":" in name
+
+
+def _check_python_name(name: str, spec: str) -> None:
+    mod, _, fn = name.rpartition(":")
+    if not (mod.endswith(".py") or _DOTTED.fullmatch(mod)) or not re.fullmatch(r"[A-Za-z_]\w*", fn):
+        raise ConfigError(f"reward {name!r} is not MODULE:FUNCTION (e.g. my_rewards:length_bonus, or "
+                          f"rewards.py:length_bonus) nor a built-in name (spec: {spec!r})")
+
+
+def load_python_reward(name: str) -> RewardFunction:
+    """The callable ``MODULE:FUNCTION`` names (``MODULE`` dotted and importable, or a ``.py`` file), wrapped so a
+    function without ``**kwargs`` gets only the columns it names; ConfigError when it cannot be loaded."""
+    mod_name, _, fn_name = name.rpartition(":")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name)
+            if not path.is_file():
+                raise ConfigError(f"reward {name!r}: no file {mod_name}")
+            spec = importlib.util.spec_from_file_location(f"posttrain_user_reward_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and "." not in sys.path:
+                sys.path.insert(0, "")  # the current directory, as `python -m` has it
+            module = importlib.import_module(mod_name)
+    except ConfigError:
+        raise
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH or in the "
+                          f"current directory?") from None
+    except Exception as e:  # noqa: BLE001 - the user's module failed while importing
+        raise ConfigError(f"reward {name!r}: importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None:
+        raise ConfigError(f"reward {name!r}: module {mod_name!r} has no {fn_name!r}")
+    if not callable(fn):
+        raise ConfigError(f"reward {name!r}: {mod_name}.{fn_name} is a {type(fn).__name__}, not a function")
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return fn
+    named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+    def reward(prompts, completions, **columns):
+        return fn(prompts, completions, **{k: v for k, v in columns.items() if k in named})
+
+    return reward
+
+
 def get_reward(name: str, **options) -> RewardFunction:
+    if is_python_reward(name):
+        return load_python_reward(name)
     if name not in REWARD_FUNCTIONS:
         raise ConfigError(f"unknown reward {name!r}; choose from: {', '.join(sorted(REWARD_FUNCTIONS))}")
     return REWARD_FUNCTIONS[name](**options)
@@ -113,17 +201,29 @@ class WeightedReward:
         return self.components(prompts, completions, **columns)[0]
 
 
+def _split_item(item: str, spec: str) -> tuple[str, float]:
+    """"math:0.5" -> ("math", 0.5); "mod:fn" -> ("mod:fn", 1.0); "mod:fn:2" -> ("mod:fn", 2.0)."""
+    head, sep, last = item.rpartition(":")
+    last = last.strip()
+    if sep and _WEIGHT.fullmatch(last):
+        return head.strip(), float(last)
+    if sep and not is_python_reward(head) and (head.strip() in REWARD_FUNCTIONS or not re.fullmatch(r"[A-Za-z_]\w*", last)):
+        raise ConfigError(f"reward weight {last!r} for {head.strip()!r} is not a number (spec: {spec!r})")
+    return item.strip(), 1.0
+
+
 def parse_reward_spec(spec: str) -> dict[str, float]:
-    """"math:1.0, format:0.1" -> {"math": 1.0, "format": 0.1}; a bare name has weight 1."""
+    """"math:1.0, format:0.1" -> {"math": 1.0, "format": 0.1}; a bare name has weight 1; "my_mod:fn:0.5"
+    -> {"my_mod:fn": 0.5} (a reward from Python; see the module docstring for the grammar)."""
     out = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
-        name, _, w = item.partition(":")
-        name = name.strip()
-        try:
-            out[name] = float(w) if w.strip() else 1.0
-        except ValueError:
-            raise ConfigError(f"reward weight {w!r} for {name!r} is not a number (spec: {spec!r})") from None
-        if name not in REWARD_FUNCTIONS:
+        name, weight = _split_item(item, spec)
+        if not math.isfinite(weight):
+            raise ConfigError(f"reward weight {weight} for {name!r} is not finite (spec: {spec!r})")
+        out[name] = weight
+        if is_python_reward(name):
+            _check_python_name(name, spec)
+        elif name not in REWARD_FUNCTIONS:
             raise ConfigError(f"unknown reward {name!r}; choose from: {', '.join(sorted(REWARD_FUNCTIONS))}")
     if not out:
         raise ConfigError(f"empty reward spec {spec!r}; e.g. 'exact_match:1.0'")

@@ -288,8 +288,18 @@ def _math_verify_available() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def gold_answer(answer) -> str:
+    """The reference's final answer: a GSM8K-style worked solution ``"... so 48/2 = 24 ... #### 72"`` gives the
+    text after its last ``####`` (``"72"``); any other reference is used whole."""
+    a = str(answer)
+    return a.rsplit("####", 1)[1].strip() if "####" in a else a
+
+
 def math_answer_reward(prompts: list[str], completions: list[str], answer=None, backend: str = "auto", **_) -> list[float]:
     """1.0 when the completion's final answer equals ``answer`` mathematically, else 0.0.
+
+    A reference holding ``####`` (GSM8K's worked solutions) is compared by what follows its last ``####``
+    (:func:`gold_answer`); the column read is ``answer`` (``math`` reward option ``answer_field`` for another).
 
     backend: "builtin" (our Fraction parser), "math_verify", or "auto" (math_verify when installed and on the
     main thread, else builtin; an exception inside math_verify falls back to builtin).
@@ -300,7 +310,7 @@ def math_answer_reward(prompts: list[str], completions: list[str], answer=None, 
         raise UserError(f"math backend {backend!r} is not valid; choose one of: auto, builtin, math_verify")
     use_mv = backend == "math_verify" or (backend == "auto" and _math_verify_available())
     out = []
-    for c, a in zip(completions, answers):
+    for c, a in zip(completions, map(gold_answer, answers)):
         ok = None
         if use_mv:
             try:

@@ -42,10 +42,12 @@ from pathlib import Path
 
 import torch
 
+from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, check_value, knob
 from posttrain.data.batches import batch_indices
 from posttrain.data.checks import LONG_POLICIES, model_window
-from posttrain.data.io import iter_jsonl
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
+from posttrain.data.io import iter_records
 from posttrain.data.pairs import load_pairs
 from posttrain.data.preference import (
     collate_kto,
@@ -103,6 +105,8 @@ class DPOConfig(TrainerConfig):
                               "completions their start) | skip", choices=LONG_POLICIES)
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
+    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -237,14 +241,15 @@ class UnpairedData:
                 "policy_kl_logps": pol_kl, "ref_kl_logps": ref_kl}
 
 
-def load_user_data(path: str, unpaired: bool):
+def load_user_data(path: str, unpaired: bool, chat=None, on_bad_line: str = "error"):
     """Pairs file, or for KTO a {prompt, completion, label} file (a pairs file is split into both labels)."""
-    first = next(iter(iter_jsonl(path)), None)
+    first = next(iter(iter_records(path, on_bad_line=on_bad_line)), None)
     if first is None:
         raise UserError(f"{path}: no records (the file is empty)")
+    kw = {"chat": chat, "on_bad_line": on_bad_line}
     if unpaired:
-        return load_kto_examples(path) if "label" in first[1] else pairs_to_kto(load_preference_pairs(path))
-    return load_preference_pairs(path)
+        return load_kto_examples(path, **kw) if "label" in first[1] else pairs_to_kto(load_preference_pairs(path, **kw))
+    return load_preference_pairs(path, **kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,7 +296,8 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="dpo --init")
-    tokenizer = init.tokenizer
+    chat = resolve_chat(cfg.chat_template, init.tokenizer, [init.path])
+    tokenizer = chat_tokenizer(init.tokenizer, chat)  # with a template, EOS is its end-of-turn token
     task = ArithmeticTask(cfg.task)
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
     if world.distributed and choice.batch_coupled:
@@ -301,7 +307,8 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     unpaired = choice.unpaired
     beta = cfg.beta if cfg.beta is not None else choice.default_beta
-    evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
+    evals = (load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line) if cfg.eval_data
+             else [(p.prompt, p.answer) for p in task.eval_problems()])
     evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
     eval_window = prompt_window(init.model, cfg.max_new_tokens)
 
@@ -321,7 +328,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         policy = copy.deepcopy(init.model)
 
     # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
-    examples = fit(load_user_data(cfg.data, unpaired)) if cfg.data else None
+    examples = fit(load_user_data(cfg.data, unpaired, chat, cfg.on_bad_line)) if cfg.data else None
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     pair_info: dict = {}
     if examples is None:

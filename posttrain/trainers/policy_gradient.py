@@ -40,10 +40,13 @@ from pathlib import Path
 
 import torch
 
+from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices, stream_seed
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
+from posttrain.data.prompts import rl_data
 from posttrain.errors import ConfigError, UserError
-from posttrain.evaluation import encode_prompt, evaluate
+from posttrain.evaluation import encode_prompt
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import (
@@ -60,7 +63,6 @@ from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common, distributed
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.checkpoint import (
@@ -133,6 +135,13 @@ class PolicyGradientConfig(TrainerConfig):
     seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
+    data: str | None = knob(None, "JSONL/Parquet of RL prompts, one per row; every other column goes to the reward "
+                                  "functions by name (default: the embedded task; docs/your_data.md)")
+    eval_data: str | None = knob(None, "held-out prompts (same format) for the greedy held-out accuracy (needed with data)")
+    prompt_field: str = knob("prompt", "the data column holding the prompt: a string or a list of messages")
+    answer_field: str = knob("answer", "the column the exact_match / digits / math rewards read as the reference")
+    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
+    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -216,9 +225,7 @@ class PolicyGradientTrainer:
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
-        self.prompts = self.task.rl_prompts()
-        self.evals = self.task.eval_problems()
-        self.reward_fn = build_reward(cfg.reward)
+        self.reward_fn = build_reward(cfg.reward, answer_field=cfg.answer_field)
         common.seed_everything(cfg.seed)
         self.start_step = 0
         ckpt = None
@@ -229,6 +236,12 @@ class PolicyGradientTrainer:
         init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="grpo --init") if cfg.init else None
         src = ckpt or init
         self.model, self.tokenizer = src.model, src.tokenizer
+        self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
+        self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
+        self.data = rl_data(task=self.task, data=cfg.data, eval_data=cfg.eval_data, reward_fn=self.reward_fn,
+                            tokenizer=self.tokenizer, model=self.model, max_new_tokens=cfg.max_new_tokens,
+                            prompt_field=cfg.prompt_field, chat=self.chat, on_bad_line=cfg.on_bad_line)
+        self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
         self.model.train()
         # the reference is the *initial* policy: from --init, or from the resumed run's own init
         self.ref_model = None
@@ -250,7 +263,7 @@ class PolicyGradientTrainer:
                 self.collapse.load_state_dict(ckpt.state["collapse"])
                 self.snapshot = load_snapshot(ckpt.path)
         max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
-        if max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
+        if max_len is not None and not cfg.data and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
             raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
         common.begin_run(self.run, cfg)
         self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
@@ -271,12 +284,11 @@ class PolicyGradientTrainer:
                        pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, cfg=cfg.sampling, generator=generator)
         texts = decode_completions(self.tokenizer, gen)
         G = cfg.num_generations
-        prompts = [p.prompt for p in problems for _ in range(G)]
-        answers = [p.answer for p in problems for _ in range(G)]
-        rewards = torch.tensor(self.reward_fn(prompts, texts, answer=answers), dtype=torch.float32)  # (N,)
+        scores, hits = self.data.score(self.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)
+        rewards = torch.tensor(scores, dtype=torch.float32)  # (N,)
         if not torch.isfinite(rewards).all():
             raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
-        correct = torch.tensor([exact_verify(c, a) for c, a in zip(texts, answers)], dtype=torch.float32)
+        correct = torch.tensor(hits, dtype=torch.float32)
         return gen, rewards, correct
 
     def rollout(self, step: int) -> Rollout:
@@ -285,21 +297,22 @@ class PolicyGradientTrainer:
         t0 = time.perf_counter()
         gen, rewards, correct = first = self._draw(step, 0)
         sel = torch.arange(len(rewards))
-        parts, kept, drawn = [(gen, sel)], [rewards], cfg.prompts_per_step
+        want = cfg.prompts_per_step // self.world.world_size  # this rank's groups per step
+        parts, kept, drawn = [(gen, sel)], [rewards], want
         if cfg.dynamic_sampling:  # DAPO: keep only groups with signal, draw more rounds to refill
             parts, kept, n_kept, rnd = [], [], 0, 0
             while True:
-                ok = informative_groups(rewards, G).nonzero().squeeze(1)[: cfg.prompts_per_step - n_kept]
+                ok = informative_groups(rewards, G).nonzero().squeeze(1)[: want - n_kept]
                 if len(ok):
                     rows = group_rows(ok, G)
                     parts.append((gen, rows))
                     kept.append(rewards[rows])
                     n_kept += len(ok)
                 rnd += 1
-                if n_kept >= cfg.prompts_per_step or rnd >= cfg.max_sample_rounds:
+                if n_kept >= want or rnd >= cfg.max_sample_rounds:
                     break
                 gen, rewards, _ = self._draw(step, rnd)
-                drawn += cfg.prompts_per_step
+                drawn += want
         t1 = time.perf_counter()
         gen, rewards, correct = first  # the round-0 batch: an unfiltered measure of the policy
         if len(parts) == 1 and len(parts[0][1]) == len(rewards):
@@ -450,8 +463,7 @@ class PolicyGradientTrainer:
         return metrics
 
     def run_eval(self):
-        r = evaluate(self.model, self.tokenizer, [p.prompt for p in self.evals], [p.answer for p in self.evals],
-                     max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        r = self.data.evaluate(self.model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
         self.model.train()
         return r
 

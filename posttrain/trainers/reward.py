@@ -46,9 +46,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices
 from posttrain.data.checks import LONG_POLICIES, model_window
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.io import atomic_dir
 from posttrain.data.preference import (
     PreferencePair,
@@ -109,6 +111,8 @@ class RMConfig(TrainerConfig):
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
+    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -254,7 +258,9 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     if cfg.data or cfg.eval_data:
         if not (cfg.data and cfg.eval_data):
             raise UserError("pass both --data and --eval-data (held-out pairs), or neither for the embedded task")
-        train, held = load_preference_pairs(cfg.data), load_preference_pairs(cfg.eval_data)
+        chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(init, "path", None)])
+        tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
+        train, held = (load_preference_pairs(x, chat=chat, on_bad_line=cfg.on_bad_line) for x in (cfg.data, cfg.eval_data))
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if not (cfg.data or cfg.eval_data):
         train, held, pair_info = _embedded_pairs(cfg, task, init, Path(run.dir))

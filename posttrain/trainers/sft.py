@@ -40,9 +40,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices  # noqa: F401  (also imported from here by older callers)
 from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP, fit_chat_demos, load_sft_data, needs_chat
 from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
@@ -89,6 +91,8 @@ class SFTConfig(TrainerConfig):
                               "answer its start) | skip", choices=LONG_POLICIES)
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
+    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
     fsdp: bool = knob(False, "under torchrun: shard parameters, gradients and optimizer state over the processes "
                              "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them")
 
@@ -127,8 +131,11 @@ def encode_demos(tokenizer, pairs: list[tuple[str, str]], fitted=None) -> tuple[
     return ids, mask
 
 
-def fit_demos(tokenizer, demos, model, long: str):
-    """Check demonstrations (unknown characters, the model's window) -> (kept demos, ids, loss mask)."""
+def fit_demos(tokenizer, demos, model, long: str, chat=None):
+    """Check demonstrations (unknown characters, the model's window) -> (kept demos, ids, loss mask).
+    Conversations (and, with a template for everything, pairs) go through the chat template's mask."""
+    if needs_chat(demos, chat):
+        return fit_chat_demos(tokenizer, demos, chat, window=model_window(model), long=long)
     kept, fitted = fit_sequences(tokenizer, demos, lambda r: (r[0], [("answer", r[1])]), window=model_window(model),
                                  long=long, what="training")
     demos = demos.subset(kept) if isinstance(demos, Located) else [demos[i] for i in kept]
@@ -230,11 +237,10 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     world = distributed.init()  # one process, or this rank under torchrun
     run = common.open_run(cfg, "sft", resume=resume, overwrite=overwrite)
     task = ArithmeticTask(cfg.task)
-    demos = load_pairs(cfg.data, "training") if cfg.data else [(p.prompt, p.answer) for p in task.demonstrations()]
-    evals = load_pairs(cfg.eval_data, "evaluation") if cfg.eval_data else [(p.prompt, p.answer) for p in task.eval_problems()]
+    demos = load_sft_data(cfg.data, on_bad_line=cfg.on_bad_line) if cfg.data else [(p.prompt, p.answer) for p in task.demonstrations()]
 
     common.seed_everything(cfg.seed)
-    start_step, ckpt = 0, None
+    start_step, ckpt, init = 0, None, None
     if resume and sharded.is_sharded_checkpoint(run.resume_from):  # written under --fsdp: weights come with the
         ckpt = sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="sft")  # optimizer state, below
         model, tokenizer = ckpt.model, ckpt.tokenizer
@@ -251,7 +257,11 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     else:
         tokenizer = CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
-    demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long)
+    chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
+    tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
+    evals = (load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line) if cfg.eval_data
+             else [(p.prompt, p.answer) for p in task.eval_problems()])
+    demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long, chat)
     train_idx, val_idx = split_validation(demos, cfg.val_fraction)
     vals = [demos[i] for i in val_idx]
     ids, loss_mask = ids[train_idx], loss_mask[train_idx]
