@@ -56,6 +56,8 @@ from posttrain.losses.kl import (
 from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS, POLICY_OBJECTIVES
 from posttrain.models.gpt import GPT
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, has_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
@@ -64,14 +66,15 @@ from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.checkpoint import (
-    POLICY,
     CheckpointManager,
+    initial_model,
     load_checkpoint,
     load_snapshot,
     restore_rng,
     rng_state,
     save_checkpoint,
     save_with_snapshot,
+    start_policy,
     take_snapshot,
 )
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
@@ -158,6 +161,15 @@ class PolicyGradientConfig:
         return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, num_samples=self.num_generations)
 
+    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
+
 
 PRESETS: dict[str, dict] = {
     "tiny": {},
@@ -208,8 +220,9 @@ class PolicyGradientTrainer:
     ``__init__`` is the trainer's set-up (the run directory is written only once its inputs are checked)."""
 
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
-        if not cfg.init and not resume:
-            raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
+        if not (cfg.init or cfg.model_path) and not resume:
+            raise UserError("RL needs a starting policy: pass --model DIR or --init SFT_CHECKPOINT (e.g. the out dir of "
+                            "`posttrain sft`)")
         self.cfg = cfg
         common.set_threads(cfg.threads)
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
@@ -225,15 +238,15 @@ class PolicyGradientTrainer:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
             self.start_step = ckpt.step
             common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="grpo --init") if cfg.init else None
+        init = start_policy(cfg, role="grpo --model")
         src = ckpt or init
-        self.model, self.tokenizer = src.model, src.tokenizer
+        self.model, self.tokenizer = apply_lora(src.model, lora_config(cfg)), src.tokenizer
         self.model.train()
         # the reference is the *initial* policy: from --init, or from the resumed run's own init
         self.ref_model = None
         if cfg.beta > 0:
-            ref_src = init.model if init is not None else load_checkpoint(ckpt.state["config"]["init"], accept_kinds=POLICY).model
-            self.ref_model = common.frozen(copy.deepcopy(ref_src))  # a frozen copy of the starting policy
+            # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
+            self.ref_model = reference_model(self.model, lambda: common.frozen(copy.deepcopy(initial_model(init, ckpt))))
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
         self.alarms = Alarms(cfg.alarms)
@@ -413,7 +426,7 @@ class PolicyGradientTrainer:
             self.snapshot = take_snapshot(self.model, self.opt)
         elif action in ("restore", "warn"):
             if action == "restore" and self.snapshot is not None:
-                self.model.load_state_dict(self.snapshot["model"])
+                self.model.load_state_dict(self.snapshot["model"], strict=not has_lora(self.model))  # LoRA: adapters only
                 self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
                 metrics["restored_from"] = self.collapse.best_step
             warnings.append(self.collapse.message(step + 1, action))
@@ -447,6 +460,8 @@ class PolicyGradientTrainer:
             last_eval = self.run_eval()
         final = None
         if not stopped:
+            if cfg.merge_lora:  # model/ with full weights, no adapter files
+                self.model = merge_lora(self.model)
             final = save_checkpoint(Path(self.out) / "model", model=self.model, tokenizer=self.tokenizer,
                                     state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
                                     optimizer=self.opt, rng_state=rng_state())

@@ -67,18 +67,20 @@ from posttrain.errors import ConfigError, UserError
 from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import (
-    POLICY,
     CheckpointManager,
     load_checkpoint,
     restore_rng,
     rng_state,
     save_checkpoint,
+    start_policy,
     writing,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
@@ -124,6 +126,15 @@ class RMConfig:
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if list(self.bucket_edges) != sorted(self.bucket_edges):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
+
+    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
 
 
 PRESETS: dict[str, dict] = {
@@ -246,7 +257,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
-    init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="rm --init") if cfg.init else None
+    init = start_policy(cfg, role="rm --model")
     start_step, opt_state, rng = 0, None, None
     if resume:
         ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
@@ -255,7 +266,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         common.check_resume_step(loaded.path, start_step, cfg.steps)
     elif init is not None:
         tokenizer = init.tokenizer
-        rm = RewardModel(init.model)  # pairs are sampled from it before any training step
+        rm = RewardModel(apply_lora(init.model, lora_config(cfg)))  # pairs are sampled from it before any training step
     else:
         tokenizer = CharTokenizer(task.alphabet)
         rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
@@ -327,6 +338,8 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
         last_eval = run_eval(s)
     c, x = pair_rewards(s.rm, s.train[: cfg.stats_pairs], s.tokenizer, cfg)
     stats = RewardStats.from_rewards(torch.cat([c, x]))
+    if cfg.merge_lora:  # model/ with full weights, no adapter files
+        s.rm.backbone.model = merge_lora(s.rm.backbone.model)
     final = save_reward_checkpoint(Path(out) / "model", s.rm, s.tokenizer, _state(s, cfg.steps, {"heldout": last_eval}),
                                    optimizer=s.opt, rng=rng_state(), stats=stats)
     summary = {
