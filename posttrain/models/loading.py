@@ -263,3 +263,42 @@ def save_hf_model(model, directory: str | Path) -> None:
     model.save_pretrained(str(d), state_dict=sd, max_shard_size="1000GB")
     if lora:
         save_adapter(model, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# exporting posttrain's own tokenizers
+
+
+def char_tokenizer_json(tok) -> dict:
+    """posttrain's char tokenizer as a ``tokenizers`` file: one WordLevel token per character (a Split on every
+    character, a Fuse decoder), the specials as added tokens, so ``PreTrainedTokenizerFast`` encodes the same ids."""
+    vocab = {tok.id_to_token(i): i for i in range(tok.vocab_size)}
+    specials = [{"id": i, "content": tok.id_to_token(i), "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": True} for i in (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id)]
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": specials, "normalizer": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
+            "post_processor": None, "decoder": {"type": "Fuse"},
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.id_to_token(tok.unk_id)}}
+
+
+def save_tokenizer_for_transformers(tok, directory: str | Path, model_max_length: int | None = None) -> None:
+    """Write ``tok`` so that ``AutoTokenizer.from_pretrained(directory)`` loads it: a model directory's tokenizer
+    as it was; posttrain's subword tokenizers as their tokenizer.json + a tokenizer_config.json naming the
+    special tokens (class PreTrainedTokenizerFast); the char tokenizer as a WordLevel tokenizer.json."""
+    d = Path(directory)
+    if isinstance(tok, ModelTokenizer):
+        return tok.save(d)
+    from posttrain.tokenizers.char import CharTokenizer
+
+    if isinstance(tok, CharTokenizer):
+        (d / "tokenizer.json").write_text(json.dumps(char_tokenizer_json(tok), ensure_ascii=False))
+    else:
+        tok.save(d / "tokenizer.json")
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    for role in ("pad", "bos", "eos", "unk"):
+        i = getattr(tok, f"{role}_id", None)
+        if i is not None:
+            cfg[f"{role}_token"] = tok.id_to_token(i)
+    if model_max_length:
+        cfg["model_max_length"] = model_max_length
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")

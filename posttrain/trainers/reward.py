@@ -266,10 +266,11 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         common.check_resume_step(loaded.path, start_step, cfg.steps)
     elif init is not None:
         tokenizer = init.tokenizer
-        rm = RewardModel(apply_lora(init.model, lora_config(cfg)))  # pairs are sampled from it before any training step
+        rm = RewardModel(init.model)  # pairs are sampled from it before any training step
     else:
         tokenizer = CharTokenizer(task.alphabet)
         rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
+    apply_lora(rm.backbone.model, lora_config(cfg))  # lora_r > 0: adapters on the frozen backbone; the head trains
 
     pair_info: dict = {}
     if cfg.data or cfg.eval_data:

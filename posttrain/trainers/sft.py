@@ -252,10 +252,11 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         common.check_resume_step(ckpt.path, start_step, cfg.steps)
     elif cfg.init or cfg.model_path:
         init = start_policy(cfg, role="sft --model")
-        model, tokenizer = apply_lora(init.model, lora_config(cfg)), init.tokenizer
+        model, tokenizer = init.model, init.tokenizer
     else:
         tokenizer = CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+    model = apply_lora(model, lora_config(cfg))  # lora_r > 0: adapters on a frozen base (a resumed one has them)
     demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long)
     train_idx, val_idx = split_validation(demos, cfg.val_fraction)
     vals = [demos[i] for i in val_idx]
