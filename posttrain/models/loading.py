@@ -23,6 +23,7 @@ Not handled: sharded or ``.bin`` weights are read (``from_pretrained``) but alwa
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -52,6 +53,19 @@ def _transformers():
     except ImportError:
         raise UserError("Hugging Face models need transformers: pip install 'posttrain[hf]'") from None
     return transformers
+
+
+@contextlib.contextmanager
+def _quiet():
+    """No 'Loading weights' / 'Writing model shards' bars from transformers in a training log."""
+    log = _transformers().utils.logging
+    was = log.is_progress_bar_enabled()
+    log.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            log.enable_progress_bar()
 
 
 def read_json(path: Path) -> dict:
@@ -222,12 +236,13 @@ def load_hf_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> 
 
     tf, d = _transformers(), Path(directory)
     try:
-        if (d / ADAPTER_CONFIG).is_file():  # posttrain's LoRA layout: base weights + adapter in one directory
-            model = tf.AutoModelForCausalLM.from_config(tf.AutoConfig.from_pretrained(str(d), local_files_only=True),
-                                                        dtype=dtype)
-            _load_base_weights(model, d)
-        else:
-            model = tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=dtype)
+        with _quiet():
+            if (d / ADAPTER_CONFIG).is_file():  # posttrain's LoRA layout: base weights + adapter in one directory
+                config = tf.AutoConfig.from_pretrained(str(d), local_files_only=True)
+                model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
+                _load_base_weights(model, d)
+            else:
+                model = tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=dtype)
     except UserError:
         raise
     except Exception as e:
@@ -260,7 +275,8 @@ def save_hf_model(model, directory: str | Path) -> None:
     d = Path(directory)
     lora = has_lora(model)
     sd = base_state_dict(model) if lora else None
-    model.save_pretrained(str(d), state_dict=sd, max_shard_size="1000GB")
+    with _quiet():
+        model.save_pretrained(str(d), state_dict=sd, max_shard_size="1000GB")
     if lora:
         save_adapter(model, d)
 
