@@ -48,6 +48,7 @@ from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
 from posttrain.models import load_model, save_model
 from posttrain.models.loading import ModelTokenizer, is_hf_model_dir, load_hf_model, load_model_tokenizer
+from posttrain.models.lora import merge_lora
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.trainers.guards import require_finite_parameters
 from posttrain.trainers.run_dir import (
@@ -249,12 +250,19 @@ def load_policy(path: str | Path, pad_token: str | None = None, role: str | None
     return ckpt
 
 
-def start_policy(cfg, role: str) -> Checkpoint | None:
-    """A trainer's starting policy: ``cfg.model_path`` (``--model``) or ``cfg.init``; None when neither is set."""
+def start_policy(cfg, command: str) -> Checkpoint | None:
+    """A trainer's starting policy: ``cfg.model_path`` (``--model``) or ``cfg.init``; None when neither is set.
+
+    A checkpoint trained with LoRA starts as one model: its adapter merged into the weights, so that a new run's
+    own adapter (and the reference = adapters off) sit on top of *that* policy, not on the older base."""
     if cfg.model_path and cfg.init:
         raise UserError("--model and --init both name a starting policy: pass one")
     path = cfg.model_path or cfg.init
-    return load_policy(path, pad_token=cfg.pad_token, role=role) if path else None
+    if not path:
+        return None
+    ckpt = load_policy(path, pad_token=cfg.pad_token, role=f"{command} {'--model' if cfg.model_path else '--init'}")
+    ckpt.model = merge_lora(ckpt.model)
+    return ckpt
 
 
 def initial_model(init: Checkpoint | None, resumed: Checkpoint | None) -> torch.nn.Module:
@@ -262,7 +270,7 @@ def initial_model(init: Checkpoint | None, resumed: Checkpoint | None) -> torch.
     if init is not None:
         return init.model
     c = resumed.state["config"]
-    return load_policy(c.get("model_path") or c["init"], pad_token=c.get("pad_token")).model
+    return merge_lora(load_policy(c.get("model_path") or c["init"], pad_token=c.get("pad_token")).model)
 
 
 def save_with_extras(directory, write_extras, **kwargs) -> Path:

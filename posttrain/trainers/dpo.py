@@ -335,11 +335,11 @@ class DPOState:
 def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> DPOState:
     """Open the run, load the policy and the frozen reference, load (or sample and cache) and check the data."""
     if not (cfg.init or cfg.model_path):
-        raise UserError("dpo needs --model DIR or --init SFT_CHECKPOINT (the starting policy and the frozen reference)")
+        raise UserError("dpo needs --init SFT_CHECKPOINT or --model DIR (the starting policy and the frozen reference)")
     common.set_threads(cfg.threads)
     run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
-    init = start_policy(cfg, role="dpo --model")
+    init = start_policy(cfg, "dpo")
     tokenizer = init.tokenizer
     task = ArithmeticTask(cfg.task)
     choice = resolve_loss(cfg.loss, cfg.loss_weights)

@@ -221,8 +221,8 @@ class PolicyGradientTrainer:
 
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
         if not (cfg.init or cfg.model_path) and not resume:
-            raise UserError("RL needs a starting policy: pass --model DIR or --init SFT_CHECKPOINT (e.g. the out dir of "
-                            "`posttrain sft`)")
+            raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
+                            "`posttrain sft`) or --model DIR")
         self.cfg = cfg
         common.set_threads(cfg.threads)
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
@@ -238,7 +238,7 @@ class PolicyGradientTrainer:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
             self.start_step = ckpt.step
             common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        init = start_policy(cfg, role="grpo --model")
+        init = start_policy(cfg, "grpo")
         src = ckpt or init
         self.model, self.tokenizer = apply_lora(src.model, lora_config(cfg)), src.tokenizer
         self.model.train()

@@ -257,7 +257,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
-    init = start_policy(cfg, role="rm --model")
+    init = start_policy(cfg, "rm")
     start_step, opt_state, rng = 0, None, None
     if resume:
         ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")

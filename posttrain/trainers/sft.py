@@ -251,7 +251,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         start_step = ckpt.step
         common.check_resume_step(ckpt.path, start_step, cfg.steps)
     elif cfg.init or cfg.model_path:
-        init = start_policy(cfg, role="sft --model")
+        init = start_policy(cfg, "sft")
         model, tokenizer = init.model, init.tokenizer
     else:
         tokenizer = CharTokenizer(task.alphabet)

@@ -174,3 +174,25 @@ def test_export_of_a_gpt_lora_checkpoint_needs_merge(tmp_path, capsys):
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
     x = torch.tensor([[1, 5, 6, 14, 7, 16]])
     torch.testing.assert_close(hf(x).logits, ours(x).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_lora_checkpoint_starts_a_new_run_merged(dirs, tmp_path):
+    """DPO after a LoRA SFT: the reference is the SFT policy (its adapter merged), not the SFT run's base."""
+    from posttrain.trainers.dpo import DPOConfig, setup
+    from posttrain.trainers.sft import SFTConfig, train_sft
+
+    d, evals = dirs["qwen2"], demos_file(tmp_path / "e.jsonl", 4)
+    train_sft(SFTConfig(out=str(tmp_path / "sft"), model_path=str(d), steps=2, batch_size=4, lr=5e-2, warmup_steps=0,
+                        data=str(demos_file(tmp_path / "d.jsonl")), eval_data=str(evals), max_new_tokens=2, lora_r=4,
+                        **QUIET))
+    sft = load_checkpoint(tmp_path / "sft")
+    assert has_lora(sft.model)
+    s = setup(DPOConfig(out=str(tmp_path / "dpo"), model_path=str(tmp_path / "sft"), steps=1, batch_size=4,
+                        data=str(pairs_file(tmp_path / "p.jsonl")), eval_data=str(evals), max_new_tokens=2, loss="dpo",
+                        lora_r=4, precompute_ref=False, **QUIET))
+    x = torch.tensor([sft.tokenizer.encode("1+2=3")])
+    with torch.no_grad():
+        want = sft.model.eval()(x).logits
+        torch.testing.assert_close(s.ref_model(x).logits, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(s.policy(x).logits, want, atol=1e-5, rtol=1e-5)  # fresh adapter: B = 0
+        assert not torch.allclose(load_policy(d).model(x).logits, want, atol=1e-4)  # the SFT adapter did move
