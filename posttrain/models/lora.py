@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,14 @@ def _peft():
     return peft
 
 
+@contextlib.contextmanager
+def _quiet_peft():
+    """peft calls transformers' deprecated ``is_gradient_checkpointing``: not the user's concern."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def model_type(model: nn.Module) -> str:
     from posttrain.models.gpt import GPT
 
@@ -123,7 +132,8 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
     lc = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                          fan_in_fan_out=model_type(model) == "gpt2", bias="none")
     try:
-        pm = peft.get_peft_model(model, lc)
+        with _quiet_peft():
+            pm = peft.get_peft_model(model, lc)
     except ValueError as e:  # "Target modules {...} not found in the base model"
         raise UserError(f"--lora-target-modules: {str(e).splitlines()[0]}") from None
     return _keep(model, pm)
@@ -133,7 +143,8 @@ def attach_adapter(model: nn.Module, directory: str | Path, trainable: bool = Tr
     """Load the adapter saved in ``directory`` (``adapter_config.json`` + weights) onto ``model``, in place."""
     peft = _peft()
     try:
-        pm = peft.PeftModel.from_pretrained(model, str(directory), is_trainable=trainable)
+        with _quiet_peft():
+            pm = peft.PeftModel.from_pretrained(model, str(directory), is_trainable=trainable)
     except Exception as e:
         raise UserError(f"{Path(directory) / ADAPTER_CONFIG}: cannot load the LoRA adapter ({e})") from None
     return _keep(model, pm)
