@@ -1,6 +1,7 @@
 """LoRA through peft: only adapters train, the reference is the base model exactly (adapters off, no copy),
 merged weights are W + (alpha / r) B A, and the saved directory is base + peft adapter that transformers applies."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -196,3 +197,21 @@ def test_a_lora_checkpoint_starts_a_new_run_merged(dirs, tmp_path):
         torch.testing.assert_close(s.ref_model(x).logits, want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(s.policy(x).logits, want, atol=1e-5, rtol=1e-5)  # fresh adapter: B = 0
         assert not torch.allclose(load_policy(d).model(x).logits, want, atol=1e-4)  # the SFT adapter did move
+
+
+def test_a_lora_run_resumed_ends_bitwise_equal(dirs, tmp_path):
+    import shutil
+
+    from posttrain.trainers.sft import SFTConfig, train_sft
+
+    data = str(demos_file(tmp_path / "d.jsonl"))
+    cfg = SFTConfig(out=str(tmp_path / "a"), model_path=str(dirs["gpt2"]), steps=4, batch_size=4, lr=2e-2,
+                    warmup_steps=0, data=data, eval_data=data, max_new_tokens=2, lora_r=4, progress=False,
+                    eval_every=0, save_every=2)
+    train_sft(cfg)
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(a, b)  # as if killed after the step-2 checkpoint
+    shutil.rmtree(b / "model")
+    train_sft(dataclasses.replace(cfg, out=str(b)), resume=str(b))
+    A, B = (load_file(str(x / "model" / "adapter_model.safetensors")) for x in (a, b))
+    assert A.keys() == B.keys() and all(torch.equal(A[k], B[k]) for k in A)
