@@ -44,8 +44,10 @@ from posttrain.errors import ConfigError, UserError
 
 def knob(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple | None = None,
          ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-         allow_inf: bool = False):
+         allow_inf: bool = False, flag: str | None = None):
     """A dataclass field with help text (shown by ``--help``), allowed values and numeric bounds.
+
+    ``flag`` is one more spelling of the field's flag (``model_path`` is also ``--model``).
 
     ``ge``/``gt``/``le``/``lt`` bound a number (>=, >, <=, <; a None value of an Optional field is not
     bounded). Floats must be finite unless ``allow_inf`` (NaN never is). Example:
@@ -60,6 +62,8 @@ def knob(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = N
         meta["bounds"] = bounds
     if allow_inf:
         meta["allow_inf"] = True
+    if flag is not None:
+        meta["flag"] = flag
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -395,6 +399,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...]
         group.add_argument(
             flag_name(name),
             *([("--" + name)] if "_" in name and "action" not in kind else []),
+            *([f.metadata["flag"]] if f.metadata.get("flag") else []),
             dest="cfg:" + name,
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default})",

@@ -1,7 +1,14 @@
-"""Models: posttrain's tiny GPT (``gpt.py``), Hugging Face causal LMs (``hf.py``), reward/value heads (``heads.py``).
+"""Models: posttrain's tiny GPT (``gpt.py``), Hugging Face causal LMs (``hf.py``, ``loading.py``), reward/value
+heads (``heads.py``), LoRA adapters (``lora.py``).
 
 ``save_model`` / ``load_model`` read and write the weights + config part of a checkpoint directory:
-``model.safetensors`` (never a pickle) and ``config.json`` with ``{"model_type": "posttrain-gpt" | "hf", ...}``.
+``model.safetensors`` (never a pickle) and ``config.json``. posttrain's GPT writes ``{"model_type":
+"posttrain-gpt", "config": ...}``; a Hugging Face model is written in transformers' own layout
+(``save_pretrained``: its config.json, generation_config.json, model.safetensors), so
+``AutoModelForCausalLM.from_pretrained`` opens the directory. Older checkpoints with the wrapped
+``{"model_type": "hf", "config": ...}`` still load. A model with LoRA adapters also writes
+``adapter_config.json`` + ``adapter_model.safetensors`` (base weights stay in model.safetensors), and loads back
+with its adapters attached.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_model as _st_load_model
+from safetensors.torch import save_file as _st_save_file
 from safetensors.torch import save_model as _st_save_model
 
 from posttrain.errors import UserError
@@ -31,10 +39,23 @@ def model_config_dict(model: torch.nn.Module) -> dict:
 
 def save_model(model: torch.nn.Module, directory: str | Path) -> None:
     """Write ``model.safetensors`` and ``config.json`` into ``directory`` (caller makes it atomic)."""
+    from posttrain.models.lora import base_state_dict, has_lora, save_adapter
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    _st_save_model(model, str(d / "model.safetensors"))  # handles tied weights
-    (d / "config.json").write_text(json.dumps(model_config_dict(model), indent=2) + "\n")
+    cfg = model_config_dict(model)
+    if cfg["model_type"] == "hf":  # transformers' own layout, readable by from_pretrained and vLLM
+        from posttrain.models.loading import save_hf_model
+
+        return save_hf_model(model, d)
+    if has_lora(model):
+        sd = base_state_dict(model)
+        sd.pop("lm_head.weight", None)  # tied to wte.weight
+        _st_save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
+        save_adapter(model, d)
+    else:
+        _st_save_model(model, str(d / "model.safetensors"))  # handles tied weights
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def build_model_from_config_dict(cfg: dict, **overrides) -> torch.nn.Module:
@@ -46,7 +67,8 @@ def build_model_from_config_dict(cfg: dict, **overrides) -> torch.nn.Module:
         from posttrain.models.hf import hf_model_from_config_dict
 
         return hf_model_from_config_dict(cfg["config"])
-    raise UserError(f"unknown model_type {kind!r} in config.json (expected 'posttrain-gpt' or 'hf')")
+    raise UserError(f"unknown model_type {kind!r} in config.json (expected 'posttrain-gpt', 'hf' or a Hugging Face "
+                    f"model's own config)")
 
 
 def load_model(directory: str | Path, device: str | torch.device = "cpu", **overrides) -> torch.nn.Module:
@@ -59,10 +81,17 @@ def load_model(directory: str | Path, device: str | torch.device = "cpu", **over
         cfg = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{cfg_path}: not valid JSON ({e})") from None
+    from posttrain.models.loading import is_hf_model_dir, load_hf_model
+    from posttrain.models.lora import ADAPTER_CONFIG, attach_adapter
+
+    if is_hf_model_dir(d):  # transformers' layout (adapters attached there)
+        return load_hf_model(d).to(device)
     model = build_model_from_config_dict(cfg, **overrides)
     missing, unexpected = _st_load_model(model, str(w_path), strict=False, device=str(device))
     # tied weights are stored once; anything else missing or extra is a real mismatch
     missing = [m for m in missing if not m.endswith("lm_head.weight")]
     if missing or unexpected:
         raise UserError(f"{w_path}: weights do not match config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    if (d / ADAPTER_CONFIG).is_file():
+        attach_adapter(model, d)
     return model.to(device)

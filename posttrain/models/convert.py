@@ -12,7 +12,8 @@ plus one transpose: GPT-2 stores its projections as ``Conv1D`` with weight (in, 
     transformer.{wte, wpe, ln_f}, h[i].ln_1 = ln1, h[i].ln_2 = ln2          (copied as they are)
 
 Both directions copy tensors (the models never share storage). Used to start a TRL run and ours from
-the *same* policy (``benchmarks/bench_grpo.py``) and to hand a posttrain checkpoint to HF tooling.
+the *same* policy (``benchmarks/bench_grpo.py``) and to hand a posttrain checkpoint to HF tooling
+(``posttrain export CKPT --format hf``, :mod:`posttrain.cli.export`).
 
 Not handled (a clear error instead): grouped-query attention (``n_kv_head < n_head``), models without
 biases, GPT-2 configs with untied heads, ``scale_attn_by_inverse_layer_idx`` or
@@ -82,8 +83,10 @@ def _copy_state(src: dict, dst_model: torch.nn.Module, pairs) -> None:
         raise UserError(f"conversion left parameters unset: {missing}")
 
 
-def gpt_to_hf_gpt2(model: GPT, attn_implementation: str = "sdpa"):
-    """A ``transformers.GPT2LMHeadModel`` computing the same logits as ``model`` (weights copied)."""
+def gpt_to_hf_gpt2(model: GPT, attn_implementation: str = "sdpa", pad_id: int | None = 0, bos_id: int | None = 1,
+                   eos_id: int | None = 2):
+    """A ``transformers.GPT2LMHeadModel`` computing the same logits as ``model`` (weights copied); the special-token
+    ids (default: the char tokenizer's) go into its config and generation config."""
     tf = _transformers()
     c = model.config
     if c.kv_heads != c.n_head:
@@ -95,7 +98,7 @@ def gpt_to_hf_gpt2(model: GPT, attn_implementation: str = "sdpa"):
         n_inner=c.mlp_ratio * c.d_model, activation_function="gelu_new", layer_norm_epsilon=1e-5,
         resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=0.0, tie_word_embeddings=True,
         scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id,
     )
     hf = tf.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn_implementation)
     ref = next(model.parameters())

@@ -3,8 +3,10 @@
 Layout of a checkpoint directory::
 
     model.safetensors     weights (safetensors; tied weights stored once)
-    config.json           {"model_type": ..., "config": {...}}
+    config.json           {"model_type": "posttrain-gpt", "config": {...}}, or a Hugging Face model's own config
     tokenizer.json        the tokenizer (posttrain.tokenizers.load reads it)
+    generation_config.json, tokenizer_config.json, ...   Hugging Face models: transformers' layout (models/loading.py)
+    adapter_config.json, adapter_model.safetensors       LoRA adapters (models/lora.py; base weights in model.safetensors)
     trainer_state.json    step, trainer, run_id, run config, last metrics, plus trainer-specific state (JSON only)
     optimizer.pt          optimizer state_dict (tensors + plain containers: loaded with weights_only=True)
     rng.pt                torch RNG state(s) (same)
@@ -45,6 +47,8 @@ from safetensors.torch import load_file, save_file
 from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
 from posttrain.models import load_model, save_model
+from posttrain.models.loading import ModelTokenizer, is_hf_model_dir, load_hf_model, load_model_tokenizer
+from posttrain.models.lora import merge_lora
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.trainers.guards import require_finite_parameters
 from posttrain.trainers.run_dir import (
@@ -207,8 +211,7 @@ def load_checkpoint(path: str | Path, device="cpu", with_training_state: bool = 
         except Exception as we:
             raise UserError(f"{weights}: corrupt or unreadable checkpoint file ({_reason(we)})") from None
         raise UserError(f"{p / 'config.json'}: does not describe the saved model ({_reason(e)})") from None
-    with reading(p / "tokenizer.json"):
-        tokenizer = load_tokenizer(p / "tokenizer.json")
+    tokenizer = _checkpoint_tokenizer(p)
     ckpt = Checkpoint(path=p, model=model, tokenizer=tokenizer, state=state)
     if with_training_state:
         ckpt.optimizer_state = _torch_load(p / "optimizer.pt", map_location=device)
@@ -219,6 +222,55 @@ def load_checkpoint(path: str | Path, device="cpu", with_training_state: bool = 
             if not isinstance(ckpt.rng_state.get("torch"), torch.Tensor):
                 raise UserError(f"{p / 'rng.pt'}: corrupt checkpoint file (no torch RNG state)")
     return ckpt
+
+
+def _checkpoint_tokenizer(p: Path):
+    if (p / "tokenizer_config.json").is_file():  # a Hugging Face model directory's tokenizer (models/loading.py)
+        return load_model_tokenizer(p)
+    with reading(p / "tokenizer.json"):
+        return load_tokenizer(p / "tokenizer.json")
+
+
+def load_policy(path: str | Path, pad_token: str | None = None, role: str | None = None, device="cpu") -> Checkpoint:
+    """The one loader of a starting policy (``--model``/``--init``): a local Hugging Face model directory (config.json,
+    safetensors, tokenizer files; no training state) or a posttrain checkpoint / run directory. ``pad_token`` names
+    the pad token of a tokenizer that has none (models/loading.py)."""
+    p = Path(path)
+    if is_hf_model_dir(p) and not (p / STATE_FILE).is_file():
+        if not p.is_dir():
+            raise UserError(f"model directory not found: {p}")
+        tokenizer = load_model_tokenizer(p, pad_token=pad_token)
+        return Checkpoint(path=p, model=load_hf_model(p).to(device), tokenizer=tokenizer)
+    ckpt = load_checkpoint(p, device=device, accept_kinds=POLICY, role=role)
+    if pad_token is not None:
+        if not isinstance(ckpt.tokenizer, ModelTokenizer):
+            raise UserError(f"--pad-token applies to a Hugging Face model directory's tokenizer; {ckpt.path}'s has "
+                            f"its own pad token")
+        ckpt.tokenizer = load_model_tokenizer(ckpt.path, pad_token=pad_token)
+    return ckpt
+
+
+def start_policy(cfg, command: str) -> Checkpoint | None:
+    """A trainer's starting policy: ``cfg.model_path`` (``--model``) or ``cfg.init``; None when neither is set.
+
+    A checkpoint trained with LoRA starts as one model: its adapter merged into the weights, so that a new run's
+    own adapter (and the reference = adapters off) sit on top of *that* policy, not on the older base."""
+    if cfg.model_path and cfg.init:
+        raise UserError("--model and --init both name a starting policy: pass one")
+    path = cfg.model_path or cfg.init
+    if not path:
+        return None
+    ckpt = load_policy(path, pad_token=cfg.pad_token, role=f"{command} {'--model' if cfg.model_path else '--init'}")
+    ckpt.model = merge_lora(ckpt.model)
+    return ckpt
+
+
+def initial_model(init: Checkpoint | None, resumed: Checkpoint | None) -> torch.nn.Module:
+    """A run's starting policy: ``init``'s model, or the ``--model``/``--init`` recorded in the resumed checkpoint's config."""
+    if init is not None:
+        return init.model
+    c = resumed.state["config"]
+    return merge_lora(load_policy(c.get("model_path") or c["init"], pad_token=c.get("pad_token")).model)
 
 
 def save_with_extras(directory, write_extras, **kwargs) -> Path:
@@ -241,7 +293,10 @@ SNAPSHOT_WEIGHTS, SNAPSHOT_OPTIMIZER = "good_model.safetensors", "good_optimizer
 
 def take_snapshot(model, opt) -> dict:
     """The policy-gradient collapse guard's snapshot: copies of the weights and the optimizer state."""
-    return {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()},
+    from posttrain.models.lora import has_lora
+
+    lora = has_lora(model)  # LoRA: the adapters are all that trains (no copy of the frozen base)
+    return {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not lora or "lora_" in k},
             "optimizer": copy.deepcopy(opt.state_dict())}
 
 

@@ -63,17 +63,19 @@ from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.losses.logprobs import sequence_logps
 from posttrain.losses.preference import PREFERENCE_LOSSES, resolve_loss
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import (
-    POLICY,
     CheckpointManager,
     load_checkpoint,
     restore_rng,
     rng_state,
     save_checkpoint,
+    start_policy,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
 from posttrain.trainers.trainer_config import TrainerConfig, override
@@ -112,6 +114,15 @@ class DPOConfig(TrainerConfig):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         resolve_loss(self.loss, self.loss_weights)  # names, weights, combinability
         check_loss_kwargs(self.loss, self.loss_kwargs)
+
+    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
 
 
 PRESETS: dict[str, dict] = {
@@ -289,13 +300,13 @@ class DPOState:
 
 def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> DPOState:
     """Open the run, load the policy and the frozen reference, load (or sample and cache) and check the data."""
-    if not cfg.init:
-        raise UserError("dpo needs --init SFT_CHECKPOINT (the starting policy and the frozen reference)")
+    if not (cfg.init or cfg.model_path):
+        raise UserError("dpo needs --init SFT_CHECKPOINT or --model DIR (the starting policy and the frozen reference)")
     common.set_threads(cfg.threads)
     world = distributed.init()  # one process, or this rank under torchrun
     run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
-    init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="dpo --init")
+    init = start_policy(cfg, "dpo")
     chat = resolve_chat(cfg.chat_template, init.tokenizer, [init.path])
     tokenizer = chat_tokenizer(init.tokenizer, chat)  # with a template, EOS is its end-of-turn token
     task = ArithmeticTask(cfg.task)
@@ -325,22 +336,23 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         if ckpt.state.get("loss_state") is not None:
             loss_state = choice.state_type(*ckpt.state["loss_state"])
     else:
-        policy = copy.deepcopy(init.model)
+        # with LoRA the policy is the init model itself and the reference its base (adapters off): no copy
+        policy = apply_lora(init.model, lora_config(cfg)) if cfg.lora_r else copy.deepcopy(init.model)
 
     # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
     examples = fit(load_user_data(cfg.data, unpaired, chat, cfg.on_bad_line)) if cfg.data else None
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     pair_info: dict = {}
     if examples is None:
-        meta = {"init": str(Path(cfg.init).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
+        meta = {"init": str(Path(cfg.init or cfg.model_path).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
                 "task": dataclasses.asdict(cfg.task)}
-        print(f"sampling preference pairs from {cfg.init} ...")
+        print(f"sampling preference pairs from {cfg.init or cfg.model_path} ...")
         with distributed.main_first(world):  # rank 0 samples and caches them; the others read the cache
             pairs, pair_info = cached_pairs(Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
         examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
 
-    ref_model = None if choice.reference_free else common.frozen(init.model)
+    ref_model = None if choice.reference_free else reference_model(policy, lambda: common.frozen(init.model))
     ref_table = None
     if ref_model is not None and cfg.precompute_ref:
         t0 = time.perf_counter()
@@ -414,6 +426,8 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
     cfg, out = s.cfg, s.run.dir
     if last_eval is None:  # resumed at the end: evaluate the loaded model
         last_eval = run_eval(s)
+    if cfg.merge_lora:  # model/ with full weights, no adapter files
+        s.policy = merge_lora(s.policy)
     final = Path(out) / "model"
     if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
         save_checkpoint(final, model=s.policy, tokenizer=s.tokenizer,

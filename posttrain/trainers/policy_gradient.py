@@ -19,6 +19,8 @@ update. Reward collapse (``alarms.CollapseGuard``): the smoothed reward falling 
 for ``collapse_patience`` steps restores the weights and optimizer snapshotted at that best, with the LR
 scaled down (bounded number of restores; logged as ``restores`` / ``restored_from``).
 
+The rollout (sampling, rewards, dynamic sampling, advantages) is :mod:`posttrain.trainers.pg_rollout`.
+
 Shape (every trainer's, ``trainers/common.py``), as methods of :class:`PolicyGradientTrainer`, whose state
 lives on the instance: ``__init__`` is the set-up, ``train_step(step)`` (= ``rollout`` + ``update`` + KL
 controller, alarms, collapse guard), ``run_eval``, ``save``, ``finish``; ``train()`` is the loop over them.
@@ -42,42 +44,42 @@ import torch
 
 from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
-from posttrain.data.batches import batch_indices, stream_seed
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.prompts import rl_data
 from posttrain.errors import ConfigError, UserError
-from posttrain.evaluation import encode_prompt
-from posttrain.generate import SamplingConfig, decode_completions, generate
+from posttrain.generate import SamplingConfig
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     kl_controller_from_state,
-    kl_penalized_rewards,
 )
 from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metrics, policy_loss
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS, POLICY_OBJECTIVES
 from posttrain.models.gpt import GPT
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, has_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers import common, distributed
+from posttrain.trainers import common, distributed, pg_rollout
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.checkpoint import (
-    POLICY,
     CheckpointManager,
+    initial_model,
     load_checkpoint,
     load_snapshot,
     restore_rng,
     rng_state,
     save_checkpoint,
     save_with_snapshot,
+    start_policy,
     take_snapshot,
 )
-from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
 from posttrain.trainers.guards import TrainingDiverged, finite_step
+from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
@@ -159,6 +161,15 @@ class PolicyGradientConfig(TrainerConfig):
         return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, num_samples=self.num_generations)
 
+    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
+
 
 PRESETS: dict[str, dict] = {
     "tiny": {},
@@ -176,41 +187,14 @@ PRESETS: dict[str, dict] = {
     "vespo": {"objective": "vespo", "loss_agg": "token_mean"},
 }
 
-# Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
-ESTIMATOR_OPTIONS = {
-    "grpo": lambda c: {"scale_rewards": c.scale_rewards},
-    "rloo": lambda c: {},
-    "reinforce": lambda c: {"baseline": c.reinforce_baseline},
-}
-
-
-def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(stream_seed(seed, step) * 7 + salt)
-
-
-@dataclass
-class Rollout:
-    """One rollout batch, everything the update needs (rows prompt-major: G samples per prompt)."""
-
-    sequences: torch.Tensor  # (N, P+T)
-    attention_mask: torch.Tensor  # (N, P+T)
-    completion_mask: torch.Tensor  # (N, T)
-    old_logps: torch.Tensor  # (N, T) sampling-distribution log-probs (pi_old)
-    ref_logps: torch.Tensor | None  # (N, T) or None when beta = 0
-    advantages: torch.Tensor  # (N,)
-    prompt_length: int
-    prompt_index: torch.Tensor  # (N,) which prompt each row samples
-    metrics: dict
-    apply: bool = True  # False: no group had signal; the update only measures (no gradient, no optimizer step)
-
-
 class PolicyGradientTrainer:
     """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here;
     ``__init__`` is the trainer's set-up (the run directory is written only once its inputs are checked)."""
 
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
-        if not cfg.init and not resume:
-            raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
+        if not (cfg.init or cfg.model_path) and not resume:
+            raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
+                            "`posttrain sft`) or --model DIR")
         self.cfg = cfg
         common.set_threads(cfg.threads)
         self.world = w = distributed.init()  # one process, or this rank under torchrun
@@ -233,9 +217,9 @@ class PolicyGradientTrainer:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
             self.start_step = ckpt.step
             common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="grpo --init") if cfg.init else None
+        init = start_policy(cfg, "grpo")
         src = ckpt or init
-        self.model, self.tokenizer = src.model, src.tokenizer
+        self.model, self.tokenizer = apply_lora(src.model, lora_config(cfg)), src.tokenizer
         self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
         self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
         self.data = rl_data(task=self.task, data=cfg.data, eval_data=cfg.eval_data, reward_fn=self.reward_fn,
@@ -246,8 +230,8 @@ class PolicyGradientTrainer:
         # the reference is the *initial* policy: from --init, or from the resumed run's own init
         self.ref_model = None
         if cfg.beta > 0:
-            ref_src = init.model if init is not None else load_checkpoint(ckpt.state["config"]["init"], accept_kinds=POLICY).model
-            self.ref_model = common.frozen(copy.deepcopy(ref_src))  # a frozen copy of the starting policy
+            # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
+            self.ref_model = reference_model(self.model, lambda: common.frozen(copy.deepcopy(initial_model(init, ckpt))))
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
@@ -271,90 +255,10 @@ class PolicyGradientTrainer:
 
     # ------------------------------------------------------------------------------------------ rollout
     def _draw(self, step: int, rnd: int):
-        """Round ``rnd`` of step ``step``: prompts, samples, rewards. Round 0 is the classic batch."""
-        cfg = self.cfg
-        idx = batch_indices(len(self.prompts), cfg.prompts_per_step, step, cfg.seed + 17 + rnd * 2**32)
-        idx = distributed.shard(idx, self.world)  # this rank's prompts (all of them on one process)
-        problems = [self.prompts[i] for i in idx.tolist()]
-        if self.world.distributed:  # each rank its own sampling stream
-            generator = round_generator(cfg.seed, step, rnd, rank=self.world.rank)
-        else:
-            generator = step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd)
-        gen = generate(self.model, [encode_prompt(self.tokenizer, p.prompt) for p in problems],
-                       pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id, cfg=cfg.sampling, generator=generator)
-        texts = decode_completions(self.tokenizer, gen)
-        G = cfg.num_generations
-        scores, hits = self.data.score(self.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)
-        rewards = torch.tensor(scores, dtype=torch.float32)  # (N,)
-        if not torch.isfinite(rewards).all():
-            raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
-        correct = torch.tensor(hits, dtype=torch.float32)
-        return gen, rewards, correct
+        return pg_rollout.draw(self, step, rnd)
 
     def rollout(self, step: int) -> Rollout:
-        cfg = self.cfg
-        G = cfg.num_generations
-        t0 = time.perf_counter()
-        gen, rewards, correct = first = self._draw(step, 0)
-        sel = torch.arange(len(rewards))
-        want = cfg.prompts_per_step // self.world.world_size  # this rank's groups per step
-        parts, kept, drawn = [(gen, sel)], [rewards], want
-        if cfg.dynamic_sampling:  # DAPO: keep only groups with signal, draw more rounds to refill
-            parts, kept, n_kept, rnd = [], [], 0, 0
-            while True:
-                ok = informative_groups(rewards, G).nonzero().squeeze(1)[: want - n_kept]
-                if len(ok):
-                    rows = group_rows(ok, G)
-                    parts.append((gen, rows))
-                    kept.append(rewards[rows])
-                    n_kept += len(ok)
-                rnd += 1
-                if n_kept >= want or rnd >= cfg.max_sample_rounds:
-                    break
-                gen, rewards, _ = self._draw(step, rnd)
-                drawn += want
-        t1 = time.perf_counter()
-        gen, rewards, correct = first  # the round-0 batch: an unfiltered measure of the policy
-        if len(parts) == 1 and len(parts[0][1]) == len(rewards):
-            batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
-                     "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
-        elif parts:
-            batch = merge_rows(parts, self.tokenizer.pad_id, G)
-        else:  # no group with signal in any round: the step makes no update
-            batch = None
-        apply, groups_kept = batch is not None, sum(len(k) for k in kept) // G
-        if batch is None:  # measured on round 0 (the one vocabulary of metrics), not applied
-            batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
-                     "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
-            kept = [rewards]
-        t2 = time.perf_counter()
-        ref_logps = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logps = completion_logps(self.ref_model, batch["sequences"], batch["attention_mask"],
-                                             batch["prompt_length"], temperature=cfg.temperature, top_k=cfg.top_k,
-                                             top_p=cfg.top_p, completion_mask=batch["completion_mask"])
-        lengths = gen.completion_mask.sum(-1).float()
-        metrics = {
-            "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
-            "accuracy": correct.mean().item(), "completion_length": lengths.mean().item(),
-            "truncated_frac": gen.truncated.float().mean().item(),
-            "zero_std_frac": 1.0 - informative_groups(rewards, G).float().mean().item(),
-            "time_generate": t1 - t0, "time_score": t2 - t1,
-        }
-        if cfg.dynamic_sampling:
-            metrics.update(groups_drawn=drawn, groups_kept=groups_kept,
-                           no_signal_step=int(not apply))
-        shaped = torch.cat(kept)
-        if ref_logps is not None and cfg.kl_in == "reward":
-            shaped = kl_penalized_rewards(shaped, batch["logps"], ref_logps, batch["completion_mask"], self.kl_ctl.value,
-                                          cfg.kl_estimator)
-        advantages, adv_metrics = ADVANTAGE_ESTIMATORS[cfg.algo](shaped, G, **ESTIMATOR_OPTIONS[cfg.algo](cfg))
-        if cfg.dynamic_sampling:
-            adv_metrics.pop("zero_std_frac", None)  # of the round-0 batch above (the kept groups have none)
-        metrics.update(adv_metrics)
-        return Rollout(batch["sequences"], batch["attention_mask"], batch["completion_mask"], batch["logps"], ref_logps,
-                       advantages, batch["prompt_length"], batch["prompt_index"], metrics, apply)
+        return pg_rollout.rollout(self, step)
 
     # ------------------------------------------------------------------------------------------ update
     def _micro_loss(self, ro: Rollout, rows: torch.Tensor, norms: dict):
@@ -451,7 +355,7 @@ class PolicyGradientTrainer:
             self.snapshot = take_snapshot(self.model, self.opt)
         elif action in ("restore", "warn"):
             if action == "restore" and self.snapshot is not None:
-                self.model.load_state_dict(self.snapshot["model"])
+                self.model.load_state_dict(self.snapshot["model"], strict=not has_lora(self.model))  # LoRA: adapters only
                 self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
                 metrics["restored_from"] = self.collapse.best_step
             warnings.append(self.collapse.message(step + 1, action))
@@ -486,6 +390,8 @@ class PolicyGradientTrainer:
             last_eval = self.run_eval()
         final = None
         if not stopped:
+            if cfg.merge_lora:  # model/ with full weights, no adapter files
+                self.model = merge_lora(self.model)
             final = Path(self.out) / "model"
             if self.world.is_main:
                 save_checkpoint(final, model=self.model, tokenizer=self.tokenizer,

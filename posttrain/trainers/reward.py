@@ -69,18 +69,20 @@ from posttrain.errors import ConfigError, UserError
 from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import (
-    POLICY,
     CheckpointManager,
     load_checkpoint,
     restore_rng,
     rng_state,
     save_checkpoint,
+    start_policy,
     writing,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
@@ -118,6 +120,15 @@ class RMConfig(TrainerConfig):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if list(self.bucket_edges) != sorted(self.bucket_edges):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
+
+    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
 
 
 PRESETS: dict[str, dict] = {
@@ -240,7 +251,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
-    init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="rm --init") if cfg.init else None
+    init = start_policy(cfg, "rm")
     start_step, opt_state, rng = 0, None, None
     if resume:
         ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
@@ -253,6 +264,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     else:
         tokenizer = CharTokenizer(task.alphabet)
         rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
+    apply_lora(rm.backbone.model, lora_config(cfg))  # lora_r > 0: adapters on the frozen backbone; the head trains
 
     pair_info: dict = {}
     if cfg.data or cfg.eval_data:
@@ -323,6 +335,8 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
         last_eval = run_eval(s)
     c, x = pair_rewards(s.rm, s.train[: cfg.stats_pairs], s.tokenizer, cfg)
     stats = RewardStats.from_rewards(torch.cat([c, x]))
+    if cfg.merge_lora:  # model/ with full weights, no adapter files
+        s.rm.backbone.model = merge_lora(s.rm.backbone.model)
     final = save_reward_checkpoint(Path(out) / "model", s.rm, s.tokenizer, _state(s, cfg.steps, {"heldout": last_eval}),
                                    optimizer=s.opt, rng=rng_state(), stats=stats)
     summary = {

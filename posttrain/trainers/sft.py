@@ -49,18 +49,20 @@ from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
-    POLICY,
     CheckpointManager,
     load_checkpoint,
     restore_rng,
     rng_state,
     save_checkpoint,
     save_with_extras,
+    start_policy,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
 from posttrain.trainers.trainer_config import TrainerConfig, override
@@ -98,11 +100,22 @@ class SFTConfig(TrainerConfig):
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        if self.fsdp and self.lora_r > 0:
+            raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
         if self.fsdp and self.val_fraction > 0:
             raise ConfigError("fsdp with val_fraction > 0 is not supported yet (the best-so-far weights would be "
                               "sharded); use one or the other")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
+
+    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
 
 
 PRESETS: dict[str, dict] = {
@@ -251,12 +264,13 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         model, tokenizer = ckpt.model, ckpt.tokenizer
         start_step = ckpt.step
         common.check_resume_step(ckpt.path, start_step, cfg.steps)
-    elif cfg.init:
-        init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="sft --init")
+    elif cfg.init or cfg.model_path:
+        init = start_policy(cfg, "sft")
         model, tokenizer = init.model, init.tokenizer
     else:
         tokenizer = CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+    model = apply_lora(model, lora_config(cfg))  # lora_r > 0: adapters on a frozen base (a resumed one has them)
     chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
     tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
     evals = (load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line) if cfg.eval_data
@@ -363,6 +377,8 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
         last_eval = None
     if last_eval is None:  # the selected (or resumed-at-the-end) model
         last_eval = run_eval(s)
+    if cfg.merge_lora:  # model/ with full weights, no adapter files
+        s.model = merge_lora(s.model)
     final, model = Path(out) / "model", s.model
     if sharded.is_sharded(model):  # model/ is published whole: gathered to rank 0 (on CPU)
         full = sharded.full_model_state(model)

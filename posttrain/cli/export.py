@@ -1,0 +1,58 @@
+"""``posttrain export CKPT --format hf --out DIR``: a checkpoint as a Hugging Face model directory.
+
+posttrain's GPT becomes a GPT-2 directory (``models/convert.py`` maps the weights exactly) with its tokenizer
+written for transformers (``models/loading.py``: subword tokenizers as tokenizer.json + tokenizer_config.json,
+the char tokenizer as a WordLevel tokenizer.json); a Hugging Face model is written in its own layout. With
+``--merge-lora`` the LoRA adapters are merged into full weights (needed for a GPT trained with LoRA, whose
+adapter names have no GPT-2 equivalent). The result loads with ``AutoModelForCausalLM.from_pretrained(DIR)``
+and ``AutoTokenizer.from_pretrained(DIR)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+NAME = "export"
+HELP = "export a checkpoint as a Hugging Face model directory (GPT -> GPT-2; --merge-lora merges adapters)"
+
+
+def add_arguments(p):
+    p.add_argument("checkpoint", help="checkpoint directory, run directory (its model/) or Hugging Face model directory")
+    p.add_argument("--format", choices=("hf",), default="hf", help="output format: hf (transformers' save_pretrained "
+                   "layout; default)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (new or empty)")
+    p.add_argument("--merge-lora", action="store_true", help="merge LoRA adapters into the weights (no adapter files)")
+
+
+def run(args) -> int:
+    from posttrain.data.io import atomic_dir
+    from posttrain.errors import UserError
+    from posttrain.models.convert import gpt_to_hf_gpt2
+    from posttrain.models.gpt import GPT
+    from posttrain.models.loading import save_hf_model, save_tokenizer_for_transformers
+    from posttrain.models.lora import has_lora, merge_lora
+    from posttrain.trainers.checkpoint import load_policy
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not an empty directory")
+    ckpt = load_policy(args.checkpoint, role="export")
+    model, tok = ckpt.model, ckpt.tokenizer
+    if args.merge_lora:
+        if not has_lora(model):
+            raise UserError(f"--merge-lora: {ckpt.path} has no LoRA adapter")
+        model = merge_lora(model)
+    if isinstance(model, GPT):
+        if has_lora(model):
+            raise UserError(f"{ckpt.path} holds a LoRA adapter on posttrain's GPT: pass --merge-lora (GPT-2 has no "
+                            f"names for its adapted layers)")
+        model = gpt_to_hf_gpt2(model, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    model.eval()
+    with atomic_dir(out) as tmp:
+        save_hf_model(model, tmp)
+        save_tokenizer_for_transformers(tok, tmp, model_max_length=getattr(model.config, "n_positions", None)
+                                        or getattr(model.config, "max_position_embeddings", None))
+    kind = "base + LoRA adapter" if has_lora(model) else "full weights"
+    print(f"exported {ckpt.path} -> {out} ({model.config.model_type}, {kind}); load it with "
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
