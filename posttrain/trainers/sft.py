@@ -49,6 +49,7 @@ from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_wi
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
+from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import (
@@ -96,6 +97,8 @@ class SFTConfig:
                               "answer its start) | skip", choices=LONG_POLICIES)
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    tokenizer: str | None = knob(None, "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
+                                       "default: the task's characters; ignored with init)")
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -243,7 +246,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         init = load_checkpoint(cfg.init, accept_kinds=POLICY, role="sft --init")
         model, tokenizer = init.model, init.tokenizer
     else:
-        tokenizer = CharTokenizer(task.alphabet)
+        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long)
     train_idx, val_idx = split_validation(demos, cfg.val_fraction)

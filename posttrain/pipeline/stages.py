@@ -1,0 +1,294 @@
+"""The pipeline's stages, each a small declared unit: name, config, inputs, dependencies, run function, schema.
+
+    dedup -> tokenizer -> sft (-> sft_raw) -> rm, dpo, grpo, ppo (each from the SFT checkpoint) -> eval -> report
+
+A :class:`Stage` says what its key is made of (``config(ctx)``: the resolved config object; ``inputs(ctx)``:
+the files whose bytes it reads; ``deps``: the stages whose keys are chained into its own) and what it
+produces (``run(ctx, cfg, out, resume) -> summary``, whose keys ``schema`` declares: the report's section of
+the stage is built from it, and a test fails when a declared key is missing). ``available()`` returns why a
+stage cannot run in this build (PPO before ``posttrain.trainers.ppo`` exists) or None.
+
+Adding a stage is one :class:`Stage` in :data:`STAGES`; a trainer stage is :func:`trainer_stage` with the
+trainer's config class and its ``train_*`` function (``resume=`` makes it resumable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from posttrain.config import build_config
+from posttrain.data.io import atomic_write_json
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str  # dotted path into the stage's summary
+    label: str
+    fmt: str = "{}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    title: str
+    deps: tuple[str, ...]
+    config: Callable[[Any], Any]
+    run: Callable[..., dict]
+    schema: tuple[Metric, ...]
+    inputs: Callable[[Any], dict] = lambda ctx: {}
+    available: Callable[[], str | None] = lambda: None
+    resumable: bool = False
+    optional_deps: bool = False  # eval/report: use whichever dependencies ran (the others were skipped)
+    enabled: Callable[[Any], str | None] = lambda ctx: None  # why the config turns it off, else None
+
+
+@dataclass
+class Context:
+    """What a stage sees: the pipeline config, the run directory, the DONE records of earlier stages."""
+
+    cfg: Any
+    run_dir: Path
+    quiet: bool = False
+    done: dict[str, dict] = field(default_factory=dict)  # stage -> DONE.json of this invocation
+    statuses: dict[str, str] = field(default_factory=dict)
+
+    def dir(self, stage: str) -> Path:
+        return self.run_dir / stage
+
+    def model(self, stage: str) -> Path:
+        return self.dir(stage) / "model"
+
+    def summary(self, stage: str) -> dict | None:
+        d = self.done.get(stage)
+        return d["summary"] if d else None
+
+
+def get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# dedup and tokenizer (their bodies live in data_stages.py)
+
+
+def _dedup_config(ctx):
+    from posttrain.pipeline import data_stages
+
+    return data_stages.dedup_key_config(ctx.cfg)
+
+
+def _dedup_inputs(ctx):
+    c = ctx.cfg
+    return {k: v for k, v in (("corpus_file", c.corpus_file), ("eval_file", c.eval_file)) if v}
+
+
+def _run_dedup(ctx, cfg, out, resume):
+    from posttrain.pipeline import data_stages
+
+    return data_stages.run_dedup(ctx, out)
+
+
+def _run_tokenizer(ctx, cfg, out, resume):
+    from posttrain.pipeline import data_stages
+
+    return data_stages.run_tokenizer(ctx, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# trainer stages
+
+
+def _owned(ctx, stage: str, base, **fixed):
+    """A trainer config with what the pipeline owns filled in (out, seed, threads, progress, task, ...)."""
+    cfg = ctx.cfg
+    values = {"out": str(ctx.dir(stage)), "seed": cfg.seed, "threads": cfg.threads, "progress": not ctx.quiet,
+              **fixed}
+    names = {f.name for f in dataclasses.fields(base)}
+    if "task" in names:
+        values["task"] = cfg.task
+    return dataclasses.replace(base, **{k: v for k, v in values.items() if k in names})
+
+
+def _tokenizer_path(ctx) -> str | None:
+    return str(ctx.dir("tokenizer") / "tokenizer.json") if ctx.cfg.tokenizer.kind != "char" else None
+
+
+def _eval_file(ctx) -> str | None:
+    return str(ctx.dir("dedup") / "eval.jsonl") if ctx.cfg.eval_file else None
+
+
+def _sft_config(data_name: str, stage: str):
+    def config(ctx):
+        return _owned(ctx, stage, ctx.cfg.sft, data=str(ctx.dir("dedup") / data_name), tokenizer=_tokenizer_path(ctx),
+                      eval_data=_eval_file(ctx))
+    return config
+
+
+def _sft_inputs(data_name: str):
+    def inputs(ctx):
+        out = {"data": ctx.dir("dedup") / data_name}
+        if _tokenizer_path(ctx):
+            out["tokenizer"] = Path(_tokenizer_path(ctx))
+        return out
+    return inputs
+
+
+def _from_sft(stage: str, attr: str, **extra):
+    def config(ctx):
+        base = getattr(ctx.cfg, attr)
+        fixed = {"init": str(ctx.model("sft")), **extra}
+        if "eval_data" in {f.name for f in dataclasses.fields(base)}:
+            fixed["eval_data"] = _eval_file(ctx)
+        return _owned(ctx, stage, base, **fixed)
+    return config
+
+
+def _sft_model_input(ctx):
+    return {"init": ctx.model("sft")}
+
+
+def _train_fn(module: str, fn: str):
+    def run(ctx, cfg, out, resume):
+        train = getattr(importlib.import_module(module), fn)
+        kwargs = {}
+        params = inspect.signature(train).parameters
+        if resume and "resume" in params:
+            kwargs["resume"] = str(out)
+        elif out.is_dir() and any(out.iterdir()) and "overwrite" in params:
+            kwargs["overwrite"] = True
+        return train(cfg, **kwargs)
+    return run
+
+
+def _ppo_available() -> str | None:
+    if importlib.util.find_spec("posttrain.trainers.ppo") is None:
+        return "posttrain.trainers.ppo is not in this build"
+    return None
+
+
+def _ppo_config(ctx):
+    mod = importlib.import_module("posttrain.trainers.ppo")
+    base = build_config(mod.PPOConfig, preset=dict(ctx.cfg.ppo))
+    return _from_sft("ppo", "ppo")(dataclasses.replace(ctx, cfg=_WithAttr(ctx.cfg, "ppo", base)))
+
+
+class _WithAttr:
+    """``ctx.cfg`` with one attribute replaced (the PPO config is a dict until the module is importable)."""
+
+    def __init__(self, cfg, name, value):
+        self._cfg, self._name, self._value = cfg, name, value
+
+    def __getattr__(self, item):
+        return self._value if item == self._name else getattr(self._cfg, item)
+
+
+def _no_raw(ctx):
+    return None if ctx.cfg.contamination_run else "contamination_run = false"
+
+
+# ---------------------------------------------------------------------------------------------
+# eval and report
+
+
+def _run_eval(ctx, cfg, out, resume):
+    from posttrain.pipeline.evaluate import run_eval_stage
+
+    return run_eval_stage(ctx, out)
+
+
+def _eval_config(ctx):
+    return {"eval": ctx.cfg.eval, "task": ctx.cfg.task}
+
+
+def _eval_inputs(ctx):
+    ins = {f"model.{s}": ctx.model(s) for s in POLICY_STAGES + ("rm",) if s in ctx.done and ctx.model(s).is_dir()}
+    if ctx.cfg.eval_file:
+        ins["eval_file"] = ctx.dir("dedup") / "eval.jsonl"
+    return ins
+
+
+def _run_report(ctx, cfg, out, resume):
+    from posttrain.pipeline.report import write_report
+
+    return write_report(ctx, out)
+
+
+POLICY_STAGES = ("sft", "sft_raw", "dpo", "grpo", "ppo")
+TRAINED = ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo")
+
+_TRAIN_SCHEMA = (Metric("heldout_accuracy", "held-out greedy accuracy", "{:.3f}"), Metric("steps", "steps"),
+                 Metric("train_seconds", "train seconds", "{:.1f}"))
+
+STAGES: tuple[Stage, ...] = (
+    Stage("dedup", "Dedup: exact and near duplicates, benchmark contamination", (), _dedup_config, _run_dedup,
+          (Metric("documents_in", "documents in"), Metric("kept", "kept"), Metric("removed.exact", "removed: exact"),
+           Metric("removed.near", "removed: near"), Metric("removed.contamination", "removed: contamination"),
+           Metric("lsh.bands", "LSH bands b"), Metric("lsh.rows", "LSH rows r"), Metric("demos_kept", "demonstrations kept")),
+          inputs=_dedup_inputs),
+    Stage("tokenizer", "Tokenizer: byte-level BPE on the deduplicated corpus", ("dedup",), lambda ctx: ctx.cfg.tokenizer,
+          _run_tokenizer, (Metric("vocab_size", "vocabulary size"), Metric("tokens_per_word", "tokens per word", "{:.3f}"),
+                           Metric("bytes_per_token", "bytes per token (compression)", "{:.3f}"),
+                           Metric("digits_single_tokens", "every digit one token")),
+          inputs=lambda ctx: {"corpus": ctx.dir("dedup") / "kept.jsonl"}),
+    Stage("sft", "SFT on the deduplicated demonstrations", ("dedup", "tokenizer"), _sft_config("sft.jsonl", "sft"),
+          _train_fn("posttrain.trainers.sft", "train_sft"),
+          _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"), Metric("params", "parameters")),
+          inputs=_sft_inputs("sft.jsonl"), resumable=True),
+    Stage("sft_raw", "SFT on the raw corpus (duplicates and leaked evaluation items kept)", ("dedup", "tokenizer"),
+          _sft_config("sft_raw.jsonl", "sft_raw"), _train_fn("posttrain.trainers.sft", "train_sft"),
+          _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"),), inputs=_sft_inputs("sft_raw.jsonl"),
+          resumable=True, enabled=_no_raw),
+    Stage("rm", "Reward model (Bradley-Terry) on the SFT backbone", ("sft",), _from_sft("rm", "rm"),
+          _train_fn("posttrain.trainers.reward", "train_reward_model"),
+          (Metric("heldout_pairwise_accuracy", "held-out pairwise accuracy", "{:.3f}"), Metric("train_pairs", "training pairs"),
+           Metric("heldout_pairs", "held-out pairs"), Metric("train_seconds", "train seconds", "{:.1f}")),
+          inputs=_sft_model_input, resumable=True),
+    Stage("dpo", "DPO from the SFT checkpoint on on-policy pairs", ("sft",), _from_sft("dpo", "dpo"),
+          _train_fn("posttrain.trainers.dpo", "train_dpo"), _TRAIN_SCHEMA + (Metric("loss", "loss"),),
+          inputs=_sft_model_input, resumable=True),
+    Stage("grpo", "GRPO from the SFT checkpoint, rewarded by the verifier", ("sft",), _from_sft("grpo", "grpo"),
+          _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
+          _TRAIN_SCHEMA + (Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),),
+          inputs=_sft_model_input, resumable=True),
+    Stage("ppo", "PPO from the SFT checkpoint (value model, GAE)", ("sft",), _ppo_config,
+          _train_fn("posttrain.trainers.ppo", "train_ppo"), _TRAIN_SCHEMA, inputs=_sft_model_input,
+          available=_ppo_available, resumable=True),
+    Stage("eval", "Evaluation: every checkpoint on the same held-out prompts", TRAINED, _eval_config, _run_eval,
+          (Metric("n", "held-out prompts"), Metric("samples", "samples per prompt (k)")), inputs=_eval_inputs,
+          optional_deps=True),
+    Stage("report", "Report", ("dedup", "tokenizer") + TRAINED + ("eval",), lambda ctx: {"version": 1}, _run_report,
+          (Metric("sections", "sections"),), optional_deps=True),
+)
+BY_NAME = {s.name: s for s in STAGES}
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def write_jsonl(path: Path, records) -> int:
+    from posttrain.data.io import atomic_open
+
+    n = 0
+    with atomic_open(path, "w") as fh:
+        for r in records:
+            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+__all__ = ["Stage", "Metric", "Context", "STAGES", "BY_NAME", "POLICY_STAGES", "TRAINED", "get", "atomic_write_json"]
