@@ -21,7 +21,9 @@ def run(args) -> int:
     if len(args.runs) > 2:
         raise UserError(f"report takes one or two run directories, got {len(args.runs)}")
     if len(args.runs) == 2:
-        text = compare_runs(*args.runs)
+        from posttrain.pipeline.stages import STAGES
+
+        text = compare_runs(*args.runs, STAGES)
     else:
         load_run_summary(args.runs[0])
         md = Path(args.runs[0]) / "report" / "report.md"

@@ -26,8 +26,8 @@ from pathlib import Path
 from posttrain.data.dedup.shingles import jaccard, normalize, parse_normalize, shingle_strings
 from posttrain.data.io import atomic_write_json, iter_jsonl
 from posttrain.errors import DataError
+from posttrain.pipeline.base import write_jsonl
 from posttrain.pipeline.corpus import build_corpus, eval_records
-from posttrain.pipeline.stages import write_jsonl
 from posttrain.tasks.arithmetic import ArithmeticTask
 
 

@@ -26,6 +26,7 @@ import torch
 from posttrain.data.io import atomic_write_json, iter_jsonl
 from posttrain.evaluation import encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
+from posttrain.pipeline.base import POLICY_STAGES
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
 
@@ -87,8 +88,6 @@ def best_of_n(rm_path: Path, pairs, samples: list[list[str]], correct: list[list
 
 
 def run_eval_stage(ctx, out: Path) -> dict:
-    from posttrain.pipeline.stages import POLICY_STAGES
-
     cfg = ctx.cfg
     e = cfg.eval
     pairs = heldout_pairs(ctx)

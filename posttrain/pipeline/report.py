@@ -18,10 +18,7 @@ from pathlib import Path
 from posttrain.data.io import atomic_write_text
 from posttrain.errors import UserError
 from posttrain.pipeline import plots
-from posttrain.pipeline.stages import STAGES, get
-
-LABELS = {"sft": "SFT", "rm_best_of_n": "RM best-of-N over SFT samples", "dpo": "DPO", "grpo": "GRPO", "ppo": "PPO",
-          "sft_raw": "SFT on the raw corpus (contaminated)"}
+from posttrain.pipeline.base import LABELS, get, heldout_table
 
 
 def fmt(v, f: str = "{}") -> str:
@@ -79,7 +76,7 @@ def _mb(x) -> str:
 
 def stage_table(ctx) -> list[list]:
     rows = []
-    for s in STAGES:
+    for s in ctx.stages:
         done = ctx.done.get(s.name)
         status = ctx.statuses.get(s.name, "running" if s.name == "report" else "skipped")
         if done is None:
@@ -91,8 +88,6 @@ def stage_table(ctx) -> list[list]:
 
 
 def write_report(ctx, out: Path) -> dict:
-    from posttrain.pipeline.run import heldout_table
-
     out.mkdir(parents=True, exist_ok=True)
     h = ctx.header
     elapsed = time.perf_counter() - ctx.started
@@ -116,7 +111,7 @@ def write_report(ctx, out: Path) -> dict:
         blocks.append(("img", img, "held-out accuracy"))
     blocks += [("h", 2, "Stages"), ("table", ["stage", "status", "wall time", "peak RSS", "key metrics"], stage_table(ctx))]
     sections = []
-    for s in STAGES:
+    for s in ctx.stages:
         if s.name == "report":
             continue
         sections.append(s.name)
@@ -196,7 +191,7 @@ def load_run_summary(run: str | Path) -> dict:
         raise UserError(f"{p}: unreadable run summary ({e})") from None
 
 
-def compare_runs(a: str | Path, b: str | Path) -> str:
+def compare_runs(a: str | Path, b: str | Path, stages) -> str:
     """A markdown side-by-side of two runs: header, held-out accuracy, per-stage wall time and metrics."""
     sa, sb = load_run_summary(a), load_run_summary(b)
     blocks: list[tuple] = [("h", 1, f"{Path(a).name} vs {Path(b).name}"),
@@ -211,7 +206,7 @@ def compare_runs(a: str | Path, b: str | Path) -> str:
         rows.append([LABELS.get(m, m), fmt(ga, "{:.3f}"), fmt(gb, "{:.3f}"), delta])
     blocks += [("h", 2, "Held-out greedy accuracy"), ("table", ["model", str(a), str(b), "b - a"], rows)]
     rows = []
-    for st in STAGES:
+    for st in stages:
         ea, eb = sa["stages"].get(st.name, {}), sb["stages"].get(st.name, {})
         for m in st.schema:
             va, vb = (ea.get("metrics") or {}).get(m.key), (eb.get("metrics") or {}).get(m.key)

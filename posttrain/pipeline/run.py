@@ -28,6 +28,7 @@ from posttrain import __version__
 from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
 from posttrain.pipeline import cache
+from posttrain.pipeline.base import LABELS, heldout_table
 from posttrain.pipeline.stages import BY_NAME, STAGES, Context, get
 
 
@@ -84,9 +85,8 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
         raise UserError(f"--out {out} exists and is not a directory")
     if not explain:
         out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(cfg=cfg, run_dir=out, quiet=quiet)
-    ctx.started = time.perf_counter()
-    ctx.header = header(cfg, preset)
+    ctx = Context(cfg=cfg, run_dir=out, quiet=quiet, stages=STAGES, started=time.perf_counter(),
+                  header=header(cfg, preset))
     will_run: list[str] = []
     notes: dict[str, str] = {}
     for i, stage in enumerate(STAGES, 1):
@@ -163,20 +163,6 @@ def _plain(x):
     return json.loads(json.dumps(x, default=str))
 
 
-def heldout_table(ctx) -> dict[str, dict]:
-    """stage -> {greedy, pass@1, pass@k} from the eval stage (else each trainer's own held-out accuracy)."""
-    ev = (ctx.summary("eval") or {}).get("models", {})
-    rows = {}
-    for name in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo", "sft_raw"):
-        if name in ev:
-            rows[name] = {"greedy": ev[name]["greedy_accuracy"], "pass@1": ev[name].get("pass@1"),
-                          "pass@k": ev[name].get("pass@k"), "n": ev[name]["n"]}
-        elif ctx.summary(name) and "heldout_accuracy" in ctx.summary(name):
-            rows[name] = {"greedy": ctx.summary(name)["heldout_accuracy"], "pass@1": None, "pass@k": None,
-                          "n": ctx.summary(name).get("heldout_n")}
-    return rows
-
-
 def run_summary(ctx, notes: dict) -> dict:
     table = heldout_table(ctx)
     stages = {}
@@ -200,15 +186,11 @@ def run_summary(ctx, notes: dict) -> dict:
             "report": str(ctx.run_dir / "report" / "report.html")}
 
 
-LABELS = {"sft": "SFT", "rm_best_of_n": "RM best-of-N (SFT samples)", "dpo": "DPO", "grpo": "GRPO", "ppo": "PPO",
-          "sft_raw": "SFT on the raw corpus"}
-
-
 def print_table(result: dict, out: Path) -> None:
     print(f"\nseed {result['seed']}  (held-out accuracy on {next(iter(result['heldout'].values()), {}).get('n')} "
           f"problems; one seed: benchmarks/bench_outcomes.py for mean ± sd)")
-    print(f"{'model':<28} {'greedy':>7} {'pass@1':>7} {'pass@k':>7}")
+    print(f"{'model':<38} {'greedy':>7} {'pass@1':>7} {'pass@k':>7}")
     for name, row in result["heldout"].items():
         cells = [f"{row[k]:.3f}" if isinstance(row.get(k), float) else "-" for k in ("greedy", "pass@1", "pass@k")]
-        print(f"{LABELS.get(name, name):<28} {cells[0]:>7} {cells[1]:>7} {cells[2]:>7}")
+        print(f"{LABELS.get(name, name):<38} {cells[0]:>7} {cells[1]:>7} {cells[2]:>7}")
     print(f"total {result['total_seconds']:.1f} s\nsummary: {out / 'summary.json'}\nreport:  {result['report']}")

@@ -18,75 +18,17 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-import json
-import shutil
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from posttrain.config import build_config
-from posttrain.data.io import atomic_write_json
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str  # dotted path into the stage's summary
-    label: str
-    fmt: str = "{}"
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    title: str
-    deps: tuple[str, ...]
-    config: Callable[[Any], Any]
-    run: Callable[..., dict]
-    schema: tuple[Metric, ...]
-    inputs: Callable[[Any], dict] = lambda ctx: {}
-    available: Callable[[], str | None] = lambda: None
-    resumable: bool = False
-    optional_deps: bool = False  # eval/report: use whichever dependencies ran (the others were skipped)
-    enabled: Callable[[Any], str | None] = lambda ctx: None  # why the config turns it off, else None
-
-
-@dataclass
-class Context:
-    """What a stage sees: the pipeline config, the run directory, the DONE records of earlier stages."""
-
-    cfg: Any
-    run_dir: Path
-    quiet: bool = False
-    done: dict[str, dict] = field(default_factory=dict)  # stage -> DONE.json of this invocation
-    statuses: dict[str, str] = field(default_factory=dict)
-
-    def dir(self, stage: str) -> Path:
-        return self.run_dir / stage
-
-    def model(self, stage: str) -> Path:
-        return self.dir(stage) / "model"
-
-    def summary(self, stage: str) -> dict | None:
-        d = self.done.get(stage)
-        return d["summary"] if d else None
-
-
-def get(d: dict, dotted: str):
-    for part in dotted.split("."):
-        if not isinstance(d, dict) or part not in d:
-            return None
-        d = d[part]
-    return d
-
+from posttrain.pipeline import data_stages, evaluate, report
+from posttrain.pipeline.base import POLICY_STAGES, TRAINED, Context, Metric, Stage, get  # noqa: F401 (re-exported)
 
 # ---------------------------------------------------------------------------------------------
 # dedup and tokenizer (their bodies live in data_stages.py)
 
 
 def _dedup_config(ctx):
-    from posttrain.pipeline import data_stages
-
     return data_stages.dedup_key_config(ctx.cfg)
 
 
@@ -96,14 +38,10 @@ def _dedup_inputs(ctx):
 
 
 def _run_dedup(ctx, cfg, out, resume):
-    from posttrain.pipeline import data_stages
-
     return data_stages.run_dedup(ctx, out)
 
 
 def _run_tokenizer(ctx, cfg, out, resume):
-    from posttrain.pipeline import data_stages
-
     return data_stages.run_tokenizer(ctx, out)
 
 
@@ -204,9 +142,7 @@ def _no_raw(ctx):
 
 
 def _run_eval(ctx, cfg, out, resume):
-    from posttrain.pipeline.evaluate import run_eval_stage
-
-    return run_eval_stage(ctx, out)
+    return evaluate.run_eval_stage(ctx, out)
 
 
 def _eval_config(ctx):
@@ -221,13 +157,8 @@ def _eval_inputs(ctx):
 
 
 def _run_report(ctx, cfg, out, resume):
-    from posttrain.pipeline.report import write_report
+    return report.write_report(ctx, out)
 
-    return write_report(ctx, out)
-
-
-POLICY_STAGES = ("sft", "sft_raw", "dpo", "grpo", "ppo")
-TRAINED = ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo")
 
 _TRAIN_SCHEMA = (Metric("heldout_accuracy", "held-out greedy accuracy", "{:.3f}"), Metric("steps", "steps"),
                  Metric("train_seconds", "train seconds", "{:.1f}"))
@@ -273,22 +204,3 @@ STAGES: tuple[Stage, ...] = (
           (Metric("sections", "sections"),), optional_deps=True),
 )
 BY_NAME = {s.name: s for s in STAGES}
-
-
-def copy_file(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dst)
-
-
-def write_jsonl(path: Path, records) -> int:
-    from posttrain.data.io import atomic_open
-
-    n = 0
-    with atomic_open(path, "w") as fh:
-        for r in records:
-            fh.write(json.dumps(r, ensure_ascii=False) + "\n")
-            n += 1
-    return n
-
-
-__all__ = ["Stage", "Metric", "Context", "STAGES", "BY_NAME", "POLICY_STAGES", "TRAINED", "get", "atomic_write_json"]

@@ -161,3 +161,28 @@ def test_example_config_parses():
     path = Path(__file__).resolve().parents[2] / "examples" / "pipeline.toml"
     cfg = build_config(PipelineConfig, PRESETS["tiny"], path)
     assert cfg.sft.steps == load_config_file(path)["sft"]["steps"]
+
+
+def test_a_ppo_stage_runs_once_its_module_exists(run, tmp_path, monkeypatch):
+    """The PPO stage is declared already; a module ``posttrain.trainers.ppo`` with ``PPOConfig`` and ``train_ppo``
+    is all it waits for (stood in for here by the policy-gradient trainer)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from posttrain.trainers import policy_gradient as pg
+
+    fake = types.ModuleType("posttrain.trainers.ppo")
+    fake.__spec__ = importlib.machinery.ModuleSpec("posttrain.trainers.ppo", None)
+    fake.PPOConfig, fake.train_ppo = pg.PolicyGradientConfig, pg.train_policy_gradient
+    monkeypatch.setitem(sys.modules, "posttrain.trainers.ppo", fake)
+    out, _ = run
+    copy = tmp_path / "with_ppo"
+    shutil.copytree(out, copy)
+    cfg = micro(ppo={"steps": 3, "eval_every": 0, "save_every": 0, "prompts_per_step": 4, "num_generations": 4})
+    res = run_pipeline(cfg, copy, quiet=True)
+    st = statuses(res)
+    assert {k for k, v in st.items() if v == "ran"} == {"ppo", "eval", "report"}
+    assert res["heldout"]["ppo"]["n"] == cfg.task.num_eval and (copy / "ppo" / "model").is_dir()
+    md = (copy / "report" / "report.md").read_text()
+    assert "| PPO |" in md and "missing" not in md.split("Stage ppo:")[1].split("## Stage")[0]
