@@ -49,6 +49,7 @@ class Context:
     stages: tuple = ()  # the declared stages (set by the runner)
     started: float = 0.0  # perf_counter at the start of this invocation
     header: dict = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)  # stage -> why it was skipped
 
     def dir(self, stage: str) -> Path:
         return self.run_dir / stage

@@ -54,7 +54,9 @@ def training_loss(run: Path, stages: list[str], out: Path) -> Path | None:
     for ax, (s, r) in zip(axes[0], rows.items()):
         x, y = _series(r, "loss")
         ax.plot(x, y, color=COLORS.get(s), lw=1.2)
-        ax.set_title(f"{s}: training loss", fontsize=9)
+        rl = s == "grpo"
+        ax.set_title(f"{s}: " + ("policy loss (~0 on-policy by design;\nsee the RL curves)" if rl else "training loss"),
+                     fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
@@ -193,11 +195,13 @@ def accuracy_bars(table: dict, labels: dict, out: Path) -> Path | None:
     names = list(table)
     fig, ax = plt.subplots(figsize=(7, 3))
     width = 0.27
-    for i, (key, title) in enumerate((("greedy", "greedy"), ("pass@1", "pass@1 (T=1)"), ("pass@k", "pass@k"))):
+    for i, (key, title) in enumerate((("greedy", "greedy (RM: best-of-N pick)"), ("pass@1", "pass@1 (T=1)"), ("pass@k", "pass@k"))):
         vals = [table[n].get(key) or 0.0 for n in names]
         ax.bar([x + (i - 1) * width for x in range(len(names))], vals, width, label=title, alpha=0.85)
     ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([labels.get(n, n) for n in names], fontsize=7, rotation=12)
+    import textwrap
+
+    ax.set_xticklabels([textwrap.fill(labels.get(n, n), 16) for n in names], fontsize=7)
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out accuracy", fontsize=8)
     ax.legend(fontsize=7)

@@ -118,7 +118,7 @@ def write_report(ctx, out: Path) -> dict:
         blocks.append(("h", 2, f"Stage {s.name}: {s.title}"))
         done = ctx.done.get(s.name)
         if done is None:
-            blocks.append(("p", f"skipped: {ctx.statuses.get(s.name, 'skipped')} — see the run summary's note"))
+            blocks.append(("p", f"Skipped: {ctx.notes.get(s.name, 'not run in this invocation')}."))
             continue
         blocks.append(("table", ["metric", "value"], [[m.label, fmt(get(done["summary"], m.key), m.fmt)] for m in s.schema]))
         blocks += _extra(ctx, s.name, done["summary"], figs)

@@ -88,7 +88,7 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
     ctx = Context(cfg=cfg, run_dir=out, quiet=quiet, stages=STAGES, started=time.perf_counter(),
                   header=header(cfg, preset))
     will_run: list[str] = []
-    notes: dict[str, str] = {}
+    notes = ctx.notes
     for i, stage in enumerate(STAGES, 1):
         name, d = stage.name, out / stage.name
         tag = f"[{i}/{len(STAGES)}] {name}"
@@ -122,7 +122,9 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
             continue
         started = cache.read_json(cache.started_file(out, name))
         resume = stage.resumable and started is not None and started.get("key") == key and _has_checkpoint(d)
-        why = cache.changed_fields((done or started or {}).get("fields"), fields)
+        why = cache.changed_fields((done or started or {}).get("fields"), fields) or \
+            ["same key, but the earlier run stopped before its DONE.json" + ("" if stage.resumable else
+                                                                                " and this stage does not resume")]
         action = "resumed" if resume else "run"
         if explain:
             ctx.statuses[name] = action

@@ -169,7 +169,7 @@ STAGES: tuple[Stage, ...] = (
            Metric("removed.near", "removed: near"), Metric("removed.contamination", "removed: contamination"),
            Metric("lsh.bands", "LSH bands b"), Metric("lsh.rows", "LSH rows r"), Metric("demos_kept", "demonstrations kept")),
           inputs=_dedup_inputs),
-    Stage("tokenizer", "Tokenizer: byte-level BPE on the deduplicated corpus", ("dedup",), lambda ctx: ctx.cfg.tokenizer,
+    Stage("tokenizer", "Tokenizer trained on the deduplicated corpus (byte-level BPE, digits split)", ("dedup",), lambda ctx: ctx.cfg.tokenizer,
           _run_tokenizer, (Metric("vocab_size", "vocabulary size"), Metric("tokens_per_word", "tokens per word", "{:.3f}"),
                            Metric("bytes_per_token", "bytes per token (compression)", "{:.3f}"),
                            Metric("digits_single_tokens", "every digit one token")),
