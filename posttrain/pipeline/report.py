@@ -95,7 +95,8 @@ def write_report(ctx, out: Path) -> dict:
     blocks: list[tuple] = [("h", 1, f"posttrain pipeline: {ctx.run_dir.name}"),
                            ("p", f"commit {h['commit']} · {h['machine']} · python {h['python']} · torch {h['torch']} · "
                                  f"posttrain {h['posttrain']} · preset {h['preset']} · seed {h['seed']} · "
-                                 f"{elapsed:.1f} s in this invocation up to the report"),
+                                 f"total {sum(d['wall_s'] for d in ctx.done.values()):.1f} s of stage wall time (as each stage ran; "
+                                 f"{elapsed:.1f} s in this invocation before the report)"),
                            ("p", "One seed: outcomes vary from seed to seed (benchmarks/bench_outcomes.py for mean ± sd).")]
     ev = ctx.summary("eval") or {}
     n, k = ev.get("n"), ev.get("samples")
