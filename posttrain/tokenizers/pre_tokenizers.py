@@ -10,7 +10,10 @@ Face ``tokenizers`` pre-tokeniser of the same name and JSON shape (``PRE_TOKENIZ
 - ``Whitespace`` (``\\w+|[^\\w\\s]+``), ``WhitespaceSplit``, ``Metaspace`` (SentencePiece's ``▁``),
   ``BertPreTokenizer`` (whitespace split, every punctuation character its own word), ``Sequence``.
 
-Not handled: offsets (positions in the original text), ``Digits``/``Punctuation``, ``Split`` behaviours
+- ``Digits``: numbers cut out of the text, one word per digit with ``individual_digits`` (Llama, DeepSeek:
+  "1999" -> ["1", "9", "9", "9"], so every number is spelled with the same ten tokens and stays learnable).
+
+Not handled: offsets (positions in the original text), ``Punctuation``, ``Split`` behaviours
 other than ``Isolated``/``Removed`` or with ``invert``: loading such a file raises a ``UserError``.
 """
 
@@ -171,6 +174,30 @@ class Metaspace:
                 "split": self.split}
 
 
+class Digits:
+    """HF ``Digits``: digit runs isolated from the rest; ``individual_digits`` -> one word per digit.
+
+    "ab12c" -> ["ab", "12", "c"]; individual: ["ab", "1", "2", "c"]. A digit is Unicode ``\\p{N}``."""
+
+    def __init__(self, individual_digits: bool = False):
+        self.individual_digits = individual_digits
+        self._re = regex.compile(r"\p{N}" if individual_digits else r"\p{N}+")
+
+    def __call__(self, text: str) -> list[str]:
+        out, pos = [], 0
+        for m in self._re.finditer(text):
+            if m.start() > pos:
+                out.append(text[pos:m.start()])
+            out.append(m.group())
+            pos = m.end()
+        if pos < len(text):
+            out.append(text[pos:])
+        return out
+
+    def to_json(self) -> dict:
+        return {"type": "Digits", "individual_digits": self.individual_digits}
+
+
 class PreTokenizerSequence:
     def __init__(self, steps: list):
         self.steps = steps
@@ -201,6 +228,7 @@ PRE_TOKENIZERS = {
     "BertPreTokenizer": lambda d: BertPreTokenizer(),
     "Metaspace": lambda d: Metaspace(d.get("replacement", METASPACE), d.get("prepend_scheme", "always"),
                                      d.get("split", True)),
+    "Digits": lambda d: Digits(bool(d.get("individual_digits", False))),
     "Sequence": lambda d: PreTokenizerSequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]]),
 }
 

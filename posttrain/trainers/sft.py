@@ -53,6 +53,7 @@ from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
+from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
@@ -97,6 +98,8 @@ class SFTConfig(TrainerConfig):
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
     fsdp: bool = knob(False, "under torchrun: shard parameters, gradients and optimizer state over the processes "
                              "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them")
+    tokenizer: str | None = knob(None, "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
+                                       "default: the task's characters; ignored with init)")
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -268,7 +271,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         init = start_policy(cfg, "sft")
         model, tokenizer = init.model, init.tokenizer
     else:
-        tokenizer = CharTokenizer(task.alphabet)
+        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(task.alphabet)
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     model = apply_lora(model, lora_config(cfg))  # lora_r > 0: adapters on a frozen base (a resumed one has them)
     chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])

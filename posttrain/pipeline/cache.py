@@ -1,0 +1,178 @@
+"""Stage keys by content, and the files that say a stage is done.
+
+A stage's key is the SHA-256 of one canonical JSON object (sorted keys, no whitespace)::
+
+    {"stage": NAME, "config": <resolved config, EXCLUDED fields dropped>, "inputs": {label: digest of the bytes},
+     "deps": {stage: key}, "seed": N, "posttrain": __version__, "torch": torch.__version__}
+
+Paths never enter a key (a moved run directory or a renamed input file keeps its keys); their contents do,
+through ``inputs`` (a file's bytes; a directory's files, by relative name and bytes), and the keys of the
+stages a stage reads from are chained into it, so a changed tokenizer changes every key after it.
+
+``DONE.json`` in the stage directory ({key, fields, summary, wall_s, peak_rss_mb, finished}) is written
+atomically and last: a stage with a ``DONE.json`` whose key matches is complete and skipped. A stage that
+started writes ``<run>/.pipeline/<stage>.json`` ({key, fields}) before it begins; a trainer stage whose
+started key matches and whose directory holds a checkpoint resumes from it. Any other key clears the stage
+directory first (never a silent resume of other settings). :func:`changed_fields` lists which key fields
+differ, for ``--explain`` and for the line printed when a stage re-runs.
+
+Not handled: two pipeline processes writing one run directory at once (no lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from posttrain import __version__
+from posttrain.data.io import atomic_write_json
+
+DONE_FILE = "DONE.json"
+STATE_DIR = ".pipeline"
+EXCLUDED = frozenset({"out", "init", "data", "eval_data", "tokenizer", "logger", "threads", "workers", "progress",
+                      "backend", "ray_address", "rejects", "keep_checkpoints", "batch_size_dedup"})
+"""Config fields that never enter a key: output and input paths (their contents do, as ``inputs``), logging,
+worker and thread counts, progress display, checkpoint retention."""
+
+
+def scrub(value, excluded=EXCLUDED):
+    """A config (dataclass or dict) as plain JSON values, the ``excluded`` field names dropped at every level."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {k: scrub(v, excluded) for k, v in value.items() if k not in excluded}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v, excluded) for v in value]
+    return value
+
+
+def digest_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def digest_path(path: str | Path) -> str:
+    """A file's bytes, or a directory's files (relative names and bytes, sorted; temp files skipped)."""
+    p = Path(path)
+    if p.is_file():
+        return digest_file(p)
+    h = hashlib.sha256()
+    for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.endswith(".tmp")):
+        h.update(str(f.relative_to(p)).encode() + b"\0" + digest_file(f).encode() + b"\n")
+    return h.hexdigest()
+
+
+def torch_version() -> str:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a core dependency
+        return "none"
+    return torch.__version__
+
+
+def key_fields(stage: str, config, inputs: dict[str, str | Path], deps: dict[str, str], seed: int) -> dict:
+    """The object a key hashes (``inputs``: label -> path, digested here)."""
+    return {"stage": stage, "config": scrub(config), "inputs": {k: digest_path(v) for k, v in sorted(inputs.items())},
+            "deps": dict(sorted(deps.items())), "seed": seed, "posttrain": __version__, "torch": torch_version()}
+
+
+def key_of(fields: dict) -> str:
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _flat(d, prefix: str = "") -> dict:
+    if isinstance(d, dict):
+        out = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): d}
+
+
+def changed_fields(old: dict | None, new: dict, limit: int = 6) -> list[str]:
+    """``config.steps 40 -> 50``, ``inputs.corpus changed``, ``deps.sft changed``... (at most ``limit``)."""
+    if not old:
+        return ["no earlier run"]
+    a, b = _flat(old), _flat(new)
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if a.get(k, "(absent)") == b.get(k, "(absent)"):
+            continue
+        if k.startswith(("inputs.", "deps.")):
+            out.append(f"{k} changed")
+        else:
+            out.append(f"{k} {a.get(k, '(absent)')!r} -> {b.get(k, '(absent)')!r}")
+    if len(out) > limit:
+        out = out[:limit] + [f"... {len(out) - limit} more"]
+    return out
+
+
+def read_json(path: Path) -> dict | None:
+    """The JSON object in ``path``, or None when missing or unreadable (a torn file counts as absent)."""
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def read_done(stage_dir: Path) -> dict | None:
+    return read_json(stage_dir / DONE_FILE)
+
+
+def started_file(run_dir: Path, stage: str) -> Path:
+    return run_dir / STATE_DIR / f"{stage}.json"
+
+
+def mark_started(run_dir: Path, stage: str, key: str, fields: dict) -> None:
+    atomic_write_json(started_file(run_dir, stage), {"key": key, "fields": fields, "started": _now()})
+
+
+def write_done(stage_dir: Path, key: str, fields: dict, summary: dict, wall_s: float, peak_rss_mb: float | None,
+               status: str) -> dict:
+    done = {"key": key, "fields": fields, "summary": summary, "wall_s": round(wall_s, 3), "peak_rss_mb": peak_rss_mb,
+            "status": status, "finished": _now()}
+    atomic_write_json(stage_dir / DONE_FILE, done)
+    return done
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---------------------------------------------------------------------------------------------
+# peak resident memory of one stage (Linux: the high-water mark can be reset between stages)
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak-RSS counter (Linux >= 4.0, ``clear_refs`` 5); False where not possible."""
+    try:
+        with open(f"/proc/{os.getpid()}/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_mb() -> float | None:
+    """VmHWM (peak since the last reset) in MiB, else the process's lifetime peak from getrusage."""
+    try:
+        for line in Path(f"/proc/{os.getpid()}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    try:
+        import resource
+
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    except (ImportError, OSError):
+        return None

@@ -1,0 +1,206 @@
+"""The pipeline's stages, each a small declared unit: name, config, inputs, dependencies, run function, schema.
+
+    dedup -> tokenizer -> sft (-> sft_raw) -> rm, dpo, grpo, ppo (each from the SFT checkpoint) -> eval -> report
+
+A :class:`Stage` says what its key is made of (``config(ctx)``: the resolved config object; ``inputs(ctx)``:
+the files whose bytes it reads; ``deps``: the stages whose keys are chained into its own) and what it
+produces (``run(ctx, cfg, out, resume) -> summary``, whose keys ``schema`` declares: the report's section of
+the stage is built from it, and a test fails when a declared key is missing). ``available()`` returns why a
+stage cannot run in this build (PPO before ``posttrain.trainers.ppo`` exists) or None.
+
+Adding a stage is one :class:`Stage` in :data:`STAGES`; a trainer stage is :func:`trainer_stage` with the
+trainer's config class and its ``train_*`` function (``resume=`` makes it resumable).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+from pathlib import Path
+
+from posttrain.config import build_config
+from posttrain.pipeline import data_stages, evaluate, report
+from posttrain.pipeline.base import POLICY_STAGES, TRAINED, Context, Metric, Stage, get  # noqa: F401 (re-exported)
+
+# ---------------------------------------------------------------------------------------------
+# dedup and tokenizer (their bodies live in data_stages.py)
+
+
+def _dedup_config(ctx):
+    return data_stages.dedup_key_config(ctx.cfg)
+
+
+def _dedup_inputs(ctx):
+    c = ctx.cfg
+    return {k: v for k, v in (("corpus_file", c.corpus_file), ("eval_file", c.eval_file)) if v}
+
+
+def _run_dedup(ctx, cfg, out, resume):
+    return data_stages.run_dedup(ctx, out)
+
+
+def _run_tokenizer(ctx, cfg, out, resume):
+    return data_stages.run_tokenizer(ctx, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# trainer stages
+
+
+def _owned(ctx, stage: str, base, **fixed):
+    """A trainer config with what the pipeline owns filled in (out, seed, threads, progress, task, ...)."""
+    cfg = ctx.cfg
+    values = {"out": str(ctx.dir(stage)), "seed": cfg.seed, "threads": cfg.threads, "progress": not ctx.quiet,
+              **fixed}
+    names = {f.name for f in dataclasses.fields(base)}
+    if "task" in names:
+        values["task"] = cfg.task
+    return dataclasses.replace(base, **{k: v for k, v in values.items() if k in names})
+
+
+def _tokenizer_path(ctx) -> str | None:
+    return str(ctx.dir("tokenizer") / "tokenizer.json") if ctx.cfg.tokenizer.kind != "char" else None
+
+
+def _eval_file(ctx) -> str | None:
+    return str(ctx.dir("dedup") / "eval.jsonl") if ctx.cfg.eval_file else None
+
+
+def _sft_config(data_name: str, stage: str):
+    def config(ctx):
+        return _owned(ctx, stage, ctx.cfg.sft, data=str(ctx.dir("dedup") / data_name), tokenizer=_tokenizer_path(ctx),
+                      eval_data=_eval_file(ctx))
+    return config
+
+
+def _sft_inputs(data_name: str):
+    def inputs(ctx):
+        out = {"data": ctx.dir("dedup") / data_name}
+        if _tokenizer_path(ctx):
+            out["tokenizer"] = Path(_tokenizer_path(ctx))
+        return out
+    return inputs
+
+
+def _from_sft(stage: str, attr: str, **extra):
+    def config(ctx):
+        base = getattr(ctx.cfg, attr)
+        fixed = {"init": str(ctx.model("sft")), **extra}
+        if "eval_data" in {f.name for f in dataclasses.fields(base)}:
+            fixed["eval_data"] = _eval_file(ctx)
+        return _owned(ctx, stage, base, **fixed)
+    return config
+
+
+def _sft_model_input(ctx):
+    return {"init": ctx.model("sft")}
+
+
+def _train_fn(module: str, fn: str):
+    def run(ctx, cfg, out, resume):
+        train = getattr(importlib.import_module(module), fn)
+        kwargs = {}
+        params = inspect.signature(train).parameters
+        if resume and "resume" in params:
+            kwargs["resume"] = str(out)
+        elif out.is_dir() and any(out.iterdir()) and "overwrite" in params:
+            kwargs["overwrite"] = True
+        return train(cfg, **kwargs)
+    return run
+
+
+def _ppo_available() -> str | None:
+    if importlib.util.find_spec("posttrain.trainers.ppo") is None:
+        return "posttrain.trainers.ppo is not in this build"
+    return None
+
+
+def _ppo_config(ctx):
+    mod = importlib.import_module("posttrain.trainers.ppo")
+    base = build_config(mod.PPOConfig, preset=dict(ctx.cfg.ppo))
+    return _from_sft("ppo", "ppo")(dataclasses.replace(ctx, cfg=_WithAttr(ctx.cfg, "ppo", base)))
+
+
+class _WithAttr:
+    """``ctx.cfg`` with one attribute replaced (the PPO config is a dict until the module is importable)."""
+
+    def __init__(self, cfg, name, value):
+        self._cfg, self._name, self._value = cfg, name, value
+
+    def __getattr__(self, item):
+        return self._value if item == self._name else getattr(self._cfg, item)
+
+
+def _no_raw(ctx):
+    return None if ctx.cfg.contamination_run else "contamination_run = false"
+
+
+# ---------------------------------------------------------------------------------------------
+# eval and report
+
+
+def _run_eval(ctx, cfg, out, resume):
+    return evaluate.run_eval_stage(ctx, out)
+
+
+def _eval_config(ctx):
+    return {"eval": ctx.cfg.eval, "task": ctx.cfg.task}
+
+
+def _eval_inputs(ctx):
+    ins = {f"model.{s}": ctx.model(s) for s in POLICY_STAGES + ("rm",) if s in ctx.done and ctx.model(s).is_dir()}
+    if ctx.cfg.eval_file:
+        ins["eval_file"] = ctx.dir("dedup") / "eval.jsonl"
+    return ins
+
+
+def _run_report(ctx, cfg, out, resume):
+    return report.write_report(ctx, out)
+
+
+_TRAIN_SCHEMA = (Metric("heldout_accuracy", "held-out greedy accuracy", "{:.3f}"), Metric("steps", "steps"),
+                 Metric("train_seconds", "train seconds", "{:.1f}"))
+
+STAGES: tuple[Stage, ...] = (
+    Stage("dedup", "Dedup: exact and near duplicates, benchmark contamination", (), _dedup_config, _run_dedup,
+          (Metric("documents_in", "documents in"), Metric("kept", "kept"), Metric("removed.exact", "removed: exact"),
+           Metric("removed.near", "removed: near"), Metric("removed.contamination", "removed: contamination"),
+           Metric("lsh.bands", "LSH bands b"), Metric("lsh.rows", "LSH rows r"), Metric("demos_kept", "demonstrations kept")),
+          inputs=_dedup_inputs),
+    Stage("tokenizer", "Tokenizer trained on the deduplicated corpus (byte-level BPE, digits split)", ("dedup",), lambda ctx: ctx.cfg.tokenizer,
+          _run_tokenizer, (Metric("vocab_size", "vocabulary size"), Metric("tokens_per_word", "tokens per word", "{:.3f}"),
+                           Metric("bytes_per_token", "bytes per token (compression)", "{:.3f}"),
+                           Metric("digits_single_tokens", "every digit one token")),
+          inputs=lambda ctx: {"corpus": ctx.dir("dedup") / "kept.jsonl"}),
+    Stage("sft", "SFT on the deduplicated demonstrations", ("dedup", "tokenizer"), _sft_config("sft.jsonl", "sft"),
+          _train_fn("posttrain.trainers.sft", "train_sft"),
+          _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"), Metric("params", "parameters")),
+          inputs=_sft_inputs("sft.jsonl"), resumable=True),
+    Stage("sft_raw", "SFT on the raw corpus (duplicates and leaked evaluation items kept)", ("dedup", "tokenizer"),
+          _sft_config("sft_raw.jsonl", "sft_raw"), _train_fn("posttrain.trainers.sft", "train_sft"),
+          _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"),), inputs=_sft_inputs("sft_raw.jsonl"),
+          resumable=True, enabled=_no_raw),
+    Stage("rm", "Reward model (Bradley-Terry) on the SFT backbone", ("sft",), _from_sft("rm", "rm"),
+          _train_fn("posttrain.trainers.reward", "train_reward_model"),
+          (Metric("heldout_pairwise_accuracy", "held-out pairwise accuracy", "{:.3f}"), Metric("train_pairs", "training pairs"),
+           Metric("heldout_pairs", "held-out pairs"), Metric("train_seconds", "train seconds", "{:.1f}")),
+          inputs=_sft_model_input, resumable=True),
+    Stage("dpo", "DPO from the SFT checkpoint on on-policy pairs", ("sft",), _from_sft("dpo", "dpo"),
+          _train_fn("posttrain.trainers.dpo", "train_dpo"), _TRAIN_SCHEMA + (Metric("loss", "loss"),),
+          inputs=_sft_model_input, resumable=True),
+    Stage("grpo", "GRPO from the SFT checkpoint, rewarded by the verifier", ("sft",), _from_sft("grpo", "grpo"),
+          _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
+          _TRAIN_SCHEMA + (Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),),
+          inputs=_sft_model_input, resumable=True),
+    Stage("ppo", "PPO from the SFT checkpoint (value model, GAE)", ("sft",), _ppo_config,
+          _train_fn("posttrain.trainers.ppo", "train_ppo"), _TRAIN_SCHEMA, inputs=_sft_model_input,
+          available=_ppo_available, resumable=True),
+    Stage("eval", "Evaluation: every checkpoint on the same held-out prompts", TRAINED, _eval_config, _run_eval,
+          (Metric("n", "held-out prompts"), Metric("samples", "samples per prompt (k)")), inputs=_eval_inputs,
+          optional_deps=True),
+    Stage("report", "Report", ("dedup", "tokenizer") + TRAINED + ("eval",), lambda ctx: {"version": 1}, _run_report,
+          (Metric("sections", "sections"),), optional_deps=True),
+)
+BY_NAME = {s.name: s for s in STAGES}
