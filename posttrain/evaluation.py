@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from posttrain.data.checks import fit_sequences, model_window
+from posttrain.data.encode import encode_prompt  # noqa: F401  (re-exported: callers import it from here)
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.text import printable
@@ -31,17 +32,6 @@ class EvalResult:
 
     def summary(self) -> dict:
         return {"accuracy": self.accuracy, "n": self.n, "correct": self.correct, "truncated_fraction": self.truncated_fraction}
-
-
-def encode_prompt(tokenizer, prompt: str, max_tokens: int | None = None) -> list[int]:
-    """BOS (if the tokenizer has one) + prompt tokens: the same prefix SFT trains on. With ``max_tokens``
-    a longer prompt keeps BOS and its last ``max_tokens - 1`` tokens."""
-    ids = tokenizer.encode(prompt)
-    out = ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
-    if max_tokens is not None and len(out) > max_tokens:
-        keep_bos = tokenizer.bos_id is not None and max_tokens >= 2
-        out = out[:1] + out[len(out) - (max_tokens - 1):] if keep_bos else out[len(out) - max_tokens:]
-    return out
 
 
 def prompt_window(model, max_new_tokens: int) -> int | None:

@@ -39,6 +39,8 @@ import torch
 
 from posttrain.chat import check_messages, is_conversation
 from posttrain.data.checks import Located, fit_sequences
+from posttrain.data.encode import encode_completion as _encode_completion
+from posttrain.data.encode import encode_prompt as _encode_prompt
 from posttrain.data.io import BadLinePolicy, ReadStats, load_records
 from posttrain.errors import ConfigError, DataError
 
@@ -207,25 +209,14 @@ def _pad_id(tokenizer) -> int:
 
 
 def encode_prompt(tokenizer, prompt: str, add_bos: bool = True, max_prompt_length: int | None = None) -> list[int]:
-    """[bos] + encode(prompt), keeping the last ``max_prompt_length`` tokens (the end is what matters)."""
-    ids = list(tokenizer.encode(prompt))
-    if add_bos and tokenizer.bos_id is not None:
-        ids = [int(tokenizer.bos_id)] + ids
-    if max_prompt_length is not None and len(ids) > max_prompt_length:
-        ids = ids[len(ids) - max_prompt_length :]
-    return ids
+    """[bos] + encode(prompt) through :func:`posttrain.data.encode.encode_prompt` (a limit keeps BOS and the end)."""
+    return _encode_prompt(tokenizer, prompt, max_tokens=max_prompt_length, add_bos=add_bos)
 
 
-def encode_completion(
-    tokenizer, completion: str, add_eos: bool = True, max_completion_length: int | None = None
-) -> list[int]:
-    """encode(completion) + [eos], keeping the first ``max_completion_length`` tokens."""
-    ids = list(tokenizer.encode(completion))
-    if add_eos and tokenizer.eos_id is not None:
-        ids = ids + [int(tokenizer.eos_id)]
-    if max_completion_length is not None:
-        ids = ids[:max_completion_length]
-    return ids
+def encode_completion(tokenizer, completion: str, add_eos: bool = True,
+                      max_completion_length: int | None = None) -> list[int]:
+    """encode(completion) + [eos] through :func:`posttrain.data.encode.encode_completion` (a limit keeps the start)."""
+    return _encode_completion(tokenizer, completion, add_eos=add_eos, max_tokens=max_completion_length)
 
 
 def pack_prompt_completion(

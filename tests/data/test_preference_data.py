@@ -140,7 +140,8 @@ def test_collate_truncation_and_no_margin():
     pairs = [PreferencePair("123456789=", "1234", "9")]
     b = collate_preference(pairs, TOK, max_prompt_length=4, max_completion_length=2)
     assert b["completion_start"] == 4
-    assert TOK.decode(b["input_ids"][0, :4].tolist()) == "789="  # the end of the prompt is kept
+    ids = b["input_ids"][0, :4].tolist()  # BOS and the end of the prompt are kept (as in evaluation and RL)
+    assert (ids[0] == TOK.bos_id and TOK.decode(ids[1:]) == "89=") if TOK.bos_id is not None else TOK.decode(ids) == "789="
     assert TOK.decode(b["input_ids"][0, 4:].tolist()) == "12"  # the start of the completion is kept
     assert "margin" not in b
     with pytest.raises(DataError, match="empty"):
