@@ -46,7 +46,7 @@ def worker(args) -> None:
     train_sft(cfg)
     steps = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     step_times = [r["step_time"] for r in steps[2:]] or [r["step_time"] for r in steps]
-    tokens = [r["tokens_per_s"] * r["step_time"] for r in steps]
+    tokens = [r["tokens_per_s"] * r["step_time"] for r in steps]  # the global batch's real tokens
     rec = {"rank": w.rank, "world": w.world_size, "median_step_s": statistics.median(step_times),
            "tokens_per_step": statistics.median(tokens), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     (out / f"rank{w.rank}.json").write_text(json.dumps(rec))
@@ -87,7 +87,7 @@ def main() -> None:
             recs = launch(nproc, ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--threads",
                                   str(threads)])
             step = max(r["median_step_s"] for r in recs)
-            tps = sum(r["tokens_per_step"] for r in recs) / step
+            tps = recs[0]["tokens_per_step"] / step  # metrics.jsonl (rank 0's) counts the global batch's tokens
             base = base or tps
             print(f"{label:<34}{step:>15.4f}{tps:>12.0f}{tps / base:>10.2f}x")
     if args.only != "throughput":
