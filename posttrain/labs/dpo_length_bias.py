@@ -109,7 +109,7 @@ def run(ctx) -> None:
     names = list(lens)
     ax2.bar(range(len(names)), [lens[k].mean() for k in names],
             yerr=[2 * lens[k].std() / np.sqrt(len(lens[k])) for k in names], capsize=4,
-            color=["gray", "C0", "C1", "C2"])
+            color=["C0", "C1", "C2", "C3"])  # the histogram's colours
     ax2.set_xticks(range(len(names)), ["SFT init", "DPO", "SimPO", "R-DPO (alpha 0.5)"])
     ax2.set(title=f"mean completion length (+- 2 s.e.), {STEPS} steps each", ylabel="tokens")
     ctx.figure(fig, "dpo_length_bias")

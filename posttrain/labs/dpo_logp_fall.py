@@ -79,7 +79,7 @@ def run(ctx) -> None:
                 f"margin {d[loss]['margin'].mean():+.3f}  (reference chosen {ref[0].mean():.3f}, rejected {ref[1].mean():.3f})")
 
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for ax, loss in zip(axes, ("dpo", "rpo")):
         rows = runs[loss]["rows"]
         steps = [r["step"] for r in rows]
@@ -90,6 +90,7 @@ def run(ctx) -> None:
         ax2.set_ylabel("implicit reward margin")
         ax.set(title=f"{loss.upper()}: {len(runs[loss]['pairs'])} on-policy pairs, 1-digit addition", xlabel="step")
         lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-        ax.legend(lines, [h.get_label() for h in lines], fontsize=8, loc="lower left")
+        ax.legend(lines, [h.get_label() for h in lines], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
+                  ncol=3)
     axes[0].set_ylabel("sequence log-prob")
     ctx.figure(fig, "dpo_logp_fall")
