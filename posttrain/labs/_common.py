@@ -94,6 +94,7 @@ class LabContext:
     seed: int = 0
     falsify: bool = False
     verbose: bool = True
+    draw: bool = True  # False: figures are built but not rendered (the tests' falsified runs)
     checks: list[Check] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
@@ -137,6 +138,9 @@ class LabContext:
         import matplotlib.pyplot as plt
 
         path = self.out / f"{stem}.png"
+        if not self.draw:
+            plt.close(fig)
+            return path
         buf = io.BytesIO()
         fig.tight_layout()
         fig.savefig(buf, format="png", dpi=90)
@@ -190,11 +194,12 @@ def write_result(ctx: LabContext, claim: str, formula: str, notes: str, seconds:
     return result
 
 
-def run_lab(lab, out: Path, quick: bool = False, seed: int = 0, falsify: bool = False, verbose: bool = True) -> dict:
+def run_lab(lab, out: Path, quick: bool = False, seed: int = 0, falsify: bool = False, verbose: bool = True,
+            draw: bool = True) -> dict:
     """Run one lab module (``posttrain.labs.<module>``) into ``out``; return its result dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = LabContext(lab.NAME, out, quick=quick, seed=seed, falsify=falsify, verbose=verbose)
+    ctx = LabContext(lab.NAME, out, quick=quick, seed=seed, falsify=falsify, verbose=verbose, draw=draw)
     ctx.say(f"== {lab.NAME}{' (quick)' if quick else ''}{' (FALSIFIED on purpose)' if falsify else ''}")
     ctx.say(f"claim: {lab.CLAIM}")
     ctx.say(f"formula: {lab.FORMULA}")
@@ -228,3 +233,15 @@ def binom_two_sided_p(k: int, n: int, p: float) -> float:
               + i * math.log(p) + (n - i) * math.log1p(-p))
     pmf = np.exp(logpmf)
     return float(min(1.0, 2 * min(pmf[: k + 1].sum(), pmf[k:].sum())))
+
+
+_MEMO: dict = {}
+
+
+def memo(ctx: LabContext, label: str, fn):
+    """``fn()`` once per process for (lab, label, quick, seed): measurements that ``falsify`` does not change are
+    reused when a lab is judged again (the tests run every lab twice), never across sizes or seeds."""
+    key = (ctx.name, label, ctx.quick, ctx.seed)
+    if key not in _MEMO:
+        _MEMO[key] = fn()
+    return _MEMO[key]

@@ -23,7 +23,7 @@ import numpy as np
 
 from posttrain.data.preference import load_preference_pairs
 from posttrain.data.preference_pairs import PairDataConfig
-from posttrain.labs._common import ALPHA, pyplot, z_crit
+from posttrain.labs._common import ALPHA, memo, pyplot, z_crit
 from posttrain.labs._train import TASK, metrics, pair_logps, quiet, sft_init
 from posttrain.trainers.dpo import DPOConfig, train_dpo
 
@@ -44,19 +44,24 @@ def _one_sided(ctx, name, x, sign: int, alpha: float) -> bool:
 
 def run(ctx) -> None:
     sft_steps, dpo_steps = (40, 60) if ctx.quick else (80, 80)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        init = sft_init(sft_steps, seed=ctx.seed)
-        runs = {}
-        for loss in ("dpo", "rpo"):
-            cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=dpo_steps, batch_size=32, lr=1e-3,
-                            warmup_steps=2, eval_every=0, save_every=0, progress=False, task=TASK, seed=ctx.seed,
-                            pairs=PairDataConfig(num_prompts=64, samples_per_prompt=8, gold_chosen=True, seed=ctx.seed))
-            summary, _ = quiet(train_dpo, cfg)
-            pairs = load_preference_pairs(tmp / loss / "pairs.jsonl")
-            runs[loss] = {"summary": summary, "rows": metrics(tmp / loss), "pairs": pairs,
-                          "final": pair_logps(tmp / loss / "model", pairs)}
-        ref = pair_logps(init, runs["dpo"]["pairs"])
+
+    def measure():
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            init = sft_init(sft_steps, seed=ctx.seed)
+            runs = {}
+            for loss in ("dpo", "rpo"):
+                cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=dpo_steps, batch_size=32, lr=1e-3,
+                                warmup_steps=2, eval_every=0, save_every=0, progress=False, task=TASK, seed=ctx.seed,
+                                pairs=PairDataConfig(num_prompts=64, samples_per_prompt=8, gold_chosen=True, seed=ctx.seed))
+                summary, _ = quiet(train_dpo, cfg)
+                pairs = load_preference_pairs(tmp / loss / "pairs.jsonl")
+                runs[loss] = {"summary": summary, "rows": metrics(tmp / loss), "pairs": pairs,
+                              "final": pair_logps(tmp / loss / "model", pairs)}
+            ref = pair_logps(init, runs["dpo"]["pairs"])
+        return runs, ref
+
+    runs, ref = memo(ctx, "runs", measure)
     assert [p.chosen for p in runs["dpo"]["pairs"]] == [p.chosen for p in runs["rpo"]["pairs"]]
     d = {}
     for loss, r in runs.items():

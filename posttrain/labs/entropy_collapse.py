@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from posttrain.labs import _train
-from posttrain.labs._common import ALPHA, pyplot, z_crit
+from posttrain.labs._common import ALPHA, memo, pyplot, z_crit
 from posttrain.labs._train import TASK, distinct_per_group, metrics, quiet, register_lab_rewards, sft_init
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
 
@@ -47,19 +47,24 @@ def run(ctx) -> None:
     register_lab_rewards()
     seeds = [ctx.seed] if ctx.quick else [ctx.seed, ctx.seed + 1, ctx.seed + 2]
     init = sft_init(100, seed=ctx.seed)
-    res = {c: {"distinct": [], "entropy": []} for c in COEFS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for s in seeds:
-            for c in COEFS:
-                _train.RECORDED.clear()
-                out = Path(tmp) / f"c{c}-s{s}"
-                quiet(train_policy_gradient, PolicyGradientConfig(
-                    init=init, out=str(out), steps=STEPS, prompts_per_step=8, num_generations=G, max_new_tokens=4,
-                    lr=1e-2, warmup_steps=0, eval_every=0, save_every=0, progress=False, task=TASK, seed=s,
-                    reward="lab_one_digit", entropy_coef=c, dynamic_sampling=False))
-                rows = [r for r in metrics(out) if "entropy" in r]
-                res[c]["entropy"].append([r["entropy"] for r in rows])
-                res[c]["distinct"].append([distinct_per_group(x, G) for x in _train.RECORDED])
+
+    def measure():
+        res = {c: {"distinct": [], "entropy": []} for c in COEFS}
+        with tempfile.TemporaryDirectory() as tmp:
+            for s in seeds:
+                for c in COEFS:
+                    _train.RECORDED.clear()
+                    out = Path(tmp) / f"c{c}-s{s}"
+                    quiet(train_policy_gradient, PolicyGradientConfig(
+                        init=init, out=str(out), steps=STEPS, prompts_per_step=8, num_generations=G, max_new_tokens=4,
+                        lr=1e-2, warmup_steps=0, eval_every=0, save_every=0, progress=False, task=TASK, seed=s,
+                        reward="lab_one_digit", entropy_coef=c, dynamic_sampling=False))
+                    rows = [r for r in metrics(out) if "entropy" in r]
+                    res[c]["entropy"].append([r["entropy"] for r in rows])
+                    res[c]["distinct"].append([distinct_per_group(x, G) for x in _train.RECORDED])
+        return res
+
+    res = memo(ctx, "runs", measure)
     alpha = ALPHA / 3
     zc = z_crit(2 * alpha)
     first = {c: [g for run in res[c]["distinct"] for step in run[:5] for g in step] for c in COEFS}

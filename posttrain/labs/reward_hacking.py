@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from posttrain.labs import _train
-from posttrain.labs._common import ALPHA, pyplot, z_crit
+from posttrain.labs._common import ALPHA, memo, pyplot, z_crit
 from posttrain.labs._train import TASK, metrics, quiet, register_lab_rewards, sft_init
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
 
@@ -48,18 +48,23 @@ def _z(a, b) -> float:
 def run(ctx) -> None:
     register_lab_rewards()
     init = sft_init(100, seed=ctx.seed)
-    res = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for beta in BETAS:
-            _train.RECORDED.clear()
-            out = Path(tmp) / f"b{beta}"
-            quiet(train_policy_gradient, PolicyGradientConfig(
-                init=init, out=str(out), steps=STEPS, prompts_per_step=8, num_generations=8, max_new_tokens=6,
-                lr=3e-3, warmup_steps=0, eval_every=0, save_every=0, progress=False, task=TASK, seed=ctx.seed,
-                reward="lab_long_answer", beta=beta, kl_in="reward", dynamic_sampling=False))
-            steps = [[(0.3 * len(c.strip()) + e, e, len(c.strip())) for c, e in batch] for batch in _train.RECORDED]
-            rows = [r for r in metrics(out) if "kl" in r]
-            res[beta] = {"samples": np.array(steps), "kl": np.array([r["kl"] for r in rows])}  # (steps, N, 3)
+
+    def measure():
+        res = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for beta in BETAS:
+                _train.RECORDED.clear()
+                out = Path(tmp) / f"b{beta}"
+                quiet(train_policy_gradient, PolicyGradientConfig(
+                    init=init, out=str(out), steps=STEPS, prompts_per_step=8, num_generations=8, max_new_tokens=6,
+                    lr=3e-3, warmup_steps=0, eval_every=0, save_every=0, progress=False, task=TASK, seed=ctx.seed,
+                    reward="lab_long_answer", beta=beta, kl_in="reward", dynamic_sampling=False))
+                steps = [[(0.3 * len(c.strip()) + e, e, len(c.strip())) for c, e in batch] for batch in _train.RECORDED]
+                rows = [r for r in metrics(out) if "kl" in r]
+                res[beta] = {"samples": np.array(steps), "kl": np.array([r["kl"] for r in rows])}  # (steps, N, 3)
+        return res
+
+    res = memo(ctx, "runs", measure)
     alpha = ALPHA / 4
     zc = z_crit(2 * alpha)
     free, held = res[BETAS[0]], res[BETAS[1]]

@@ -21,7 +21,7 @@ import ast
 from pathlib import Path
 
 import posttrain
-from posttrain.labs._common import pyplot
+from posttrain.labs._common import memo, pyplot
 from posttrain.tokenizers import TRAINERS, BPETrainer, sample_encode
 
 NAME = "tokenizer-compare"
@@ -53,8 +53,9 @@ def run(ctx) -> None:
     vocab = 400 if ctx.quick else 1500
     train_chars = set("".join(train))
     assert not set(OOV_WORD[0]) & train_chars, "the OOV text must hold unseen characters"
-    toks = {name: cls(vocab_size=vocab).train(train) for name, cls in TRAINERS.items()}
-    toks["bpe+byte_fallback"] = BPETrainer(vocab_size=vocab + 256, byte_fallback=True).train(train)
+    toks = dict(memo(ctx, "tokenizers", lambda: {
+        **{name: cls(vocab_size=vocab).train(train) for name, cls in TRAINERS.items()},
+        "bpe+byte_fallback": BPETrainer(vocab_size=vocab + 256, byte_fallback=True).train(train)}))
     if ctx.falsify:
         toks["byte-bpe"] = toks["bpe"]
     words = " ".join(test).split()
