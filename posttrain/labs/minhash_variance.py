@@ -44,7 +44,7 @@ def run(ctx) -> None:
     rng = np.random.default_rng(ctx.seed)
     hashes, offsets = _pair(rng)
     J = 200 / 400
-    seeds = 60 if ctx.quick else 1000
+    seeds = 60 if ctx.quick else 500
     tests = 2 * len(KS) + sum(K <= SET_SIZE // 2 for K in KS)
     alpha = ALPHA / tests
     rows = {}
