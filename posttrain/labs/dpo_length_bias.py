@@ -11,12 +11,14 @@ is 5 random digits and whose rejected answer is 2 random digits: length is the o
 with loss "dpo" (beta 0.1), "simpo" (beta 2, gamma 0.5) and "rdpo" (beta 0.1, alpha 0.5: our answers differ
 by 3 tokens, not hundreds, so alpha is larger than the paper's 0.005-0.05), 40 steps at lr 2e-3 each.
 The measure is the mean length of completions sampled at temperature 1 (max 8 tokens) from each policy.
-Checked (z-tests, Bonferroni): DPO's mean length grows over the init's; DPO's final mean length exceeds
-SimPO's and R-DPO's (two-sample, independent samples). One training run per loss: the test covers the
-sampling noise of the lengths, not the run-to-run variation. Seen here: SimPO does not learn length at all,
-it collapses to (near-)empty completions: the normalised objective is indifferent to length, so the
-random long/short contents give it no length incentive; on this data it drifts to the empty answer
-(not analysed further: a lab, not a study of SimPO). ``falsify`` makes the *rejected* answer the
+Checked over 2 (quick) or 4 independent runs (seeds: own SFT init, pairs and sampling), each a two-sample
+z-test of mean lengths, combined by Stouffer (one-sided, Bonferroni): DPO's mean length grows over the
+init's; DPO's final mean length exceeds SimPO's and R-DPO's. R-DPO's length term mostly damps the
+gradient (sigma(-(beta h + 1.5)) instead of sigma(-beta h) at the start), so it learns length more
+slowly; with length as the only signal both saturate at the 8-token cap if trained long enough, and
+single runs near the cap can show a small, non-significant gap (seed 1: 7.04 vs 6.82).
+Seen here: SimPO learns no length (its mean stays near the init's), and in some runs (seed 0) it drifts
+to empty completions (not analysed further: a lab, not a study of SimPO). ``falsify`` makes the *rejected* answer the
 long one (the data then teach shortness, and the "DPO grows length" check must fail).
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 
 from posttrain.evaluation import evaluate
-from posttrain.labs._common import ALPHA, pyplot, z_crit
+from posttrain.labs._common import ALPHA, memo, pyplot, z_crit
 from posttrain.labs._train import TASK, quiet, sft_init
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.trainers.checkpoint import load_checkpoint
@@ -55,11 +57,9 @@ def _lengths(model_dir, prompts, seed: int) -> np.ndarray:
     return np.array([len(s["completion"]) for s in r.samples], float)
 
 
-def run(ctx) -> None:
-    n_samples = 512 if ctx.quick else 2048
+def _measure(seed: int, n_samples: int, long_n: int, short_n: int) -> dict:
     problems = ArithmeticTask(TASK).train_problems
-    rng = random.Random(ctx.seed)
-    long_n, short_n = (2, 5) if ctx.falsify else (5, 2)
+    rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         lines = []
@@ -68,33 +68,47 @@ def run(ctx) -> None:
             rj = "".join(rng.choice("0123456789") for _ in range(short_n))
             lines.append(json.dumps({"prompt": problems[i % len(problems)].prompt, "chosen": ch, "rejected": rj}))
         (tmp / "pairs.jsonl").write_text("\n".join(lines) + "\n")
-        init = sft_init(40, seed=ctx.seed)
+        init = sft_init(40, seed=seed)
         prompts = [problems[i % len(problems)].prompt for i in range(n_samples)]
-        lens = {"init": _lengths(init, prompts, ctx.seed)}
+        lens = {"init": _lengths(init, prompts, seed)}
         for loss, kw in LOSSES.items():
             cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=STEPS, batch_size=32, lr=LR, warmup_steps=2,
                             eval_every=0, save_every=0, progress=False, task=TASK, data=str(tmp / "pairs.jsonl"),
-                            loss_kwargs=kw, seed=ctx.seed)
+                            loss_kwargs=kw, seed=seed)
             quiet(train_dpo, cfg)
-            lens[loss] = _lengths(tmp / loss / "model", prompts, ctx.seed + 1)
+            lens[loss] = _lengths(tmp / loss / "model", prompts, seed + 1)
+    return lens
+
+
+def _two_sample(a, b) -> float:
+    return float((a.mean() - b.mean()) / np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b) + 1e-12))
+
+
+def run(ctx) -> None:
+    n_samples = 512 if ctx.quick else 2048
+    seeds = [ctx.seed + i for i in range(2 if ctx.quick else 4)]
+    long_n, short_n = (2, 5) if ctx.falsify else (5, 2)
+    runs = [memo(ctx, f"seed {s} {long_n}/{short_n}", lambda s=s: _measure(s, n_samples, long_n, short_n)) for s in seeds]
     alpha = ALPHA / 3
     zc = z_crit(2 * alpha)
 
-    def two_sample(a, b):
-        return (a.mean() - b.mean()) / np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b) + 1e-12)
+    def combined(name, a, b, expected):
+        zs = [_two_sample(r[a], r[b]) for r in runs]
+        z = sum(zs) / np.sqrt(len(zs))
+        return ctx.check(name, [[round(r[a].mean(), 3), round(r[b].mean(), 3)] for r in runs], expected, z > zc,
+                         f"one-sided Stouffer z = {z:.2f} > {zc:.2f} over {len(zs)} runs of two-sample z "
+                         f"({', '.join(f'{v:.1f}' for v in zs)}; {n_samples} samples each)")
 
-    z = two_sample(lens["dpo"], lens["init"])
-    ctx.check("DPO: mean completion length grows", [round(lens["init"].mean(), 3), round(lens["dpo"].mean(), 3)],
-              "final > init", z > zc, f"one-sided two-sample z = {z:.2f} > {zc:.2f} ({n_samples} samples each)")
+    combined("DPO: mean completion length grows", "dpo", "init", "[dpo, init] per run: dpo > init")
     for other in ("simpo", "rdpo"):
-        z = two_sample(lens["dpo"], lens[other])
-        ctx.check(f"DPO learns more length than {other.upper()}", [round(lens["dpo"].mean(), 3), round(lens[other].mean(), 3)],
-                  f"dpo > {other}", z > zc, f"one-sided two-sample z = {z:.2f} > {zc:.2f}")
-    ctx.numbers.update({"pairs": 128, "chosen_len": long_n, "rejected_len": short_n, "samples": n_samples,
+        combined(f"DPO learns more length than {other.upper()}", "dpo", other, f"[dpo, {other}] per run: dpo > {other}")
+    lens = {k: np.concatenate([r[k] for r in runs]) for k in runs[0]}  # pooled, for the figure and the numbers
+    ctx.numbers.update({"pairs": 128, "chosen_len": long_n, "rejected_len": short_n, "samples": n_samples, "seeds": seeds,
                         "mean_length": {k: float(v.mean()) for k, v in lens.items()},
+                        "mean_length_per_run": [{k: float(v.mean()) for k, v in r.items()} for r in runs],
                         "empty_fraction": {k: float((v == 0).mean()) for k, v in lens.items()},
                         "losses": {k: {"loss_kwargs": v} for k, v in LOSSES.items()}})
-    ctx.say("  mean sampled length: " + ", ".join(f"{k} {v.mean():.2f}" for k, v in lens.items()))
+    ctx.say("  mean sampled length (all runs): " + ", ".join(f"{k} {v.mean():.2f}" for k, v in lens.items()))
 
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
@@ -103,7 +117,7 @@ def run(ctx) -> None:
         ax1.hist(v, bins=bins, histtype="step", lw=1.5, density=True, label=f"{k} (mean {v.mean():.2f})")
     ax1.axvline(long_n, color="C2", ls=":", lw=1, label=f"chosen length {long_n}")
     ax1.axvline(short_n, color="C3", ls=":", lw=1, label=f"rejected length {short_n}")
-    ax1.set(title="length of sampled completions (T = 1, max 8 tokens)", xlabel="completion length (tokens)",
+    ax1.set(title=f"length of sampled completions (T = 1, max 8 tokens; {len(seeds)} runs pooled)", xlabel="completion length (tokens)",
             ylabel="fraction")
     ax1.legend(fontsize=8)
     names = list(lens)

@@ -34,54 +34,65 @@ FORMULA = "L_DPO = -log sigma(beta [(lp_w - ref_w) - (lp_l - ref_l)]);  L_RPO = 
 NOTES = "notes 10 (DPO): 'logp double descent' (a common bug) and RPO (Pal 2024) as the fix"
 
 
-def _one_sided(ctx, name, x, sign: int, alpha: float) -> bool:
+def _z(x) -> float:
     x = np.asarray(x, float)
-    z = sign * x.mean() / (x.std(ddof=1) / np.sqrt(len(x)))
+    return float(x.mean() / (x.std(ddof=1) / np.sqrt(len(x))))
+
+
+def _combined(ctx, name, per_seed: list, sign: int, alpha: float) -> bool:
+    """One-sided Stouffer test over independent runs: sum_s z_s / sqrt(k), z_s the z of run s's mean over its pairs."""
+    zs = [sign * _z(x) for x in per_seed]
+    z = sum(zs) / np.sqrt(len(zs))
     zc = z_crit(2 * alpha)
-    return ctx.check(name, round(float(x.mean()), 4), "> 0" if sign > 0 else "< 0", z > zc,
-                     f"one-sided z = {z:.2f} > {zc:.2f} over {len(x)} pairs")
+    return ctx.check(name, [round(float(np.mean(x)), 4) for x in per_seed], "> 0" if sign > 0 else "< 0", z > zc,
+                     f"one-sided Stouffer z = {z:.2f} > {zc:.2f} over {len(zs)} runs (per-run z: "
+                     f"{', '.join(f'{v:.1f}' for v in zs)}; each over its ~{len(per_seed[0])} pairs)")
 
 
-def run(ctx) -> None:
-    sft_steps, dpo_steps = (40, 60) if ctx.quick else (80, 80)
-
-    def measure():
-        with tempfile.TemporaryDirectory() as tmp:
-            tmp = Path(tmp)
-            init = sft_init(sft_steps, seed=ctx.seed)
-            runs = {}
-            for loss in ("dpo", "rpo"):
-                cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=dpo_steps, batch_size=32, lr=1e-3,
-                                warmup_steps=2, eval_every=0, save_every=0, progress=False, task=TASK, seed=ctx.seed,
-                                pairs=PairDataConfig(num_prompts=64, samples_per_prompt=8, gold_chosen=True, seed=ctx.seed))
-                summary, _ = quiet(train_dpo, cfg)
-                pairs = load_preference_pairs(tmp / loss / "pairs.jsonl")
-                runs[loss] = {"summary": summary, "rows": metrics(tmp / loss), "pairs": pairs,
-                              "final": pair_logps(tmp / loss / "model", pairs)}
-            ref = pair_logps(init, runs["dpo"]["pairs"])
-        return runs, ref
-
-    runs, ref = memo(ctx, "runs", measure)
+def _measure(ctx, seed: int, sft_steps: int, dpo_steps: int):
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        init = sft_init(sft_steps, seed=seed)
+        runs = {}
+        for loss in ("dpo", "rpo"):
+            cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=dpo_steps, batch_size=32, lr=1e-3,
+                            warmup_steps=2, eval_every=0, save_every=0, progress=False, task=TASK, seed=seed,
+                            pairs=PairDataConfig(num_prompts=64, samples_per_prompt=8, gold_chosen=True, seed=seed))
+            summary, _ = quiet(train_dpo, cfg)
+            pairs = load_preference_pairs(tmp / loss / "pairs.jsonl")
+            runs[loss] = {"summary": summary, "rows": metrics(tmp / loss), "pairs": pairs,
+                          "final": pair_logps(tmp / loss / "model", pairs)}
+        ref = pair_logps(init, runs["dpo"]["pairs"])
     assert [p.chosen for p in runs["dpo"]["pairs"]] == [p.chosen for p in runs["rpo"]["pairs"]]
     d = {}
     for loss, r in runs.items():
         c, rj = r["final"]
         d[loss] = {"chosen": (c - ref[0]).numpy(), "rejected": (rj - ref[1]).numpy()}
         d[loss]["margin"] = d[loss]["chosen"] - d[loss]["rejected"]
+    return runs, ref, d
+
+
+def run(ctx) -> None:
+    sft_steps, dpo_steps = (40, 60) if ctx.quick else (80, 80)
+    seeds = [ctx.seed + i for i in range(2 if ctx.quick else 4)]
+    res = [memo(ctx, f"seed {s}", lambda s=s: _measure(ctx, s, sft_steps, dpo_steps)) for s in seeds]
+    d = [r[2] for r in res]
     alpha = ALPHA / 4
-    _one_sided(ctx, "DPO: mean change of the margin", d["dpo"]["margin"], +1, alpha)
-    _one_sided(ctx, "DPO: mean change of log pi(chosen)", d["dpo"]["chosen"], -1 if not ctx.falsify else +1, alpha)
-    _one_sided(ctx, "DPO: mean change of log pi(rejected)", d["dpo"]["rejected"], -1, alpha)
-    _one_sided(ctx, "RPO minus DPO: change of log pi(chosen)", d["rpo"]["chosen"] - d["dpo"]["chosen"], +1, alpha)
+    _combined(ctx, "DPO: mean change of the margin", [x["dpo"]["margin"] for x in d], +1, alpha)
+    _combined(ctx, "DPO: mean change of log pi(chosen)", [x["dpo"]["chosen"] for x in d], +1 if ctx.falsify else -1, alpha)
+    _combined(ctx, "DPO: mean change of log pi(rejected)", [x["dpo"]["rejected"] for x in d], -1, alpha)
+    _combined(ctx, "RPO minus DPO: change of log pi(chosen)", [x["rpo"]["chosen"] - x["dpo"]["chosen"] for x in d], +1, alpha)
+    falls = [bool(_z(x["dpo"]["chosen"]) < -z_crit(2 * alpha)) for x in d]
     ctx.numbers.update({
-        "sft_steps": sft_steps, "dpo_steps": dpo_steps, "pairs": len(runs["dpo"]["pairs"]),
-        "mean_change": {loss: {k: float(v.mean()) for k, v in dd.items()} for loss, dd in d.items()},
-        "reference_mean": {"chosen": float(ref[0].mean()), "rejected": float(ref[1].mean())},
-        "heldout_accuracy": {loss: [r["summary"]["heldout_accuracy_init"], r["summary"]["heldout_accuracy"]]
-                             for loss, r in runs.items()}})
-    for loss in d:
-        ctx.say(f"  {loss}: mean change chosen {d[loss]['chosen'].mean():+.3f}, rejected {d[loss]['rejected'].mean():+.3f}, "
-                f"margin {d[loss]['margin'].mean():+.3f}  (reference chosen {ref[0].mean():.3f}, rejected {ref[1].mean():.3f})")
+        "sft_steps": sft_steps, "dpo_steps": dpo_steps, "seeds": seeds, "pairs": [len(r[0]["dpo"]["pairs"]) for r in res],
+        "runs_where_chosen_falls_significantly": f"{sum(falls)}/{len(falls)}",
+        "mean_change": [{loss: {k: float(v.mean()) for k, v in dd.items()} for loss, dd in x.items()} for x in d],
+        "reference_mean": [{"chosen": float(r[1][0].mean()), "rejected": float(r[1][1].mean())} for r in res]})
+    for s, x in zip(seeds, d):
+        ctx.say(f"  seed {s}: " + "; ".join(f"{loss} chosen {x[loss]['chosen'].mean():+.3f}, rejected "
+                                           f"{x[loss]['rejected'].mean():+.3f}, margin {x[loss]['margin'].mean():+.3f}"
+                                           for loss in x))
+    runs = res[0][0]
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
@@ -93,7 +104,8 @@ def run(ctx) -> None:
         ax2 = ax.twinx()
         ax2.plot(steps, [r["rewards/margins"] for r in rows], color="k", ls="--", label="margin (beta * h)")
         ax2.set_ylabel("implicit reward margin")
-        ax.set(title=f"{loss.upper()}: {len(runs[loss]['pairs'])} on-policy pairs, 1-digit addition", xlabel="step")
+        ax.set(title=f"{loss.upper()} (seed {seeds[0]}): {len(runs[loss]['pairs'])} on-policy pairs, 1-digit addition",
+               xlabel="step")
         lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
         ax.legend(lines, [h.get_label() for h in lines], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
                   ncol=3)

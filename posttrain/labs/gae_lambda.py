@@ -8,7 +8,7 @@ A_t = (gamma lambda)^(L - 1 - t) R.
 
 Experiment: a 3-state Markov chain over T = 10 tokens (random transitions, a reward table plus N(0, 0.5^2)
 noise and an extra reward at the last token), its true values V*_t(s) by backward induction and the true
-Q_t(s, s') = E[r_t | s, s'] + gamma V*_{t+1}(s'). GAE runs with a wrong critic V = V*/2 through posttrain's
+Q_t(s, s') = E[r_t | s, s'] + gamma V*_{t+1}(s'). GAE runs with a wrong critic V = V* + 1 through posttrain's
 ``gae_advantages`` for lambda in [0, 1] (gamma = 0.95); bias and variance of its returns R_t against Q_t.
 Checked: exact identities at lambda = 0 and 1 and for the sparse reward (float64, 1e-10); lambda = 1 is
 unbiased (z-test per token, Bonferroni); lambda = 0 is biased (z-test) and |bias| at lambda = 0 exceeds that at 1;
@@ -32,6 +32,7 @@ FORMULA = "A_t = delta_t + gamma*lambda*A_{t+1},  delta_t = r_t + gamma V(s_{t+1
 NOTES = "notes 7 (GAE): the two extremes lambda = 0 / lambda = 1 and the bias-variance trade-off"
 
 S, T, GAMMA, NOISE = 3, 10, 0.95, 0.5
+CRITIC_ERROR = 1.0  # V = V* + 1: an over-optimistic critic, the same error in every state
 LAMBDAS = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
 
 
@@ -65,7 +66,7 @@ def run(ctx) -> None:
     tt = torch.arange(T)
     rewards = R[s[:, :-1], s[:, 1:]] + NOISE * torch.randn(B, T, generator=rng, dtype=torch.float64)
     rewards[:, -1] += eos[s[:, -1]]
-    critic = 0.5 * V[tt, s[:, :-1]]  # (B, T): a wrong critic
+    critic = V[tt, s[:, :-1]] + CRITIC_ERROR  # (B, T): an over-optimistic critic
     mask = torch.ones(B, T, dtype=torch.float64)
     target = Qtrue[tt, s[:, :-1], s[:, 1:]]  # (B, T)
     err, out = {}, {}
@@ -100,7 +101,7 @@ def run(ctx) -> None:
     b0 = err[0.0].mean()
     per_ep0, per_ep1 = err[0.0].mean(1), err[1.0].mean(1)  # one number per episode (independent)
     z0 = abs(per_ep0.mean()) / (per_ep0.std(ddof=1) / np.sqrt(B))
-    ctx.check("lambda=0 returns biased (critic V = V*/2)", float(b0), "!= 0, |bias| > lambda=1's",
+    ctx.check("lambda=0 returns biased (critic V = V* + 1)", float(b0), "!= 0, |bias| > lambda=1's",
               bool(z0 > z and abs(per_ep0.mean()) > abs(per_ep1.mean())), f"z = {z0:.1f} > {z:.2f}")
     v = {lam: float(e.var(0, ddof=1).mean()) for lam, e in err.items()}
     idx = np.random.default_rng(ctx.seed).integers(0, B, size=(400, B))
@@ -111,7 +112,7 @@ def run(ctx) -> None:
     bias = {lam: float(e.mean()) for lam, e in err.items()}
     ctx.numbers.update({"episodes": B, "gamma": GAMMA, "bias": bias, "variance": v, "mse": {
         lam: bias[lam] ** 2 + v[lam] for lam in LAMBDAS}})
-    ctx.say("  lambda  bias of R_t   variance   (vs true Q_t; critic V*/2)")
+    ctx.say("  lambda  bias of R_t   variance   (vs true Q_t; critic V* + 1)")
     for lam in LAMBDAS:
         ctx.say(f"  {lam:<6}  {bias[lam]:+.4f}      {v[lam]:.4f}")
 
@@ -120,7 +121,7 @@ def run(ctx) -> None:
     lams = np.array(LAMBDAS)
     ax1.plot(lams, [abs(bias[x]) for x in LAMBDAS], "o-", label="|bias| of R_t (mean over tokens)")
     ax1.plot(lams, [v[x] for x in LAMBDAS], "s-", label="variance of R_t - Q_t")
-    ax1.set(title=f"GAE returns vs true Q on a Markov chain (critic V*/2, gamma={GAMMA})", xlabel="lambda",
+    ax1.set(title=f"GAE returns vs true Q on a Markov chain (critic V* + 1, gamma={GAMMA})", xlabel="lambda",
             ylabel="value")
     ax1.title.set_fontsize(10)
     ax1.legend()
