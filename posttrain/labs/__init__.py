@@ -23,7 +23,7 @@ LABS: dict[str, tuple[str, str]] = {
     "ppo-clip": ("ppo_clip", "PPO's clipped objective: the four cases of its gradient, ratio drift over epochs"),
     "kl-estimators": ("kl_estimators", "k1, k2, k3 estimators of KL: bias, variance, sign"),
     "dpo-logp-fall": ("dpo_logp_fall", "DPO: chosen and rejected log-probs both fall while the margin grows; RPO"),
-    "dpo-length-bias": ("dpo_length_bias", "DPO learns length from longer chosen answers; SimPO and R-DPO less"),
+    "dpo-length-bias": ("dpo_length_bias", "DPO learns length from longer chosen answers; SimPO less (R-DPO measured)"),
     "entropy-collapse": ("entropy_collapse", "GRPO without an entropy bonus collapses onto fewer answers"),
     "reward-hacking": ("reward_hacking", "RL on a flawed reward: reward up, accuracy down, KL grows without beta"),
 }

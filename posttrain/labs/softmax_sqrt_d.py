@@ -9,8 +9,7 @@ Experiment: for D = 16 ... 1024, n query rows against N = 64 keys, logits throug
 ``ops.softmax.softmax`` and gradients through its hand-derived ``softmax_backward``: (1) per D, a
 variance test (normal approximation with the known excess kurtosis 6/D of q.k) that Var(q.k) = D (unscaled) and Var(q.k/sqrt(D)) = 1 (scaled) on independent (q, k) pairs;
 (2) the norm of the softmax VJP for random unit upstream gradients g: unscaled, its mean at the largest D
-is below that at the smallest D by more than their standard errors allow (z-test, one-sided) and below
-1/4 of it; scaled, it stays within a factor 1.5 between all D (an effect-size statement: the
+is below that at the smallest D (z-test, one-sided; the ratio is reported); scaled, it stays within a factor 1.5 between all D (an effect-size statement: the
 distribution of |q|/sqrt(D) still depends on D a little). ``falsify`` scales by 1/D instead.
 """
 
@@ -58,9 +57,9 @@ def run(ctx) -> None:
         ctx.variance_check(f"D={D} Var(q.k scaled) = 1", (raw[:, 0] * scale).numpy(), 1.0, alpha, kurtosis=6 / D)
     lo, hi = stats[DS[0]]["unscaled"], stats[DS[-1]]["unscaled"]
     z = z_crit(2 * alpha)
-    drop_ok = (lo["grad"] - hi["grad"]) > z * math.hypot(lo["grad_se"], hi["grad_se"]) and hi["grad"] < lo["grad"] / 4
+    zd = (lo["grad"] - hi["grad"]) / math.hypot(lo["grad_se"], hi["grad_se"])
     ctx.check(f"unscaled: softmax gradient norm falls from D={DS[0]} to D={DS[-1]}", [lo["grad"], hi["grad"]],
-              "drop beyond z s.e. and > 4x", drop_ok, f"one-sided z-test (z = {z:.2f}) and a factor 4")
+              f"D={DS[-1]} < D={DS[0]}", zd > z, f"one-sided z = {zd:.1f} > {z:.2f}; ratio {lo['grad'] / hi['grad']:.1f}x")
     sc = [stats[D]["scaled"]["grad"] for D in DS]
     ctx.check("scaled: softmax gradient norm stable over D", [min(sc), max(sc)], "max/min <= 1.5",
               max(sc) / min(sc) <= 1.5, f"effect size: max/min = {max(sc) / min(sc):.2f}")
