@@ -3,6 +3,9 @@
 Key insight: the policy gradient ``E[grad log pi(y|x) * A]`` is unchanged by subtracting any baseline ``b``
 that does not depend on the sampled ``y`` (``E[grad log pi * b] = b * grad sum_y pi(y) = 0``), but the
 variance drops when ``b`` tracks the expected reward. The estimators differ only in the baseline:
+(a mean that includes r_i itself -- REINFORCE's batch mean, GRPO's group mean -- depends on y_i a little: the
+gradient shrinks by exactly 1 - 1/N, measured by ``posttrain lab baseline-variance``; RLOO's leave-one-out
+mean does not)
 
     REINFORCE   A_i = r_i                       (or r_i - mean_batch(r))
     RLOO        A_i = r_i - mean_{j != i} r_j    = G/(G-1) * (r_i - mean_group(r))   (Ahmadian et al. 2024)
