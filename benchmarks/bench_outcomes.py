@@ -1,4 +1,4 @@
-"""Outcomes over seeds: SFT, then GRPO / DPO / RM from each seed's own SFT run, as distributions.
+"""Outcomes over seeds: SFT, then GRPO / DPO / PPO / RM from each seed's own SFT run, as distributions.
 
 For every seed S the sweep runs the CLI exactly as a user would::
 
@@ -6,6 +6,7 @@ For every seed S the sweep runs the CLI exactly as a user would::
     posttrain grpo --preset tiny --seed S --out WORK/seedS/grpo --init WORK/seedS/sft ...               GRPO_ARGS
     posttrain dpo  --preset tiny --seed S --out WORK/seedS/dpo  --init WORK/seedS/sft ...               DPO_ARGS
     posttrain rm   --preset tiny --seed S --out WORK/seedS/rm   ...                                     RM_ARGS
+    posttrain ppo  --preset tiny --seed S --out WORK/seedS/ppo  --init WORK/seedS/sft ...               PPO_ARGS
 
 and reads each run's ``summary.json``: greedy held-out accuracy of the task's own held-out split (RM: held-out
 pairwise accuracy). It prints a table per seed, then per stage mean ± sd (sample sd, n-1) over seeds, the
@@ -41,9 +42,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and PYTHONPATH
 
-STAGES = ("sft", "grpo", "dpo", "rm")
-DEPENDS_ON_SFT = {"grpo", "dpo"}
-METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy"}
+STAGES = ("sft", "grpo", "dpo", "rm", "ppo")
+DEPENDS_ON_SFT = {"grpo", "dpo", "ppo"}
+METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy",
+          "ppo": "heldout_accuracy"}
 _PRINT = threading.Lock()  # runs finish on worker threads: one whole line at a time
 
 

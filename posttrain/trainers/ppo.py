@@ -50,6 +50,7 @@ from posttrain.losses.kl import (
 )
 from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss, value_loss
 from posttrain.losses.ppo import kl_penalty_policy_loss
+from posttrain.models.gpt import GPT
 from posttrain.models.value import ValueHead, ValueModel
 from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward, parse_reward_spec
@@ -150,6 +151,8 @@ class PPOConfig:
     progress: bool = knob(True, "show a progress bar")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
+    share_prompt_prefix: bool = knob(True, "run each prompt once per forward and share its keys/values across its "
+                                           "samples, for the policy and the critic (exact; posttrain GPT only)")
 
     def __post_init__(self):
         check_fields(self)
@@ -218,6 +221,8 @@ class PPOTrainer:
         self.model.train()
         self.ref_model = common.frozen(copy.deepcopy(init.model)) if cfg.beta > 0 else None
         self.critic, self.shared_head = self._build_critic(init.model)
+        self.share_prefix = cfg.share_prompt_prefix and isinstance(self.model, GPT) and (
+            self.critic is None or isinstance(self.critic.backbone.model, GPT))
         critic_module = self.shared_head if self.shared_head is not None else self.critic
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
@@ -273,8 +278,8 @@ class PPOTrainer:
         cfg = self.cfg
         P = ro.prompt_length
         lp, ent, values = forward(self.model, self.critic, self.shared_head, ro.sequences[rows], ro.attention_mask[rows],
-                                  ro.completion_mask[rows], P, temperature=cfg.temperature, top_k=cfg.top_k,
-                                  top_p=cfg.top_p, need_entropy=True)
+                                  ro.completion_mask[rows], P, ro.prompt_index[rows] if self.share_prefix else None,
+                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=True)
         w = lp.shape[1]
         mask = ro.completion_mask[rows, :w]
         old, adv = ro.old_logps[rows, :w], ro.advantages[rows, :w]

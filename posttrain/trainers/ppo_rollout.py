@@ -35,7 +35,7 @@ from posttrain.losses.logprobs import token_entropy
 from posttrain.losses.ppo import advantage_metrics, value_metrics
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
-from posttrain.scoring import completion_token_logps
+from posttrain.scoring import ConcatKVCache, completion_token_logps
 from posttrain.tasks.arithmetic import verify as exact_verify
 
 
@@ -51,6 +51,7 @@ class PPORollout:
     attention_mask: torch.Tensor  # (N, P+T)
     completion_mask: torch.Tensor  # (N, T)
     prompt_length: int
+    prompt_index: torch.Tensor  # (N,) which prompt each row samples
     old_logps: torch.Tensor  # (N, T) pi_old, recomputed by the update's forward
     old_values: torch.Tensor  # (N, T) V_old, same pass
     advantages: torch.Tensor  # (N, T) GAE (whitened if asked), 0 on masked slots
@@ -71,15 +72,45 @@ def micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int) -> lis
             for rows in torch.tensor_split(order, minibatches) if len(rows)]
 
 
-def forward(policy, critic, shared_head, seqs, attn, cmask, P: int, *, temperature, top_k, top_p, need_entropy: bool):
+def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
+    """posttrain GPT over [prompt | completion] with each distinct prompt run once (its keys/values shared by its
+    rows, a differentiable gather): -> (logits (N, W, V), final hidden states (N, W, D)) at the W positions that
+    predict the completion tokens, P-1 .. P+W-2 (as ``scoring.prefix_shared_completion_logps``)."""
+    uniq, inv = torch.unique(prompt_index, return_inverse=True)
+    first = torch.zeros(len(uniq), dtype=torch.long).scatter_(0, inv, torch.arange(len(inv)))  # a row per prompt
+    pos = positions_from_mask(attn)
+    cache = ConcatKVCache()
+    out = gpt(input_ids=seqs[first, :P], attention_mask=attn[first, :P], position_ids=pos[first, :P], cache=cache,
+              use_cache=True, output_hidden_states=True)
+    first_logits, first_hidden = out.logits[:, -1][inv], out.hidden_states[:, -1][inv]  # (N, V), (N, D)
+    cache.reorder(inv)
+    out = gpt(input_ids=seqs[:, P:], attention_mask=attn, position_ids=pos[:, P:], cache=cache, use_cache=True,
+              output_hidden_states=True)
+    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)
+    hidden = torch.cat([first_hidden[:, None], out.hidden_states[:, :-1]], dim=1)
+    return logits, hidden
+
+
+def forward(policy, critic, shared_head, seqs, attn, cmask, P: int, prompt_index=None, *, temperature, top_k, top_p,
+            need_entropy: bool):
     """The one forward of rollout and update: -> (logps (B, W), entropy (B, W) | None, values (B, W)).
 
     Rows are trimmed to W = their longest completion (the padding all rows share is never run).
     ``shared_head`` set: the value head reads the policy's own hidden states; else ``critic`` runs separately.
+    ``prompt_index`` given (posttrain GPTs only): each distinct prompt runs once per model (:func:`prefix_shared_outputs`).
     """
     width = int(cmask.sum(-1).max()) if cmask.any() else 1
     seqs, attn, cmask = seqs[:, : P + width], attn[:, : P + width], cmask[:, :width]
     pos = positions_from_mask(attn)
+    if prompt_index is not None:
+        logits, hidden = prefix_shared_outputs(policy, seqs, attn, P, prompt_index)
+        if shared_head is not None:
+            vals = shared_head(hidden)
+        else:
+            vals = critic.head(prefix_shared_outputs(critic.backbone.model, seqs, attn, P, prompt_index)[1])
+        values = torch.where(cmask.bool(), vals, torch.zeros_like(vals))
+        lp, warped = completion_token_logps(logits, seqs[:, P:], temperature, top_k, top_p, cmask)
+        return lp, (token_entropy(warped) if need_entropy else None), values
     if shared_head is not None:
         logits, vals = shared_forward(policy, shared_head, seqs, attn, pos)
         values = completion_values(vals, P, cmask)
@@ -102,7 +133,8 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
     for mb in order_micro:
         for rows in mb:
             seqs, attn, cmask = gen.sequences[rows], gen.attention_mask[rows], gen.completion_mask[rows]
-            lp, _, v = forward(trainer.model, trainer.critic, trainer.shared_head, seqs, attn, cmask, P, **kw)
+            lp, _, v = forward(trainer.model, trainer.critic, trainer.shared_head, seqs, attn, cmask, P,
+                               gen.prompt_index[rows] if trainer.share_prefix else None, **kw)
             w = lp.shape[1]
             old_lp[rows, :w], old_v[rows, :w] = lp, v
             if ref_lp is not None:
@@ -175,4 +207,5 @@ def make_rollout(trainer, step: int) -> PPORollout:
     metrics.update(advantage_metrics(adv, mask))  # before whitening: the scale the critic leaves
     if cfg.whiten_advantages:
         adv = masked_whiten_advantages(adv, mask)
-    return PPORollout(gen.sequences, gen.attention_mask, mask, gen.prompt_length, old_lp, old_v, adv, ret, metrics)
+    return PPORollout(gen.sequences, gen.attention_mask, mask, gen.prompt_length, gen.prompt_index, old_lp, old_v, adv, ret,
+                      metrics)

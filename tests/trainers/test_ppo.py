@@ -179,3 +179,18 @@ def test_cli_bad_flag_is_one_line_exit_2(sft_dir, tmp_path, capsys):
     assert main(["ppo", "--init", str(sft_dir), "--out", str(tmp_path / "o"), "--kl-horizon", "0", "--progress", "false"]) == 2
     err = capsys.readouterr().err.strip()
     assert "kl_horizon=0" in err and "Traceback" not in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("layout", ["separate", "shared"])
+def test_prompt_prefix_sharing_is_exact(sft_dir, tmp_path, layout):
+    from posttrain.trainers.ppo_rollout import forward
+
+    t = PPOTrainer(cfg(sft_dir, tmp_path / "px", value_model=layout))
+    torch.nn.init.normal_((t.shared_head if layout == "shared" else t.critic.head).proj.weight)
+    ro = make_rollout(t, 0)
+    args = (t.model, t.critic, t.shared_head, ro.sequences, ro.attention_mask, ro.completion_mask, ro.prompt_length)
+    kw = dict(temperature=1.0, top_k=None, top_p=None, need_entropy=True)
+    full, shared = forward(*args, None, **kw), forward(*args, ro.prompt_index, **kw)
+    for a, b in zip(full, shared):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert full[2].abs().max() > 0
