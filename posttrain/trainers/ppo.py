@@ -85,8 +85,8 @@ class PPOConfig:
     reward: str | None = knob(None, "weighted reward spec as `posttrain grpo`'s, e.g. 'exact_match:1.0,format:0.1' or "
                                     "'reward_model:1.0,format:0.1'; None = reward_model:1.0 with --reward-model, else "
                                     f"{DEFAULT_REWARD}")
-    steps: int = knob(250, "rollout batches (each followed by mu epochs of minibatch updates)", gt=0)
-    prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
+    steps: int = knob(300, "rollout batches (each followed by mu epochs of minibatch updates)", gt=0)
+    prompts_per_step: int = knob(64, "distinct prompts per rollout batch", gt=0)
     num_generations: int = knob(4, "samples per prompt (PPO needs no groups; more samples = more rows per prompt)", gt=0)
     max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
     temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
@@ -137,8 +137,10 @@ class PPOConfig:
                                   gt=0)
     kl_penalty_target: float = knob(0.01, "policy_objective=kl_penalty: target KL(pi_old||pi) per token; beta_old "
                                           "halves below target/1.5, doubles above 1.5 target (PPO sec. 4)", gt=0)
-    mu: int = knob(4, "optimisation epochs over each rollout batch (TRL num_ppo_epochs 4)", gt=0)
-    minibatches: int = knob(4, "optimizer steps per epoch: the rollout batch is cut into this many minibatches", gt=0)
+    mu: int = knob(2, "optimisation epochs over each rollout batch (TRL num_ppo_epochs 4; 2 measured better on the "
+                      "embedded task, docs/ppo.md)", gt=0)
+    minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is cut into this many minibatches (TRL 1 "
+                               "per epoch at its default batch; 4 x 4 at lr 3e-4 thrashed here, docs/ppo.md)", gt=0)
     grad_accum: int = knob(1, "micro-batches per minibatch (the update is the same for any value)", gt=0)
     target_kl: float | None = knob(None, "stop the epochs of a rollout when a minibatch's approx-KL(pi_old -> pi) per "
                                          "token exceeds this (Spinning Up uses 0.01; None = off)", gt=0)

@@ -33,7 +33,7 @@ def sft_dir(tmp_path_factory):
 
 def cfg(sft_dir, out, preset=None, **kw):
     base = dict(init=str(sft_dir), out=str(out), steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0, lr=1e-2)
+                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0, lr=1e-2, mu=2, minibatches=2)
     base.update(PRESETS.get(preset, {}))
     base.update(kw)
     return PPOConfig(**base)
@@ -147,7 +147,7 @@ def test_non_finite_gradient_norm_skips_the_step(sft_dir, tmp_path, monkeypatch)
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     monkeypatch.setattr(ppo_mod.common, "grad_norm_and_clip", lambda model, max_norm: float("nan"))
     m = t.train_step(0)
-    assert m["skipped_updates"] == m["optimizer_steps"] == 4 * 4
+    assert m["skipped_updates"] == m["optimizer_steps"] == 2 * 2
     assert all(torch.equal(v, t.model.state_dict()[k]) for k, v in before.items())
 
 
