@@ -115,7 +115,7 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
         print(f"{st:<5} accuracy {fmt(row['accuracy'])}" + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else ""))
         if "gain" in row:
             print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
-        for key in ("train_seconds", "cpu_seconds"):
+        for key in ("train_seconds", "cpu_seconds", "max_rss_mb"):
             xs = {seed: r[st][key] for seed, r in results.items() if r.get(st, {}).get(key) is not None}
             if xs:
                 top = max(xs, key=xs.get)
@@ -158,10 +158,10 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
             rc = os.waitstatus_to_exitcode(status)
             proc.returncode = rc
         rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0,
-               "cpu_seconds": usage.ru_utime + usage.ru_stime}
+               "cpu_seconds": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024}
         record.write_text(json.dumps(rec))
     res = {"cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), "rc": rec["rc"], "wall_seconds": rec["wall_seconds"],
-           "cpu_seconds": rec.get("cpu_seconds"), "run_dir": str(out)}
+           "cpu_seconds": rec.get("cpu_seconds"), "max_rss_mb": rec.get("max_rss_mb"), "run_dir": str(out)}
     if rec["rc"] == 0 and summary_path.exists():
         summ = json.loads(summary_path.read_text())
         res["accuracy"] = float(summ[METRIC[stage]])
