@@ -2,7 +2,7 @@
 
 Both sides would start from ONE SFT checkpoint of our tiny GPT (converted exactly to a HF ``GPT2LMHeadModel``
 for TRL by ``posttrain.models.convert``, as ``bench_grpo.py`` does) and share: rows per rollout batch, completion
-length, temperature 1, 4 PPO epochs x ``--minibatches`` minibatches, clip 0.2, value clip 0.2, c_v 0.1, gamma 1,
+length, temperature 1, ``--mu`` PPO epochs x ``--minibatches`` minibatches (the PPO defaults: 2 x 1), clip 0.2, value clip 0.2, c_v 0.1, gamma 1,
 lam 0.95, KL coefficient 0.05 (k1 in the reward), AdamW (0.9/0.95), fp32 on CPU, ``--threads``.
 
 TRL's side is ``trl.experimental.ppo.PPOTrainer``. When it cannot be imported or run, the benchmark says why
@@ -10,7 +10,7 @@ and still measures posttrain's side (and, for scale, posttrain's GRPO step on th
 the numbers of this repository are always reproducible. s/step is the median wall time of one step
 (generate + score + recompute + mu epochs of updates), after ``--skip`` warm-up steps.
 
-    .venv/bin/python benchmarks/bench_ppo.py [--steps 12] [--threads 1] [--init SFT_DIR] [--prompts 32] [--G 4]
+    .venv/bin/python benchmarks/bench_ppo.py [--steps 12] [--threads 1] [--init SFT_DIR] [--prompts 64] [--G 4]
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--init", help="SFT run directory (default: train `posttrain sft --preset tiny` for 600 steps)")
-    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--G", type=int, default=4)
-    ap.add_argument("--minibatches", type=int, default=2)
+    ap.add_argument("--minibatches", type=int, default=1)
     ap.add_argument("--mu", type=int, default=2)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
