@@ -1,4 +1,4 @@
-"""Outcomes over seeds: SFT, then GRPO / DPO / RM from each seed's own SFT run, as distributions.
+"""Outcomes over seeds: SFT, then GRPO / DPO / PPO / RM from each seed's own SFT run, as distributions.
 
 For every seed S the sweep runs the CLI exactly as a user would::
 
@@ -6,6 +6,7 @@ For every seed S the sweep runs the CLI exactly as a user would::
     posttrain grpo --preset tiny --seed S --out WORK/seedS/grpo --init WORK/seedS/sft ...               GRPO_ARGS
     posttrain dpo  --preset tiny --seed S --out WORK/seedS/dpo  --init WORK/seedS/sft ...               DPO_ARGS
     posttrain rm   --preset tiny --seed S --out WORK/seedS/rm   ...                                     RM_ARGS
+    posttrain ppo  --preset tiny --seed S --out WORK/seedS/ppo  --init WORK/seedS/sft ...               PPO_ARGS
 
 and reads each run's ``summary.json``: greedy held-out accuracy of the task's own held-out split (RM: held-out
 pairwise accuracy). It prints a table per seed, then per stage mean ± sd (sample sd, n-1) over seeds, the
@@ -41,9 +42,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and PYTHONPATH
 
-STAGES = ("sft", "grpo", "dpo", "rm")
-DEPENDS_ON_SFT = {"grpo", "dpo"}
-METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy"}
+STAGES = ("sft", "grpo", "dpo", "rm", "ppo")
+DEPENDS_ON_SFT = {"grpo", "dpo", "ppo"}
+METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy",
+          "ppo": "heldout_accuracy"}
 _PRINT = threading.Lock()  # runs finish on worker threads: one whole line at a time
 
 
@@ -113,7 +115,7 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
         print(f"{st:<5} accuracy {fmt(row['accuracy'])}" + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else ""))
         if "gain" in row:
             print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
-        for key in ("train_seconds", "cpu_seconds"):
+        for key in ("train_seconds", "cpu_seconds", "max_rss_mb"):
             xs = {seed: r[st][key] for seed, r in results.items() if r.get(st, {}).get(key) is not None}
             if xs:
                 top = max(xs, key=xs.get)
@@ -156,10 +158,10 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
             rc = os.waitstatus_to_exitcode(status)
             proc.returncode = rc
         rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0,
-               "cpu_seconds": usage.ru_utime + usage.ru_stime}
+               "cpu_seconds": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024}
         record.write_text(json.dumps(rec))
     res = {"cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), "rc": rec["rc"], "wall_seconds": rec["wall_seconds"],
-           "cpu_seconds": rec.get("cpu_seconds"), "run_dir": str(out)}
+           "cpu_seconds": rec.get("cpu_seconds"), "max_rss_mb": rec.get("max_rss_mb"), "run_dir": str(out)}
     if rec["rc"] == 0 and summary_path.exists():
         summ = json.loads(summary_path.read_text())
         res["accuracy"] = float(summ[METRIC[stage]])

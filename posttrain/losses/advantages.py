@@ -12,12 +12,16 @@ mean does not)
     GRPO        A_i = (r_i - mean_group(r)) / (std + eps)                           (Shao et al. 2024)
                       std over the group ("group"), the whole batch ("batch"), or 1 ("none": Dr. GRPO)
     GAE         A_t = sum_l (gamma*lam)^l delta_{t+l},  delta_t = r_t + gamma V_{t+1} - V_t  (Schulman 2015)
+                per token, baseline V(s_t) from a learned critic (PPO): :func:`gae`, with masked whitening
 
 Layout: sequence-level rewards arrive flat, shape (B*G,), **prompt-major**: the G samples of prompt 0,
 then the G samples of prompt 1, ... ``rewards.view(B, G)`` recovers the groups. Every sequence-level
 estimator returns ``(advantages, metrics)`` with advantages of shape (B*G,) (broadcast over the tokens by
 the loss) and ``metrics["zero_std_frac"]``: the fraction of groups whose rewards are all equal, which
 carry no learning signal; their advantages are exactly 0 (never NaN), whatever the scaling.
+
+GAE is the one per-token estimator: (B, T) rewards (the sequence reward on the last real token, minus the
+per-token KL penalty) and values in, (B, T) advantages and returns out (:func:`gae`).
 
 Not handled here: per-token rewards for the sequence-level estimators (fold a KL penalty into sequence
 rewards first, see ``kl.py``), NaN rewards (score every completion; a failed verifier returns 0).
@@ -29,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from posttrain.errors import ConfigError
+from posttrain.losses.logprobs import masked_whiten
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -123,29 +128,81 @@ GRPO_SCALINGS = {
 }
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0, lam: float = 0.95):
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    critic_lam: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE: A_t = sum_l (gamma*lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t (Schulman et al. 2015, eq. 16).
 
-    rewards, values, mask: (B, T), right-padded token sequences (mask 1 on real tokens, then 0s). The
-    episode ends at the last real token: V after it is 0. Returns ``(advantages, returns)``, both (B, T)
-    and 0 on padding; ``returns = advantages + values`` is the value target (TD(lambda) return).
+    rewards, values, mask: (B, T) token sequences of any length each (mask 1 on real tokens; padding on
+    either side or holes in the middle, e.g. masked tool output). Only real tokens are steps: ``t + 1`` is the
+    next *real* token, so a masked slot's reward and value are never read (the running ``V_{t+1}`` and
+    ``A_{t+1}`` are carried across it); the episode ends at the last real token (V after it is 0).
+    Returns ``(advantages, returns)``, both (B, T), 0 on masked slots. ``returns = A + V`` is the value target
+    (the TD(lambda) return). ``critic_lam`` decouples the critic's lambda (VC-PPO, Yuan et al. 2025: 1.0 for the
+    critic, 0.95 for the actor): the returns are then ``A(critic_lam) + V`` while the advantages use ``lam``.
+
+    Vectorised over the batch: one reverse scan over T with (B,) state, no Python loop over rows.
+    lam = 0 gives A_t = delta_t; gamma = lam = 1 gives (sum of future rewards) - V_t; with V = 0 as well,
+    the REINFORCE return-to-go.
     Example (T=2, gamma=lam=1): r=[0, 1], V=[.5, .5] -> delta=[0, .5] -> A=[.5, .5], returns=[1, 1].
     """
     if not (rewards.shape == values.shape == mask.shape) or rewards.dim() != 2:
-        raise ValueError(f"rewards, values, mask must share a (B, T) shape; got {rewards.shape}, {values.shape}, {mask.shape}")
-    mask = mask.to(values.dtype)
-    rewards, values = rewards * mask, values * mask
-    T = rewards.shape[1]
-    next_value = torch.zeros_like(values[:, 0])  # (B,)
-    last_gae = torch.zeros_like(values[:, 0])  # (B,)
-    out = []
-    for t in reversed(range(T)):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]  # (B,)
-        last_gae = (delta + gamma * lam * last_gae) * mask[:, t]  # padding resets the recursion
-        out.append(last_gae)
-        next_value = values[:, t]
-    advantages = torch.stack(out[::-1], dim=1)  # (B, T)
-    return advantages, (advantages + values) * mask
+        raise ValueError(f"rewards, values, mask must share a (B, T) shape; got {tuple(rewards.shape)}, "
+                         f"{tuple(values.shape)}, {tuple(mask.shape)}")
+    for name, x in (("gamma", gamma), ("lam", lam), ("critic_lam", 0.0 if critic_lam is None else critic_lam)):
+        if not 0.0 <= x <= 1.0:
+            raise ConfigError(f"{name}={x} must be in [0, 1]")
+    dtype = torch.promote_types(rewards.dtype, values.dtype)
+    real = mask.bool()
+    m = real.to(dtype)
+    zeros = torch.zeros((), dtype=dtype, device=values.device)
+    rewards = torch.where(real, rewards.to(dtype), zeros)  # garbage (even NaN) in masked slots never enters
+    values = torch.where(real, values.to(dtype), zeros)
+    lams = (lam,) if critic_lam is None or critic_lam == lam else (lam, critic_lam)
+    B, T = values.shape
+    next_value = torch.zeros(B, dtype=dtype, device=values.device)  # V of the next real token (0 past the end)
+    last = [torch.zeros(B, dtype=dtype, device=values.device) for _ in lams]  # A of the next real token
+    outs = [torch.zeros(B, T, dtype=dtype, device=values.device) for _ in lams]
+    for t in range(T - 1, -1, -1):
+        mt, vt = m[:, t], values[:, t]
+        delta = rewards[:, t] + gamma * next_value - vt  # (B,)
+        for i, lm in enumerate(lams):
+            a = delta + gamma * lm * last[i]
+            last[i] = mt * a + (1.0 - mt) * last[i]  # a masked slot carries the state through unchanged
+            outs[i][:, t] = mt * a
+        next_value = mt * vt + (1.0 - mt) * next_value
+    advantages = outs[0]
+    returns = (outs[-1] + values) * m
+    return advantages, returns
+
+
+gae_advantages = gae  # the name of the first version (tests/losses/test_advantages.py)
+
+
+def masked_whiten_advantages(advantages: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(A - mean) / std over the real tokens only, 0 on masked slots (PPO's advantage whitening; TRL, OpenRLHF).
+
+    Garbage in masked slots changes neither the mean nor the std. A batch with one real token (or all equal)
+    gives 0s, never NaN. Example: A=[[1, 3, junk]], mask=[[1, 1, 0]] -> mean 2, std (Bessel) 1.414 -> [-.707, .707, 0].
+    """
+    real = mask.bool()
+    x = torch.where(real, advantages, torch.zeros_like(advantages))
+    return torch.where(real, masked_whiten(x, real.to(x.dtype), eps=eps), torch.zeros_like(x))
+
+
+def whiten_rewards(scores: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Sequence scores (N,) scaled to unit std over the batch, mean kept (TRL's ``whiten_rewards``: shift_mean=False).
+
+    Keeping the mean keeps the sign of "better than nothing"; only the scale is normalised. One score -> itself.
+    """
+    if scores.numel() < 2:
+        return scores.clone()
+    return masked_whiten(scores, torch.ones_like(scores), shift_mean=False, eps=eps)
 
 
 # Sequence-level estimators with the signature (rewards (B*G,), group_size, **options) -> (advantages, metrics).

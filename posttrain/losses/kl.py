@@ -22,6 +22,7 @@ both distributions' logits; these estimators need only the sampled tokens' log-p
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -119,6 +120,10 @@ class AdaptiveKLController:
             raise ConfigError(f"adaptive KL needs target > 0 and horizon > 0 (got {self.target}, {self.horizon})")
 
     def update(self, current_kl: float, n_steps: int = 1) -> float:
+        """``current_kl`` in the unit of ``target`` (the trainer states which); n_steps: sequences (Ziegler) or steps.
+        A non-finite KL leaves beta unchanged (a NaN would otherwise poison every later step)."""
+        if not math.isfinite(current_kl):
+            return self.value
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
         return self.value
@@ -130,7 +135,38 @@ class AdaptiveKLController:
         self.value, self.target, self.horizon = float(state["value"]), float(state["target"]), float(state["horizon"])
 
 
-KL_CONTROLLERS = {"fixed": FixedKLController, "adaptive": AdaptiveKLController}
+@dataclasses.dataclass
+class PPOKLController:
+    """The adaptive penalty of the PPO paper (Schulman et al. 2017, sec. 4), for KL(pi_old || pi) in the loss.
+
+    After each policy update with measured d = KL(pi_old || pi): d < target / 1.5 -> beta / 2;
+    d > 1.5 * target -> beta * 2; otherwise unchanged (the paper's constants 1.5 and 2).
+    Example: value=1, target=.01, d=.02 -> 2; then d=.001 -> 1.
+    """
+
+    value: float
+    target: float = 0.01  # d_targ; the paper tries 0.003, 0.01, 0.03
+
+    def __post_init__(self):
+        if self.target <= 0 or self.value <= 0:
+            raise ConfigError(f"the PPO KL controller needs target > 0 and beta > 0 (got {self.target}, {self.value})")
+
+    def update(self, current_kl: float, n_steps: int = 1) -> float:
+        if math.isfinite(current_kl):
+            if current_kl < self.target / 1.5:
+                self.value /= 2.0
+            elif current_kl > self.target * 1.5:
+                self.value *= 2.0
+        return self.value
+
+    def state_dict(self) -> dict:
+        return {"kind": "ppo", "value": self.value, "target": self.target}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.target = float(state["value"]), float(state["target"])
+
+
+KL_CONTROLLERS = {"fixed": FixedKLController, "adaptive": AdaptiveKLController, "ppo": PPOKLController}
 
 
 def kl_controller_from_state(state: dict):

@@ -1,0 +1,488 @@
+"""PPO for language models: a critic, GAE, the clipped surrogate, value clipping and a KL-shaped reward.
+
+Key insight: the lineage REINFORCE -> actor-critic -> PPO -> GRPO is one loop with different baselines and
+trust regions. Here the baseline is a learned value V(s_t) per token, the advantage is GAE over the
+KL-shaped token rewards, and the update reuses each rollout for ``mu`` epochs of minibatches:
+
+    rollout:  y ~ pi_old;  score at the last real token; r_t = -beta KL_t(pi_old || pi_ref) (+ score at EOS)
+              A, R = GAE(r, V_old; gamma, lam);  A whitened over real tokens           (ppo_rollout.py)
+    update:   L = L_pi + c_v * 1/2 max((V - R)^2, (V_clip - R)^2)  (- c_ent * H, inside L_pi)
+              L_pi = -min(rho A, clip(rho, 1 +- eps) A)     "clip"        clipped PPO (Schulman et al. 2017 sec. 3)
+                   = -rho A + beta_old KL(pi_old || pi)     "kl_penalty"  KL-PPO (sec. 4), beta_old adapted
+                   = -rho A                                 "pg"          with mu = minibatches = 1: A2C
+              each loss a token mean over the minibatch's global token count (any grad_accum gives one update)
+
+The configurations of the lineage are presets: ``a2c`` (one on-policy update per batch, no ratio clip, no
+value clip: its gradient is the policy gradient with A = GAE advantages), ``kl_ppo``, and the default clipped
+PPO; GRPO (group baseline, no critic) is ``posttrain grpo``. With lam = gamma = 1 and V = 0 the advantage is
+the REINFORCE return (tests/losses/test_gae.py).
+
+Shape (every trainer's, ``trainers/common.py``): :class:`PPOTrainer` ``__init__`` (set-up), ``train_step``
+(rollout + update + KL controller + alarms + collapse guard), ``run_eval``, ``save``, ``finish``; ``train()``
+is the loop. Everything random is a function of (seed, step), and the checkpoint holds the policy, the critic,
+both optimizers, beta and the RNG, so a resumed run ends bitwise equal to an uninterrupted one (tested).
+
+Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from posttrain.config import check_fields, knob
+from posttrain.errors import ConfigError, UserError
+from posttrain.evaluation import evaluate
+from posttrain.generate import SamplingConfig
+from posttrain.losses.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    PPOKLController,
+    kl_controller_from_state,
+)
+from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss, value_loss
+from posttrain.losses.ppo import kl_penalty_policy_loss
+from posttrain.models.gpt import GPT
+from posttrain.models.value import ValueHead, ValueModel
+from posttrain.progress import tqdm
+from posttrain.rewards.registry import build_reward, parse_reward_spec
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.trainers import common
+from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
+from posttrain.trainers.checkpoint import (
+    POLICY,
+    SNAPSHOT_OPTIMIZER,
+    SNAPSHOT_WEIGHTS,
+    CheckpointManager,
+    load_checkpoint,
+    load_snapshot,
+    restore_rng,
+    rng_state,
+    save_with_extras,
+    take_snapshot,
+)
+from posttrain.trainers.guards import TrainingDiverged
+from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_batches
+
+CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"  # beside the policy in a PPO checkpoint
+DEFAULT_REWARD = "exact_match:1.0,digits:0.5"
+
+
+@dataclass
+class PPOConfig:
+    out: str = knob("runs/ppo", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
+    init: str | None = knob(None, "SFT checkpoint (or run directory) to start the policy from; required")
+    reward_model: str | None = knob(None, "a `posttrain rm` checkpoint: the reward (z-scored with its saved statistics) "
+                                          "when --reward does not say otherwise, and the critic's initialisation")
+    reward: str | None = knob(None, "weighted reward spec as `posttrain grpo`'s, e.g. 'exact_match:1.0,format:0.1' or "
+                                    "'reward_model:1.0,format:0.1'; None = reward_model:1.0 with --reward-model, else "
+                                    f"{DEFAULT_REWARD}")
+    steps: int = knob(300, "rollout batches (each followed by mu epochs of minibatch updates)", gt=0)
+    prompts_per_step: int = knob(64, "distinct prompts per rollout batch", gt=0)
+    num_generations: int = knob(4, "samples per prompt (PPO needs no groups; more samples = more rows per prompt)", gt=0)
+    max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
+    temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
+    top_k: int | None = knob(None, "sampling top-k (None = off)", ge=1)
+    top_p: float | None = knob(None, "sampling top-p (None = off)", gt=0, le=1)
+    lr: float = knob(3e-4, "policy learning rate (AdamW)", gt=0)
+    critic_lr: float = knob(1e-3, "critic learning rate (AdamW; OpenRLHF uses ~18x the actor's, a fresh head needs more)",
+                            gt=0)
+    warmup_steps: int = knob(10, "linear LR warmup steps (counted after the critic warm-up)", ge=0)
+    min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)", ge=0, le=1)
+    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
+    grad_clip: float = knob(1.0, "max gradient norm, policy and critic each (0 = off)", ge=0)
+    value_model: str = knob("separate", "critic layout: separate (own backbone) | shared (a value head on the policy's "
+                                        "backbone; the value loss then trains it too)", choices=("separate", "shared"))
+    value_init: str = knob("auto", "critic initialisation: reward_model (its backbone and head: N+ implementation "
+                                   "details, OpenRLHF) | policy (a copy of --init, head at 0) | auto (reward_model when "
+                                   "--reward-model is given)", choices=("auto", "reward_model", "policy"))
+    critic_warmup: int = knob(0, "steps of value-only updates before the policy moves (the policy samples, is not updated)",
+                              ge=0)
+    policy_objective: str = knob("clip", "clip (PPO, Schulman et al. 2017 sec. 3) | kl_penalty (unclipped ratio*A - "
+                                         "beta_old*KL(pi_old||pi), sec. 4) | pg (unclipped ratio*A; A2C with mu=1, "
+                                         "minibatches=1)", choices=("clip", "kl_penalty", "pg"))
+    clip_eps: float = knob(0.2, "PPO ratio clip epsilon (Schulman et al. 2017)", gt=0, le=1)
+    dual_clip: float | None = knob(None, "dual clip c > 1: loss of A < 0 tokens capped at -c*A (Ye et al. 2020 use 3)", gt=1)
+    vf_clip: float | None = knob(0.2, "value clip: V_old +- this around the rollout's values (TRL cliprange_value 0.2; "
+                                      "None = off)", gt=0)
+    vf_coef: float = knob(0.1, "value loss coefficient c_v (TRL vf_coef 0.1)", ge=0)
+    entropy_coef: float = knob(0.0, "entropy bonus coefficient", ge=0)
+    gamma: float = knob(1.0, "discount (1: a completion is one episode; TRL, OpenRLHF)", ge=0, le=1)
+    lam: float = knob(0.95, "GAE lambda of the actor's advantages (Schulman et al. 2015; TRL 0.95)", ge=0, le=1)
+    critic_lam: float | None = knob(None, "decoupled GAE lambda for the critic's returns (VC-PPO, Yuan et al. 2025: "
+                                          "1.0); None = lam", ge=0, le=1)
+    whiten_advantages: bool = knob(True, "whiten advantages over the batch's real tokens (TRL, OpenRLHF)")
+    whiten_rewards: bool = knob(False, "scale sequence scores to unit std over the batch, mean kept (TRL whiten_rewards)")
+    reward_clip: float | None = knob(10.0, "clip sequence scores to +- this (OpenRLHF reward_clip_range 10; None = off)", gt=0)
+    missing_eos_penalty: float | None = knob(None, "score of a completion that hit max_new_tokens without EOS, in place "
+                                                   "of its reward (TRL missing_eos_penalty; None = off)")
+    beta: float = knob(0.05, "KL penalty coefficient in the reward (TRL kl_coef 0.05; 0 = no reference model); the "
+                             "initial value with kl_control=adaptive (Ziegler et al. 0.15)", ge=0)
+    kl_estimator: str = knob("k1", "per-token KL estimator in the reward: k1 (Ziegler et al., TRL) | k2 | k3",
+                             choices=tuple(KL_ESTIMATORS))
+    kl_control: str = knob("fixed", "beta fixed, or adaptive (Ziegler et al. 2019: e = clip(KL/target - 1, +-0.2), "
+                                    "beta <- beta (1 + e n / horizon), n = sequences per batch)", choices=("fixed", "adaptive"))
+    kl_target: float = knob(6.0, "adaptive KL target, in nats per SEQUENCE (sum over its tokens; metric kl_per_seq; "
+                                 "Ziegler et al. 6)", gt=0)
+    kl_horizon: float = knob(10000.0, "adaptive KL horizon, in sequences (Ziegler et al. 10000)", gt=0)
+    kl_penalty_beta: float = knob(1.0, "policy_objective=kl_penalty: initial beta_old of KL(pi_old||pi) (PPO sec. 4)",
+                                  gt=0)
+    kl_penalty_target: float = knob(0.01, "policy_objective=kl_penalty: target KL(pi_old||pi) per token; beta_old "
+                                          "halves below target/1.5, doubles above 1.5 target (PPO sec. 4)", gt=0)
+    mu: int = knob(2, "optimisation epochs over each rollout batch (TRL num_ppo_epochs 4; 2 measured better on the "
+                      "embedded task, docs/ppo.md)", gt=0)
+    minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is cut into this many minibatches (TRL 1 "
+                               "per epoch at its default batch; 4 x 4 at lr 3e-4 thrashed here, docs/ppo.md)", gt=0)
+    grad_accum: int = knob(1, "micro-batches per minibatch (the update is the same for any value)", gt=0)
+    target_kl: float | None = knob(None, "stop the epochs of a rollout when a minibatch's approx-KL(pi_old -> pi) per "
+                                         "token exceeds this (Spinning Up uses 0.01; None = off)", gt=0)
+    eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)", ge=0)
+    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
+    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
+    seed: int = knob(0, "seed for prompt order, sampling and minibatch order", ge=0, lt=2**32)
+    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard", choices=("jsonl", "tensorboard"))
+    threads: int | None = knob(1, "torch CPU threads (None = torch default)", ge=1)
+    progress: bool = knob(True, "show a progress bar")
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
+    alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
+    share_prompt_prefix: bool = knob(True, "run each prompt once per forward and share its keys/values across its "
+                                           "samples, for the policy and the critic (exact; posttrain GPT only)")
+
+    def __post_init__(self):
+        check_fields(self)
+        n = self.prompts_per_step * self.num_generations
+        if n % self.minibatches or (n // self.minibatches) % self.grad_accum:
+            raise ConfigError(f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
+                              f"x grad_accum={self.grad_accum}")
+        if self.kl_control == "adaptive" and self.beta == 0:
+            raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
+        names = parse_reward_spec(self.reward) if self.reward else {}
+        if "reward_model" in names and not self.reward_model:
+            raise ConfigError("reward 'reward_model' needs --reward-model RM_CHECKPOINT (a `posttrain rm` output)")
+        if self.value_init == "reward_model" and not self.reward_model:
+            raise ConfigError("value_init=reward_model needs --reward-model RM_CHECKPOINT")
+
+    @property
+    def reward_spec(self) -> str:
+        return self.reward or ("reward_model:1.0" if self.reward_model else DEFAULT_REWARD)
+
+    @property
+    def critic_source(self) -> str:
+        return "reward_model" if self.value_init == "reward_model" or (self.value_init == "auto" and self.reward_model) \
+            else "policy"
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p, num_samples=self.num_generations)
+
+
+PRESETS: dict[str, dict] = {
+    "tiny": {},
+    # vanilla actor-critic: one on-policy update per batch (ratio exactly 1), no clip, no value clip
+    "a2c": {"policy_objective": "pg", "mu": 1, "minibatches": 1, "vf_clip": None},
+    # PPO paper sec. 4: unclipped surrogate minus an adaptive KL(pi_old || pi) penalty
+    "kl_ppo": {"policy_objective": "kl_penalty"},
+    # Ziegler et al. 2019's adaptive KL-to-reference controller (target 6 nats per sequence, beta 0.15, horizon 10000)
+    "ziegler": {"kl_control": "adaptive", "beta": 0.15, "kl_target": 6.0, "kl_horizon": 10000.0},
+}
+
+
+class PPOTrainer:
+    """Thin loop: rollout (ppo_rollout.py) -> mu epochs of clipped actor + critic updates. State lives here."""
+
+    TRAINER = "ppo"
+
+    def __init__(self, cfg: PPOConfig, resume: str | None = None, overwrite: bool = False):
+        if not cfg.init and not resume:
+            raise UserError("PPO needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
+        self.cfg = cfg
+        common.set_threads(cfg.threads)
+        self.run = common.open_run(cfg, self.TRAINER, resume=resume, overwrite=overwrite)
+        self.out = self.run.dir
+        self.task = ArithmeticTask(cfg.task)
+        self.prompts, self.evals = self.task.rl_prompts(), self.task.eval_problems()
+        self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model)
+        common.seed_everything(cfg.seed)
+        self.start_step, ckpt = 0, None
+        if resume:
+            ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer=self.TRAINER)
+            self.start_step = ckpt.step
+            common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
+        init_path = cfg.init or ckpt.state["config"]["init"]
+        init = load_checkpoint(init_path, accept_kinds=POLICY, role="ppo --init")
+        self.model, self.tokenizer = (ckpt or init).model, (ckpt or init).tokenizer
+        self.model.train()
+        self.ref_model = common.frozen(copy.deepcopy(init.model)) if cfg.beta > 0 else None
+        self.critic, self.shared_head = self._build_critic(init.model)
+        self.share_prefix = cfg.share_prompt_prefix and isinstance(self.model, GPT) and (
+            self.critic is None or isinstance(self.critic.backbone.model, GPT))
+        critic_module = self.shared_head if self.shared_head is not None else self.critic
+        self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
+                       else FixedKLController(cfg.beta))
+        self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
+        self.alarms = Alarms(cfg.alarms)
+        self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
+        self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
+        self.critic_opt = common.make_optimizer(critic_module, cfg.critic_lr, cfg.weight_decay)
+        if ckpt is not None:
+            self._restore(ckpt, critic_module)
+        max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
+        if max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
+            raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
+        common.begin_run(self.run, cfg)
+        self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
+        self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
+
+    def _build_critic(self, init_model):
+        cfg = self.cfg
+        rm = None
+        if cfg.critic_source == "reward_model":
+            from posttrain.rewards.reward_model import load_reward_model  # lazy: a checkpoint reader
+
+            rm = load_reward_model(cfg.reward_model).model
+        if cfg.value_model == "shared":
+            head = ValueHead(int(init_model.config.d_model))
+            if rm is not None:
+                head.copy_from(rm.head.proj)
+            return None, head
+        critic = ValueModel.from_reward_model(rm) if rm is not None else ValueModel.from_policy(init_model)
+        return critic.train(), None
+
+    def _restore(self, ckpt, critic_module) -> None:
+        p = ckpt.path
+        try:
+            critic_module.load_state_dict(load_file(str(p / CRITIC_FILE)))
+            self.critic_opt.load_state_dict(torch.load(p / CRITIC_OPTIMIZER_FILE, weights_only=True))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise UserError(f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}") \
+                from None
+        self.opt.load_state_dict(ckpt.optimizer_state)
+        if ckpt.rng_state is not None:
+            restore_rng(ckpt.rng_state)
+        self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
+        self.kl_old_ctl = kl_controller_from_state(ckpt.state["kl_old_controller"])
+        self.alarms.load_state_dict(ckpt.state["alarms"])
+        if ckpt.state.get("collapse"):
+            self.collapse.load_state_dict(ckpt.state["collapse"])
+            self.snapshot = load_snapshot(p)
+
+    # ------------------------------------------------------------------------------------------ update
+    def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool):
+        cfg = self.cfg
+        P = ro.prompt_length
+        lp, ent, values = forward(self.model, self.critic, self.shared_head, ro.sequences[rows], ro.attention_mask[rows],
+                                  ro.completion_mask[rows], P, ro.prompt_index[rows] if self.share_prefix else None,
+                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=True)
+        w = lp.shape[1]
+        mask = ro.completion_mask[rows, :w]
+        old, adv = ro.old_logps[rows, :w], ro.advantages[rows, :w]
+        kw = dict(agg="token_mean", entropy=ent, entropy_coef=cfg.entropy_coef, **norms)
+        if cfg.policy_objective == "clip":
+            pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=cfg.clip_eps, dual_clip=cfg.dual_clip, **kw)
+        elif cfg.policy_objective == "kl_penalty":
+            pl, met = kl_penalty_policy_loss(lp, old, adv, mask, beta=self.kl_old_ctl.value, **kw)
+        else:
+            pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=None, **kw)
+        vl, vmet = value_loss(values, ro.old_values[rows, :w], ro.returns[rows, :w], mask, clip_eps=cfg.vf_clip,
+                              agg="token_mean", **norms)
+        loss = cfg.vf_coef * vl + (pl if train_policy else pl.detach())  # warm-up: the critic alone learns
+        met = {**met, "loss": loss.item(), "value_loss": vl.item(), "value_clip_frac": vmet["value_clip_frac"]}
+        return loss, met
+
+    def _params(self, which: str) -> list:
+        if which == "policy":
+            return list(self.model.parameters())
+        return list((self.shared_head if self.shared_head is not None else self.critic).parameters())
+
+    def update(self, ro: PPORollout, step: int, train_policy: bool) -> dict:
+        """mu epochs x minibatches x grad_accum micro-batches; the target-KL stop; non-finite steps skipped."""
+        cfg = self.cfg
+        N = ro.sequences.shape[0]
+        parts, gnorms, cnorms, skipped, stopped, last_epoch = [], [], [], 0, False, []
+        for epoch in range(cfg.mu):
+            order = epoch_order(cfg.seed, step, epoch, N, cfg.minibatches)
+            for mb in micro_batches(order, cfg.minibatches, cfg.grad_accum):
+                norms = batch_normalizers(ro.completion_mask[torch.cat(mb)])
+                mb_parts = []
+                for rows in mb:
+                    loss, met = self._micro_loss(ro, rows, norms, train_policy)
+                    loss.backward()
+                    mb_parts.append(met)
+                met = merge_metrics(mb_parts)
+                if cfg.target_kl is not None and train_policy and met["approx_kl"] > cfg.target_kl:
+                    self.opt.zero_grad(set_to_none=True)
+                    self.critic_opt.zero_grad(set_to_none=True)
+                    stopped = True
+                    break
+                gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip) if train_policy else 0.0
+                cnorm = _clip(self._params("critic"), cfg.grad_clip)
+                if math.isfinite(met["loss"]) and math.isfinite(gnorm) and math.isfinite(cnorm):
+                    if train_policy:
+                        self.opt.step()
+                    self.critic_opt.step()
+                else:
+                    skipped += 1  # a non-finite step is skipped and reported, never applied
+                self.opt.zero_grad(set_to_none=True)
+                self.critic_opt.zero_grad(set_to_none=True)
+                parts.append(met)
+                gnorms.append(gnorm)
+                cnorms.append(cnorm)
+                if epoch == cfg.mu - 1:
+                    last_epoch.append(met)
+            if stopped:
+                break
+        self.minibatch_metrics = parts  # per optimizer step, in order (the first has ratio exactly 1: tested)
+        out = merge_metrics(parts)
+        n = max(1, len(parts))
+        for k in ("loss", "pg_loss", "value_loss", "entropy_loss"):
+            if k in out:
+                out[k] /= n  # mean over optimizer steps
+        out["num_tokens"] = float(ro.completion_mask.sum())
+        out["grad_norm"] = max(gnorms) if gnorms and all(map(math.isfinite, gnorms)) else (0.0 if not gnorms else math.nan)
+        out["critic_grad_norm"] = max(cnorms) if cnorms and all(map(math.isfinite, cnorms)) else math.nan
+        out["skipped_updates"], out["optimizer_steps"] = skipped, len(parts)
+        out["epochs_done"] = len(parts) / cfg.minibatches  # < mu when the target-KL stop fired
+        out["early_stopped"] = int(stopped)
+        if "kl_old" in out and cfg.policy_objective == "kl_penalty" and train_policy:
+            self.kl_old_ctl.update(merge_metrics(last_epoch or parts)["kl_old"])
+        out["kl_old_beta"] = self.kl_old_ctl.value
+        return out
+
+    # ------------------------------------------------------------------------------------------ the shape
+    def train_step(self, step: int) -> dict:
+        """One rollout batch and its updates, then the KL controller, the alarms and the collapse guard."""
+        cfg, t0 = self.cfg, time.perf_counter()
+        warm = step < cfg.critic_warmup
+        lr = common.lr_at(max(0, step - cfg.critic_warmup), cfg.lr, cfg.warmup_steps, max(1, cfg.steps - cfg.critic_warmup),
+                          cfg.min_lr_ratio)
+        common.set_lr(self.opt, self.collapse.lr_scale * lr)
+        common.set_lr(self.critic_opt, common.lr_at(step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+        beta = self.kl_ctl.value  # the beta this rollout's rewards were shaped with
+        ro = make_rollout(self, step)
+        t1 = time.perf_counter()
+        upd = self.update(ro, step, train_policy=not warm)
+        metrics = {**ro.metrics, **upd, "beta": beta, "critic_warmup": int(warm), "lr": lr,
+                   "time_update": time.perf_counter() - t1, "step_time": time.perf_counter() - t0}
+        self.kl_ctl.update(ro.metrics["kl_per_seq"], ro.sequences.shape[0])  # Ziegler: n = sequences in the batch
+        warnings = self.alarms.update(step + 1, metrics)
+        action = self.collapse.update(step + 1, metrics["reward_mean"]) if not warm else None
+        if action == "snapshot":
+            self.snapshot = take_snapshot(self.model, self.opt)
+        elif action in ("restore", "warn"):
+            if action == "restore" and self.snapshot is not None:
+                self.model.load_state_dict(self.snapshot["model"])
+                self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
+                metrics["restored_from"] = self.collapse.best_step
+            warnings.append(self.collapse.message(step + 1, action))
+        metrics["restores"] = self.collapse.restores
+        for w in warnings:
+            tqdm.write(w if w.startswith("ALARM") else f"ALARM step {step + 1}: {w}")
+        if warnings:
+            metrics["alarms"] = warnings
+        return metrics
+
+    def run_eval(self):
+        r = evaluate(self.model, self.tokenizer, [p.prompt for p in self.evals], [p.answer for p in self.evals],
+                     max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        self.model.train()
+        return r
+
+    def _state(self, step: int, extra: dict | None = None) -> dict:
+        return {"step": step, "trainer": self.TRAINER, "run_id": self.run.run_id, "config": dataclasses.asdict(self.cfg),
+                "kl_controller": self.kl_ctl.state_dict(), "kl_old_controller": self.kl_old_ctl.state_dict(),
+                "alarms": self.alarms.state_dict(), **(extra or {})}
+
+    def _extras(self, tmp: Path, with_snapshot: bool = True) -> None:
+        """The critic (weights + optimizer) and the collapse guard's snapshot, inside the checkpoint being written."""
+        module = self.shared_head if self.shared_head is not None else self.critic
+        save_file({k: v.detach().clone().contiguous() for k, v in module.state_dict().items()}, str(tmp / CRITIC_FILE))
+        torch.save(self.critic_opt.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
+        if with_snapshot and self.snapshot is not None:
+            save_file(self.snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
+            torch.save(self.snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
+
+    def save(self, done: int, metrics: dict) -> None:
+        """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard."""
+        self.manager.save(done, save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw), model=self.model,
+                          tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
+                          optimizer=self.opt, rng_state=rng_state())
+
+    def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
+        cfg = self.cfg
+        if last_eval is None:
+            last_eval = self.run_eval()
+        final = None
+        if not stopped:
+            final = save_with_extras(Path(self.out) / "model", lambda tmp: self._extras(tmp, with_snapshot=False),
+                                     model=self.model, tokenizer=self.tokenizer,
+                                     state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
+                                     optimizer=self.opt, rng_state=rng_state())
+        summary = {
+            "trainer": self.TRAINER, "policy_objective": cfg.policy_objective, "steps": final_step, "stopped_early": stopped,
+            "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
+            "heldout_n": last_eval.n, "train_seconds": time.perf_counter() - t_start, "beta": self.kl_ctl.value,
+            "alarms": self.alarms.summary(), "restores": self.collapse.restores, "model_dir": str(final) if final else None,
+            "samples": last_eval.samples,
+        }
+        path = common.write_summary(self.out, summary)
+        if stopped:
+            raise TrainingDiverged(self.alarms.nan.stop_message("ppo", final_step, self.out))
+        start = f"{initial.accuracy:.3f} -> " if initial else ""
+        print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
+        print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))
+        return summary
+
+    def train(self) -> dict:
+        cfg = self.cfg
+        n_critic = sum(p.numel() for p in self._params("critic"))
+        print(f"PPO ({cfg.policy_objective}): {len(self.prompts)} training prompts, {cfg.prompts_per_step} x "
+              f"{cfg.num_generations} samples/step, policy {common.n_params(self.model) / 1e6:.2f}M params, critic "
+              f"{cfg.value_model} from {cfg.critic_source} ({n_critic / 1e6:.2f}M trained), reward {cfg.reward_spec}, "
+              f"reference model: {'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}")
+        t_start = time.perf_counter()
+        initial = self.run_eval() if self.start_step == 0 else None
+        if initial is not None:
+            print(f"held-out accuracy at start: {initial.accuracy:.3f}")
+            self.logger.log(0, {"heldout_accuracy": initial.accuracy})
+        last_eval, stopped, done = None, False, self.start_step
+        bar = common.progress_bar(self.start_step, cfg.steps, "ppo", cfg.progress)
+        for step in bar:
+            metrics = self.train_step(step)
+            done = step + 1
+            if common.should_eval(done, cfg.eval_every, cfg.steps):
+                last_eval = self.run_eval()
+                metrics["heldout_accuracy"] = last_eval.accuracy
+            self.logger.log(done, metrics)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+            if self.alarms.should_stop:
+                tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
+                stopped = True
+                break
+            if common.should_save(done, cfg.save_every, cfg.steps):
+                self.save(done, metrics)
+        bar.close()
+        self.logger.close()
+        return self.finish(last_eval, initial, done if stopped else cfg.steps, stopped, t_start)
+
+
+def _clip(params: list, max_norm: float) -> float:
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    if max_norm and max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+
+
+def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+    return PPOTrainer(cfg, resume=resume, overwrite=overwrite).train()
+

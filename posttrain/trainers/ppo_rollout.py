@@ -1,0 +1,211 @@
+"""PPO's rollout: sample, score, recompute pi_old / V_old / pi_ref with the update's own forward, shape, GAE.
+
+Key insight: the importance ratio pi_theta / pi_old of the first minibatch must be exactly 1 (nothing has
+moved yet), so pi_old is *recomputed* with the very forward the update will run — same module in the same
+mode, same micro-batch rows in the same order, same trimmed width — rather than taken from the sampler
+(whose KV-cached, one-token-at-a-time arithmetic differs in the last bits). The first minibatch of every
+rollout then has ratio == 1, clip fraction 0 and approx-KL 0 bit for bit (tested), and the values V_old
+that GAE and the value clip use come from the same pass.
+
+Per rollout (N = prompts_per_step * num_generations rows, T completion tokens):
+
+    score_i   = reward(prompt_i, completion_i)            (missing EOS -> missing_eos_penalty; clip to +-reward_clip)
+    r_{i,t}   = -beta * KL_t(pi_old || pi_ref)  (+ score_i on the last real token)          (Ziegler et al. 2019)
+    A, R      = GAE(r, V_old, mask, gamma, lam[, critic_lam]);  A whitened over real tokens  (Schulman et al. 2015)
+
+The KL unit: ``kl_per_seq`` is sum_t KL_t over a sequence's real tokens, averaged over sequences (the unit of
+Ziegler's target of 6 nats, and of the adaptive controller here); ``kl`` is the per-token mean.
+
+Not handled: dynamic sampling (the critic's baseline gives a group of equal rewards a signal anyway),
+multi-turn masks (``gae`` handles holes, the sampler does not make them).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.evaluation import encode_prompt
+from posttrain.generate import decode_completions, generate
+from posttrain.losses.advantages import gae, masked_whiten_advantages, whiten_rewards
+from posttrain.losses.kl import kl_estimate, kl_penalized_token_rewards
+from posttrain.losses.logprobs import token_entropy
+from posttrain.losses.ppo import advantage_metrics, value_metrics
+from posttrain.models.heads import positions_from_mask
+from posttrain.models.value import completion_values, shared_forward
+from posttrain.scoring import ConcatKVCache, completion_token_logps
+from posttrain.tasks.arithmetic import verify as exact_verify
+
+
+def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 11 + salt)
+
+
+@dataclass
+class PPORollout:
+    """One rollout batch (rows prompt-major), everything the update reads."""
+
+    sequences: torch.Tensor  # (N, P+T)
+    attention_mask: torch.Tensor  # (N, P+T)
+    completion_mask: torch.Tensor  # (N, T)
+    prompt_length: int
+    prompt_index: torch.Tensor  # (N,) which prompt each row samples
+    old_logps: torch.Tensor  # (N, T) pi_old, recomputed by the update's forward
+    old_values: torch.Tensor  # (N, T) V_old, same pass
+    advantages: torch.Tensor  # (N, T) GAE (whitened if asked), 0 on masked slots
+    returns: torch.Tensor  # (N, T) value targets
+    metrics: dict
+
+
+def epoch_order(seed: int, step: int, epoch: int, n: int, minibatches: int) -> torch.Tensor:
+    """Row order of one epoch: a (seed, step, epoch) permutation when the batch is split, else 0..n-1."""
+    if minibatches == 1:
+        return torch.arange(n)
+    return torch.randperm(n, generator=step_generator(seed, step, salt=1 + epoch))
+
+
+def micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int) -> list[list[torch.Tensor]]:
+    """[[micro rows, ...] per minibatch]: the epoch's order cut into minibatches, each into grad_accum parts."""
+    return [[m for m in torch.tensor_split(rows, grad_accum) if len(m)]
+            for rows in torch.tensor_split(order, minibatches) if len(rows)]
+
+
+def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
+    """posttrain GPT over [prompt | completion] with each distinct prompt run once (its keys/values shared by its
+    rows, a differentiable gather): -> (logits (N, W, V), final hidden states (N, W, D)) at the W positions that
+    predict the completion tokens, P-1 .. P+W-2 (as ``scoring.prefix_shared_completion_logps``)."""
+    uniq, inv = torch.unique(prompt_index, return_inverse=True)
+    first = torch.zeros(len(uniq), dtype=torch.long).scatter_(0, inv, torch.arange(len(inv)))  # a row per prompt
+    pos = positions_from_mask(attn)
+    cache = ConcatKVCache()
+    out = gpt(input_ids=seqs[first, :P], attention_mask=attn[first, :P], position_ids=pos[first, :P], cache=cache,
+              use_cache=True, output_hidden_states=True)
+    first_logits, first_hidden = out.logits[:, -1][inv], out.hidden_states[:, -1][inv]  # (N, V), (N, D)
+    cache.reorder(inv)
+    out = gpt(input_ids=seqs[:, P:], attention_mask=attn, position_ids=pos[:, P:], cache=cache, use_cache=True,
+              output_hidden_states=True)
+    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)
+    hidden = torch.cat([first_hidden[:, None], out.hidden_states[:, :-1]], dim=1)
+    return logits, hidden
+
+
+def forward(policy, critic, shared_head, seqs, attn, cmask, P: int, prompt_index=None, *, temperature, top_k, top_p,
+            need_entropy: bool):
+    """The one forward of rollout and update: -> (logps (B, W), entropy (B, W) | None, values (B, W)).
+
+    Rows are trimmed to W = their longest completion (the padding all rows share is never run).
+    ``shared_head`` set: the value head reads the policy's own hidden states; else ``critic`` runs separately.
+    ``prompt_index`` given (posttrain GPTs only): each distinct prompt runs once per model (:func:`prefix_shared_outputs`).
+    """
+    width = int(cmask.sum(-1).max()) if cmask.any() else 1
+    seqs, attn, cmask = seqs[:, : P + width], attn[:, : P + width], cmask[:, :width]
+    pos = positions_from_mask(attn)
+    if prompt_index is not None:
+        logits, hidden = prefix_shared_outputs(policy, seqs, attn, P, prompt_index)
+        if shared_head is not None:
+            vals = shared_head(hidden)
+        else:
+            vals = critic.head(prefix_shared_outputs(critic.backbone.model, seqs, attn, P, prompt_index)[1])
+        values = torch.where(cmask.bool(), vals, torch.zeros_like(vals))
+        lp, warped = completion_token_logps(logits, seqs[:, P:], temperature, top_k, top_p, cmask)
+        return lp, (token_entropy(warped) if need_entropy else None), values
+    if shared_head is not None:
+        logits, vals = shared_forward(policy, shared_head, seqs, attn, pos)
+        values = completion_values(vals, P, cmask)
+    else:
+        logits = policy(input_ids=seqs, attention_mask=attn, position_ids=pos).logits
+        values = critic(seqs, attn, P, cmask, position_ids=pos)
+    lp, warped = completion_token_logps(logits[:, P - 1 : -1], seqs[:, P:], temperature, top_k, top_p, cmask)
+    return lp, (token_entropy(warped) if need_entropy else None), values
+
+
+@torch.no_grad()
+def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
+    """pi_old, V_old and pi_ref over the epoch-0 micro-batches, row for row as the update will run them."""
+    cfg = trainer.cfg
+    N, T = gen.completion_mask.shape
+    old_lp, old_v = torch.zeros(N, T), torch.zeros(N, T)
+    ref_lp = torch.zeros(N, T) if trainer.ref_model is not None else None
+    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=False)
+    P = gen.prompt_length
+    for mb in order_micro:
+        for rows in mb:
+            seqs, attn, cmask = gen.sequences[rows], gen.attention_mask[rows], gen.completion_mask[rows]
+            lp, _, v = forward(trainer.model, trainer.critic, trainer.shared_head, seqs, attn, cmask, P,
+                               gen.prompt_index[rows] if trainer.share_prefix else None, **kw)
+            w = lp.shape[1]
+            old_lp[rows, :w], old_v[rows, :w] = lp, v
+            if ref_lp is not None:
+                ids, am = seqs[:, : P + w], attn[:, : P + w]
+                out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am)).logits
+                rlp, _ = completion_token_logps(out[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p,
+                                                cmask[:, :w])
+                ref_lp[rows, :w] = rlp
+    return old_lp, old_v, ref_lp
+
+
+def scores_of(cfg, rewards: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Sequence scores: the missing-EOS penalty replaces a truncated completion's reward, then the clip, then
+    optional whitening (scale only)."""
+    s = rewards.clone()
+    if cfg.missing_eos_penalty is not None:
+        s = torch.where(truncated, torch.full_like(s, cfg.missing_eos_penalty), s)
+    if cfg.reward_clip is not None:
+        s = s.clamp(-cfg.reward_clip, cfg.reward_clip)
+    if cfg.whiten_rewards:
+        s = whiten_rewards(s)
+    return s
+
+
+def make_rollout(trainer, step: int) -> PPORollout:
+    """Sample prompts_per_step x num_generations completions, score them, and build advantages and returns."""
+    from posttrain.data.batches import batch_indices
+
+    cfg = trainer.cfg
+    t0 = time.perf_counter()
+    idx = batch_indices(len(trainer.prompts), cfg.prompts_per_step, step, cfg.seed + 29)
+    problems = [trainer.prompts[i] for i in idx.tolist()]
+    tok = trainer.tokenizer
+    gen = generate(trainer.model, [encode_prompt(tok, p.prompt) for p in problems], pad_id=tok.pad_id, eos_id=tok.eos_id,
+                   cfg=cfg.sampling, generator=step_generator(cfg.seed, step))
+    texts = decode_completions(tok, gen)
+    G = cfg.num_generations
+    prompts = [p.prompt for p in problems for _ in range(G)]
+    answers = [p.answer for p in problems for _ in range(G)]
+    t1 = time.perf_counter()
+    rewards = torch.tensor(trainer.reward_fn(prompts, texts, answer=answers), dtype=torch.float32)  # (N,)
+    if not torch.isfinite(rewards).all():
+        from posttrain.errors import UserError
+
+        raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
+    correct = torch.tensor([exact_verify(c, a) for c, a in zip(texts, answers)], dtype=torch.float32)
+    t2 = time.perf_counter()
+    N = rewards.numel()
+    first_epoch = micro_batches(epoch_order(cfg.seed, step, 0, N, cfg.minibatches), cfg.minibatches, cfg.grad_accum)
+    old_lp, old_v, ref_lp = recompute(trainer, gen, first_epoch)
+    mask = gen.completion_mask
+    scores = scores_of(cfg, rewards, gen.truncated)
+    beta = trainer.kl_ctl.value
+    if ref_lp is not None:
+        token_rewards = kl_penalized_token_rewards(scores, old_lp, ref_lp, mask, beta, cfg.kl_estimator)
+        kl_tok = kl_estimate(old_lp, ref_lp, cfg.kl_estimator) * mask
+    else:
+        token_rewards = kl_penalized_token_rewards(scores, old_lp, old_lp, mask, 0.0, "k1")
+        kl_tok = torch.zeros_like(old_lp)
+    adv, ret = gae(token_rewards, old_v, mask, cfg.gamma, cfg.lam, cfg.critic_lam)
+    metrics = {
+        "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
+        "score_mean": scores.mean().item(), "accuracy": correct.mean().item(),
+        "completion_length": mask.sum(-1).float().mean().item(), "truncated_frac": gen.truncated.float().mean().item(),
+        "kl": (kl_tok.sum() / mask.sum().clamp_min(1)).item(), "kl_per_seq": kl_tok.sum(-1).mean().item(),
+        "kl_penalty_mean": (beta * kl_tok.sum(-1)).mean().item(),
+        "time_generate": t1 - t0, "time_score": t2 - t1, "time_recompute": time.perf_counter() - t2,
+    }
+    metrics.update(value_metrics(old_v, ret, mask))
+    metrics.update(advantage_metrics(adv, mask))  # before whitening: the scale the critic leaves
+    if cfg.whiten_advantages:
+        adv = masked_whiten_advantages(adv, mask)
+    return PPORollout(gen.sequences, gen.attention_mask, mask, gen.prompt_length, gen.prompt_index, old_lp, old_v, adv, ret,
+                      metrics)
