@@ -102,7 +102,7 @@ PRESETS: dict[str, dict] = {
                 "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True}},
         "grpo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0,
                  "max_sample_rounds": 1},
-        "ppo": {"steps": 4, "eval_every": 0, "save_every": 0},
+        "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
         "eval": {"samples": 4},
     },
 }

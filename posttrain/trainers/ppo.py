@@ -71,34 +71,34 @@ from posttrain.trainers.checkpoint import (
 )
 from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_batches
+from posttrain.trainers.trainer_config import TrainerConfig, override
 
 CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"  # beside the policy in a PPO checkpoint
 DEFAULT_REWARD = "exact_match:1.0,digits:0.5"
 
 
 @dataclass
-class PPOConfig:
-    out: str = knob("runs/ppo", "output directory (metrics.jsonl, summary.json, checkpoints/, model/)")
+class PPOConfig(TrainerConfig):
+    out: str = override("out", "runs/ppo")
     init: str | None = knob(None, "SFT checkpoint (or run directory) to start the policy from; required")
     reward_model: str | None = knob(None, "a `posttrain rm` checkpoint: the reward (z-scored with its saved statistics) "
                                           "when --reward does not say otherwise, and the critic's initialisation")
     reward: str | None = knob(None, "weighted reward spec as `posttrain grpo`'s, e.g. 'exact_match:1.0,format:0.1' or "
                                     "'reward_model:1.0,format:0.1'; None = reward_model:1.0 with --reward-model, else "
                                     f"{DEFAULT_REWARD}")
-    steps: int = knob(300, "rollout batches (each followed by mu epochs of minibatch updates)", gt=0)
+    steps: int = override("steps", 300, "rollout batches (each followed by mu epochs of minibatch updates)")
     prompts_per_step: int = knob(64, "distinct prompts per rollout batch", gt=0)
     num_generations: int = knob(4, "samples per prompt (PPO needs no groups; more samples = more rows per prompt)", gt=0)
     max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
     temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
     top_k: int | None = knob(None, "sampling top-k (None = off)", ge=1)
     top_p: float | None = knob(None, "sampling top-p (None = off)", gt=0, le=1)
-    lr: float = knob(3e-4, "policy learning rate (AdamW)", gt=0)
+    lr: float = override("lr", 3e-4, "policy learning rate (AdamW)")
+    warmup_steps: int = override("warmup_steps", 10, "linear LR warmup steps (counted after the critic warm-up)")
     critic_lr: float = knob(1e-3, "critic learning rate (AdamW; OpenRLHF uses ~18x the actor's, a fresh head needs more)",
                             gt=0)
-    warmup_steps: int = knob(10, "linear LR warmup steps (counted after the critic warm-up)", ge=0)
-    min_lr_ratio: float = knob(1.0, "final LR / peak LR for cosine decay (1 = constant)", ge=0, le=1)
-    weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
-    grad_clip: float = knob(1.0, "max gradient norm, policy and critic each (0 = off)", ge=0)
+    min_lr_ratio: float = override("min_lr_ratio", 1.0)
+    grad_clip: float = override("grad_clip", 1.0, "max gradient norm, policy and critic each (0 = off)")
     value_model: str = knob("separate", "critic layout: separate (own backbone) | shared (a value head on the policy's "
                                         "backbone; the value loss then trains it too)", choices=("separate", "shared"))
     value_init: str = knob("auto", "critic initialisation: reward_model (its backbone and head: N+ implementation "
@@ -144,13 +144,7 @@ class PPOConfig:
     grad_accum: int = knob(1, "micro-batches per minibatch (the update is the same for any value)", gt=0)
     target_kl: float | None = knob(None, "stop the epochs of a rollout when a minibatch's approx-KL(pi_old -> pi) per "
                                          "token exceeds this (Spinning Up uses 0.01; None = off)", gt=0)
-    eval_every: int = knob(50, "steps between greedy held-out evaluations (0 = only at start and end)", ge=0)
-    save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
-    keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
-    seed: int = knob(0, "seed for prompt order, sampling and minibatch order", ge=0, lt=2**32)
-    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (None = torch default)", ge=1)
-    progress: bool = knob(True, "show a progress bar")
+    seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
     share_prompt_prefix: bool = knob(True, "run each prompt once per forward and share its keys/values across its "
@@ -229,7 +223,7 @@ class PPOTrainer:
         self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
                        else FixedKLController(cfg.beta))
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
-        self.alarms = Alarms(cfg.alarms)
+        self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
         self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
         self.critic_opt = common.make_optimizer(critic_module, cfg.critic_lr, cfg.weight_decay)

@@ -105,7 +105,7 @@ def test_changed_stage_reruns_it_and_the_stages_after_it_only(run, tmp_path, cap
     again = run_pipeline(cfg, copy, quiet=True)
     st = statuses(again)
     assert {k for k, v in st.items() if v == "ran"} == {"dpo", "eval", "report"}
-    assert {k for k, v in st.items() if v == "cached"} == {"dedup", "tokenizer", "sft", "sft_raw", "rm", "grpo"}
+    assert {k for k, v in st.items() if v == "cached"} == {"dedup", "tokenizer", "sft", "sft_raw", "rm", "grpo", "ppo"}
     assert json.loads((copy / "dpo" / "summary.json").read_text())["steps"] == 5
 
 

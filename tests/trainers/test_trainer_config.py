@@ -7,11 +7,12 @@ import pytest
 from posttrain.config import ConfigError
 from posttrain.trainers.dpo import DPOConfig
 from posttrain.trainers.policy_gradient import PolicyGradientConfig
+from posttrain.trainers.ppo import PPOConfig
 from posttrain.trainers.reward import RMConfig
 from posttrain.trainers.sft import SFTConfig
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
-CONFIGS = [SFTConfig, RMConfig, DPOConfig, PolicyGradientConfig]
+CONFIGS = [SFTConfig, RMConfig, DPOConfig, PolicyGradientConfig, PPOConfig]
 SHARED = {f.name: f for f in dataclasses.fields(TrainerConfig)}
 
 
