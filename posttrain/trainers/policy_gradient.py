@@ -361,7 +361,7 @@ class PolicyGradientTrainer:
             warnings.append(self.collapse.message(step + 1, action))
         metrics["restores"] = self.collapse.restores
         for w in warnings:
-            tqdm.write(f"ALARM step {step + 1}: {w}")
+            tqdm.write(w if w.startswith("ALARM") else f"ALARM step {step + 1}: {w}")  # alarms carry the prefix
         if warnings:
             metrics["alarms"] = warnings
         return metrics
