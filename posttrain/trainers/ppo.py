@@ -37,9 +37,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
+from posttrain.data.prompts import rl_data
 from posttrain.errors import ConfigError, UserError
-from posttrain.evaluation import evaluate
 from posttrain.generate import SamplingConfig
 from posttrain.losses.kl import (
     KL_ESTIMATORS,
@@ -51,6 +53,8 @@ from posttrain.losses.kl import (
 from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss, value_loss
 from posttrain.losses.ppo import kl_penalty_policy_loss
 from posttrain.models.gpt import GPT
+from posttrain.models.loading import model_path_knob, pad_token_knob
+from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.models.value import ValueHead, ValueModel
 from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward, parse_reward_spec
@@ -58,15 +62,16 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
 from posttrain.trainers.checkpoint import (
-    POLICY,
     SNAPSHOT_OPTIMIZER,
     SNAPSHOT_WEIGHTS,
     CheckpointManager,
+    initial_model,
     load_checkpoint,
     load_snapshot,
     restore_rng,
     rng_state,
     save_with_extras,
+    start_policy,
     take_snapshot,
 )
 from posttrain.trainers.guards import TrainingDiverged
@@ -149,6 +154,20 @@ class PPOConfig(TrainerConfig):
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
     share_prompt_prefix: bool = knob(True, "run each prompt once per forward and share its keys/values across its "
                                            "samples, for the policy and the critic (exact; posttrain GPT only)")
+    data: str | None = knob(None, "JSONL/Parquet of RL prompts, one per row; every other column goes to the reward "
+                                  "functions by name (default: the embedded task's training prompts)")
+    eval_data: str | None = knob(None, "held-out prompts (same format) for the greedy held-out accuracy (needed with data)")
+    prompt_field: str = knob("prompt", "the data column holding the prompt: a string or a list of messages")
+    answer_field: str = knob("answer", "the column the exact_match / digits / math rewards read as the reference")
+    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
+    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
+    model_path: str | None = model_path_knob()
+    pad_token: str | None = pad_token_knob()
+    lora_r: int = lora_knob("r")
+    lora_alpha: float = lora_knob("alpha")
+    lora_dropout: float = lora_knob("dropout")
+    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
+    merge_lora: bool = lora_knob("merge")
 
     def __post_init__(self):
         check_fields(self)
@@ -196,27 +215,35 @@ class PPOTrainer:
     TRAINER = "ppo"
 
     def __init__(self, cfg: PPOConfig, resume: str | None = None, overwrite: bool = False):
-        if not cfg.init and not resume:
-            raise UserError("PPO needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of `posttrain sft`)")
+        if not (cfg.init or cfg.model_path) and not resume:
+            raise UserError("PPO needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
+                            "`posttrain sft`) or --model DIR")
         self.cfg = cfg
         common.set_threads(cfg.threads)
         self.run = common.open_run(cfg, self.TRAINER, resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
-        self.prompts, self.evals = self.task.rl_prompts(), self.task.eval_problems()
-        self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model)
+        self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
         common.seed_everything(cfg.seed)
         self.start_step, ckpt = 0, None
         if resume:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer=self.TRAINER)
             self.start_step = ckpt.step
             common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        init_path = cfg.init or ckpt.state["config"]["init"]
-        init = load_checkpoint(init_path, accept_kinds=POLICY, role="ppo --init")
-        self.model, self.tokenizer = (ckpt or init).model, (ckpt or init).tokenizer
+        init = start_policy(cfg, "ppo")  # --model DIR or --init CKPT (a resumed run: its own weights below)
+        start = initial_model(init, ckpt)  # the starting policy: the reference and the critic's initialisation
+        self.critic, self.shared_head = self._build_critic(start)  # before LoRA: the critic copies plain weights
+        self.model, self.tokenizer = apply_lora((ckpt or init).model, lora_config(cfg)), (ckpt or init).tokenizer
+        self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
+        self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
+        self.data = rl_data(task=self.task, data=cfg.data, eval_data=cfg.eval_data, reward_fn=self.reward_fn,
+                            tokenizer=self.tokenizer, model=self.model, max_new_tokens=cfg.max_new_tokens,
+                            prompt_field=cfg.prompt_field, chat=self.chat, on_bad_line=cfg.on_bad_line)
+        self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
         self.model.train()
-        self.ref_model = common.frozen(copy.deepcopy(init.model)) if cfg.beta > 0 else None
-        self.critic, self.shared_head = self._build_critic(init.model)
+        # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
+        self.ref_model = reference_model(self.model, lambda: common.frozen(copy.deepcopy(start))) if cfg.beta > 0 \
+            else None
         self.share_prefix = cfg.share_prompt_prefix and isinstance(self.model, GPT) and (
             self.critic is None or isinstance(self.critic.backbone.model, GPT))
         critic_module = self.shared_head if self.shared_head is not None else self.critic
@@ -230,7 +257,7 @@ class PPOTrainer:
         if ckpt is not None:
             self._restore(ckpt, critic_module)
         max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
-        if max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
+        if not cfg.data and max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
             raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
         common.begin_run(self.run, cfg)
         self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
@@ -385,8 +412,7 @@ class PPOTrainer:
         return metrics
 
     def run_eval(self):
-        r = evaluate(self.model, self.tokenizer, [p.prompt for p in self.evals], [p.answer for p in self.evals],
-                     max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        r = self.data.evaluate(self.model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
         self.model.train()
         return r
 
@@ -416,6 +442,8 @@ class PPOTrainer:
             last_eval = self.run_eval()
         final = None
         if not stopped:
+            if cfg.merge_lora:  # model/ with full weights, no adapter files
+                self.model = merge_lora(self.model)
             final = save_with_extras(Path(self.out) / "model", lambda tmp: self._extras(tmp, with_snapshot=False),
                                      model=self.model, tokenizer=self.tokenizer,
                                      state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),

@@ -36,7 +36,6 @@ from posttrain.losses.ppo import advantage_metrics, value_metrics
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
 from posttrain.scoring import ConcatKVCache, completion_token_logps
-from posttrain.tasks.arithmetic import verify as exact_verify
 
 
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
@@ -172,15 +171,14 @@ def make_rollout(trainer, step: int) -> PPORollout:
                    cfg=cfg.sampling, generator=step_generator(cfg.seed, step))
     texts = decode_completions(tok, gen)
     G = cfg.num_generations
-    prompts = [p.prompt for p in problems for _ in range(G)]
-    answers = [p.answer for p in problems for _ in range(G)]
     t1 = time.perf_counter()
-    rewards = torch.tensor(trainer.reward_fn(prompts, texts, answer=answers), dtype=torch.float32)  # (N,)
+    scores, hits = trainer.data.score(trainer.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)
+    rewards = torch.tensor(scores, dtype=torch.float32)  # (N,)
     if not torch.isfinite(rewards).all():
         from posttrain.errors import UserError
 
         raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
-    correct = torch.tensor([exact_verify(c, a) for c, a in zip(texts, answers)], dtype=torch.float32)
+    correct = torch.tensor(hits, dtype=torch.float32)
     t2 = time.perf_counter()
     N = rewards.numel()
     first_epoch = micro_batches(epoch_order(cfg.seed, step, 0, N, cfg.minibatches), cfg.minibatches, cfg.grad_accum)
