@@ -162,7 +162,7 @@ class Alarms:
         return streak == patience or (streak > patience and (streak - patience) % self.config.repeat_every == 0)
 
     def update(self, step: int, metrics: dict) -> list[str]:
-        """Check one step's metrics; return (and log) its warnings."""
+        """Check one step's metrics; return its warnings (the trainer prints them, once, above its progress bar)."""
         out = []
         msg = self.nan.update(**{k: metrics[k] for k in _NAN_KEYS if k in metrics})
         self.skip_step = msg is not None
@@ -181,8 +181,8 @@ class Alarms:
                 n = self.streaks[name]
                 out.append(msg + (f" ({n} steps in a row)" if n > 1 else ""))
         out = [f"ALARM step {step}: {m}" for m in out]
-        for m in out:
-            log.warning(m)
+        for m in out:  # INFO, for a caller's own logging: the trainer prints them (a WARNING would print twice)
+            log.info(m)
         return out
 
     def summary(self) -> dict:
