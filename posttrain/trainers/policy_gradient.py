@@ -57,7 +57,7 @@ from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metri
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS, POLICY_OBJECTIVES
 from posttrain.models.gpt import GPT
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
-from posttrain.rewards.registry import build_reward
+from posttrain.rewards.registry import build_reward, resolve_reward_spec
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tasks.arithmetic import verify as exact_verify
@@ -141,9 +141,13 @@ class PolicyGradientConfig:
     progress: bool = knob(True, "show a progress bar")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
+    reward_model: str | None = knob(None, "a `posttrain rm` checkpoint scored as the 'reward_model' reward (z-scored with "
+                                    "its saved stats; loaded once): alone it makes the reward 'reward_model:1.0', with "
+                                    "--reward the spec must name it, e.g. 'reward_model:1.0,format:0.1'")
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        self.reward = resolve_reward_spec(self.reward, self.reward_model, default=type(self).reward)
         if self.algo == "rloo" and self.num_generations < 2:
             raise ConfigError("algo=rloo needs num_generations >= 2")
         n = self.prompts_per_step * self.num_generations
@@ -217,7 +221,7 @@ class PolicyGradientTrainer:
         self.task = ArithmeticTask(cfg.task)
         self.prompts = self.task.rl_prompts()
         self.evals = self.task.eval_problems()
-        self.reward_fn = build_reward(cfg.reward)
+        self.reward_fn = build_reward(cfg.reward, rm_path=cfg.reward_model)
         common.seed_everything(cfg.seed)
         self.start_step = 0
         ckpt = None
