@@ -12,8 +12,8 @@ the verifier (``posttrain rm --help``: ``--pairs.*``), held-out pairs from the t
 table isolates the number of training pairs. Each run's ``summary.json`` gives ``heldout_pairwise_accuracy`` and
 ``train_pairs``; the table and every per-seed number go to ``WORK/bench_rm.json``. No number is hand-entered.
 
-    .venv/bin/python benchmarks/bench_rm.py --seeds 0 1 2 --prompts 250 1000 --work runs/bench_rm
-    .venv/bin/python benchmarks/bench_rm.py --seeds 0 --prompts 250 --rm-args "--steps 500"     (a quick look)
+    .venv/bin/python benchmarks/bench_rm.py --seeds 0 1 2 --prompts 1000 3000 --work runs/bench_rm
+    .venv/bin/python benchmarks/bench_rm.py --seeds 0 --prompts 250 --rm-args "--steps 500"          (a quick look)
 
 ``--reuse`` (default on) keeps a run whose directory has a ``summary.json`` and the same recorded command.
 """
@@ -79,7 +79,7 @@ def mean_sd(xs: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--prompts", type=int, nargs="*", default=[250, 1000], help="subset sizes (training prompts)")
+    ap.add_argument("--prompts", type=int, nargs="*", default=[1000, 3000], help="subset sizes (training prompts)")
     ap.add_argument("--work", default="runs/bench_rm")
     ap.add_argument("--sft-args", default="", help="extra flags for posttrain sft")
     ap.add_argument("--rm-args", default="", help="extra flags for every posttrain rm run")
@@ -87,22 +87,26 @@ def main() -> None:
     a = ap.parse_args()
     work, reuse = Path(a.work).resolve(), not a.no_reuse
     per_seed: dict[int, dict] = {}
-    for seed in a.seeds:
+    runs: dict[int, dict] = {}
+    for seed in a.seeds:  # first the default recipe on every seed, then the subsets (the table's smaller rows)
         d = work / f"seed{seed}"
         sft = posttrain(["sft", "--preset", "tiny", "--seed", str(seed), *shlex.split(a.sft_args)], d / "sft", reuse)
         base = ["rm", "--preset", "tiny", "--seed", str(seed), "--pairs.seed", str(seed), "--init", str(d / "sft"),
                 *shlex.split(a.rm_args)]
-        full = posttrain(base, d / "rm_all", reuse)
-        rows = {"all": full}
-        for k in a.prompts:
+        runs[seed] = {"sft": sft, "base": base, "rows": {"all": posttrain(base, d / "rm_all", reuse)}}
+    for k in a.prompts:
+        for seed in a.seeds:
+            d, base = work / f"seed{seed}", runs[seed]["base"]
             data = d / f"pairs_first{k}.jsonl"
             first_prompts(d / "rm_all" / "pairs.jsonl", k, data)
-            rows[str(k)] = posttrain([*base, "--data", str(data), "--eval-data", str(d / "rm_all" / "eval_pairs.jsonl")],
-                                     d / f"rm_first{k}", reuse)
-        per_seed[seed] = {"sft_heldout_accuracy": sft["heldout_accuracy"], "pair_info": full.get("pairs"),
+            runs[seed]["rows"][str(k)] = posttrain(
+                [*base, "--data", str(data), "--eval-data", str(d / "rm_all" / "eval_pairs.jsonl")], d / f"rm_first{k}", reuse)
+    for seed in a.seeds:
+        full = runs[seed]["rows"]["all"]
+        per_seed[seed] = {"sft_heldout_accuracy": runs[seed]["sft"]["heldout_accuracy"], "pair_info": full.get("pairs"),
                           **{name: {"train_pairs": s["train_pairs"], "heldout_pairs": s["heldout_pairs"],
                                     "heldout_pairwise_accuracy": s["heldout_pairwise_accuracy"],
-                                    "train_seconds": s["train_seconds"]} for name, s in rows.items()}}
+                                    "train_seconds": s["train_seconds"]} for name, s in runs[seed]["rows"].items()}}
     names = [str(k) for k in a.prompts] + ["all"]
     table = []
     for name in names:
