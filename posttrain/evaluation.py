@@ -2,6 +2,12 @@
 
     accuracy = (1/n) * sum_i [verify(completion_i, answer_i)]
 
+Best-of-N (:func:`best_of_n_evaluate`, ``posttrain eval --best-of N --reward-model RM``): sample N completions
+per prompt, keep the one a scorer (a reward function, e.g. the RM) ranks highest, and verify only that one:
+
+    best_of_n = (1/n) sum_i [verify(y_i*, a_i)],  y_i* = argmax_j score(x_i, y_ij)   (ties: the first)
+    pass@N    = (1/n) sum_i [max_j verify(y_ij, a_i)]      (an oracle scorer reaches it exactly)
+
 Used by every trainer's periodic evaluation and by ``posttrain eval``. :func:`fit_prompts` checks an
 evaluation set against the tokenizer and the model's window at load time (unknown characters, the
 ``--long`` policy; see :mod:`posttrain.data.checks`); :func:`sample_line` formats a sample for printing
@@ -10,6 +16,7 @@ with model output and data escaped (:func:`posttrain.text.printable`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -17,6 +24,7 @@ import torch
 
 from posttrain.data.checks import fit_sequences, model_window
 from posttrain.data.encode import encode_prompt  # noqa: F401  (re-exported: callers import it from here)
+from posttrain.errors import UserError
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.tasks.arithmetic import verify as exact_verify
 from posttrain.text import printable
@@ -54,6 +62,65 @@ def sample_line(s: dict) -> str:
     """One printed line for an evaluation sample, prompt/completion/answer escaped (untrusted text)."""
     verdict = "ok" if s["correct"] else "want " + printable(s["answer"])
     return f"  {printable(s['prompt'])}{printable(s['completion']):<6} {verdict}"
+
+
+@dataclass
+class BestOfNResult:
+    num_samples: int  # N
+    n: int  # prompts
+    best_of_n_accuracy: float  # the scorer's pick is correct
+    pass_at_n: float  # at least one of the N samples is correct (the oracle's best-of-N)
+    sample_accuracy: float  # the fraction of all samples that are correct (one sample's expected accuracy)
+    samples: list[dict] = field(default_factory=list)  # {"prompt", "answer", "completion", "score", "correct"}
+
+    def summary(self) -> dict:
+        return {"best_of": self.num_samples, "n": self.n, "best_of_n_accuracy": self.best_of_n_accuracy,
+                "pass_at_n": self.pass_at_n, "sample_accuracy": self.sample_accuracy}
+
+
+@torch.no_grad()
+def best_of_n_evaluate(
+    model, tokenizer, prompts: Sequence[str], answers: Sequence[str], *, scorer: Callable[..., list[float]],
+    num_samples: int, max_new_tokens: int = 8, temperature: float = 1.0, batch_size: int = 256,
+    verifier: Callable[[str, str], bool] = exact_verify, generator: torch.Generator | None = None,
+    keep_samples: int = 0, max_prompt_tokens: int | None = None,
+) -> BestOfNResult:
+    """Best-of-``num_samples`` accuracy with ``scorer(prompts, completions, answer=...) -> list[float]`` choosing.
+
+    The scorer sees each prompt repeated N times (prompt-major) and the ``answer`` column (an RM ignores it; a
+    verifier-as-scorer is the oracle). ``batch_size`` prompts are sampled per call, as :func:`evaluate` does, so with
+    N = 1 and the same generator the samples are those of ``evaluate(temperature=...)``.
+    """
+    from posttrain.models.heads import best_of_n
+
+    if len(prompts) != len(answers):
+        raise ValueError("prompts and answers differ in length")
+    N = num_samples
+    cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, num_samples=N)
+    best_ok = any_ok = all_ok = 0
+    samples: list[dict] = []
+    for start in range(0, len(prompts), batch_size):
+        ps, ans = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
+        gen = generate(model, [encode_prompt(tokenizer, p, max_prompt_tokens) for p in ps], pad_id=tokenizer.pad_id,
+                       eos_id=tokenizer.eos_id, cfg=cfg, generator=generator)
+        texts = decode_completions(tokenizer, gen)  # prompt-major: N rows per prompt
+        rep_p, rep_a = [p for p in ps for _ in range(N)], [a for a in ans for _ in range(N)]
+        scores = [float(v) for v in scorer(rep_p, texts, answer=rep_a)]
+        if len(scores) != len(texts) or not all(math.isfinite(v) for v in scores):
+            raise UserError(f"the best-of-N scorer returned {len(scores)} values for {len(texts)} completions, or a "
+                            "non-finite one")
+        ok = torch.tensor([bool(verifier(c, a)) for c, a in zip(texts, rep_a)])
+        idx, _ = best_of_n(torch.tensor(scores, dtype=torch.float64), N)  # (B,) flat indices of the picks
+        best_ok += int(ok[idx].sum())
+        any_ok += int(ok.view(-1, N).any(1).sum())
+        all_ok += int(ok.sum())
+        for i in idx.tolist():
+            if len(samples) < keep_samples:
+                samples.append({"prompt": rep_p[i], "answer": rep_a[i], "completion": texts[i], "score": scores[i],
+                                "correct": bool(ok[i])})
+    n = len(prompts)
+    return BestOfNResult(num_samples=N, n=n, best_of_n_accuracy=best_ok / max(n, 1), pass_at_n=any_ok / max(n, 1),
+                         sample_accuracy=all_ok / max(n * N, 1), samples=samples)
 
 
 @torch.no_grad()

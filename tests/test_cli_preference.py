@@ -67,3 +67,26 @@ def test_bad_pairs_file_names_the_line(tmp_path, sft, capsys):
     bad.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n{"prompt": "1+2=", "chosen": 3, "rejected": "4"}\n')
     assert main(["dpo", "--init", sft, "--data", str(bad), "--out", str(tmp_path / "o"), *TASK]) == 2
     assert "bad.jsonl:2: field 'chosen' must be a string, got int" in capsys.readouterr().err
+
+
+def test_rm_eval_only(tmp_path, sft, capsys):
+    rm = tmp_path / "rm"
+    assert main(["rm", "--out", str(rm), "--steps", "2", "--batch-size", "4", "--eval-prompts", "8", "--eval-every", "0",
+                 "--save-every", "0", *TINY_MODEL, *TASK]) == 0
+    capsys.readouterr()
+    ev = tmp_path / "ev"
+    assert main(["rm", "--eval-only", "--init", str(rm), "--eval-data", str(rm / "eval_pairs.jsonl"), "--out", str(ev),
+                 *TASK]) == 0
+    s = json.loads((ev / "summary.json").read_text())
+    n = len((rm / "eval_pairs.jsonl").read_text().splitlines())
+    assert s["n"] == n and f"pairwise accuracy: {s['pairwise_accuracy']:.4f} on {n} pairs" in capsys.readouterr().out
+    # the RM's own held-out evaluation of the same pairs agrees
+    assert s["pairwise_accuracy"] == pytest.approx(json.loads((rm / "summary.json").read_text())["heldout/accuracy"])
+    # a policy checkpoint is not a reward model: one line, exit 2
+    assert main(["rm", "--eval-only", "--init", sft, "--eval-data", str(rm / "eval_pairs.jsonl"),
+                 "--out", str(tmp_path / "ev2"), *TASK]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{sft}/model is not a reward-model checkpoint (no reward_head.safetensors); train one with `posttrain rm`" \
+        in err and len(err.splitlines()) == 1
+    assert main(["rm", "--eval-only", "--init", str(rm), "--out", str(tmp_path / "ev3"), *TASK]) == 2
+    assert "--eval-only needs --init RM_CHECKPOINT and --eval-data pairs.jsonl" in capsys.readouterr().err

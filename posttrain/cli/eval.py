@@ -1,18 +1,26 @@
-"""``posttrain eval CHECKPOINT --data FILE.jsonl``: accuracy of a checkpoint on {prompt, answer} lines."""
+"""``posttrain eval CHECKPOINT [--data FILE.jsonl]``: accuracy of a checkpoint on {prompt, answer} lines.
+
+Without ``--data`` the embedded task's held-out evaluation problems are used (the task the checkpoint was
+trained on, from its saved config). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
+prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside
+greedy accuracy and the oracle pass@N (:func:`posttrain.evaluation.best_of_n_evaluate`).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 NAME = "eval"
-HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (greedy by default)"
+HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (greedy by default; best-of-N with an RM)"
 
 
 def add_arguments(p):
     p.add_argument("checkpoint", help="checkpoint directory (or a run directory holding model/)")
-    p.add_argument("--data", required=True, metavar="FILE.jsonl", help='lines {"prompt": ..., "answer": ...}')
+    p.add_argument("--data", metavar="FILE.jsonl", help='lines {"prompt": ..., "answer": ...} (default: the embedded '
+                   "task's held-out evaluation problems, as configured when the checkpoint was trained)")
     p.add_argument("--out", metavar="DIR", help="write summary.json (accuracy, n) and completions.jsonl here")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0 = greedy)")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0 = greedy; with "
+                   "--best-of the samples' temperature, default 1)")
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate per answer (default 8)")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per generation batch (default 256)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed when temperature > 0")
@@ -20,6 +28,18 @@ def add_arguments(p):
     p.add_argument("--long", choices=("error", "truncate", "skip"), default="error",
                    help="prompts longer than max_seq_len - max_new_tokens: error (default), truncate (keep the "
                         "prompt's last tokens) or skip")
+    p.add_argument("--best-of", type=int, default=None, metavar="N", help="best-of-N: sample N completions per prompt "
+                   "and verify the one --reward-model scores highest (reported beside greedy accuracy and pass@N)")
+    p.add_argument("--reward-model", metavar="RM", help="a `posttrain rm` checkpoint that ranks the --best-of samples")
+
+
+def _embedded(ckpt):
+    from posttrain.config import from_dict
+    from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+
+    saved = (ckpt.state.get("config") or {}).get("task")
+    task = ArithmeticTask(from_dict(ArithmeticConfig, saved) if isinstance(saved, dict) else ArithmeticConfig())
+    return [(p.prompt, p.answer) for p in task.eval_problems()], "the embedded task's held-out problems"
 
 
 def run(args) -> int:
@@ -28,32 +48,60 @@ def run(args) -> int:
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.data.pairs import load_pairs
     from posttrain.errors import UserError
-    from posttrain.evaluation import evaluate, fit_prompts, prompt_window
+    from posttrain.evaluation import best_of_n_evaluate, evaluate, fit_prompts, prompt_window
     from posttrain.generate import SamplingConfig
     from posttrain.text import printable
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
     from posttrain.trainers.common import write_summary
 
-    SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # checks both (finite, bounds)
+    best_of = args.best_of is not None
+    if best_of != (args.reward_model is not None):
+        raise UserError("--best-of N and --reward-model RM go together (the RM ranks the N samples)")
+    if best_of and args.best_of < 1:
+        raise UserError("--best-of must be >= 1")
+    temperature = args.temperature if args.temperature is not None else (1.0 if best_of else 0.0)
+    SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=temperature)  # checks both (finite, bounds)
+    if best_of and temperature == 0:
+        raise UserError("--best-of needs --temperature > 0: greedy samples are all identical")
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
-    pairs = load_pairs(args.data, "evaluation")
+    pairs = load_pairs(args.data, "evaluation") if args.data else None
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
-    gen = torch.Generator().manual_seed(args.seed)
+    scorer = None
+    if best_of:
+        from posttrain.rewards.reward_model import reward_model_reward
+
+        scorer = reward_model_reward(rm_path=args.reward_model)  # loaded once; a policy here is a one-line error
+    data_name = args.data
+    if pairs is None:
+        pairs, data_name = _embedded(ckpt)
     pairs = fit_prompts(ckpt.tokenizer, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
-    r = evaluate(ckpt.model, ckpt.tokenizer, [p for p, _ in pairs], [a for _, a in pairs],
-                 max_new_tokens=args.max_new_tokens, temperature=args.temperature, batch_size=args.batch_size,
-                 generator=gen, keep_samples=len(pairs) if args.out else args.show,
-                 max_prompt_tokens=prompt_window(ckpt.model, args.max_new_tokens))
-    print(f"accuracy: {r.accuracy:.4f} ({r.correct}/{r.n}) on {args.data} with {ckpt.path}")
+    prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
+    window = prompt_window(ckpt.model, args.max_new_tokens)
+    gen = torch.Generator().manual_seed(args.seed)
+    r = evaluate(ckpt.model, ckpt.tokenizer, prompts, answers, max_new_tokens=args.max_new_tokens,
+                 temperature=0.0 if best_of else temperature, batch_size=args.batch_size, generator=gen,
+                 keep_samples=len(pairs) if args.out else args.show, max_prompt_tokens=window)
+    label = "greedy accuracy" if best_of or temperature == 0 else "accuracy"
+    print(f"{label}: {r.accuracy:.4f} ({r.correct}/{r.n}) on {data_name} with {ckpt.path}")
     for s in r.samples[: args.show]:
         verdict = "ok" if s["correct"] else f"want '{printable(s['answer'])}'"
         print(f"  '{printable(s['prompt'])}' -> '{printable(s['completion'])}'  {verdict}")
+    summary = {**r.summary(), "checkpoint": str(ckpt.path), "data": data_name, "temperature": temperature}
+    if best_of:
+        b = best_of_n_evaluate(ckpt.model, ckpt.tokenizer, prompts, answers, scorer=scorer, num_samples=args.best_of,
+                               max_new_tokens=args.max_new_tokens, temperature=temperature, batch_size=args.batch_size,
+                               generator=gen, keep_samples=len(pairs) if args.out else 0, max_prompt_tokens=window)
+        print(f"best-of-{b.num_samples} with {args.reward_model}: {b.best_of_n_accuracy:.4f}   "
+              f"pass@{b.num_samples} (oracle): {b.pass_at_n:.4f}   one sample (T={temperature:g}): "
+              f"{b.sample_accuracy:.4f}   greedy: {r.accuracy:.4f}")
+        summary = {**summary, "greedy_accuracy": r.accuracy, **b.summary(), "reward_model": args.reward_model}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_jsonl(out / "completions.jsonl", r.samples)
-        path = write_summary(out, {**r.summary(), "checkpoint": str(ckpt.path), "data": args.data,
-                                   "temperature": args.temperature})
+        if best_of:
+            atomic_write_jsonl(out / "best_of_n.jsonl", b.samples)
+        path = write_summary(out, summary)
         print(f"summary: {path}")
     return 0

@@ -11,7 +11,14 @@ options dict can serve several rewards) and returning the reward function:
     build_reward("math:1.0,format:0.1")                          -> WeightedReward
 
 ``reward_model`` (a ``posttrain rm`` checkpoint, ``rm_path=DIR``) is listed here like the others; its module
-(:mod:`posttrain.rewards.reward_model`: torch, a checkpoint reader) is imported only when it is built.
+(:mod:`posttrain.rewards.reward_model`: torch, a checkpoint reader) is imported only when it is built, and
+built once per :func:`build_reward` call (one RM load per run). How a trainer config's ``reward`` spec and
+``reward_model`` path combine is :func:`resolve_reward_spec` (the same rule for every RL trainer):
+
+    resolve_reward_spec(DEFAULT, "runs/rm", default=DEFAULT)       -> "reward_model:1.0"
+    resolve_reward_spec("reward_model:1.0,format:0.1", "runs/rm")  -> unchanged
+    resolve_reward_spec("reward_model", None)                      -> ConfigError (no path)
+    resolve_reward_spec("exact_match", "runs/rm")                  -> ConfigError (the RM would be ignored)
 
 Rewards from Python: a spec item ``MODULE:FUNCTION`` names a callable ``fn(prompts, completions, **columns)
 -> list[float]`` in an importable module (``my_rewards:length_bonus``, ``pkg.sub:fn``) or in a file
@@ -230,7 +237,36 @@ def parse_reward_spec(spec: str) -> dict[str, float]:
     return out
 
 
+RM_REWARD = "reward_model"
+
+
+def resolve_reward_spec(spec: str, rm_path: str | None, default: str | None = None) -> str:
+    """The reward spec a run uses, given its ``reward`` and ``reward_model`` fields (checked at config time).
+
+    A reward-model path with the spec left at the trainer's ``default`` means ``reward_model:1.0``; any other
+    spec must name ``reward_model`` itself when a path is given (else the RM would be loaded and ignored), and
+    a spec naming ``reward_model`` needs a path. Idempotent: a resolved spec resolves to itself (resume).
+    """
+    weights = parse_reward_spec(spec)
+    if rm_path and RM_REWARD not in weights:
+        if default is not None and spec == default:
+            return f"{RM_REWARD}:1.0"
+        raise ConfigError(f"--reward-model {rm_path} is given but --reward {spec!r} does not use it: add "
+                          f"'{RM_REWARD}:W' to the spec (e.g. '{RM_REWARD}:1.0,{spec}') or drop --reward")
+    if RM_REWARD in weights and not rm_path:
+        raise ConfigError(f"--reward {spec!r} uses {RM_REWARD}: pass --reward-model RM_CHECKPOINT (a `posttrain rm` "
+                          "output directory)")
+    return spec
+
+
 def build_reward(spec: str | dict[str, float], **options) -> WeightedReward:
-    """A weighted reward from a spec string or {name: weight}; ``options`` go to every factory."""
+    """A weighted reward from a spec string or {name: weight}; ``options`` go to every factory.
+
+    With ``rm_path`` (``build_reward(cfg.reward, rm_path=cfg.reward_model)``) the spec is checked by
+    :func:`resolve_reward_spec` (no default substitution here: configs resolve that in ``__post_init__``); the
+    reward model is loaded once, here, and its scorer reused for every call.
+    """
     weights = parse_reward_spec(spec) if isinstance(spec, str) else dict(spec)
+    if "rm_path" in options:
+        resolve_reward_spec(",".join(f"{k}:{w}" for k, w in weights.items()), options["rm_path"])
     return WeightedReward({name: (get_reward(name, **options), w) for name, w in weights.items()})

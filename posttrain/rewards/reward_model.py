@@ -7,6 +7,15 @@ rewards of unit scale whatever offset Bradley-Terry left.
 
 The registry (:mod:`posttrain.rewards.registry`) lists ``reward_model`` literally and imports this module
 only when that reward is built (it needs torch and a checkpoint reader; ``posttrain --help`` needs neither).
+:func:`reward_model_reward` is the one constructor every consumer uses (``build_reward(spec, rm_path=...)`` in
+the RL trainers, ``posttrain eval --best-of N --reward-model RM``): it loads the checkpoint once and returns a
+scorer that reuses it for every call.
+
+Layering: the checkpoint reader is :func:`posttrain.trainers.checkpoint.load_checkpoint`, which this module
+imports. It was left there on purpose: the reader needs ``trainers/run_dir.py`` (which checkpoint of a run
+directory, run ids, kind checks) and ``trainers/guards.py``, so moving it below ``trainers/`` means moving those
+reading halves too, a change to modules other trainers own (issue 19).
+
 Training the model is :mod:`posttrain.trainers.reward`; the checkpoint format (a backbone LM checkpoint +
 ``reward_head.safetensors`` + ``reward_stats.json``) is read here.
 

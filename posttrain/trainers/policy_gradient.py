@@ -61,7 +61,7 @@ from posttrain.models.gpt import GPT
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, has_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
-from posttrain.rewards.registry import build_reward
+from posttrain.rewards.registry import build_reward, resolve_reward_spec
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common, distributed, pg_rollout
@@ -144,9 +144,13 @@ class PolicyGradientConfig(TrainerConfig):
     answer_field: str = knob("answer", "the column the exact_match / digits / math rewards read as the reference")
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
+    reward_model: str | None = knob(None, "a `posttrain rm` checkpoint scored as the 'reward_model' reward (z-scored with "
+                                    "its saved stats; loaded once): alone it makes the reward 'reward_model:1.0', with "
+                                    "--reward the spec must name it, e.g. 'reward_model:1.0,format:0.1'")
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        self.reward = resolve_reward_spec(self.reward, self.reward_model, default=type(self).reward)
         if self.algo == "rloo" and self.num_generations < 2:
             raise ConfigError("algo=rloo needs num_generations >= 2")
         n = self.prompts_per_step * self.num_generations
@@ -209,7 +213,7 @@ class PolicyGradientTrainer:
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
-        self.reward_fn = build_reward(cfg.reward, answer_field=cfg.answer_field)
+        self.reward_fn = build_reward(cfg.reward, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
         common.seed_everything(cfg.seed)
         self.start_step = 0
         ckpt = None

@@ -45,6 +45,7 @@ def test_summary_metrics_and_buckets(rm_run):
 
     held = {p.prompt for p in ArithmeticTask(TASK).heldout_problems}
     assert all(p.prompt in held for p in load_preference_pairs(out / "eval_pairs.jsonl"))
+    assert not held & {p.prompt for p in load_preference_pairs(out / "pairs.jsonl")}  # and training pairs never do
 
 
 def test_checkpoint_loads_as_reward_model_and_as_lm(rm_run):
@@ -112,6 +113,11 @@ def test_init_from_sft_samples_the_policy(tmp_path):
     s = train_reward_model(cfg(tmp_path / "rm", init=str(sft), steps=2,
                                pairs=PairDataConfig(num_prompts=16, samples_per_prompt=4, gold_chosen=True)))
     assert s["pairs"]["train"]["source"] == "policy" and s["train_pairs"] > 0
+    from posttrain.tasks.arithmetic import ArithmeticTask
+
+    held = {p.prompt for p in ArithmeticTask(TASK).heldout_problems}  # on-policy held-out pairs: held-out prompts only
+    assert {p.prompt for p in load_preference_pairs(tmp_path / "rm" / "eval_pairs.jsonl")} <= held
+    assert not held & {p.prompt for p in load_preference_pairs(tmp_path / "rm" / "pairs.jsonl")}
 
 
 def test_user_errors(tmp_path):
@@ -125,3 +131,38 @@ def test_user_errors(tmp_path):
         train_sft(SFTConfig(out=str(tmp_path / "s"), steps=1, batch_size=4, eval_every=0, save_every=0,
                             progress=False, model=MODEL, task=TASK))
         load_reward_model(tmp_path / "s")
+
+
+def test_eval_only_pairwise_accuracy_on_a_file(rm_run, tmp_path):
+    from posttrain.trainers.reward import eval_reward_model
+
+    out, _ = rm_run
+    pairs = load_preference_pairs(out / "eval_pairs.jsonl")
+    loaded = load_reward_model(out)
+    # the oracle: score chosen and rejected texts one call each, count wins
+    c = loaded.score([p.prompt for p in pairs], [p.chosen for p in pairs])
+    r = loaded.score([p.prompt for p in pairs], [p.rejected for p in pairs])
+    want = (c > r).double().mean().item()
+    s = eval_reward_model(cfg(tmp_path / "ev", init=str(out), eval_data=str(out / "eval_pairs.jsonl")))
+    assert s["n"] == len(pairs) and s["pairwise_accuracy"] == pytest.approx(want, abs=1e-12)
+    saved = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    assert saved["pairwise_accuracy"] == s["pairwise_accuracy"] and saved["n"] == len(pairs)
+
+
+def test_eval_only_errors(rm_run, tmp_path):
+    from posttrain.trainers.reward import eval_reward_model
+    from posttrain.trainers.sft import SFTConfig, train_sft
+
+    out, _ = rm_run
+    with pytest.raises(UserError, match="--eval-only needs --init RM_CHECKPOINT and --eval-data"):
+        eval_reward_model(cfg(tmp_path / "a", init=str(out)))
+    sft = tmp_path / "sft"
+    train_sft(SFTConfig(out=str(sft), steps=1, batch_size=4, eval_every=0, save_every=0, progress=False,
+                        model=MODEL, task=TASK))
+    with pytest.raises(UserError, match=r"is not a reward-model checkpoint \(no reward_head.safetensors\)"):
+        eval_reward_model(cfg(tmp_path / "b", init=str(sft), eval_data=str(out / "eval_pairs.jsonl")))
+    assert not (tmp_path / "b").exists()  # nothing written before the inputs are checked
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n{"prompt": "1+1=", "chosen": "2"}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2"):
+        eval_reward_model(cfg(tmp_path / "c", init=str(out), eval_data=str(bad)))
