@@ -60,6 +60,9 @@ def _dedup_default() -> DedupConfig:
 class PipelineConfig:
     seed: int = knob(0, "seed of every stage (outcomes vary by seed: benchmarks/bench_outcomes.py)", ge=0, lt=2**32)
     threads: int = knob(1, "torch CPU threads of every stage", ge=1)
+    jobs: int = knob(1, "training stages run at once when their inputs are ready (sft_raw beside sft; rm, dpo, grpo "
+                        "and ppo after sft), each in its own process with its output in OUT/.pipeline/STAGE.log; "
+                        "results are the same for any value", ge=1)
     contamination_run: bool = knob(True, "also train SFT on the raw corpus (duplicates and leaked eval items kept) "
                                          "to show what contamination does to held-out accuracy")
     corpus_file: str | None = knob(None, "your JSONL corpus instead of the embedded one ({text}; {prompt, answer} "

@@ -9,6 +9,12 @@ For each stage of :data:`~posttrain.pipeline.stages.STAGES`:
    (trainer ``resume=``); otherwise the stage directory is cleared (saying which key fields changed) and it runs;
 4. ``DONE.json`` is written last, with the summary, wall time and peak RSS.
 
+With ``jobs`` > 1 a training stage whose dependencies are complete runs in a worker process (spawned: a fresh
+interpreter, no forked torch state) while the runner goes on to the next stages; a stage that needs a running
+one waits for it. A worker's printed output goes to ``<run>/.pipeline/<stage>.log``; its summary, wall time
+and peak RSS come back to the runner, which writes ``DONE.json`` as for an inline stage. The trainers are
+deterministic functions of their configs, so the results do not depend on ``jobs``.
+
 ``--explain`` prints the decision (run / cached / resumed, and why) for every stage and runs nothing; a stage
 after one that runs is "run" too, since its inputs will change. ``summary.json`` at the run's root collects
 every stage's key metrics (``heldout_accuracy`` per stage), rewritten on every invocation.
@@ -69,6 +75,71 @@ def _stage_output(ctx, name: str):
         yield
 
 
+def run_in_worker(module: str, fn: str, cfg, out: Path, resume: bool, log: Path):
+    """A training stage in a worker process: (summary, wall seconds, peak RSS MiB). Output -> ``log``."""
+    import importlib
+    import inspect
+    import os
+
+    from posttrain.pipeline import cache as worker_cache
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    train = getattr(importlib.import_module(module), fn)
+    kwargs = {}
+    params = inspect.signature(train).parameters
+    if resume and "resume" in params:
+        kwargs["resume"] = str(out)
+    elif out.is_dir() and any(out.iterdir()) and "overwrite" in params:
+        kwargs["overwrite"] = True
+    log.parent.mkdir(parents=True, exist_ok=True)
+    worker_cache.reset_peak_rss()
+    t0 = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+        summary = train(cfg, **kwargs)
+    return _plain(summary), time.perf_counter() - t0, worker_cache.peak_rss_mb()
+
+
+class _Workers:
+    """Training stages running in worker processes: submit, and wait for the ones a later stage needs."""
+
+    def __init__(self, ctx, jobs: int):
+        self.ctx, self.jobs, self.pending, self.pool = ctx, jobs, {}, None
+
+    def can_take(self, stage) -> bool:
+        return self.jobs > 1 and getattr(stage.run, "trainer", None) is not None
+
+    def submit(self, tag, stage, scfg, d: Path, resume: bool, key, fields, action):
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        if self.pool is None:
+            self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"))
+        module, fn = stage.run.trainer
+        log = self.ctx.run_dir / cache.STATE_DIR / f"{stage.name}.log"
+        fut = self.pool.submit(run_in_worker, module, fn, scfg, d, resume, log)
+        self.pending[stage.name] = (fut, tag, d, key, fields, action)
+        _say(self.ctx, f"{tag}: running in a worker process (output: {log})")
+
+    def wait(self, names) -> None:
+        for name in [n for n in names if n in self.pending]:
+            fut, tag, d, key, fields, action = self.pending.pop(name)
+            try:
+                summary, wall, rss = fut.result()
+            except BaseException:
+                print(f"{tag}: failed (see {self.ctx.run_dir / cache.STATE_DIR / (name + '.log')})", file=sys.stderr,
+                      flush=True)
+                raise
+            d.mkdir(parents=True, exist_ok=True)
+            self.ctx.done[name] = cache.write_done(d, key, fields, summary, wall, rss, action)
+            self.ctx.statuses[name] = "resumed" if action == "resumed" else "ran"
+            _say(self.ctx, f"{tag}: done in {wall:.1f} s")
+
+    def close(self) -> None:
+        self.wait(list(self.pending))
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
 def _check_names(names, what: str) -> None:
     bad = [n for n in names if n not in BY_NAME]
     if bad:
@@ -89,9 +160,24 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
                   header=header(cfg, preset))
     will_run: list[str] = []
     notes = ctx.notes
+    workers = _Workers(ctx, 1 if explain else getattr(cfg, "jobs", 1))
+    try:
+        _run_stages(ctx, cfg, out, only, skip, explain, will_run, notes, workers)
+    finally:
+        workers.close()
+    if explain:
+        return {"explain": ctx.statuses, "notes": notes}
+    result = run_summary(ctx, notes)
+    atomic_write_json(out / "summary.json", result)
+    print_table(result, out)
+    return result
+
+
+def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, notes: dict, workers: _Workers):
     for i, stage in enumerate(STAGES, 1):
         name, d = stage.name, out / stage.name
         tag = f"[{i}/{len(STAGES)}] {name}"
+        workers.wait(stage.deps)  # a stage never starts before the stages it reads have finished
         reason = stage.available() or stage.enabled(ctx) or ("--skip" if name in skip else None)
         missing = [x for x in stage.deps if x not in ctx.done and x not in will_run] if not stage.optional_deps else []
         if reason is None and missing:
@@ -137,6 +223,10 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
         if resume:
             _say(ctx, f"{tag}: resuming from its checkpoint in {d} (same key)")
         cache.mark_started(out, name, key, fields)
+        if workers.can_take(stage):
+            workers.submit(tag, stage, scfg, d, resume, key, fields, action)
+            continue
+        workers.wait(list(workers.pending))  # an inline stage runs alone (its peak RSS and output are its own)
         _say(ctx, f"{tag}: start — {stage.title}")
         cache.reset_peak_rss()
         t0 = time.perf_counter()
@@ -151,12 +241,6 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
         ctx.done[name] = cache.write_done(d, key, fields, _plain(summary), wall, cache.peak_rss_mb(), action)
         ctx.statuses[name] = "resumed" if resume else "ran"
         _say(ctx, f"{tag}: done in {wall:.1f} s")
-    if explain:
-        return {"explain": ctx.statuses, "notes": notes}
-    result = run_summary(ctx, notes)
-    atomic_write_json(out / "summary.json", result)
-    print_table(result, out)
-    return result
 
 
 def _plain(x):

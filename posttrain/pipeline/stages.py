@@ -108,6 +108,7 @@ def _train_fn(module: str, fn: str):
         elif out.is_dir() and any(out.iterdir()) and "overwrite" in params:
             kwargs["overwrite"] = True
         return train(cfg, **kwargs)
+    run.trainer = (module, fn)  # what a worker process imports to run this stage on its own (--jobs)
     return run
 
 

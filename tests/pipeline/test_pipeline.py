@@ -186,3 +186,16 @@ def test_a_ppo_stage_runs_once_its_module_exists(run, tmp_path, monkeypatch):
     assert res["heldout"]["ppo"]["n"] == cfg.task.num_eval and (copy / "ppo" / "model").is_dir()
     md = (copy / "report" / "report.md").read_text()
     assert "| PPO |" in md and "missing" not in md.split("Stage ppo:")[1].split("## Stage")[0]
+
+
+def test_jobs_run_training_stages_in_workers_with_the_same_results(run, tmp_path):
+    out, first = run
+    par = tmp_path / "par"
+    result = run_pipeline(micro(jobs=2), par, quiet=True)
+    assert result["heldout"] == first["heldout"]  # the trainers are deterministic: jobs changes nothing
+    for stage in ("sft", "dpo", "grpo"):
+        a, b = load_file(out / stage / "model" / "model.safetensors"), load_file(par / stage / "model" / "model.safetensors")
+        assert all(torch.equal(a[k], b[k]) for k in a), stage
+        assert (par / ".pipeline" / f"{stage}.log").read_text().strip()  # a worker's output went to its log
+    again = run_pipeline(micro(jobs=2), par, quiet=True)  # and every stage is cached on a re-run
+    assert {v["status"] for v in again["stages"].values()} <= {"cached", "skipped"}
