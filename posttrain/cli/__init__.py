@@ -129,8 +129,18 @@ def _main(argv, prog: list[str]) -> int:
         return 2
     prog[0] = f"posttrain {args._cmd}"
     rc = int(args._run(args) or 0)
+    _leave_process_group()
     sys.stdout.flush()  # inside the boundary: a full disk or closed pipe on the last write is reported here
     return rc
+
+
+def _leave_process_group() -> None:
+    """Under torchrun: wait for every rank, then tear the process group down, so that no rank exits (and kills
+    gloo's threads: "terminate called without an active exception") while another is still in a collective."""
+    dist = sys.modules.get("torch.distributed")  # never imported here for a one-process command
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 _TMP_PART = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.tmp$")  # posttrain.data.io.atomic_open/atomic_dir temp names

@@ -53,6 +53,7 @@ SCRIPT = textwrap.dedent("""
                     task=ArithmeticConfig(num_demos=40, num_eval=8))
     train_sft(cfg)
     if world > 1:
+        dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
 """)
 
@@ -150,6 +151,7 @@ DPO_SCRIPT = textwrap.dedent("""
                         eval_every=0, save_every=0, progress=False, max_new_tokens=4,
                         pairs=PairDataConfig(num_prompts=48, gold_chosen=True)))
     if world > 1:
+        dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
 """)
 
@@ -212,6 +214,7 @@ PG_SCRIPT = textwrap.dedent("""
             open(out + ".json", "w").write(json.dumps([{k: m[k] for k in ("loss", "grad_norm")} for m in mets]))
             save_file({k: v.clone().contiguous() for k, v in tr.model.named_parameters()}, out + ".safetensors")
     if world > 1:
+        dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
 """)
 
