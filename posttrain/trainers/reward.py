@@ -78,7 +78,7 @@ from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers import common
+from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     load_checkpoint,
@@ -254,11 +254,16 @@ class RMState:
     manager: CheckpointManager
     start_step: int
     guard: NonFiniteGuard
+    world: distributed.World = dataclasses.field(default_factory=distributed.World)
+    train_model: torch.nn.Module | None = None  # the RM, or its DDP wrapper under torchrun (forward + backward)
 
 
 def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> RMState:
     """Open the run, load or build the reward model, load (or build and cache) and check the pairs."""
     common.set_threads(cfg.threads)
+    world = distributed.init()  # one process, or this rank under torchrun
+    if world.distributed and cfg.batch_size < world.world_size:
+        raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
@@ -286,7 +291,8 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         train, held = (load_preference_pairs(x, chat=chat, on_bad_line=cfg.on_bad_line) for x in (cfg.data, cfg.eval_data))
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if not (cfg.data or cfg.eval_data):
-        train, held, pair_info = _embedded_pairs(cfg, task, init, Path(run.dir))
+        with distributed.main_first(world):  # rank 0 samples and caches the pairs; the others read the cache
+            train, held, pair_info = _embedded_pairs(cfg, task, init, Path(run.dir))
     train, held = (fit_pairs(x, tokenizer, window=model_window(rm), long=cfg.long, what=what,
                              max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
                    for x, what in ((train, "training"), (held, "held-out")))
@@ -300,7 +306,8 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     print(f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(rm) / 1e6:.2f}M params, "
           f"steps {start_step}->{cfg.steps}")
     return RMState(cfg, run, rm, tokenizer, train, held, pair_info, opt, logger,
-                   CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step, NonFiniteGuard(cfg.nan_patience))
+                   CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step, NonFiniteGuard(cfg.nan_patience),
+                   world, distributed.wrap_ddp(rm, world))
 
 
 def train_step(s: RMState, step: int) -> dict:
@@ -308,20 +315,23 @@ def train_step(s: RMState, step: int) -> dict:
     cfg, t0 = s.cfg, time.perf_counter()
     lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     common.set_lr(s.opt, lr)
-    idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()
+    idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()  # the global batch
+    idx = distributed.shard(idx, s.world)  # this rank's pairs: the BT loss is a mean over pairs, so each rank's
+    share = len(idx) / cfg.batch_size  # mean counts by its share of the global batch
     batch = collate_preference([s.train[i] for i in idx], s.tokenizer, max_prompt_length=cfg.max_prompt_length,
                                max_completion_length=cfg.max_completion_length)
-    r = s.rm(batch["input_ids"], batch["attention_mask"])  # (2B,)
+    r = (s.train_model or s.rm)(batch["input_ids"], batch["attention_mask"])  # (2B,)
     chosen, rejected = r.chunk(2)
     margin = batch.get("margin") if cfg.use_margin else None
     if cfg.use_margin and margin is None:
         raise UserError("--use-margin needs a numeric 'margin' field on every pair")
     loss, m = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
-    loss.backward()
+    (loss * (share * distributed.ddp_loss_scale(s.world))).backward()
+    loss = distributed.global_sum(loss.item() * share, s.world)  # the global batch's mean
     gnorm = common.grad_norm_and_clip(s.rm, cfg.grad_clip)
-    finite_step(s.opt, loss.item(), gnorm)  # a NaN/Inf loss or grad norm skips the step
-    return {"loss": loss.item(), **{k: v.item() for k, v in m.items()}, "lr": lr, "grad_norm": gnorm,
-            "step_time": time.perf_counter() - t0}
+    finite_step(s.opt, loss, gnorm)  # a NaN/Inf loss or grad norm skips the step
+    metrics = distributed.mean_metrics({k: v.item() for k, v in m.items()}, s.world)  # per-pair means: averaged
+    return {"loss": loss, **metrics, "lr": lr, "grad_norm": gnorm, "step_time": time.perf_counter() - t0}
 
 
 def run_eval(s: RMState) -> dict[str, float]:
@@ -334,7 +344,9 @@ def _state(s: RMState, step: int, extra: dict | None = None) -> dict:
 
 
 def save(s: RMState, done: int, metrics: dict) -> None:
-    """A periodic checkpoint through the run's one :class:`CheckpointManager`."""
+    """A periodic checkpoint through the run's one :class:`CheckpointManager` (rank 0 writes it)."""
+    if not s.world.is_main:
+        return
     s.manager.save(done, save_fn=save_reward_checkpoint, rm=s.rm, tokenizer=s.tokenizer,
                    state=_state(s, done, {"metrics": metrics}), optimizer=s.opt, rng=rng_state())
 
@@ -348,8 +360,11 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
     stats = RewardStats.from_rewards(torch.cat([c, x]))
     if cfg.merge_lora:  # model/ with full weights, no adapter files
         s.rm.backbone.model = merge_lora(s.rm.backbone.model)
-    final = save_reward_checkpoint(Path(out) / "model", s.rm, s.tokenizer, _state(s, cfg.steps, {"heldout": last_eval}),
-                                   optimizer=s.opt, rng=rng_state(), stats=stats)
+    final = Path(out) / "model"
+    if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
+        save_reward_checkpoint(final, s.rm, s.tokenizer, _state(s, cfg.steps, {"heldout": last_eval}),
+                               optimizer=s.opt, rng=rng_state(), stats=stats)
+    distributed.barrier(s.world)
     summary = {
         "trainer": "rm", "steps": cfg.steps, "heldout_pairwise_accuracy": last_eval["heldout/accuracy"],
         "heldout_pairs": len(s.held), "train_pairs": len(s.train), **last_eval,

@@ -241,3 +241,38 @@ def test_two_process_grpo_run_writes_once(tmp_path, one):
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2] and (out / "model" / "model.safetensors").is_file()
     assert json.loads((out / "summary.json").read_text())["steps"] == 2
+
+
+RM_SCRIPT = textwrap.dedent("""
+    import os, sys, torch.distributed as dist
+    from posttrain.data.preference_pairs import PairDataConfig
+    from posttrain.trainers.reward import RMConfig, train_reward_model
+    rank, world, init_file, out, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if world > 1:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    # center_coef > 0: without it the BT loss ignores a shift of every reward, the head bias (and ln_f.bias along the
+    # head) get a gradient of exactly 0, and Adam scales their float noise (summed in another order) to lr-sized steps
+    train_reward_model(RMConfig(out=out, init=init, steps=3, batch_size=6, lr=1e-3, warmup_steps=1, eval_every=0,
+                                center_coef=0.1,
+                                save_every=0, progress=False, eval_prompts=16, stats_pairs=16,
+                                pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)))
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+""")
+
+
+def test_two_process_reward_model_equals_one_process(tmp_path, one):
+    init = str(one / "model")
+    a = _run_script(RM_SCRIPT, tmp_path, 1, "rm1", init)
+    b = _run_script(RM_SCRIPT, tmp_path, 2, "rm2", init)
+    assert (a / "pairs.jsonl").read_bytes() == (b / "pairs.jsonl").read_bytes()  # sampled once, by rank 0
+    for f in ("model.safetensors", "reward_head.safetensors"):
+        wa, wb = load_file(a / "model" / f), load_file(b / "model" / f)
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
+    ma = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
+    for r1, r2 in zip(ma, mb):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
