@@ -309,6 +309,14 @@ def save_with_snapshot(directory, snapshot: dict | None, **kwargs) -> Path:
     return save_with_extras(directory, extras, **kwargs)
 
 
+def restore_snapshot(model, opt, snapshot: dict) -> None:
+    """Put a :func:`take_snapshot` back: the weights it holds (under LoRA only the adapters) and the optimizer."""
+    from posttrain.models.lora import has_lora
+
+    model.load_state_dict(snapshot["model"], strict=not has_lora(model))
+    opt.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+
+
 def load_snapshot(path: Path) -> dict | None:
     if not (path / SNAPSHOT_WEIGHTS).is_file():
         return None

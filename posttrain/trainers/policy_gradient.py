@@ -59,13 +59,13 @@ from posttrain.losses.policy import AGGREGATIONS, batch_normalizers, merge_metri
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS, POLICY_OBJECTIVES
 from posttrain.models.gpt import GPT
 from posttrain.models.loading import model_path_knob, pad_token_knob
-from posttrain.models.lora import apply_lora, has_lora, lora_config, lora_knob, merge_lora, reference_model
+from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward, resolve_reward_spec
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common, distributed, pg_rollout
-from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
+from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     initial_model,
@@ -76,7 +76,6 @@ from posttrain.trainers.checkpoint import (
     save_checkpoint,
     save_with_snapshot,
     start_policy,
-    take_snapshot,
 )
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
@@ -353,21 +352,8 @@ class PolicyGradientTrainer:
         metrics = distributed.mean_metrics(metrics, self.world)
         if "kl" in upd:
             self.kl_ctl.update(upd["kl"], 1)
-        warnings = self.alarms.update(step + 1, metrics)
-        action = self.collapse.update(step + 1, metrics["reward_mean"])
-        if action == "snapshot":
-            self.snapshot = take_snapshot(self.model, self.opt)
-        elif action in ("restore", "warn"):
-            if action == "restore" and self.snapshot is not None:
-                self.model.load_state_dict(self.snapshot["model"], strict=not has_lora(self.model))  # LoRA: adapters only
-                self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
-                metrics["restored_from"] = self.collapse.best_step
-            warnings.append(self.collapse.message(step + 1, action))
-        metrics["restores"] = self.collapse.restores
-        for w in warnings:
-            tqdm.write(w if w.startswith("ALARM") else f"ALARM step {step + 1}: {w}")  # alarms carry the prefix
-        if warnings:
-            metrics["alarms"] = warnings
+        self.snapshot = watch_step(step + 1, metrics, self.alarms, self.collapse, self.model, self.opt, self.snapshot,
+                                   reward=metrics["reward_mean"])
         return metrics
 
     def run_eval(self):

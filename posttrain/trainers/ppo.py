@@ -60,7 +60,7 @@ from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward, parse_reward_spec
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common
-from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard
+from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     SNAPSHOT_OPTIMIZER,
     SNAPSHOT_WEIGHTS,
@@ -72,7 +72,6 @@ from posttrain.trainers.checkpoint import (
     rng_state,
     save_with_extras,
     start_policy,
-    take_snapshot,
 )
 from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_batches
@@ -394,21 +393,8 @@ class PPOTrainer:
         metrics = {**ro.metrics, **upd, "beta": beta, "critic_warmup": int(warm), "lr": lr,
                    "time_update": time.perf_counter() - t1, "step_time": time.perf_counter() - t0}
         self.kl_ctl.update(ro.metrics["kl_per_seq"], ro.sequences.shape[0])  # Ziegler: n = sequences in the batch
-        warnings = self.alarms.update(step + 1, metrics)
-        action = self.collapse.update(step + 1, metrics["reward_mean"]) if not warm else None
-        if action == "snapshot":
-            self.snapshot = take_snapshot(self.model, self.opt)
-        elif action in ("restore", "warn"):
-            if action == "restore" and self.snapshot is not None:
-                self.model.load_state_dict(self.snapshot["model"])
-                self.opt.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
-                metrics["restored_from"] = self.collapse.best_step
-            warnings.append(self.collapse.message(step + 1, action))
-        metrics["restores"] = self.collapse.restores
-        for w in warnings:
-            tqdm.write(w if w.startswith("ALARM") else f"ALARM step {step + 1}: {w}")
-        if warnings:
-            metrics["alarms"] = warnings
+        self.snapshot = watch_step(step + 1, metrics, self.alarms, self.collapse, self.model, self.opt, self.snapshot,
+                                   reward=None if warm else metrics["reward_mean"])
         return metrics
 
     def run_eval(self):
