@@ -207,6 +207,14 @@ class WeightedReward:
     def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float]:
         return self.components(prompts, completions, **columns)[0]
 
+    def reweighted(self, weights: dict[str, float]) -> "WeightedReward":
+        """The same functions (not rebuilt: a loaded reward model is shared) under new weights, for the named
+        terms only: ``R.reweighted({"digits": 0.2})`` is 0.2 * digits."""
+        unknown = sorted(set(weights) - set(self.terms))
+        if unknown:
+            raise ConfigError(f"reward terms {unknown} are not in this reward (terms: {', '.join(self.terms)})")
+        return WeightedReward({name: (self.terms[name][0], w) for name, w in weights.items()})
+
 
 def _split_item(item: str, spec: str) -> tuple[str, float]:
     """"math:0.5" -> ("math", 0.5); "mod:fn" -> ("mod:fn", 1.0); "mod:fn:2" -> ("mod:fn", 2.0)."""

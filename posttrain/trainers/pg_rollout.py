@@ -72,17 +72,21 @@ def draw(tr, step: int, rnd: int):
     texts = decode_completions(tr.tokenizer, gen)
     G = cfg.num_generations
     scores, hits = tr.data.score(tr.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)
-    rewards = torch.tensor(scores, dtype=torch.float32)  # (N,)
-    if not torch.isfinite(rewards).all():
+    base = torch.tensor(scores, dtype=torch.float32)  # (N,) the reward spec's reward
+    if not torch.isfinite(base).all():
         raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
     correct = torch.tensor(hits, dtype=torch.float32)
-    return gen, rewards, correct
+    rewards, fading = base, tr.annealed_terms(step)  # the reward optimised: annealed terms scaled down
+    if fading is not None:
+        cut, _ = tr.data.score(fading, problems, texts, G)  # sum_k (1 - f) w_k r_k over the annealed terms k
+        rewards = base - torch.tensor(cut, dtype=torch.float32)
+    return gen, rewards, correct, base
 
 def rollout(tr, step: int) -> Rollout:
     cfg = tr.cfg
     G = cfg.num_generations
     t0 = time.perf_counter()
-    gen, rewards, correct = first = draw(tr, step, 0)
+    gen, rewards, correct, base = first = draw(tr, step, 0)
     sel = torch.arange(len(rewards))
     want = cfg.prompts_per_step // tr.world.world_size  # this rank's groups per step
     parts, kept, drawn = [(gen, sel)], [rewards], want
@@ -98,10 +102,10 @@ def rollout(tr, step: int) -> Rollout:
             rnd += 1
             if n_kept >= want or rnd >= cfg.max_sample_rounds:
                 break
-            gen, rewards, _ = draw(tr, step, rnd)
+            gen, rewards, _, _ = draw(tr, step, rnd)
             drawn += want
     t1 = time.perf_counter()
-    gen, rewards, correct = first  # the round-0 batch: an unfiltered measure of the policy
+    gen, rewards, correct, base = first  # the round-0 batch: an unfiltered measure of the policy
     if len(parts) == 1 and len(parts[0][1]) == len(rewards):
         batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
                  "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
@@ -123,12 +127,15 @@ def rollout(tr, step: int) -> Rollout:
                                          top_p=cfg.top_p, completion_mask=batch["completion_mask"])
     lengths = gen.completion_mask.sum(-1).float()
     metrics = {
-        "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if rewards.numel() > 1 else 0.0,
+        "reward_mean": base.mean().item(), "reward_std": base.std().item() if base.numel() > 1 else 0.0,
         "accuracy": correct.mean().item(), "completion_length": lengths.mean().item(),
         "truncated_frac": gen.truncated.float().mean().item(),
         "zero_std_frac": 1.0 - informative_groups(rewards, G).float().mean().item(),
         "time_generate": t1 - t0, "time_score": t2 - t1,
     }
+    if cfg.anneal_names:
+        metrics["reward_anneal_factor"] = cfg.anneal_factor(step)
+        metrics["reward_optimised"] = rewards.mean().item()  # round 0 under the annealed weights
     if cfg.dynamic_sampling:
         metrics.update(groups_drawn=drawn, groups_kept=groups_kept,
                        no_signal_step=int(not apply))

@@ -61,7 +61,7 @@ from posttrain.models.gpt import GPT
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora, reference_model
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
-from posttrain.rewards.registry import build_reward, resolve_reward_spec
+from posttrain.rewards.registry import build_reward, parse_reward_spec, resolve_reward_spec
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common, distributed, pg_rollout
@@ -143,6 +143,11 @@ class PolicyGradientConfig(TrainerConfig):
     answer_field: str = knob("answer", "the column the exact_match / digits / math rewards read as the reference")
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
+    reward_anneal: str = knob("", "comma-separated reward terms (of --reward) whose weight falls linearly to 0 "
+                                  "from step reward_anneal_start*steps to the end, e.g. 'digits' (shaping that "
+                                  "helps early and costs late); the logged reward_mean stays the full spec's")
+    reward_anneal_start: float = knob(0.5, "fraction of the steps after which the reward_anneal terms start to "
+                                           "fall", ge=0, lt=1)
     reward_model: str | None = knob(None, "a `posttrain rm` checkpoint scored as the 'reward_model' reward (z-scored with "
                                     "its saved stats; loaded once): alone it makes the reward 'reward_model:1.0', with "
                                     "--reward the spec must name it, e.g. 'reward_model:1.0,format:0.1'")
@@ -150,6 +155,9 @@ class PolicyGradientConfig(TrainerConfig):
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         self.reward = resolve_reward_spec(self.reward, self.reward_model, default=type(self).reward)
+        unknown = sorted(set(self.anneal_names) - set(parse_reward_spec(self.reward)))
+        if unknown:
+            raise ConfigError(f"reward_anneal={self.reward_anneal!r}: {', '.join(unknown)} not in reward={self.reward!r}")
         if self.algo == "rloo" and self.num_generations < 2:
             raise ConfigError("algo=rloo needs num_generations >= 2")
         n = self.prompts_per_step * self.num_generations
@@ -158,6 +166,16 @@ class PolicyGradientConfig(TrainerConfig):
                               f"x grad_accum={self.grad_accum}")
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
+
+    @property
+    def anneal_names(self) -> list[str]:
+        return [t.strip() for t in self.reward_anneal.split(",") if t.strip()]
+
+    def anneal_factor(self, step: int) -> float:
+        """Weight factor of the annealed terms at 0-based ``step``: 1 up to t0 = reward_anneal_start * steps,
+        then (steps - step) / (steps - t0), reaching 1 / (steps - t0) at the last step."""
+        t0 = self.reward_anneal_start * self.steps
+        return 1.0 if step <= t0 else max(0.0, (self.steps - step) / (self.steps - t0))
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -262,6 +280,14 @@ class PolicyGradientTrainer:
 
     def rollout(self, step: int) -> Rollout:
         return pg_rollout.rollout(self, step)
+
+    def annealed_terms(self, step: int):
+        """What ``reward_anneal`` takes off the reward at ``step``: sum_k (1 - f) w_k r_k as a reward function
+        over the annealed terms k (None when nothing is annealed yet)."""
+        f = self.cfg.anneal_factor(step)
+        if not self.cfg.anneal_names or f >= 1.0:
+            return None
+        return self.reward_fn.reweighted({k: (1.0 - f) * self.reward_fn.terms[k][1] for k in self.cfg.anneal_names})
 
     # ------------------------------------------------------------------------------------------ update
     def _micro_loss(self, ro: Rollout, rows: torch.Tensor, norms: dict):
