@@ -16,11 +16,12 @@ import torch
 from _util import median_time, print_table
 
 from posttrain.data.batches import batch_indices
+from posttrain.data.demos import encode_demos
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.hf import hf_model_from_config, tiny_hf_config
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers.sft import encode_demos, sft_loss
+from posttrain.trainers.sft import sft_loss
 
 
 def main():

@@ -38,21 +38,21 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices  # noqa: F401  (also imported from here by older callers)
-from posttrain.data.checks import LONG_POLICIES, Located, fit_sequences, model_window
-from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP, fit_chat_demos, load_sft_data, needs_chat
+from posttrain.data.checks import LONG_POLICIES
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP, load_sft_data
+from posttrain.data.demos import fit_demos
 from posttrain.data.pairs import load_pairs
-from posttrain.errors import ConfigError, UserError
-from posttrain.evaluation import encode_prompt, evaluate, fit_prompts, prompt_window, sample_line
+from posttrain.errors import ConfigError
+from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
@@ -62,10 +62,10 @@ from posttrain.trainers.checkpoint import (
     restore_rng,
     rng_state,
     save_checkpoint,
-    save_with_extras,
     start_policy,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.selection import BestKeeper, save_with_best, split_validation
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
@@ -127,37 +127,6 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def encode_demos(tokenizer, pairs: list[tuple[str, str]], fitted=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[BOS] prompt answer [EOS], right-padded; loss mask on answer + EOS. -> ids (n, L), mask (n, L).
-    ``fitted``: the pairs' token ids as checked by ``fit_sequences`` (then ``pairs`` is not re-encoded)."""
-    if fitted is None:
-        encoded = [(encode_prompt(tokenizer, p), tokenizer.encode(a) + [tokenizer.eos_id]) for p, a in pairs]
-    else:
-        encoded = [(f.prompt, f.completions[0]) for f in fitted]
-    seqs, masks = [], []
-    for pi, ai in encoded:
-        seqs.append(pi + ai)
-        masks.append([0] * len(pi) + [1] * len(ai))
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), tokenizer.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(m)] = torch.tensor(m)
-    return ids, mask
-
-
-def fit_demos(tokenizer, demos, model, long: str, chat=None):
-    """Check demonstrations (unknown characters, the model's window) -> (kept demos, ids, loss mask).
-    Conversations (and, with a template for everything, pairs) go through the chat template's mask."""
-    if needs_chat(demos, chat):
-        return fit_chat_demos(tokenizer, demos, chat, window=model_window(model), long=long)
-    kept, fitted = fit_sequences(tokenizer, demos, lambda r: (r[0], [("answer", r[1])]), window=model_window(model),
-                                 long=long, what="training")
-    demos = demos.subset(kept) if isinstance(demos, Located) else [demos[i] for i in kept]
-    return (demos, *encode_demos(tokenizer, demos, fitted))
-
-
 def sft_loss(model, ids: torch.Tensor, loss_mask: torch.Tensor, n_tokens: int) -> torch.Tensor:
     """Summed completion-token cross-entropy divided by the optimizer batch's token count."""
     width = int(loss_mask.nonzero()[:, 1].max()) + 1 if loss_mask.any() else ids.shape[1]
@@ -165,57 +134,6 @@ def sft_loss(model, ids: torch.Tensor, loss_mask: torch.Tensor, n_tokens: int) -
     logits = model(input_ids=ids[:, :-1]).logits  # (b, L-1, V); right padding never affects real tokens
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1), reduction="none")
     return (nll * loss_mask[:, 1:].reshape(-1)).sum() / n_tokens
-
-
-BEST_FILE = "best.safetensors"  # in each periodic checkpoint: the best-so-far weights (for an exact resume)
-
-
-def is_validation(prompt: str, fraction: float) -> bool:
-    """Is this demonstration in the validation split? A stable hash of the prompt alone (any seed, any order)."""
-    return stable_fraction("sft-validation:" + prompt) < fraction
-
-
-def split_validation(demos, fraction: float) -> tuple[list[int], list[int]]:
-    """Indices of (training, validation) demonstrations; no validation when fewer than 2 demos would remain."""
-    val = [i for i, (p, _) in enumerate(demos) if fraction > 0 and is_validation(p, fraction)]
-    if len(demos) - len(val) < 2:
-        raise ConfigError(f"val_fraction={fraction} leaves {len(demos) - len(val)} of {len(demos)} demonstrations "
-                          f"to train on; lower it")
-    chosen = set(val)
-    return [i for i in range(len(demos)) if i not in chosen], val
-
-
-class BestKeeper:
-    """The best-so-far weights by validation accuracy (earliest on ties) and the evaluations since it."""
-
-    def __init__(self):
-        self.step, self.score, self.weights, self.since = None, None, None, 0
-
-    def offer(self, step: int, score: float, model) -> bool:
-        if self.score is None or score > self.score:
-            self.step, self.score, self.since = step, score, 0
-            self.weights = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-            return True
-        self.since += 1
-        return False
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "val_accuracy": self.score, "since": self.since}
-
-    def load(self, state: dict, path: Path) -> None:
-        self.step, self.score, self.since = state["step"], state["val_accuracy"], int(state["since"])
-        if self.step is not None:
-            if not (path / BEST_FILE).is_file():
-                raise UserError(f"{path}: checkpoint has no {BEST_FILE} (the best weights so far); cannot resume exactly")
-            self.weights = load_file(str(path / BEST_FILE))
-
-
-def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
-    """:func:`save_checkpoint` plus ``best.safetensors`` (the best-so-far weights), one atomic directory."""
-    def extras(tmp):
-        if best.weights is not None:
-            save_file(best.weights, str(tmp / BEST_FILE))
-    return save_with_extras(directory, extras, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

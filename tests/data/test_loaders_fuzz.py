@@ -14,13 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from posttrain.data.demos import fit_demos
+from posttrain.data.pairs import load_pairs
 from posttrain.data.preference import fit_kto, fit_pairs, load_kto_examples, load_preference_pairs
 from posttrain.errors import UserError
 from posttrain.evaluation import fit_prompts
 from posttrain.tasks.arithmetic import ALPHABET
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.tokenizers.corpus import iter_texts
-from posttrain.trainers.sft import fit_demos, load_pairs
 
 TOK = CharTokenizer(ALPHABET)
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -10,14 +10,15 @@ from hypothesis import strategies as st
 
 from posttrain.cli import main
 from posttrain.data.checks import Located, fit_sequences
+from posttrain.data.demos import fit_demos
 from posttrain.data.io import ReadStats, iter_jsonl
+from posttrain.data.pairs import load_pairs
 from posttrain.data.preference import PreferencePair, collate_preference, fit_pairs, load_preference_pairs
 from posttrain.errors import DataError, UserError
 from posttrain.evaluation import fit_prompts, sample_line
 from posttrain.tasks.arithmetic import ALPHABET
 from posttrain.text import printable
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers.sft import fit_demos, load_pairs
 
 TOK = CharTokenizer(ALPHABET)
 

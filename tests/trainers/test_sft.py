@@ -116,7 +116,7 @@ def test_user_data_files(tmp_path):
 from posttrain.evaluation import EvalResult  # noqa: E402
 from posttrain.tasks.arithmetic import ArithmeticTask  # noqa: E402
 from posttrain.trainers import sft as sft_mod  # noqa: E402
-from posttrain.trainers.sft import split_validation  # noqa: E402
+from posttrain.trainers.selection import split_validation  # noqa: E402
 
 
 def test_validation_split_is_stable_disjoint_and_never_the_eval_split():
