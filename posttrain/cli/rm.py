@@ -23,7 +23,8 @@ def add_arguments(p):
 
 def run(args) -> int:
     from posttrain.errors import UserError
-    from posttrain.trainers.reward import PRESETS, RMConfig, eval_reward_model, train_reward_model
+    from posttrain.trainers.reward import PRESETS, RMConfig, train_reward_model
+    from posttrain.trainers.reward_eval import eval_reward_model
     from posttrain.trainers.run_dir import resume_out
 
     if args.eval_only and args.resume:

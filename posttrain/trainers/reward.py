@@ -29,7 +29,7 @@ Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_check
 Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> RMState``,
 ``train_step(state, step) -> metrics``, ``run_eval`` (held-out pairs), ``save`` (a periodic checkpoint through
 the run's one ``CheckpointManager``), ``finish`` (reward mean/std, ``model/``, ``summary.json``);
-:func:`train_reward_model` is the loop over them. :func:`eval_reward_model` (``--eval-only``) scores any RM
+:func:`train_reward_model` is the loop over them. ``reward_eval.eval_reward_model`` (``--eval-only``) scores any RM
 checkpoint on a ``{prompt, chosen, rejected}`` file: ``summary.json`` with ``pairwise_accuracy`` and ``n``.
 
 Not handled: Plackett-Luce rankings and pointwise scores from files (the losses exist in
@@ -42,7 +42,6 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,20 +55,18 @@ from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.io import atomic_dir
 from posttrain.data.preference import (
-    PreferencePair,
     collate_preference,
     fit_pairs,
     load_preference_pairs,
 )
 from posttrain.data.preference_pairs import (
     PairDataConfig,
-    answer_distance,
     cached_pairs,
     stats_dict,
     synthetic_pairs,
 )
 from posttrain.errors import ConfigError, UserError
-from posttrain.losses.ranking import accuracy_by_margin_bucket, bradley_terry_loss
+from posttrain.losses.ranking import bradley_terry_loss
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.models.loading import model_path_knob, pad_token_knob
@@ -89,6 +86,7 @@ from posttrain.trainers.checkpoint import (
     writing,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
+from posttrain.trainers.reward_eval import evaluate_pairs, pair_rewards
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
@@ -171,40 +169,6 @@ def save_reward_checkpoint(directory: str | Path, rm: RewardModel, tokenizer, st
 
 # ---------------------------------------------------------------------------------------------
 # evaluation
-
-
-def bucket_values(pairs: Sequence[PreferencePair]) -> torch.Tensor:
-    """Per-pair bucketing quantity: the pairs' margins when all have one, else |chosen - rejected| as numbers."""
-    if all(p.margin is not None for p in pairs):
-        return torch.tensor([p.margin for p in pairs], dtype=torch.float64)
-    return torch.tensor([answer_distance(p.chosen, p.rejected) for p in pairs], dtype=torch.float64)
-
-
-@torch.no_grad()
-def pair_rewards(rm: RewardModel, pairs: Sequence[PreferencePair], tokenizer, cfg: RMConfig, chunk: int = 256):
-    """(chosen rewards (N,), rejected rewards (N,)) in eval mode."""
-    was = rm.training
-    rm.eval()
-    ch, rj = [], []
-    for s in range(0, len(pairs), chunk):
-        b = collate_preference(pairs[s : s + chunk], tokenizer, max_prompt_length=cfg.max_prompt_length,
-                               max_completion_length=cfg.max_completion_length)
-        r = rm(b["input_ids"], b["attention_mask"])  # (2n,)
-        c, x = r.chunk(2)
-        ch.append(c)
-        rj.append(x)
-    rm.train(was)
-    return torch.cat(ch), torch.cat(rj)
-
-
-def evaluate_pairs(rm, pairs, tokenizer, cfg: RMConfig) -> dict[str, float]:
-    """Held-out pairwise accuracy, reward mean/std, and accuracy per margin bucket."""
-    c, r = pair_rewards(rm, pairs, tokenizer, cfg)
-    loss, m = bradley_terry_loss(c, r)
-    out = {"heldout/loss": loss.item(), **{f"heldout/{k}": v.item() for k, v in m.items()}}
-    buckets = accuracy_by_margin_bucket(c.double(), r.double(), bucket_values(pairs), tuple(cfg.bucket_edges))
-    out.update({f"heldout/{k}": v.item() for k, v in buckets.items()})
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,32 +343,6 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
             print(f"  |chosen - rejected| in {name[7:]}: {v:.3f} ({int(last_eval['heldout/count/' + name])} pairs)")
     print(f"reward mean {stats.mean:.3f} std {stats.std:.3f} (saved in {final / REWARD_STATS_FILE})")
     print(f"summary: {path}\nmetrics: {Path(out) / 'metrics.jsonl'}\nmodel:   {final}")
-    return summary
-
-
-def eval_reward_model(cfg: RMConfig, overwrite: bool = False) -> dict:
-    """``posttrain rm --eval-only``: pairwise accuracy of the RM ``cfg.init`` on the pairs file ``cfg.eval_data``.
-
-    Writes ``summary.json`` (``pairwise_accuracy``, ``n``, loss, margin, per-bucket accuracy) to ``cfg.out``, a new
-    run directory (``--overwrite`` to replace one). A policy checkpoint as ``--init`` is a one-line error.
-    """
-    if not cfg.init or not cfg.eval_data:
-        raise UserError("--eval-only needs --init RM_CHECKPOINT and --eval-data pairs.jsonl")
-    common.set_threads(cfg.threads)
-    run = common.open_run(cfg, "rm_eval", overwrite=overwrite)
-    loaded = load_reward_model(cfg.init)  # a policy (no reward head) -> UserError naming the checkpoint
-    pairs = fit_pairs(load_preference_pairs(cfg.eval_data), loaded.tokenizer, window=model_window(loaded.model),
-                      long=cfg.long, what="evaluation", max_prompt_length=cfg.max_prompt_length,
-                      max_completion_length=cfg.max_completion_length)
-    if not pairs:
-        raise UserError(f"{cfg.eval_data}: no pairs to evaluate")
-    common.begin_run(run, cfg)
-    m = {k.removeprefix("heldout/"): v for k, v in evaluate_pairs(loaded.model, pairs, loaded.tokenizer, cfg).items()}
-    summary = {"trainer": "rm_eval", "pairwise_accuracy": m["accuracy"], "n": len(pairs), **m,
-               "checkpoint": str(loaded.path), "eval_data": str(cfg.eval_data)}
-    path = common.write_summary(run.dir, summary)
-    print(f"pairwise accuracy: {m['accuracy']:.4f} on {len(pairs)} pairs of {cfg.eval_data} with {loaded.path}")
-    print(f"summary: {path}")
     return summary
 
 

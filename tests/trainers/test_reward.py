@@ -13,7 +13,8 @@ from posttrain.rewards.registry import get_reward
 from posttrain.rewards.reward_model import load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.reward import RMConfig, pair_rewards, train_reward_model
+from posttrain.trainers.reward import RMConfig, train_reward_model
+from posttrain.trainers.reward_eval import pair_rewards
 
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
 MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)
@@ -134,7 +135,7 @@ def test_user_errors(tmp_path):
 
 
 def test_eval_only_pairwise_accuracy_on_a_file(rm_run, tmp_path):
-    from posttrain.trainers.reward import eval_reward_model
+    from posttrain.trainers.reward_eval import eval_reward_model
 
     out, _ = rm_run
     pairs = load_preference_pairs(out / "eval_pairs.jsonl")
@@ -150,7 +151,7 @@ def test_eval_only_pairwise_accuracy_on_a_file(rm_run, tmp_path):
 
 
 def test_eval_only_errors(rm_run, tmp_path):
-    from posttrain.trainers.reward import eval_reward_model
+    from posttrain.trainers.reward_eval import eval_reward_model
     from posttrain.trainers.sft import SFTConfig, train_sft
 
     out, _ = rm_run
