@@ -128,6 +128,17 @@ def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
     assert load_checkpoint(plain).step == 2
+    # `posttrain export` of the shards (one process): the consolidated weights, as a plain checkpoint or as HF
+    from posttrain.cli import main
+    from posttrain.models.convert import gpt2_named_tensors
+    assert main(["export", str(step2), "--out", str(tmp_path / "exported")]) == 0
+    exported = load_file(tmp_path / "exported" / "model.safetensors")
+    assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
+    assert main(["export", str(step2), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    hf = load_file(tmp_path / "hf" / "model.safetensors")
+    named = dict(gpt2_named_tensors(load_checkpoint(plain).model))
+    assert set(named) - set(hf) <= {"lm_head.weight"}  # GPT-2 ties lm_head to wte (saved once)
+    assert all(torch.equal(hf[k], named[k].contiguous()) for k in hf)
     # resumed at another world size (1 process, unsharded) from the 2-process shards: ends as the 1-process run
     import shutil
     resumed = tmp_path / "resumed"
