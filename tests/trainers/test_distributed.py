@@ -158,18 +158,26 @@ DPO_SCRIPT = textwrap.dedent("""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if world > 1:
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    fsdp = len(sys.argv) > 7 and sys.argv[7] == "fsdp"
     train_dpo(DPOConfig(out=out, init=init, loss=sys.argv[6], steps=3, batch_size=6, lr=1e-3, warmup_steps=1,
-                        eval_every=0, save_every=0, progress=False, max_new_tokens=4,
-                        pairs=PairDataConfig(num_prompts=48, gold_chosen=True)))
+                        eval_every=0, save_every=2, progress=False, max_new_tokens=4, fsdp=fsdp,
+                        pairs=PairDataConfig(num_prompts=48, gold_chosen=True)),
+              resume=sys.argv[8] if len(sys.argv) > 8 else None)
     if world > 1:
         dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
 """)
 
 
-def test_two_process_dpo_equals_one_process(tmp_path, one):
+@pytest.fixture(scope="module")
+def dpo_one(tmp_path_factory, one):
+    """The DPO oracle: 3 steps in one process (shared by the DDP and FSDP tests)."""
+    return _run_script(DPO_SCRIPT, tmp_path_factory.mktemp("dpo1"), 1, "dpo1", str(one / "model"), "rpo")
+
+
+def test_two_process_dpo_equals_one_process(tmp_path, one, dpo_one):
     init = str(one / "model")
-    a = _run_script(DPO_SCRIPT, tmp_path, 1, "dpo1", init, "rpo")
+    a = dpo_one
     b = _run_script(DPO_SCRIPT, tmp_path, 2, "dpo2", init, "rpo")
     assert (a / "pairs.jsonl").read_bytes() == (b / "pairs.jsonl").read_bytes()  # sampled once, by rank 0
     wa, wb = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
@@ -179,6 +187,34 @@ def test_two_process_dpo_equals_one_process(tmp_path, one):
     mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
     for r1, r2 in zip(ma, mb):
         assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+
+
+def test_fsdp_dpo_two_processes_equal_one_and_resume_in_one_process(tmp_path, one, dpo_one):
+    from posttrain.trainers.sharded import consolidate
+
+    init = str(one / "model")
+    two = _run_script(DPO_SCRIPT, tmp_path, 2, "dpo_fsdp", init, "rpo", "fsdp")
+    step2 = two / "checkpoints" / "step-00000002"
+    assert (step2 / "dcp").is_dir() and not (step2 / "model.safetensors").exists()  # sharded, for resume only
+    got = load_file(consolidate(step2, tmp_path / "c") / "model.safetensors")
+    ref = load_file(dpo_one / "checkpoints" / "step-00000002" / "model.safetensors")
+    wa, wb = load_file(dpo_one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
+    for k in wa:  # model/ gathered from the shards, and the step-2 shards, equal the 1-process run's
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
+    ma = [json.loads(x) for x in (dpo_one / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    for r1, r2 in zip(ma, mb):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+    # resumed in one process (unsharded) from the 2-process shards of step 2: ends as the uninterrupted run
+    import shutil
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "model")  # written again by the resumed run
+    _run_script(DPO_SCRIPT, tmp_path, 1, "resumed", init, "rpo", "plain", str(resumed / "checkpoints" / "step-00000002"))
+    wc = load_file(resumed / "model" / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wc[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
 
 
 def test_batch_coupled_losses_refuse_several_processes(tmp_path, one):
