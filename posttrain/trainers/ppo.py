@@ -22,7 +22,10 @@ Shape (every trainer's, ``trainers/common.py``): :class:`PPOTrainer` ``__init__`
 is the loop. Everything random is a function of (seed, step), and the checkpoint holds the policy, the critic,
 both optimizers, beta and the RNG, so a resumed run ends bitwise equal to an uninterrupted one (tested).
 
-Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer.
+Under ``torchrun`` each rank trains on its share of every rollout with the global batch's statistics, so N
+processes make 1's update (``ppo_distributed.py``, tested); rollouts come from ``--engine`` with TIS weights.
+
+Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer, FSDP.
 """
 
 from __future__ import annotations
