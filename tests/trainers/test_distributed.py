@@ -254,7 +254,8 @@ PG_SCRIPT = textwrap.dedent("""
                                                                   generator=torch.Generator().manual_seed(step)))
             a, b = shard_bounds(ro.sequences.shape[0], real)
             part = dataclasses.replace(ro, **{f: getattr(ro, f)[a:b] for f in ("sequences", "attention_mask",
-                                       "completion_mask", "old_logps", "ref_logps", "advantages", "prompt_index")})
+                                       "completion_mask", "old_logps", "ref_logps", "advantages", "prompt_index",
+                                       "is_weights")})
             mets.append(tr.update(part, step))
         if real.is_main:
             import json
