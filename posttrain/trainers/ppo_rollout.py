@@ -16,6 +16,11 @@ Per rollout (N = prompts_per_step * num_generations rows, T completion tokens):
 The KL unit: ``kl_per_seq`` is sum_t KL_t over a sequence's real tokens, averaged over sequences (the unit of
 Ziegler's target of 6 nats, and of the adaptive controller here); ``kl`` is the per-token mean.
 
+Samples come from the trainer's rollout engine (``--engine``; ours by default), with the truncated-IS weights
+of pi_old against the engine's own log-probs (``trainers/engine_rollout.py``; exactly 1 with ours). Under
+``torchrun`` each rank samples its contiguous share of the step's prompts with its own stream, and the
+whitening and the metrics are the global batch's (``ppo_distributed.py``).
+
 Not handled: dynamic sampling (the critic's baseline gives a group of equal rewards a signal anyway),
 multi-turn masks (``gae`` handles holes, the sampler does not make them).
 """
