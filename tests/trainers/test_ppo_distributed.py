@@ -6,7 +6,8 @@ prompt's samples from the prompt and the step alone: the global batch is then th
 everything downstream (recomputed pi_old and V_old, reward whitening, GAE, advantage whitening over the global
 batch, token-mean normalisers, gradients of policy and critic, the adaptive beta, the target-KL stop) must
 match; and rank 0's checkpoint of the 2-process run, resumed in one process, ends as the uninterrupted run (the
-engine counts steps from the resumed step). The processes are spawned by the test (a ``file://`` rendezvous, no ports), as ``torchrun`` would.
+engine counts steps from the resumed step). The processes are spawned by the test (a ``file://`` rendezvous, no
+ports), as ``torchrun`` would.
 """
 
 import json
