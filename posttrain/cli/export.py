@@ -6,6 +6,12 @@ the char tokenizer as a WordLevel tokenizer.json); a Hugging Face model is writt
 ``--merge-lora`` the LoRA adapters are merged into full weights (needed for a GPT trained with LoRA, whose
 adapter names have no GPT-2 equivalent). The result loads with ``AutoModelForCausalLM.from_pretrained(DIR)``
 and ``AutoTokenizer.from_pretrained(DIR)``.
+
+A sharded checkpoint (``--fsdp``: a ``dcp/`` directory of per-rank shards, for resuming only) is consolidated by
+this one process, with no process group (``trainers/sharded.consolidate``): by default into a plain posttrain
+checkpoint (one ``model.safetensors`` with the tokenizer and state: what ``--init`` and ``eval`` read),
+or with ``--format hf`` into the Hugging Face layout as above. ``--format safetensors`` writes the plain
+checkpoint for any input (LoRA merged with ``--merge-lora``).
 """
 
 from __future__ import annotations
@@ -13,32 +19,46 @@ from __future__ import annotations
 from pathlib import Path
 
 NAME = "export"
-HELP = "export a checkpoint as a Hugging Face model directory (GPT -> GPT-2; --merge-lora merges adapters)"
+HELP = ("export a checkpoint as a Hugging Face model directory (GPT -> GPT-2; --merge-lora merges adapters), or "
+        "consolidate a sharded (--fsdp, DCP) checkpoint into one model.safetensors")
 
 
 def add_arguments(p):
     p.add_argument("checkpoint", help="checkpoint directory, run directory (its model/) or Hugging Face model directory")
-    p.add_argument("--format", choices=("hf",), default="hf", help="output format: hf (transformers' save_pretrained "
-                   "layout; default)")
+    p.add_argument("--format", choices=("hf", "safetensors"), default=None,
+                   help="output format: hf (transformers' save_pretrained layout; the default for a plain checkpoint) | "
+                        "safetensors (a plain posttrain checkpoint, one model.safetensors; the default for a sharded "
+                        "--fsdp checkpoint)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write (new or empty)")
     p.add_argument("--merge-lora", action="store_true", help="merge LoRA adapters into the weights (no adapter files)")
 
 
 def run(args) -> int:
+    from posttrain.errors import UserError
+    from posttrain.trainers.checkpoint import load_policy
+    from posttrain.trainers.sharded import is_sharded_checkpoint
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not an empty directory")
+    if is_sharded_checkpoint(args.checkpoint):
+        return _export_sharded(args, out)
+    ckpt = load_policy(args.checkpoint, role="export")
+    if args.format == "safetensors":
+        return _export_plain(ckpt, out, args.merge_lora)
+    return _export_hf(ckpt, out, args.merge_lora)
+
+
+def _export_hf(ckpt, out: Path, merge: bool) -> int:
     from posttrain.data.io import atomic_dir
     from posttrain.errors import UserError
     from posttrain.models.convert import gpt_to_hf_gpt2
     from posttrain.models.gpt import GPT
     from posttrain.models.loading import save_hf_model, save_tokenizer_for_transformers
     from posttrain.models.lora import has_lora, merge_lora
-    from posttrain.trainers.checkpoint import load_policy
 
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} exists and is not an empty directory")
-    ckpt = load_policy(args.checkpoint, role="export")
     model, tok = ckpt.model, ckpt.tokenizer
-    if args.merge_lora:
+    if merge:
         if not has_lora(model):
             raise UserError(f"--merge-lora: {ckpt.path} has no LoRA adapter")
         model = merge_lora(model)
@@ -56,3 +76,38 @@ def run(args) -> int:
     print(f"exported {ckpt.path} -> {out} ({model.config.model_type}, {kind}); load it with "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
     return 0
+
+
+def _export_plain(ckpt, out: Path, merge: bool) -> int:
+    from posttrain.errors import UserError
+    from posttrain.models.lora import has_lora, merge_lora
+    from posttrain.trainers.checkpoint import save_checkpoint
+
+    model = ckpt.model
+    if merge:
+        if not has_lora(model):
+            raise UserError(f"--merge-lora: {ckpt.path} has no LoRA adapter")
+        model = merge_lora(model)
+    state = {k: v for k, v in (ckpt.state or {}).items()}
+    save_checkpoint(out, model=model, tokenizer=ckpt.tokenizer, state={**state, "exported_from": str(ckpt.path)})
+    print(f"exported {ckpt.path} -> {out} (plain checkpoint: {out / 'model.safetensors'})")
+    return 0
+
+
+def _export_sharded(args, out: Path) -> int:
+    """A DCP checkpoint consolidated by this process: plain (default) or, through a temporary plain one, HF."""
+    import tempfile
+
+    from posttrain.errors import UserError
+    from posttrain.trainers.checkpoint import load_policy
+    from posttrain.trainers.sharded import consolidate
+
+    if args.merge_lora:
+        raise UserError(f"--merge-lora: {args.checkpoint} is a sharded checkpoint, and LoRA is not trained under --fsdp")
+    if args.format in (None, "safetensors"):
+        consolidate(args.checkpoint, out)
+        print(f"consolidated {args.checkpoint} -> {out} (one model.safetensors; the shards stay for resuming)")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="posttrain-export-") as tmp:
+        plain = consolidate(args.checkpoint, Path(tmp) / "plain")
+        return _export_hf(load_policy(plain, role="export"), out, merge=False)

@@ -23,6 +23,8 @@ from posttrain.generate import Generation, SamplingConfig, generate
 
 
 class NativeEngine:
+    matched = True  # its distribution is the trainer's: the trainers use IS weights of exactly 1
+
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int | None):
         self.model, self.pad_id, self.eos_id = model, pad_id, eos_id
 
@@ -49,6 +51,8 @@ class NativeEngine:
 
 
 class SkewedEngine(NativeEngine):
+    matched = False
+
     def __init__(self, model: torch.nn.Module, pad_id: int, eos_id: int | None, skew: float = 1.3):
         super().__init__(model, pad_id, eos_id)
         if not skew > 0:

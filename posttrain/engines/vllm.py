@@ -55,6 +55,8 @@ def _vllm():
 class VLLMEngine:
     """``LLM(model=model_dir)`` in this process, sharing the GPU with the trainer (``gpu_memory_utilization``)."""
 
+    matched = False  # its kernels (and bf16) differ from the trainer's: truncated IS corrects the gap
+
     def __init__(self, model_dir: str, *, pad_id: int, eos_id: int | None, gpu_memory_utilization: float = 0.3,
                  dtype: str = "bfloat16", seed: int = 0, max_model_len: int | None = None):
         vllm = _vllm()

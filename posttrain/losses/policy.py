@@ -164,6 +164,7 @@ def policy_loss(
     objective: str = "clip",
     objective_kwargs: dict | None = None,
     kl_bias_correction: bool = False,
+    is_weights: torch.Tensor | None = None,
 ):
     """Clipped policy-gradient loss; returns ``(loss, metrics)``.
 
@@ -176,6 +177,8 @@ def policy_loss(
     ``kl_estimator`` (k1/k2/k3); KL is reported whenever ``ref_logps`` is given, even with beta = 0.
     objective: a key of ``POLICY_OBJECTIVES`` (clip | cispo | sapo | vespo), its options in ``objective_kwargs``.
     kl_bias_correction: KL_t * ratio_t (TRL's use_bias_correction_kl; the reported ``kl`` is the corrected one, as TRL's).
+    is_weights (B, T): truncated importance weights pi_old / pi_sampler (:mod:`posttrain.losses.importance`),
+    constants multiplying the per-token policy term (not the KL or entropy terms, as TRL); None = no correction.
 
     Example: logps - old_logps = 1 (ratio = e), A = 1, eps = 0.2 -> clipped to 1.2 -> loss = -1.2, zero gradient.
     """
@@ -191,6 +194,8 @@ def policy_loss(
     lo, hi = _clip_range(clip_eps_low, clip_eps_high)
     pg_tok = POLICY_OBJECTIVES[objective](logps=logps, old_logps=old_logps, ratio=ratio, adv=adv, mask=mask, lo=lo, hi=hi,
                                           dual_clip=dual_clip, **opts)  # (B, T)
+    if is_weights is not None:
+        pg_tok = pg_tok * is_weights.detach().to(pg_tok.dtype)
     total_tok = pg_tok
     kl_tok = kl_estimate(logps, ref_logps.detach(), kl_estimator) if ref_logps is not None else None  # (B, T)
     if kl_tok is not None and kl_bias_correction:

@@ -46,6 +46,7 @@ def kl_penalty_policy_loss(
     max_len: int | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
+    is_weights: torch.Tensor | None = None,
 ):
     """PPO sec. 4: unclipped ``-r A + beta * KL(pi_old || pi)`` per token, aggregated like :func:`policy_loss`.
 
@@ -55,7 +56,7 @@ def kl_penalty_policy_loss(
     """
     norms = dict(num_seqs=num_seqs, num_tokens=num_tokens, max_len=max_len)
     loss, metrics = policy_loss(logps, old_logps, advantages, mask, clip_eps_low=None, agg=agg, entropy=entropy,
-                                entropy_coef=entropy_coef, **norms)
+                                entropy_coef=entropy_coef, is_weights=is_weights, **norms)
     kl_tok = kl_old_k3(logps, old_logps)  # (B, T)
     m = mask.to(logps.dtype)
     kl_loss = aggregate(beta * kl_tok, m, agg, **norms)

@@ -68,7 +68,7 @@ from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers import common, distributed
+from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     load_checkpoint,
@@ -114,6 +114,8 @@ class DPOConfig(TrainerConfig):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         resolve_loss(self.loss, self.loss_weights)  # names, weights, combinability
         check_loss_kwargs(self.loss, self.loss_kwargs)
+        if self.fsdp and self.lora_r > 0:
+            raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 
     # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
     model_path: str | None = model_path_knob()
@@ -123,6 +125,9 @@ class DPOConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
+    fsdp: bool = knob(False, "under torchrun: shard the policy's parameters, gradients and optimizer state over the "
+                             "processes (FSDP2; the reference, unless precomputed, stays whole on each); checkpoints are "
+                             "then sharded (DCP) and `posttrain export` consolidates them")
 
 
 PRESETS: dict[str, dict] = {
@@ -330,7 +335,9 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
 
     start_step, ckpt, loss_state = 0, None, None
     if resume:
-        ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo")
+        ckpt = (sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="dpo")  # --fsdp: weights come below
+                if sharded.is_sharded_checkpoint(run.resume_from) else
+                load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo"))
         policy, start_step = ckpt.model, ckpt.step
         common.check_resume_step(ckpt.path, start_step, cfg.steps)
         if ckpt.state.get("loss_state") is not None:
@@ -361,16 +368,21 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         if not unpaired:
             ref_model = None  # no longer needed: one forward pass per step
 
+    fsdp = cfg.fsdp and world.distributed
+    if fsdp:
+        sharded.shard_model(policy)  # in place; FSDP's own hooks reduce the gradients (no DDP wrapper)
     opt = common.make_optimizer(policy, cfg.lr, cfg.weight_decay)
     loss_gen = torch.Generator().manual_seed(cfg.seed)
-    if ckpt is not None:
+    if ckpt is not None and ckpt.optimizer_state is None:  # a sharded checkpoint (any world size): weights + Adam
+        sharded.load_sharded_checkpoint(ckpt.path, policy, opt)
+    elif ckpt is not None:
         opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state, {"loss": loss_gen})
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
     s = DPOState(cfg, run, policy, tokenizer, choice, beta, data, pair_info, ref_model, ref_table, evals, eval_window,
                  opt, loss_gen, loss_state, logger, CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step,
-                 NonFiniteGuard(cfg.nan_patience), world, distributed.wrap_ddp(policy, world))
+                 NonFiniteGuard(cfg.nan_patience), world, policy if fsdp else distributed.wrap_ddp(policy, world))
     print(f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
           f"model {common.n_params(policy) / 1e6:.2f}M params, reference {s.reference}, steps {start_step}->{cfg.steps}")
     return s
@@ -414,7 +426,14 @@ def _state(s: DPOState, step: int, extra: dict | None = None) -> dict:
 
 
 def save(s: DPOState, done: int, metrics: dict) -> None:
-    """A periodic checkpoint (with the loss's generator and state, for an exact resume); rank 0 writes it."""
+    """A periodic checkpoint (with the loss's generator and state, for an exact resume); rank 0 writes it, or,
+    under --fsdp, every rank its shards (trainers/sharded.py)."""
+    if sharded.is_sharded(s.policy):
+        sharded.save_sharded_checkpoint(s.manager.root / f"step-{done:08d}", s.policy, s.opt, s.tokenizer,
+                                        _state(s, done, {"metrics": metrics}), rng_state({"loss": s.loss_gen}), s.world)
+        if s.world.is_main:  # point checkpoints/latest at it and prune, as for a plain checkpoint
+            s.manager.save(done, save_fn=lambda d, **kw: d)
+        return
     if not s.world.is_main:
         return
     s.manager.save(done, model=s.policy, tokenizer=s.tokenizer, state=_state(s, done, {"metrics": metrics}),
@@ -428,11 +447,14 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
         last_eval = run_eval(s)
     if cfg.merge_lora:  # model/ with full weights, no adapter files
         s.policy = merge_lora(s.policy)
-    final = Path(out) / "model"
+    final, model, fsdp = Path(out) / "model", s.policy, sharded.is_sharded(s.policy)
+    if fsdp:  # model/ is published whole: gathered to rank 0 (on CPU)
+        full = sharded.full_model_state(model)
+        model = sharded.plain_copy(model, full) if s.world.is_main else model
     if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
-        save_checkpoint(final, model=s.policy, tokenizer=s.tokenizer,
+        save_checkpoint(final, model=model, tokenizer=s.tokenizer,
                         state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
-                        optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
+                        optimizer=None if fsdp else s.opt, rng_state=rng_state({"loss": s.loss_gen}))
     distributed.barrier(s.world)
     summary = {
         "trainer": "dpo", "loss": cfg.loss, "beta": s.beta, "steps": cfg.steps,

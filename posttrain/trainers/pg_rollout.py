@@ -9,7 +9,8 @@ reference log-probs, the optional KL-in-reward shaping and the advantage estimat
 Under ``torchrun`` each rank draws its own contiguous share of the step's prompts (whole groups) with its own
 sampling stream, and refills its own share.
 
-Not handled: asynchronous or off-policy rollouts, other rollout engines (posttrain/engines/ is not wired here yet).
+Samples come from the trainer's rollout engine (``--engine``; trainers/engine_rollout.py). Not handled: asynchronous or
+off-policy rollouts.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ import torch
 from posttrain.data.batches import batch_indices, stream_seed
 from posttrain.errors import UserError
 from posttrain.evaluation import encode_prompt
-from posttrain.generate import decode_completions, generate
+from posttrain.generate import decode_completions
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
 from posttrain.scoring import completion_logps
-from posttrain.trainers import distributed
+from posttrain.trainers import distributed, engine_rollout
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
@@ -55,6 +56,7 @@ class Rollout:
     prompt_index: torch.Tensor  # (N,) which prompt each row samples
     metrics: dict
     apply: bool = True  # False: no group had signal; the update only measures (no gradient, no optimizer step)
+    is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights (trainers/engine_rollout.py)
 
 
 def draw(tr, step: int, rnd: int):
@@ -67,8 +69,7 @@ def draw(tr, step: int, rnd: int):
         generator = round_generator(cfg.seed, step, rnd, rank=tr.world.rank)
     else:
         generator = step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd)
-    gen = generate(tr.model, [encode_prompt(tr.tokenizer, p.prompt) for p in problems],
-                   pad_id=tr.tokenizer.pad_id, eos_id=tr.tokenizer.eos_id, cfg=cfg.sampling, generator=generator)
+    gen = engine_rollout.sample(tr, [encode_prompt(tr.tokenizer, p.prompt) for p in problems], cfg.sampling, generator)
     texts = decode_completions(tr.tokenizer, gen)
     G = cfg.num_generations
     scores, hits = tr.data.score(tr.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)

@@ -46,6 +46,7 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.prompts import rl_data
+from posttrain.engines import build_engine, engine_knob
 from posttrain.errors import ConfigError, UserError
 from posttrain.generate import SamplingConfig
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
@@ -64,7 +65,7 @@ from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in
 from posttrain.rewards.registry import build_reward, parse_reward_spec, resolve_reward_spec
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers import common, distributed, pg_rollout
+from posttrain.trainers import common, distributed, engine_rollout, pg_rollout
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
@@ -190,6 +191,9 @@ class PolicyGradientConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
+    engine: str = engine_knob("engine")  # rollout engine and truncated IS (posttrain/engines/, trainers/engine_rollout.py)
+    tis_cap: float = engine_knob("tis_cap")
+    tis_level: str = engine_knob("tis_level")
 
 
 PRESETS: dict[str, dict] = {
@@ -247,6 +251,7 @@ class PolicyGradientTrainer:
                             tokenizer=self.tokenizer, model=self.model, max_new_tokens=cfg.max_new_tokens,
                             prompt_field=cfg.prompt_field, chat=self.chat, on_bad_line=cfg.on_bad_line)
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
+        self.engine = build_engine(cfg, self.model, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
         self.model.train()
         # the reference is the *initial* policy: from --init, or from the resumed run's own init
         self.ref_model = None
@@ -279,7 +284,7 @@ class PolicyGradientTrainer:
         return pg_rollout.draw(self, step, rnd)
 
     def rollout(self, step: int) -> Rollout:
-        return pg_rollout.rollout(self, step)
+        return engine_rollout.correct_rollout(self, pg_rollout.rollout(self, step))  # pi_old and TIS weights
 
     def annealed_terms(self, step: int):
         """What ``reward_anneal`` takes off the reward at ``step``: sum_k (1 - f) w_k r_k as a reward function
@@ -311,6 +316,7 @@ class PolicyGradientTrainer:
             beta=self.kl_ctl.value if cfg.kl_in == "loss" else 0.0, kl_estimator=cfg.kl_estimator, **norms,
             objective=cfg.objective, kl_bias_correction=cfg.kl_bias_correction,
             objective_kwargs={k: getattr(cfg, f"{cfg.objective}_{k}") for k in OBJECTIVE_OPTIONS[cfg.objective]},
+            is_weights=ro.is_weights[rows, :width] if ro.is_weights is not None else None,
         )
 
     def update(self, ro: Rollout, step: int) -> dict:

@@ -22,7 +22,10 @@ Shape (every trainer's, ``trainers/common.py``): :class:`PPOTrainer` ``__init__`
 is the loop. Everything random is a function of (seed, step), and the checkpoint holds the policy, the critic,
 both optimizers, beta and the RNG, so a resumed run ends bitwise equal to an uninterrupted one (tested).
 
-Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer.
+Under ``torchrun`` each rank trains on its share of every rollout with the global batch's statistics, so N
+processes make 1's update (``ppo_distributed.py``, tested); rollouts come from ``--engine`` with TIS weights.
+
+Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer, FSDP.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.prompts import rl_data
+from posttrain.engines import build_engine, engine_knob
 from posttrain.errors import ConfigError, UserError
 from posttrain.generate import SamplingConfig
 from posttrain.losses.kl import (
@@ -50,7 +54,7 @@ from posttrain.losses.kl import (
     PPOKLController,
     kl_controller_from_state,
 )
-from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss, value_loss
+from posttrain.losses.policy import merge_metrics, policy_loss, value_loss
 from posttrain.losses.ppo import kl_penalty_policy_loss
 from posttrain.models.gpt import GPT
 from posttrain.models.loading import model_path_knob, pad_token_knob
@@ -59,7 +63,7 @@ from posttrain.models.value import ValueHead, ValueModel
 from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward, parse_reward_spec
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers import common
+from posttrain.trainers import common, distributed, ppo_distributed
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     SNAPSHOT_OPTIMIZER,
@@ -167,6 +171,9 @@ class PPOConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
+    engine: str = engine_knob("engine")
+    tis_cap: float = engine_knob("tis_cap")
+    tis_level: str = engine_knob("tis_level")
 
     def __post_init__(self):
         check_fields(self)
@@ -219,6 +226,7 @@ class PPOTrainer:
                             "`posttrain sft`) or --model DIR")
         self.cfg = cfg
         common.set_threads(cfg.threads)
+        self.world = distributed.init()  # one process, or this rank under torchrun (ppo_distributed.py)
         self.run = common.open_run(cfg, self.TRAINER, resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
@@ -239,6 +247,7 @@ class PPOTrainer:
                             tokenizer=self.tokenizer, model=self.model, max_new_tokens=cfg.max_new_tokens,
                             prompt_field=cfg.prompt_field, chat=self.chat, on_bad_line=cfg.on_bad_line)
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
+        self.engine = build_engine(cfg, self.model, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
         self.model.train()
         # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
         self.ref_model = reference_model(self.model, lambda: common.frozen(copy.deepcopy(start))) if cfg.beta > 0 \
@@ -305,7 +314,8 @@ class PPOTrainer:
         w = lp.shape[1]
         mask = ro.completion_mask[rows, :w]
         old, adv = ro.old_logps[rows, :w], ro.advantages[rows, :w]
-        kw = dict(agg="token_mean", entropy=ent, entropy_coef=cfg.entropy_coef, **norms)
+        kw = dict(agg="token_mean", entropy=ent, entropy_coef=cfg.entropy_coef, **norms,
+                  is_weights=None if ro.is_weights is None else ro.is_weights[rows, :w])
         if cfg.policy_objective == "clip":
             pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=cfg.clip_eps, dual_clip=cfg.dual_clip, **kw)
         elif cfg.policy_objective == "kl_penalty":
@@ -324,27 +334,34 @@ class PPOTrainer:
         return list((self.shared_head if self.shared_head is not None else self.critic).parameters())
 
     def update(self, ro: PPORollout, step: int, train_policy: bool) -> dict:
-        """mu epochs x minibatches x grad_accum micro-batches; the target-KL stop; non-finite steps skipped."""
-        cfg = self.cfg
+        """mu epochs x minibatches x grad_accum micro-batches; the target-KL stop; non-finite steps skipped. Under
+        torchrun each rank runs its rows of every global minibatch (ppo_distributed.py): global normalisers,
+        gradients summed over ranks, every decision on the global metrics."""
+        cfg, w = self.cfg, self.world
         N = ro.sequences.shape[0]
+        offset, total = distributed.row_offsets(N, w)  # this rank's rows are [offset, offset + N) of the global batch
         parts, gnorms, cnorms, skipped, stopped, last_epoch = [], [], [], 0, False, []
         for epoch in range(cfg.mu):
-            order = epoch_order(cfg.seed, step, epoch, N, cfg.minibatches)
-            for mb in micro_batches(order, cfg.minibatches, cfg.grad_accum):
-                norms = batch_normalizers(ro.completion_mask[torch.cat(mb)])
+            order = epoch_order(cfg.seed, step, epoch, total, cfg.minibatches)
+            for mb in (micro_batches(order, cfg.minibatches, cfg.grad_accum) if not w.distributed else
+                       ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, N)):
+                norms = ppo_distributed.normalizers(ro.completion_mask[torch.cat(mb)] if mb else ro.completion_mask[:0], w)
                 mb_parts = []
                 for rows in mb:
                     loss, met = self._micro_loss(ro, rows, norms, train_policy)
                     loss.backward()
                     mb_parts.append(met)
-                met = merge_metrics(mb_parts)
+                met = ppo_distributed.minibatch_metrics(mb_parts, w)  # the global minibatch's, on every rank
                 if cfg.target_kl is not None and train_policy and met["approx_kl"] > cfg.target_kl:
                     self.opt.zero_grad(set_to_none=True)
                     self.critic_opt.zero_grad(set_to_none=True)
                     stopped = True
                     break
+                if train_policy:
+                    ppo_distributed.all_reduce_grads(self.model, w)
+                ppo_distributed.all_reduce_grads(self.shared_head if self.shared_head is not None else self.critic, w)
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip) if train_policy else 0.0
-                cnorm = _clip(self._params("critic"), cfg.grad_clip)
+                cnorm = ppo_distributed.clip_grad_norm(self._params("critic"), cfg.grad_clip)
                 if math.isfinite(met["loss"]) and math.isfinite(gnorm) and math.isfinite(cnorm):
                     if train_policy:
                         self.opt.step()
@@ -366,7 +383,7 @@ class PPOTrainer:
         for k in ("loss", "pg_loss", "value_loss", "entropy_loss"):
             if k in out:
                 out[k] /= n  # mean over optimizer steps
-        out["num_tokens"] = float(ro.completion_mask.sum())
+        out["num_tokens"] = distributed.global_sum(float(ro.completion_mask.sum()), w)
         out["grad_norm"] = max(gnorms) if gnorms and all(map(math.isfinite, gnorms)) else (0.0 if not gnorms else math.nan)
         out["critic_grad_norm"] = max(cnorms) if cnorms and all(map(math.isfinite, cnorms)) else math.nan
         out["skipped_updates"], out["optimizer_steps"] = skipped, len(parts)
@@ -392,7 +409,10 @@ class PPOTrainer:
         upd = self.update(ro, step, train_policy=not warm)
         metrics = {**ro.metrics, **upd, "beta": beta, "critic_warmup": int(warm), "lr": lr,
                    "time_update": time.perf_counter() - t1, "step_time": time.perf_counter() - t0}
-        self.kl_ctl.update(ro.metrics["kl_per_seq"], ro.sequences.shape[0])  # Ziegler: n = sequences in the batch
+        # Ziegler: n = sequences in the (global) batch; kl_per_seq is the global batch's, so beta is one on every rank
+        self.kl_ctl.update(ro.metrics["kl_per_seq"], int(distributed.global_sum(ro.sequences.shape[0], self.world)))
+        metrics.update(distributed.mean_metrics({k: v for k, v in metrics.items() if k.startswith("time_") or k == "step_time"},
+                                                self.world))  # the rest is the global batch's already: the times, rank means
         self.snapshot = watch_step(step + 1, metrics, self.alarms, self.collapse, self.model, self.opt, self.snapshot,
                                    reward=None if warm else metrics["reward_mean"])
         return metrics
@@ -417,7 +437,9 @@ class PPOTrainer:
             torch.save(self.snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
 
     def save(self, done: int, metrics: dict) -> None:
-        """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard."""
+        """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes)."""
+        if not self.world.is_main:
+            return
         self.manager.save(done, save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw), model=self.model,
                           tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
                           optimizer=self.opt, rng_state=rng_state())
@@ -430,10 +452,12 @@ class PPOTrainer:
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
-            final = save_with_extras(Path(self.out) / "model", lambda tmp: self._extras(tmp, with_snapshot=False),
-                                     model=self.model, tokenizer=self.tokenizer,
-                                     state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                                     optimizer=self.opt, rng_state=rng_state())
+            final = Path(self.out) / "model"
+            if self.world.is_main:
+                save_with_extras(final, lambda tmp: self._extras(tmp, with_snapshot=False), model=self.model,
+                                 tokenizer=self.tokenizer, state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
+                                 optimizer=self.opt, rng_state=rng_state())
+            distributed.barrier(self.world)
         summary = {
             "trainer": self.TRAINER, "policy_objective": cfg.policy_objective, "steps": final_step, "stopped_early": stopped,
             "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
@@ -480,15 +504,6 @@ class PPOTrainer:
         bar.close()
         self.logger.close()
         return self.finish(last_eval, initial, done if stopped else cfg.steps, stopped, t_start)
-
-
-def _clip(params: list, max_norm: float) -> float:
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return 0.0
-    if max_norm and max_norm > 0:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
 
 
 def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:

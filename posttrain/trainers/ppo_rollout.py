@@ -16,6 +16,11 @@ Per rollout (N = prompts_per_step * num_generations rows, T completion tokens):
 The KL unit: ``kl_per_seq`` is sum_t KL_t over a sequence's real tokens, averaged over sequences (the unit of
 Ziegler's target of 6 nats, and of the adaptive controller here); ``kl`` is the per-token mean.
 
+Samples come from the trainer's rollout engine (``--engine``; ours by default), with the truncated-IS weights
+of pi_old against the engine's own log-probs (``trainers/engine_rollout.py``; exactly 1 with ours). Under
+``torchrun`` each rank samples its contiguous share of the step's prompts with its own stream, and the
+whitening and the metrics are the global batch's (``ppo_distributed.py``).
+
 Not handled: dynamic sampling (the critic's baseline gives a group of equal rewards a signal anyway),
 multi-turn masks (``gae`` handles holes, the sampler does not make them).
 """
@@ -28,14 +33,15 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.evaluation import encode_prompt
-from posttrain.generate import decode_completions, generate
-from posttrain.losses.advantages import gae, masked_whiten_advantages, whiten_rewards
+from posttrain.generate import decode_completions
+from posttrain.losses.advantages import gae
 from posttrain.losses.kl import kl_estimate, kl_penalized_token_rewards
 from posttrain.losses.logprobs import token_entropy
-from posttrain.losses.ppo import advantage_metrics, value_metrics
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
 from posttrain.scoring import ConcatKVCache, completion_token_logps
+from posttrain.trainers import distributed, engine_rollout, ppo_distributed
+from posttrain.trainers.distributed import World
 
 
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
@@ -56,6 +62,7 @@ class PPORollout:
     advantages: torch.Tensor  # (N, T) GAE (whitened if asked), 0 on masked slots
     returns: torch.Tensor  # (N, T) value targets
     metrics: dict
+    is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights pi_old / pi_sampler (1 with our sampler)
 
 
 def epoch_order(seed: int, step: int, epoch: int, n: int, minibatches: int) -> torch.Tensor:
@@ -145,30 +152,47 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
     return old_lp, old_v, ref_lp
 
 
-def scores_of(cfg, rewards: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+def scores_of(cfg, rewards: torch.Tensor, truncated: torch.Tensor, w: World | None = None) -> torch.Tensor:
     """Sequence scores: the missing-EOS penalty replaces a truncated completion's reward, then the clip, then
-    optional whitening (scale only)."""
+    optional whitening (scale only; over the global batch under ``torchrun``)."""
     s = rewards.clone()
     if cfg.missing_eos_penalty is not None:
         s = torch.where(truncated, torch.full_like(s, cfg.missing_eos_penalty), s)
     if cfg.reward_clip is not None:
         s = s.clamp(-cfg.reward_clip, cfg.reward_clip)
     if cfg.whiten_rewards:
-        s = whiten_rewards(s)
+        s = ppo_distributed.scale_scores(s, w or World())
     return s
 
 
+def rank_generator(seed: int, step: int, rank: int) -> torch.Generator:
+    """The sampling stream of rank ``rank`` at ``step`` under several processes (each rank draws its own)."""
+    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 11 + 5) * 1_009 + rank)
+
+
+def first_epoch_micro(cfg, step: int, n: int, w: World) -> list[list[torch.Tensor]]:
+    """This rank's epoch-0 micro-batches (local rows), cut from the global row order as the update will cut them."""
+    offset, total = distributed.row_offsets(n, w)
+    order = epoch_order(cfg.seed, step, 0, total, cfg.minibatches)
+    if not w.distributed:
+        return micro_batches(order, cfg.minibatches, cfg.grad_accum)
+    return ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, n)
+
+
 def make_rollout(trainer, step: int) -> PPORollout:
-    """Sample prompts_per_step x num_generations completions, score them, and build advantages and returns."""
+    """Sample prompts_per_step x num_generations completions, score them, and build advantages and returns
+    (under ``torchrun``: this rank's share of the prompts, with the global batch's statistics)."""
     from posttrain.data.batches import batch_indices
 
     cfg = trainer.cfg
+    w = getattr(trainer, "world", None) or World()
     t0 = time.perf_counter()
     idx = batch_indices(len(trainer.prompts), cfg.prompts_per_step, step, cfg.seed + 29)
+    idx = distributed.shard(idx, w)  # this rank's prompts (all of them on one process)
     problems = [trainer.prompts[i] for i in idx.tolist()]
     tok = trainer.tokenizer
-    gen = generate(trainer.model, [encode_prompt(tok, p.prompt) for p in problems], pad_id=tok.pad_id, eos_id=tok.eos_id,
-                   cfg=cfg.sampling, generator=step_generator(cfg.seed, step))
+    generator = rank_generator(cfg.seed, step, w.rank) if w.distributed else step_generator(cfg.seed, step)
+    gen = engine_rollout.sample(trainer, [encode_prompt(tok, p.prompt) for p in problems], cfg.sampling, generator)
     texts = decode_completions(tok, gen)
     G = cfg.num_generations
     t1 = time.perf_counter()
@@ -181,10 +205,9 @@ def make_rollout(trainer, step: int) -> PPORollout:
     correct = torch.tensor(hits, dtype=torch.float32)
     t2 = time.perf_counter()
     N = rewards.numel()
-    first_epoch = micro_batches(epoch_order(cfg.seed, step, 0, N, cfg.minibatches), cfg.minibatches, cfg.grad_accum)
-    old_lp, old_v, ref_lp = recompute(trainer, gen, first_epoch)
+    old_lp, old_v, ref_lp = recompute(trainer, gen, first_epoch_micro(cfg, step, N, w))
     mask = gen.completion_mask
-    scores = scores_of(cfg, rewards, gen.truncated)
+    scores = scores_of(cfg, rewards, gen.truncated, w)
     beta = trainer.kl_ctl.value
     if ref_lp is not None:
         token_rewards = kl_penalized_token_rewards(scores, old_lp, ref_lp, mask, beta, cfg.kl_estimator)
@@ -193,17 +216,16 @@ def make_rollout(trainer, step: int) -> PPORollout:
         token_rewards = kl_penalized_token_rewards(scores, old_lp, old_lp, mask, 0.0, "k1")
         kl_tok = torch.zeros_like(old_lp)
     adv, ret = gae(token_rewards, old_v, mask, cfg.gamma, cfg.lam, cfg.critic_lam)
-    metrics = {
-        "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
-        "score_mean": scores.mean().item(), "accuracy": correct.mean().item(),
-        "completion_length": mask.sum(-1).float().mean().item(), "truncated_frac": gen.truncated.float().mean().item(),
-        "kl": (kl_tok.sum() / mask.sum().clamp_min(1)).item(), "kl_per_seq": kl_tok.sum(-1).mean().item(),
-        "kl_penalty_mean": (beta * kl_tok.sum(-1)).mean().item(),
-        "time_generate": t1 - t0, "time_score": t2 - t1, "time_recompute": time.perf_counter() - t2,
-    }
-    metrics.update(value_metrics(old_v, ret, mask))
-    metrics.update(advantage_metrics(adv, mask))  # before whitening: the scale the critic leaves
+    metrics = ppo_distributed.rollout_metrics(w, rewards=rewards, scores=scores, correct=correct, mask=mask,
+                                              truncated=gen.truncated, kl_tok=kl_tok, beta=beta, old_v=old_v, ret=ret,
+                                              adv=adv)  # advantages before whitening: the scale the critic leaves
+    is_w, is_stats = engine_rollout.ppo_is_weights(trainer, old_lp, gen.logps, mask)
+    if w.distributed:  # token-weighted means, min and max over every rank's tokens
+        is_stats = ppo_distributed.minibatch_metrics([{**is_stats, "num_tokens": float(mask.sum())}], w)
+        is_stats.pop("num_tokens")
+    metrics.update(is_stats)
+    metrics.update(time_generate=t1 - t0, time_score=t2 - t1, time_recompute=time.perf_counter() - t2)
     if cfg.whiten_advantages:
-        adv = masked_whiten_advantages(adv, mask)
+        adv = ppo_distributed.whiten_advantages(adv, mask, w)
     return PPORollout(gen.sequences, gen.attention_mask, mask, gen.prompt_length, gen.prompt_index, old_lp, old_v, adv, ret,
-                      metrics)
+                      metrics, is_w)

@@ -128,6 +128,17 @@ def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_
     for k in ref:
         torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
     assert load_checkpoint(plain).step == 2
+    # `posttrain export` of the shards (one process): the consolidated weights, as a plain checkpoint or as HF
+    from posttrain.cli import main
+    from posttrain.models.convert import gpt2_named_tensors
+    assert main(["export", str(step2), "--out", str(tmp_path / "exported")]) == 0
+    exported = load_file(tmp_path / "exported" / "model.safetensors")
+    assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
+    assert main(["export", str(step2), "--format", "hf", "--out", str(tmp_path / "hf")]) == 0
+    hf = load_file(tmp_path / "hf" / "model.safetensors")
+    named = dict(gpt2_named_tensors(load_checkpoint(plain).model))
+    assert set(named) - set(hf) <= {"lm_head.weight"}  # GPT-2 ties lm_head to wte (saved once)
+    assert all(torch.equal(hf[k], named[k].contiguous()) for k in hf)
     # resumed at another world size (1 process, unsharded) from the 2-process shards: ends as the 1-process run
     import shutil
     resumed = tmp_path / "resumed"
@@ -147,18 +158,26 @@ DPO_SCRIPT = textwrap.dedent("""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if world > 1:
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    fsdp = len(sys.argv) > 7 and sys.argv[7] == "fsdp"
     train_dpo(DPOConfig(out=out, init=init, loss=sys.argv[6], steps=3, batch_size=6, lr=1e-3, warmup_steps=1,
-                        eval_every=0, save_every=0, progress=False, max_new_tokens=4,
-                        pairs=PairDataConfig(num_prompts=48, gold_chosen=True)))
+                        eval_every=0, save_every=2, progress=False, max_new_tokens=4, fsdp=fsdp,
+                        pairs=PairDataConfig(num_prompts=48, gold_chosen=True)),
+              resume=sys.argv[8] if len(sys.argv) > 8 else None)
     if world > 1:
         dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
 """)
 
 
-def test_two_process_dpo_equals_one_process(tmp_path, one):
+@pytest.fixture(scope="module")
+def dpo_one(tmp_path_factory, one):
+    """The DPO oracle: 3 steps in one process (shared by the DDP and FSDP tests)."""
+    return _run_script(DPO_SCRIPT, tmp_path_factory.mktemp("dpo1"), 1, "dpo1", str(one / "model"), "rpo")
+
+
+def test_two_process_dpo_equals_one_process(tmp_path, one, dpo_one):
     init = str(one / "model")
-    a = _run_script(DPO_SCRIPT, tmp_path, 1, "dpo1", init, "rpo")
+    a = dpo_one
     b = _run_script(DPO_SCRIPT, tmp_path, 2, "dpo2", init, "rpo")
     assert (a / "pairs.jsonl").read_bytes() == (b / "pairs.jsonl").read_bytes()  # sampled once, by rank 0
     wa, wb = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
@@ -168,6 +187,34 @@ def test_two_process_dpo_equals_one_process(tmp_path, one):
     mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
     for r1, r2 in zip(ma, mb):
         assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+
+
+def test_fsdp_dpo_two_processes_equal_one_and_resume_in_one_process(tmp_path, one, dpo_one):
+    from posttrain.trainers.sharded import consolidate
+
+    init = str(one / "model")
+    two = _run_script(DPO_SCRIPT, tmp_path, 2, "dpo_fsdp", init, "rpo", "fsdp")
+    step2 = two / "checkpoints" / "step-00000002"
+    assert (step2 / "dcp").is_dir() and not (step2 / "model.safetensors").exists()  # sharded, for resume only
+    got = load_file(consolidate(step2, tmp_path / "c") / "model.safetensors")
+    ref = load_file(dpo_one / "checkpoints" / "step-00000002" / "model.safetensors")
+    wa, wb = load_file(dpo_one / "model" / "model.safetensors"), load_file(two / "model" / "model.safetensors")
+    for k in wa:  # model/ gathered from the shards, and the step-2 shards, equal the 1-process run's
+        torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
+        torch.testing.assert_close(got[k], ref[k], atol=1e-5, rtol=1e-5, msg=k)
+    ma = [json.loads(x) for x in (dpo_one / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
+    for r1, r2 in zip(ma, mb):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+    # resumed in one process (unsharded) from the 2-process shards of step 2: ends as the uninterrupted run
+    import shutil
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "model")  # written again by the resumed run
+    _run_script(DPO_SCRIPT, tmp_path, 1, "resumed", init, "rpo", "plain", str(resumed / "checkpoints" / "step-00000002"))
+    wc = load_file(resumed / "model" / "model.safetensors")
+    for k in wa:
+        torch.testing.assert_close(wc[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
 
 
 def test_batch_coupled_losses_refuse_several_processes(tmp_path, one):
@@ -207,7 +254,8 @@ PG_SCRIPT = textwrap.dedent("""
                                                                   generator=torch.Generator().manual_seed(step)))
             a, b = shard_bounds(ro.sequences.shape[0], real)
             part = dataclasses.replace(ro, **{f: getattr(ro, f)[a:b] for f in ("sequences", "attention_mask",
-                                       "completion_mask", "old_logps", "ref_logps", "advantages", "prompt_index")})
+                                       "completion_mask", "old_logps", "ref_logps", "advantages", "prompt_index",
+                                       "is_weights")})
             mets.append(tr.update(part, step))
         if real.is_main:
             import json
