@@ -151,8 +151,8 @@ def test_cli_report_compares_two_runs_and_errors_are_one_line(run, tmp_path, cap
                                               f"(is {tmp_path} a `posttrain pipeline` output directory?)"
     assert main(["pipeline", "--out", str(tmp_path / "x"), "--hf-model", "some/dir", "--explain"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("posttrain pipeline: error: hf_model='some/dir': a Hugging Face model in the pipeline is not "
-                          "yet wired") and err.count("\n") == 1
+    assert err == "posttrain pipeline: error: hf_model='some/dir': not a directory (a local Hugging Face model " \
+                  "directory, as save_pretrained writes it)\n"
 
 
 def test_example_config_parses():
