@@ -192,8 +192,8 @@ def run_tokenizer(ctx, out: Path) -> dict:
         s = tokenizer_stats(tok, texts)
         s["kind"] = "hf_model"
         s["note"] = (f"No tokenizer trained: hf_model = {ctx.cfg.hf_model}, so every stage uses that model's own "
-                     f"tokenizer (its files travel in each checkpoint); [tokenizer] settings are ignored. The numbers "
-                     f"below are that tokenizer's on the deduplicated corpus.")
+                     f"tokenizer (its files travel in each checkpoint); [tokenizer] settings are ignored. The table "
+                     f"gives that tokenizer's numbers on the deduplicated corpus.")
         atomic_write_json(out / "summary.json", s)
         return s
     if cfg.kind == "char":

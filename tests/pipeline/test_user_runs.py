@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 tf = pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # one shared micro run (~10 s on a busy 2-core machine) and one without user files
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the suite runs with --import-mode=importlib
 from _hfdirs import make_model_dir  # noqa: E402
@@ -151,3 +152,14 @@ def test_config_mistakes_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError) as e:
         build_config(PipelineConfig, PRESETS["micro"], overrides=overrides)
     assert str(e.value) == message
+
+
+def test_an_hf_model_on_the_embedded_default_runs_every_training_stage(user_run, tmp_path):
+    cfg = build_config(PipelineConfig, PRESETS["micro"], overrides={"hf_model": str(user_run["model"])})
+    result = run_pipeline(cfg, tmp_path / "run", quiet=True, skip=("sft_raw", "report"))
+    assert {k for k, v in result["stages"].items() if v["status"] == "ran"} == {
+        "dedup", "tokenizer", "sft", "rm", "dpo", "grpo", "ppo", "eval"}
+    assert {m: r["n"] for m, r in result["heldout"].items()} == {
+        m: cfg.task.num_eval for m in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo")}
+    for stage in ("sft", "dpo", "grpo", "ppo"):  # each a Hugging Face directory transformers opens
+        assert tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / stage / "model").config.n_embd == 32, stage
