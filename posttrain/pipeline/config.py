@@ -6,22 +6,31 @@ fills in what it owns in each trainer config: ``out``, ``init``, ``data``, ``tok
 ``threads``, ``progress`` and the shared ``task`` (every stage evaluates on the same held-out prompts).
 
 Users' own data: ``corpus_file`` (JSONL; records with ``prompt`` and ``answer`` are demonstrations, every
-record's ``text`` feeds dedup and the tokenizer), ``eval_file`` (JSONL of {prompt, answer}: the contamination
-check, SFT/DPO evaluation and the eval stage), ``dpo.data`` (a preference file), ``grpo.reward`` (a
-reward spec: built-in names or ``pkg.module:function``). ``hf_model`` is declared but not wired yet.
+record's ``text`` feeds dedup and the tokenizer), ``eval_file`` (JSONL of {prompt, answer, ...}: the
+contamination check, SFT/DPO/GRPO/PPO evaluation and the eval stage), ``prompts_file`` (RL prompts of the grpo
+and ppo stages, with the columns the reward reads; default with a user corpus or eval file: the kept
+demonstrations' prompts), ``reward`` (the grpo/ppo reward spec, built-in names or ``pkg.module:function``; its
+first term decides correctness in the eval stage too), ``preference_file`` (pairs the rm and dpo stages train on
+instead of on-policy pairs; ``preference_eval_file`` the rm stage's held-out pairs), ``hf_model`` (a local Hugging Face model directory: SFT starts from it through its
+``model_path``, every later stage from that SFT checkpoint, and the tokenizer stage only measures the model's own
+tokenizer on the corpus; ``pad_token`` for a tokenizer without one). Each stage's section can still set its own
+``data``; the files' bytes (and the model directory's) enter the stage keys, never their paths.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
-from posttrain.config import check_fields, knob
+from posttrain.config import _merge, build_config, check_fields, knob
 from posttrain.data.dedup.run import DedupConfig
 from posttrain.errors import ConfigError
 from posttrain.pipeline.corpus import CorpusConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.dpo import DPOConfig
 from posttrain.trainers.policy_gradient import PolicyGradientConfig
+from posttrain.trainers.reward import RECIPE as RM_RECIPE
 from posttrain.trainers.reward import RMConfig
 from posttrain.trainers.sft import SFTConfig
 
@@ -49,11 +58,20 @@ class EvalStageConfig:
         check_fields(self, "eval.")
 
 
+# near duplicates of the embedded corpus sit at Jaccard 0.78-0.95: a 0.7 threshold catches them with LSH recall
+# ~1 while unrelated paragraphs (~0.15) never become candidates
+DEDUP_DEFAULTS: dict = {"threshold": 0.7, "id_field": "id", "contamination_field": "text", "drop_contaminated": True,
+                        "workers": 1, "progress": False}
+
+
 def _dedup_default() -> DedupConfig:
-    # near duplicates of the embedded corpus sit at Jaccard 0.78-0.95: a 0.7 threshold catches them with
-    # LSH recall ~1 while unrelated paragraphs (~0.15) never become candidates
-    return DedupConfig(threshold=0.7, id_field="id", contamination_field="text", drop_contaminated=True,
-                       workers=1, progress=False)
+    return DedupConfig(**DEDUP_DEFAULTS)
+
+
+def _rm_default() -> RMConfig:
+    # the RM recipe of `posttrain rm --preset tiny` (0.921 +- 0.023 held-out pairwise accuracy, docs/rm.md), not
+    # RMConfig's short `classic` field defaults (~0.6 here, too weak for best-of-N to beat SFT)
+    return build_config(RMConfig, RM_RECIPE)
 
 
 @dataclass
@@ -68,13 +86,27 @@ class PipelineConfig:
     corpus_file: str | None = knob(None, "your JSONL corpus instead of the embedded one ({text}; {prompt, answer} "
                                          "records are SFT demonstrations)")
     eval_file: str | None = knob(None, "your JSONL of held-out {prompt, answer} (default: the task's held-out set)")
-    hf_model: str | None = knob(None, "a Hugging Face model directory instead of the tiny GPT (not yet wired)")
+    prompts_file: str | None = knob(None, "your JSONL/Parquet of RL prompts for the grpo and ppo stages ({prompt} and "
+                                          "the columns the reward reads, e.g. answer; default with corpus_file or "
+                                          "eval_file: the kept demonstrations' prompts)")
+    reward: str | None = knob(None, "reward spec of the grpo and ppo stages and of the eval stage's correctness "
+                                    "(built-in names or pkg.module:function, weighted; the first term >= 1 is "
+                                    "correct); None = exact match (grpo: its own default spec)")
+    preference_file: str | None = knob(None, "your JSONL of {prompt, chosen, rejected[, margin]} pairs: the rm and "
+                                             "dpo stages train on it instead of pairs sampled from the SFT model")
+    preference_eval_file: str | None = knob(None, "held-out pairs (same format) the rm stage's pairwise accuracy is "
+                                                  "measured on; needed with preference_file")
+    hf_model: str | None = knob(None, "a local Hugging Face model directory (config.json, *.safetensors, tokenizer "
+                                      "files) instead of the tiny GPT: SFT starts from it, every stage uses its "
+                                      "tokenizer (no tokenizer is trained)")
+    pad_token: str | None = knob(None, "with hf_model: the pad token, for a tokenizer that has none")
     corpus: CorpusConfig = knob(factory=CorpusConfig, help="the embedded corpus")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="the embedded task (every stage shares it)")
     dedup: DedupConfig = knob(factory=_dedup_default, help="dedup stage")
     tokenizer: TokenizerStageConfig = knob(factory=TokenizerStageConfig, help="tokenizer stage")
     sft: SFTConfig = knob(factory=SFTConfig, help="SFT stage (and the raw-corpus SFT)")
-    rm: RMConfig = knob(factory=RMConfig, help="reward-model stage")
+    rm: RMConfig = knob(factory=_rm_default, help="reward-model stage (default: the recipe of `posttrain rm --preset "
+                                                  "tiny`)")
     dpo: DPOConfig = knob(factory=DPOConfig, help="DPO stage")
     grpo: PolicyGradientConfig = knob(factory=PolicyGradientConfig, help="GRPO stage")
     ppo: dict = knob(factory=dict, help="PPO stage: PPOConfig fields (posttrain.trainers.ppo), when installed")
@@ -82,18 +114,34 @@ class PipelineConfig:
 
     def __post_init__(self):
         check_fields(self)
-        if self.hf_model:
-            raise ConfigError(f"hf_model={self.hf_model!r}: a Hugging Face model in the pipeline is not yet wired "
-                              f"(the sft/rm/dpo/grpo stages train the tiny GPT); remove hf_model")
+        if self.hf_model and not Path(self.hf_model).is_dir():
+            raise ConfigError(f"hf_model={self.hf_model!r}: not a directory (a local Hugging Face model directory, "
+                              f"as save_pretrained writes it)")
+        if bool(self.preference_file) != bool(self.preference_eval_file):
+            raise ConfigError("preference_file and preference_eval_file go together: the rm stage trains on the first "
+                              "and measures held-out pairwise accuracy on the second")
+        if self.pad_token and not self.hf_model:
+            raise ConfigError("pad_token is for an hf_model's tokenizer; set hf_model or remove pad_token")
+        if self.reward:
+            default = PolicyGradientConfig.__dataclass_fields__["reward"].default
+            for section, spec in (("grpo", self.grpo.reward if self.grpo.reward != default else None),
+                                  ("ppo", self.ppo.get("reward"))):
+                if spec is not None and spec != self.reward:
+                    raise ConfigError(f"reward={self.reward!r} and {section}.reward={spec!r}: the top-level reward is "
+                                      f"the grpo and ppo stages' reward; set one of them")
         if self.tokenizer.kind == "byte-bpe" and self.tokenizer.vocab_size < 259:
             raise ConfigError(f"tokenizer.vocab_size={self.tokenizer.vocab_size}: byte-bpe needs >= 259 "
                               f"(256 bytes + 3 special tokens)")
 
 
 _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
+# The presets carry the sections whose pipeline defaults differ from the stage config's own field defaults, so that
+# a [dedup] or [rm] section of a --config file changes only the fields it names (a section is built from the
+# preset's dict merged with the file's, not from the field's default factory).
+_TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_RECIPE}
 PRESETS: dict[str, dict] = {
-    "tiny": {},  # every trainer's own tiny defaults: what `make demo` runs
-    "micro": {  # every stage in seconds on one thread: CI
+    "tiny": _TINY,  # every trainer's own tiny preset (the RM's recipe included): what `make demo` runs
+    "micro": _merge(json.loads(json.dumps(_TINY)), {  # every stage in seconds on one thread: CI
         "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
         "task": {"num_demos": 48, "num_eval": 32},
         "tokenizer": {"vocab_size": 300},
@@ -107,5 +155,5 @@ PRESETS: dict[str, dict] = {
                  "max_sample_rounds": 1},
         "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
         "eval": {"samples": 4},
-    },
+    }),
 }

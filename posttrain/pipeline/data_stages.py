@@ -172,13 +172,30 @@ def tokenizer_stats(tok, texts: list[str]) -> dict:
             "tokens_per_word": n_tokens / max(n_words, 1), "bytes_per_token": n_bytes / max(n_tokens, 1),
             "tokens_per_word_histogram": {str(k): v for k, v in sorted(per_word.items())},
             "digits_single_tokens": digits_ok,
-            "example": {"text": "Q: 37+48= A: 85", "tokens": tok.tokenize("Q: 37+48= A: 85")}}
+            "example": {"text": "Q: 37+48= A: 85", "tokens": _tokens(tok, "Q: 37+48= A: 85")}}
+
+
+def _tokens(tok, text: str) -> list[str]:
+    if hasattr(tok, "tokenize"):
+        return tok.tokenize(text)
+    return [tok.decode([i], skip_special_tokens=False) for i in tok.encode(text)]  # a model's own tokenizer
 
 
 def run_tokenizer(ctx, out: Path) -> dict:
     cfg = ctx.cfg.tokenizer
     texts = [json.loads(line)["text"] for line in (ctx.dir("dedup") / "kept.jsonl").open(encoding="utf-8")]
     out.mkdir(parents=True, exist_ok=True)
+    if ctx.cfg.hf_model:  # no tokenizer is trained: the model's own is used by every stage (it travels in checkpoints)
+        from posttrain.models.loading import load_model_tokenizer
+
+        tok = load_model_tokenizer(ctx.cfg.hf_model, pad_token=ctx.cfg.pad_token)
+        s = tokenizer_stats(tok, texts)
+        s["kind"] = "hf_model"
+        s["note"] = (f"No tokenizer trained: hf_model = {ctx.cfg.hf_model}, so every stage uses that model's own "
+                     f"tokenizer (its files travel in each checkpoint); [tokenizer] settings are ignored. The table "
+                     f"gives that tokenizer's numbers on the deduplicated corpus.")
+        atomic_write_json(out / "summary.json", s)
+        return s
     if cfg.kind == "char":
         from posttrain.tokenizers.char import CharTokenizer
 

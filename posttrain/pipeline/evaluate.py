@@ -11,6 +11,9 @@ one: ``(1/n) sum_i [verify(y_i,argmax_j r(x_i, y_ij), a_i)]`` (ties: the first s
 of correct and incorrect samples are kept for the report's histogram. Samples come from one generator
 seeded by (seed, checkpoint name), so a re-run gives the same numbers.
 
+Correct is exact match against the ``answer`` column, or, with the pipeline's ``reward`` spec, that spec's first
+term scoring >= 1 on the completion and the held-out record's columns (as GRPO/PPO count it on user files).
+
 On the embedded corpus the raw-corpus SFT is also scored on the leaked items and on the rest separately:
 the difference is what contamination inflates.
 """
@@ -33,8 +36,35 @@ from posttrain.tasks.arithmetic import verify as exact_verify
 
 def heldout_pairs(ctx) -> list[tuple[str, str]]:
     if ctx.cfg.eval_file:
-        return [(r["prompt"], r["answer"]) for _, r in iter_jsonl(ctx.dir("dedup") / "eval.jsonl")]
+        return [(r["prompt"], _Row(r)) for _, r in iter_jsonl(ctx.dir("dedup") / "eval.jsonl")]
     return [(p.prompt, p.answer) for p in ArithmeticTask(ctx.cfg.task).eval_problems()]
+
+
+class _Row(str):
+    """A held-out answer that carries its record's other columns (for a user reward spec's verifier)."""
+
+    def __new__(cls, rec: dict):
+        s = super().__new__(cls, str(rec.get("answer", "")))
+        s.prompt, s.columns = rec["prompt"], {k: v for k, v in rec.items() if k != "prompt"}
+        return s
+
+
+def make_verifier(spec: str | None):
+    """(completion, answer) -> correct: exact match, or with a reward ``spec`` its first term scoring >= 1 on the
+    completion with the record's columns (what the grpo/ppo trainers call correct on user prompt files)."""
+    if not spec:
+        return exact_verify
+    from posttrain.rewards.registry import build_reward
+
+    fn = build_reward(spec)
+    first = next(iter(fn.terms))
+
+    def verify(completion: str, answer) -> bool:
+        cols = getattr(answer, "columns", None) or {"answer": str(answer)}
+        _, parts = fn.components([getattr(answer, "prompt", "")], [completion], **{k: [v] for k, v in cols.items()})
+        return parts[first][0] >= 1.0 - 1e-9
+
+    return verify
 
 
 @torch.no_grad()
@@ -53,15 +83,17 @@ def sample_k(model, tok, prompts: list[str], k: int, temperature: float, max_new
     return out
 
 
-def evaluate_policy(path: Path, pairs, k: int, temperature: float, max_new_tokens: int, seed: int) -> dict:
+def evaluate_policy(path: Path, pairs, k: int, temperature: float, max_new_tokens: int, seed: int,
+                    verifier=exact_verify) -> dict:
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
 
     ckpt = load_checkpoint(path, accept_kinds=POLICY, role="pipeline eval")
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
-    greedy = evaluate(model, tok, prompts, answers, max_new_tokens=max_new_tokens, keep_samples=len(prompts))
+    greedy = evaluate(model, tok, prompts, answers, max_new_tokens=max_new_tokens, keep_samples=len(prompts),
+                      verifier=verifier)
     samples = sample_k(model, tok, prompts, k, temperature, max_new_tokens, seed)
-    correct = [[exact_verify(c, a) for c in row] for row, a in zip(samples, answers)]
+    correct = [[bool(verifier(c, a)) for c in row] for row, a in zip(samples, answers)]
     n = len(pairs)
     return {"greedy_accuracy": greedy.accuracy, "pass@1": sum(map(sum, correct)) / (n * k),
             "pass@k": sum(any(r) for r in correct) / n, "n": n, "k": k,
@@ -93,11 +125,12 @@ def run_eval_stage(ctx, out: Path) -> dict:
     pairs = heldout_pairs(ctx)
     out.mkdir(parents=True, exist_ok=True)
     results, details = {}, {}
+    verifier = make_verifier(cfg.reward)
     for name in POLICY_STAGES:
         if name not in ctx.done or not ctx.model(name).is_dir():
             continue
         seed = zlib.crc32(f"{cfg.seed}:{name}".encode())
-        r = evaluate_policy(ctx.model(name), pairs, e.samples, e.temperature, e.max_new_tokens, seed)
+        r = evaluate_policy(ctx.model(name), pairs, e.samples, e.temperature, e.max_new_tokens, seed, verifier)
         details[name] = r
         results[name] = {k: r[k] for k in ("greedy_accuracy", "pass@1", "pass@k", "n", "k")}
         if not ctx.quiet:

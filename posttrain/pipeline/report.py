@@ -149,11 +149,16 @@ def _extra(ctx, name: str, s: dict, figs: Path) -> list[tuple]:
         if img:
             b.append(("img", img, "LSH S-curve"))
     elif name == "tokenizer" and s.get("example"):
+        if s.get("note"):
+            b.append(("p", s["note"]))
         b.append(("p", f"'{s['example']['text']}' -> {' '.join(s['example']['tokens'])}  ({s['tokens']} tokens for "
                        f"{s['words']} words, {s['bytes']} bytes)"))
         img = plots.tokens_per_word(s, figs)
         if img:
             b.append(("img", img, "tokens per word"))
+    elif name == "sft" and ctx.cfg.hf_model:
+        b.append(("p", f"Started from the Hugging Face model {ctx.cfg.hf_model} (model_path; its own tokenizer, "
+                       f"[sft.model] ignored); rm, dpo, grpo and ppo start from this SFT checkpoint."))
     elif name == "sft_raw":
         c = (ctx.summary("eval") or {}).get("contamination")
         if c:

@@ -45,6 +45,21 @@ def _run_tokenizer(ctx, cfg, out, resume):
     return data_stages.run_tokenizer(ctx, out)
 
 
+def _tokenizer_config(ctx):
+    if ctx.cfg.hf_model:
+        return {"kind": "hf_model", "pad_token": ctx.cfg.pad_token}
+    return ctx.cfg.tokenizer
+
+
+def _tokenizer_inputs(ctx):
+    out = {"corpus": ctx.dir("dedup") / "kept.jsonl"}
+    if ctx.cfg.hf_model:
+        from posttrain.models.loading import TOKENIZER_FILES
+
+        out.update({f"hf_model.{f}": Path(ctx.cfg.hf_model) / f for f in TOKENIZER_FILES})  # missing ones drop out
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # trainer stages
 
@@ -61,17 +76,25 @@ def _owned(ctx, stage: str, base, **fixed):
 
 
 def _tokenizer_path(ctx) -> str | None:
-    return str(ctx.dir("tokenizer") / "tokenizer.json") if ctx.cfg.tokenizer.kind != "char" else None
+    if ctx.cfg.hf_model or ctx.cfg.tokenizer.kind == "char":
+        return None  # hf_model: the model's own tokenizer; char: the task's (the SFT trainer's default)
+    return str(ctx.dir("tokenizer") / "tokenizer.json")
 
 
 def _eval_file(ctx) -> str | None:
     return str(ctx.dir("dedup") / "eval.jsonl") if ctx.cfg.eval_file else None
 
 
+def _hf(ctx) -> dict:
+    """With ``hf_model``: SFT starts from it (``model_path``); every stage reads its tokenizer with ``pad_token``."""
+    return {"pad_token": ctx.cfg.pad_token} if ctx.cfg.hf_model else {}
+
+
 def _sft_config(data_name: str, stage: str):
     def config(ctx):
+        start = {"model_path": ctx.cfg.hf_model} if ctx.cfg.hf_model else {}
         return _owned(ctx, stage, ctx.cfg.sft, data=str(ctx.dir("dedup") / data_name), tokenizer=_tokenizer_path(ctx),
-                      eval_data=_eval_file(ctx))
+                      eval_data=_eval_file(ctx), **start, **_hf(ctx))
     return config
 
 
@@ -80,22 +103,58 @@ def _sft_inputs(data_name: str):
         out = {"data": ctx.dir("dedup") / data_name}
         if _tokenizer_path(ctx):
             out["tokenizer"] = Path(_tokenizer_path(ctx))
+        if ctx.cfg.eval_file:
+            out["eval_data"] = Path(_eval_file(ctx))
+        if ctx.cfg.hf_model:
+            out["hf_model"] = Path(ctx.cfg.hf_model)  # its weights and tokenizer files, by content
         return out
     return inputs
+
+
+def rl_files(ctx) -> dict:
+    """``data`` / ``eval_data`` of the grpo and ppo stages: the user's ``prompts_file`` (else, with a user corpus or
+    evaluation file, the kept demonstrations' prompts) and the dedup stage's ``eval.jsonl`` (the held-out prompts
+    every stage is evaluated on); {} on the embedded default (the trainers draw from the task's training split)."""
+    c = ctx.cfg
+    if not (c.prompts_file or c.corpus_file or c.eval_file):
+        return {}
+    return {"data": c.prompts_file or str(ctx.dir("dedup") / "sft.jsonl"), "eval_data": str(ctx.dir("dedup") / "eval.jsonl")}
+
+
+def _user_data(ctx, stage: str) -> dict:
+    """What a stage after SFT takes from the pipeline's user-data fields."""
+    c = ctx.cfg
+    if stage in ("rm", "dpo"):
+        out = {"data": c.preference_file} if c.preference_file else {}
+        if stage == "rm" and c.preference_eval_file:
+            out["eval_data"] = c.preference_eval_file  # the RM's eval_data is held-out pairs
+        if stage == "dpo" and c.eval_file:
+            out["eval_data"] = _eval_file(ctx)  # DPO's is {prompt, answer}: greedy held-out accuracy
+        return out
+    out = rl_files(ctx)
+    if c.reward:
+        out["reward"] = c.reward
+    return out
 
 
 def _from_sft(stage: str, attr: str, **extra):
     def config(ctx):
         base = getattr(ctx.cfg, attr)
-        fixed = {"init": str(ctx.model("sft")), **extra}
-        if "eval_data" in {f.name for f in dataclasses.fields(base)}:
-            fixed["eval_data"] = _eval_file(ctx)
+        fixed = {"init": str(ctx.model("sft")), **_user_data(ctx, stage), **_hf(ctx), **extra}
         return _owned(ctx, stage, base, **fixed)
     return config
 
 
-def _sft_model_input(ctx):
-    return {"init": ctx.model("sft")}
+def _from_sft_inputs(config_fn):
+    """The SFT model and the data files the stage's resolved config reads, by content."""
+    def inputs(ctx):
+        cfg = config_fn(ctx)
+        out = {"init": ctx.model("sft")}
+        for f in ("data", "eval_data"):
+            if getattr(cfg, f, None):
+                out[f] = Path(getattr(cfg, f))
+        return out
+    return inputs
 
 
 def _train_fn(module: str, fn: str):
@@ -124,6 +183,10 @@ def _ppo_config(ctx):
     return _from_sft("ppo", "ppo")(dataclasses.replace(ctx, cfg=_WithAttr(ctx.cfg, "ppo", base)))
 
 
+def _ppo_inputs(ctx):
+    return _from_sft_inputs(_ppo_config)(ctx) if _ppo_available() is None else {"init": ctx.model("sft")}
+
+
 class _WithAttr:
     """``ctx.cfg`` with one attribute replaced (the PPO config is a dict until the module is importable)."""
 
@@ -147,7 +210,10 @@ def _run_eval(ctx, cfg, out, resume):
 
 
 def _eval_config(ctx):
-    return {"eval": ctx.cfg.eval, "task": ctx.cfg.task}
+    key = {"eval": ctx.cfg.eval, "task": ctx.cfg.task}
+    if ctx.cfg.reward:
+        key["reward"] = ctx.cfg.reward  # correctness = its first term
+    return key
 
 
 def _eval_inputs(ctx):
@@ -170,11 +236,11 @@ STAGES: tuple[Stage, ...] = (
            Metric("removed.near", "removed: near"), Metric("removed.contamination", "removed: contamination"),
            Metric("lsh.bands", "LSH bands b"), Metric("lsh.rows", "LSH rows r"), Metric("demos_kept", "demonstrations kept")),
           inputs=_dedup_inputs),
-    Stage("tokenizer", "Tokenizer trained on the deduplicated corpus (byte-level BPE, digits split)", ("dedup",), lambda ctx: ctx.cfg.tokenizer,
-          _run_tokenizer, (Metric("vocab_size", "vocabulary size"), Metric("tokens_per_word", "tokens per word", "{:.3f}"),
+    Stage("tokenizer", "Tokenizer trained on the deduplicated corpus (byte-level BPE, digits split; with hf_model: the "
+                       "model's own)", ("dedup",), _tokenizer_config, _run_tokenizer, (Metric("vocab_size", "vocabulary size"), Metric("tokens_per_word", "tokens per word", "{:.3f}"),
                            Metric("bytes_per_token", "bytes per token (compression)", "{:.3f}"),
                            Metric("digits_single_tokens", "every digit one token")),
-          inputs=lambda ctx: {"corpus": ctx.dir("dedup") / "kept.jsonl"}),
+          inputs=_tokenizer_inputs),
     Stage("sft", "SFT on the deduplicated demonstrations", ("dedup", "tokenizer"), _sft_config("sft.jsonl", "sft"),
           _train_fn("posttrain.trainers.sft", "train_sft"),
           _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"), Metric("params", "parameters")),
@@ -187,16 +253,16 @@ STAGES: tuple[Stage, ...] = (
           _train_fn("posttrain.trainers.reward", "train_reward_model"),
           (Metric("heldout_pairwise_accuracy", "held-out pairwise accuracy", "{:.3f}"), Metric("train_pairs", "training pairs"),
            Metric("heldout_pairs", "held-out pairs"), Metric("train_seconds", "train seconds", "{:.1f}")),
-          inputs=_sft_model_input, resumable=True),
+          inputs=_from_sft_inputs(_from_sft("rm", "rm")), resumable=True),
     Stage("dpo", "DPO from the SFT checkpoint on on-policy pairs", ("sft",), _from_sft("dpo", "dpo"),
           _train_fn("posttrain.trainers.dpo", "train_dpo"), _TRAIN_SCHEMA + (Metric("loss", "loss"),),
-          inputs=_sft_model_input, resumable=True),
+          inputs=_from_sft_inputs(_from_sft("dpo", "dpo")), resumable=True),
     Stage("grpo", "GRPO from the SFT checkpoint, rewarded by the verifier", ("sft",), _from_sft("grpo", "grpo"),
           _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
           _TRAIN_SCHEMA + (Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),),
-          inputs=_sft_model_input, resumable=True),
+          inputs=_from_sft_inputs(_from_sft("grpo", "grpo")), resumable=True),
     Stage("ppo", "PPO from the SFT checkpoint (value model, GAE)", ("sft",), _ppo_config,
-          _train_fn("posttrain.trainers.ppo", "train_ppo"), _TRAIN_SCHEMA, inputs=_sft_model_input,
+          _train_fn("posttrain.trainers.ppo", "train_ppo"), _TRAIN_SCHEMA, inputs=_ppo_inputs,
           available=_ppo_available, resumable=True),
     Stage("eval", "Evaluation: every checkpoint on the same held-out prompts", TRAINED, _eval_config, _run_eval,
           (Metric("n", "held-out prompts"), Metric("samples", "samples per prompt (k)")), inputs=_eval_inputs,

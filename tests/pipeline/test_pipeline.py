@@ -151,8 +151,8 @@ def test_cli_report_compares_two_runs_and_errors_are_one_line(run, tmp_path, cap
                                               f"(is {tmp_path} a `posttrain pipeline` output directory?)"
     assert main(["pipeline", "--out", str(tmp_path / "x"), "--hf-model", "some/dir", "--explain"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("posttrain pipeline: error: hf_model='some/dir': a Hugging Face model in the pipeline is not "
-                          "yet wired") and err.count("\n") == 1
+    assert err == "posttrain pipeline: error: hf_model='some/dir': not a directory (a local Hugging Face model " \
+                  "directory, as save_pretrained writes it)\n"
 
 
 def test_example_config_parses():
@@ -199,3 +199,17 @@ def test_jobs_run_training_stages_in_workers_with_the_same_results(run, tmp_path
         assert (par / ".pipeline" / f"{stage}.log").read_text().strip()  # a worker's output went to its log
     again = run_pipeline(micro(jobs=2), par, quiet=True)  # and every stage is cached on a re-run
     assert {v["status"] for v in again["stages"].values()} <= {"cached", "skipped"}
+
+
+def test_the_rm_stage_is_the_rm_commands_tiny_recipe_and_a_section_changes_only_its_fields(tmp_path):
+    import dataclasses
+
+    from posttrain.trainers import reward
+
+    recipe = build_config(reward.RMConfig, reward.PRESETS["tiny"])  # what `posttrain rm --preset tiny` trains
+    assert build_config(PipelineConfig, PRESETS["tiny"]).rm == recipe == PipelineConfig().rm
+    (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")
+    cfg = build_config(PipelineConfig, PRESETS["tiny"], tmp_path / "p.toml")
+    assert cfg.rm == dataclasses.replace(recipe, steps=10)
+    assert cfg.dedup == dataclasses.replace(PipelineConfig().dedup, num_perm=64) and cfg.dedup.threshold == 0.7
+    assert micro().rm.steps <= 10 and micro().rm.pairs.num_prompts <= 64  # the CI preset stays seconds
