@@ -83,6 +83,7 @@ def draw(tr, step: int, rnd: int):
         rewards = base - torch.tensor(cut, dtype=torch.float32)
     return gen, rewards, correct, base
 
+
 def rollout(tr, step: int) -> Rollout:
     cfg = tr.cfg
     G = cfg.num_generations
