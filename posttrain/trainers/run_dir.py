@@ -56,7 +56,7 @@ RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 REWARD_HEAD_FILE = "reward_head.safetensors"
 STEP_NAME = re.compile(r"step-\d{8}")
-COMMANDS = {"sft": "sft", "dpo": "dpo", "rm": "rm", "policy_gradient": "grpo"}
+COMMANDS = {"sft": "sft", "sft_restarts": "sft --restarts", "dpo": "dpo", "rm": "rm", "policy_gradient": "grpo"}
 """trainer name (as stored in run.json / trainer_state.json) -> the CLI command that runs it."""
 RESUME_MAY_CHANGE = ("out", "progress", "threads", "logger", "steps", "eval_every", "save_every", "keep_checkpoints", "fsdp")
 """Config fields that may differ on resume without a warning (outputs, logging, length, checkpoint cadence, sharding: the same update)."""

@@ -55,7 +55,7 @@ from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers import common, distributed, sharded
+from posttrain.trainers import common, distributed, sft_restarts, sharded
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     load_checkpoint,
@@ -65,6 +65,7 @@ from posttrain.trainers.checkpoint import (
     start_policy,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.run_dir import read_run, run_root
 from posttrain.trainers.selection import BestKeeper, save_with_best, split_validation
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
@@ -100,6 +101,10 @@ class SFTConfig(TrainerConfig):
                              "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them")
     tokenizer: str | None = knob(None, "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
                                        "default: the task's characters; ignored with init)")
+    restarts: int = knob(1, "SFT runs from different initialisations (seed, then hashes of it); model/ = the one "
+                            "with the best validation accuracy (trainers/sft_restarts.py); 1 = one plain run", ge=1)
+    val_problems: int = knob(256, "restarts on the embedded task: training-split problems that are not "
+                                  "demonstrations, scored greedily to rank the restarts", gt=0)
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -108,6 +113,8 @@ class SFTConfig(TrainerConfig):
         if self.fsdp and self.val_fraction > 0:
             raise ConfigError("fsdp with val_fraction > 0 is not supported yet (the best-so-far weights would be "
                               "sharded); use one or the other")
+        if self.restarts > 1 and self.fsdp:
+            raise ConfigError("restarts > 1 with fsdp is not supported (restarts run one after another in one process)")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
 
@@ -327,7 +334,12 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
 
 
 def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
-    """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``)."""
+    """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``). ``restarts`` > 1 (or a
+    resumed restarts run): that many runs, the best by validation kept (``trainers/sft_restarts.py``)."""
+    if cfg.restarts > 1 or (resume and (read_run(run_root(resume)) or {}).get("trainer") == "sft_restarts"):
+        if distributed.world().distributed:
+            raise ConfigError("restarts > 1 under torchrun is not supported: run the restarts in one process")
+        return sft_restarts.train_restarts(cfg, train_sft, resume=resume, overwrite=overwrite)
     s = setup(cfg, resume, overwrite)
     last_eval, t_start, stopped_at = None, time.perf_counter(), None
     bar = common.progress_bar(s.start_step, cfg.steps, "sft", cfg.progress)

@@ -1,0 +1,138 @@
+"""SFT restarts: R runs from different initialisations, the one with the best validation accuracy kept.
+
+Key insight: on a few hundred demonstrations the held-out accuracy of one SFT run is a lottery over its
+initialisation and batch order (0.12-0.43 over seeds 0-4 on the embedded task, same data: docs/outcomes.md),
+while checkpoints *within* a run differ little. Greedy accuracy on training-split problems that are not
+demonstrations ranks runs almost exactly as held-out accuracy does, so R restarts ranked on it keep a good
+draw at R times the cost (R x ~30 s CPU on the tiny preset):
+
+    seed_0 = seed;  seed_k = blake2b("sft-restart:{seed}:{k}") mod 2^31      (k = 1 .. R-1)
+    run k      = posttrain sft --seed seed_k --out OUT/restarts/k            (an ordinary SFT run each)
+    val_k      = greedy accuracy of run k's model/ on the validation problems
+    k*         = argmax_k val_k (the earliest on ties);  OUT/model/ = run k*'s model/
+
+Validation problems: on the embedded task, ``val_problems`` problems of the task's *training* split that are
+not demonstrations (a fixed sample, the same for every seed); the evaluation split is never looked at. With
+``--data`` (no such problems) each run's own ``val_fraction`` split of the demonstrations is used, so
+``val_fraction > 0`` is required. ``restarts = 1`` is exactly a plain run (seed_0 = seed).
+
+Resume: each restart is its own run directory; ``--resume OUT`` skips the finished ones (a ``summary.json``),
+resumes an interrupted one from its checkpoint, and starts the rest, so it ends as an uninterrupted run would.
+
+Not handled: restarts in parallel processes, and under ``torchrun`` (refused at config time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import shutil
+import time
+from pathlib import Path
+
+from posttrain.data.io import atomic_dir, atomic_write_json
+from posttrain.errors import UserError
+from posttrain.evaluation import evaluate
+from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.trainers import common
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.run_dir import RUN_FILE, new_run_id, read_run
+
+VAL_SAMPLE_SEED = "sft-restart-validation"
+STATE_FILE = "trainer_state.json"  # in a checkpoint (trainers/checkpoint.py)
+
+
+def restart_seed(seed: int, k: int) -> int:
+    """Restart ``k``'s seed: ``seed`` itself for k = 0, else a hash of (seed, k) (no clash with other seeds'
+    restart 0, as ``seed + k`` would give)."""
+    if k == 0:
+        return seed
+    h = hashlib.blake2b(f"sft-restart:{seed}:{k}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") % 2**31
+
+
+def validation_problems(cfg) -> list[tuple[str, str]]:
+    """The embedded task's training-split problems that are not demonstrations: a fixed sample of
+    ``cfg.val_problems`` of them (sorted pool, seeded sampler: the same on every seed and machine)."""
+    task = ArithmeticTask(cfg.task)
+    demos = {p.prompt for p in task.demonstrations()}
+    pool = sorted((p.prompt, p.answer) for p in task.train_problems if p.prompt not in demos)
+    return random.Random(VAL_SAMPLE_SEED).sample(pool, min(cfg.val_problems, len(pool)))
+
+
+def _open(cfg, resume, overwrite: bool) -> Path:
+    out = Path(cfg.out)
+    if resume is not None:
+        root = Path(resume)
+        info = read_run(root)
+        if info is None or info.get("trainer") != "sft_restarts":
+            raise UserError(f"--resume {resume}: not a `posttrain sft --restarts` run directory (no run.json of one)")
+        saved = json.loads((root / "config.resolved.json").read_text())
+        now = json.loads(json.dumps(dataclasses.asdict(cfg)))
+        changed = sorted(k for k in set(saved) | set(now) if k != "out" and saved.get(k) != now.get(k))
+        if changed:
+            raise UserError(f"--resume {resume}: the configuration differs from the run's in {', '.join(changed)}; "
+                            f"start a new run (--out) or --overwrite")
+        return root
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(f"--out {out} is not empty: pass --overwrite to replace it or --resume {out} to continue")
+        if read_run(out) is None:
+            raise UserError(f"--overwrite refuses to clear {out}: it is not a posttrain run directory (no run.json)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "config.resolved.json", dataclasses.asdict(cfg))
+    atomic_write_json(out / RUN_FILE, {"run_id": new_run_id(), "trainer": "sft_restarts", "restarts": cfg.restarts,
+                                       "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    return out
+
+
+def _run_one(sub, train_sft) -> dict:
+    """One restart: done (its summary), interrupted (resume from its checkpoint) or new."""
+    d = Path(sub.out)
+    if (d / "summary.json").is_file():
+        return json.loads((d / "summary.json").read_text())
+    if (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir()):
+        return train_sft(sub, resume=str(d))
+    return train_sft(sub, overwrite=d.exists())
+
+
+def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
+    """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary."""
+    if cfg.data and cfg.val_fraction <= 0:
+        raise UserError("--restarts with --data ranks runs by their own validation split: pass --val-fraction "
+                        "(e.g. 0.1)")
+    out, t0 = _open(cfg, resume, overwrite), time.perf_counter()
+    val = None if cfg.data else validation_problems(cfg)
+    candidates = []
+    for k in range(cfg.restarts):
+        sub = dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k), out=str(out / "restarts" / str(k)))
+        print(f"SFT restart {k + 1}/{cfg.restarts} (seed {sub.seed}) -> {sub.out}")
+        s = _run_one(sub, train_sft)
+        if val is None:
+            score, n = s["best_val_accuracy"], s["val_n"]
+        else:
+            ck = load_checkpoint(Path(sub.out) / "model")
+            score = evaluate(ck.model, ck.tokenizer, [p for p, _ in val], [a for _, a in val],
+                             max_new_tokens=cfg.max_new_tokens).accuracy
+            n = len(val)
+        candidates.append({"restart": k, "seed": sub.seed, "val_accuracy": score, "val_n": n,
+                           "heldout_accuracy": s["heldout_accuracy"], "train_seconds": s["train_seconds"],
+                           "dir": sub.out})
+        print(f"  restart {k}: validation accuracy {score:.3f} ({n} problems)")
+    best = max(candidates, key=lambda c: (c["val_accuracy"], -c["restart"]))  # the earliest on ties
+    with atomic_dir(out / "model") as tmp:  # the kept restart's model/, as a checkpoint of this run
+        shutil.copytree(Path(best["dir"]) / "model", tmp, dirs_exist_ok=True)
+        state = json.loads((tmp / STATE_FILE).read_text())
+        atomic_write_json(tmp / STATE_FILE, {**state, "run_id": read_run(out)["run_id"], "restart": best["restart"]})
+    chosen = json.loads((Path(best["dir"]) / "summary.json").read_text())
+    summary = {**chosen, "restarts": cfg.restarts, "selected_restart": best["restart"], "selected_seed": best["seed"],
+               "restart_val_accuracy": best["val_accuracy"], "restart_val_n": best["val_n"],
+               "candidates": candidates, "model_dir": str(out / "model"),
+               "train_seconds": sum(c["train_seconds"] for c in candidates), "wall_seconds": time.perf_counter() - t0}
+    path = common.write_summary(out, summary)
+    print(f"kept restart {best['restart']} (validation {best['val_accuracy']:.3f}): held-out accuracy "
+          f"{best['heldout_accuracy']:.3f}\nsummary: {path}\nmodel:   {out / 'model'}")
+    return summary

@@ -1,0 +1,99 @@
+"""SFT restarts: R runs, ranked by greedy accuracy on training-split problems that are not demonstrations;
+model/ is the best one's, bit for bit; an interrupted restarts run resumes to the uninterrupted result."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from posttrain.cli import main
+from posttrain.errors import UserError
+from posttrain.evaluation import evaluate
+from posttrain.models.gpt import GPTConfig
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.sft import SFTConfig, train_sft
+from posttrain.trainers.sft_restarts import restart_seed, validation_problems
+
+TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
+
+
+def cfg(out, **kw):
+    base = dict(out=str(out), steps=6, batch_size=8, eval_every=0, save_every=3, warmup_steps=2, progress=False,
+                lr=1e-2, restarts=3, val_problems=24, model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+                task=TASK)
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def weights(path):
+    return load_checkpoint(path).model.state_dict()
+
+
+def test_restart_seeds_are_distinct_and_restart_zero_is_the_seed():
+    seeds = {(s, k): restart_seed(s, k) for s in range(5) for k in range(4)}
+    assert all(restart_seed(s, 0) == s for s in range(5))
+    assert len(set(seeds.values())) == len(seeds)  # no seed's restart is another seed's run
+
+
+def test_validation_problems_are_training_split_non_demonstrations():
+    c = SFTConfig(task=ArithmeticConfig(num_demos=320), val_problems=256)
+    task = ArithmeticTask(c.task)
+    val = validation_problems(c)
+    train = {p.prompt for p in task.train_problems}
+    demos = {p.prompt for p in task.demonstrations()}
+    evals = {p.prompt for p in task.heldout_problems}
+    prompts = {p for p, _ in val}
+    assert len(val) == 256 == len(prompts) and prompts <= train and not prompts & demos and not prompts & evals
+    assert validation_problems(SFTConfig(task=c.task, val_problems=256, seed=7)) == val  # the same on every seed
+    assert all(str(eval(p[:-1])) == a for p, a in val)  # noqa: S307  (our own generated "a+b=" text)
+
+
+def test_keeps_the_best_by_validation_and_copies_its_model(tmp_path):
+    s = train_sft(cfg(tmp_path / "r"))
+    c = s["candidates"]
+    assert [x["restart"] for x in c] == [0, 1, 2] and [x["seed"] for x in c] == [restart_seed(0, k) for k in range(3)]
+    val = validation_problems(cfg(tmp_path / "x"))
+    for x in c:  # each candidate's score, recomputed independently
+        ck = load_checkpoint(f"{x['dir']}/model")
+        acc = evaluate(ck.model, ck.tokenizer, [p for p, _ in val], [a for _, a in val], max_new_tokens=8).accuracy
+        assert acc == x["val_accuracy"]
+    best = max(c, key=lambda x: (x["val_accuracy"], -x["restart"]))
+    assert s["selected_restart"] == best["restart"] and s["heldout_accuracy"] == best["heldout_accuracy"]
+    a, b = weights(tmp_path / "r" / "model"), weights(best["dir"] + "/model")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert load_checkpoint(tmp_path / "r").path.name == "model"  # the run directory opens (eval, --init) at model/
+    plain = train_sft(cfg(tmp_path / "plain", restarts=1))  # restart 0 is exactly the plain run
+    a, b = weights(tmp_path / "plain"), weights(c[0]["dir"] + "/model")
+    assert all(torch.equal(a[k], b[k]) for k in a) and plain["heldout_accuracy"] == c[0]["heldout_accuracy"]
+
+
+def test_interrupted_run_resumes_to_the_same_end(tmp_path):
+    full = train_sft(cfg(tmp_path / "full", restarts=2))
+    part = tmp_path / "part"  # restart 0 finished, restart 1 stopped after its step-3 checkpoint
+    part.mkdir()
+    for f in ("run.json", "config.resolved.json"):
+        shutil.copy(tmp_path / "full" / f, part / f)
+    shutil.copytree(tmp_path / "full" / "restarts" / "0", part / "restarts" / "0")
+    ck = part / "restarts" / "1" / "checkpoints"
+    shutil.copytree(tmp_path / "full" / "restarts" / "1" / "checkpoints" / "step-00000003", ck / "step-00000003")
+    (ck / "latest").write_text("step-00000003\n")
+    resumed = train_sft(cfg(part, restarts=2), resume=str(part))
+    assert resumed["selected_restart"] == full["selected_restart"]
+    assert [x["val_accuracy"] for x in resumed["candidates"]] == [x["val_accuracy"] for x in full["candidates"]]
+    a, b = weights(tmp_path / "full" / "model"), weights(part / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(ln)["step"] for ln in (part / "restarts" / "1" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4, 5, 6]  # restart 1 continued from its checkpoint, restart 0 was not re-run
+
+
+def test_changed_config_and_user_data_errors(tmp_path, capsys):
+    train_sft(cfg(tmp_path / "r", restarts=2, steps=2, save_every=0))
+    with pytest.raises(UserError, match="differs from the run's in lr"):
+        train_sft(cfg(tmp_path / "r", restarts=2, steps=2, save_every=0, lr=2e-2), resume=str(tmp_path / "r"))
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(9)))
+    assert main(["sft", "--data", str(data), "--restarts", "2", "--out", str(tmp_path / "u"), "--steps", "1",
+                 "--progress", "false"]) == 2
+    assert "--restarts with --data ranks runs by their own validation split" in capsys.readouterr().err
