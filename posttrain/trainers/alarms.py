@@ -257,20 +257,21 @@ class CollapseGuard:
 
 
 def watch_step(step: int, metrics: dict, alarms: Alarms, collapse: CollapseGuard, model, opt, snapshot: dict | None,
-               reward: float | None) -> dict | None:
+               reward: float | None, critic=None) -> dict | None:
     """After an RL step: the alarms, then the collapse guard on ``reward`` (None: not judged this step) -- a new
     best takes a snapshot of weights and optimizer, a collapse restores it (``restored_from``). Each warning is
-    printed once above the progress bar and listed in ``metrics["alarms"]``. Returns the (new) snapshot."""
+    printed once above the progress bar and listed in ``metrics["alarms"]``. ``critic`` = (module, optimizer):
+    PPO's value model, snapshotted and restored with the policy. Returns the (new) snapshot."""
     from posttrain.progress import tqdm
     from posttrain.trainers.checkpoint import restore_snapshot, take_snapshot
 
     warnings = alarms.update(step, metrics)
     action = collapse.update(step, reward) if reward is not None else None
     if action == "snapshot":
-        snapshot = take_snapshot(model, opt)
+        snapshot = take_snapshot(model, opt, critic)
     elif action in ("restore", "warn"):
         if action == "restore" and snapshot is not None:
-            restore_snapshot(model, opt, snapshot)
+            restore_snapshot(model, opt, snapshot, critic)
             metrics["restored_from"] = collapse.best_step
         warnings.append(collapse.message(step, action))
     metrics["restores"] = collapse.restores

@@ -289,39 +289,60 @@ def save_with_extras(directory, write_extras, **kwargs) -> Path:
 
 
 SNAPSHOT_WEIGHTS, SNAPSHOT_OPTIMIZER = "good_model.safetensors", "good_optimizer.pt"  # in periodic checkpoints
+SNAPSHOT_CRITIC, SNAPSHOT_CRITIC_OPTIMIZER = "good_critic.safetensors", "good_critic_optimizer.pt"  # PPO's, beside them
 
 
-def take_snapshot(model, opt) -> dict:
-    """The policy-gradient collapse guard's snapshot: copies of the weights and the optimizer state."""
+def take_snapshot(model, opt, critic=None) -> dict:
+    """The RL collapse guard's snapshot: copies of the weights and the optimizer state, and with ``critic`` =
+    (module, optimizer) (PPO's value model) of those too, so that a restore puts policy and critic back together."""
     from posttrain.models.lora import has_lora
 
     lora = has_lora(model)  # LoRA: the adapters are all that trains (no copy of the frozen base)
-    return {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not lora or "lora_" in k},
+    snap = {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not lora or "lora_" in k},
             "optimizer": copy.deepcopy(opt.state_dict())}
+    if critic is not None:
+        snap["critic"] = {k: v.detach().clone().contiguous() for k, v in critic[0].state_dict().items()}
+        snap["critic_optimizer"] = copy.deepcopy(critic[1].state_dict())
+    return snap
+
+
+def write_snapshot(tmp: Path, snapshot: dict | None) -> None:
+    """A snapshot's files inside a checkpoint being written (nothing for None)."""
+    if snapshot is None:
+        return
+    save_file(snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
+    torch.save(snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
+    if "critic" in snapshot:
+        save_file(snapshot["critic"], str(tmp / SNAPSHOT_CRITIC))
+        torch.save(snapshot["critic_optimizer"], tmp / SNAPSHOT_CRITIC_OPTIMIZER)
 
 
 def save_with_snapshot(directory, snapshot: dict | None, **kwargs) -> Path:
     """:func:`save_checkpoint` plus the collapse guard's snapshot (for an exact resume), one atomic directory."""
-    def extras(tmp):
-        if snapshot is not None:
-            save_file(snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
-            torch.save(snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
-    return save_with_extras(directory, extras, **kwargs)
+    return save_with_extras(directory, lambda tmp: write_snapshot(tmp, snapshot), **kwargs)
 
 
-def restore_snapshot(model, opt, snapshot: dict) -> None:
-    """Put a :func:`take_snapshot` back: the weights it holds (under LoRA only the adapters) and the optimizer."""
+def restore_snapshot(model, opt, snapshot: dict, critic=None) -> None:
+    """Put a :func:`take_snapshot` back: the weights it holds (under LoRA only the adapters) and the optimizer, and
+    with ``critic`` = (module, optimizer) the critic's too (when the snapshot has them)."""
     from posttrain.models.lora import has_lora
 
     model.load_state_dict(snapshot["model"], strict=not has_lora(model))
     opt.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
+    if critic is not None and "critic" in snapshot:
+        critic[0].load_state_dict(snapshot["critic"])
+        critic[1].load_state_dict(copy.deepcopy(snapshot["critic_optimizer"]))
 
 
 def load_snapshot(path: Path) -> dict | None:
     if not (path / SNAPSHOT_WEIGHTS).is_file():
         return None
-    return {"model": load_file(str(path / SNAPSHOT_WEIGHTS)),
+    snap = {"model": load_file(str(path / SNAPSHOT_WEIGHTS)),
             "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True)}
+    if (path / SNAPSHOT_CRITIC).is_file():
+        snap["critic"] = load_file(str(path / SNAPSHOT_CRITIC))
+        snap["critic_optimizer"] = torch.load(path / SNAPSHOT_CRITIC_OPTIMIZER, weights_only=True)
+    return snap
 
 
 class CheckpointManager:

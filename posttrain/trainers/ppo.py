@@ -66,8 +66,6 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.trainers import common, distributed, ppo_distributed
 from posttrain.trainers.alarms import AlarmConfig, Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
-    SNAPSHOT_OPTIMIZER,
-    SNAPSHOT_WEIGHTS,
     CheckpointManager,
     initial_model,
     load_checkpoint,
@@ -76,6 +74,7 @@ from posttrain.trainers.checkpoint import (
     rng_state,
     save_with_extras,
     start_policy,
+    write_snapshot,
 )
 from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_batches
@@ -414,7 +413,7 @@ class PPOTrainer:
         metrics.update(distributed.mean_metrics({k: v for k, v in metrics.items() if k.startswith("time_") or k == "step_time"},
                                                 self.world))  # the rest is the global batch's already: the times, rank means
         self.snapshot = watch_step(step + 1, metrics, self.alarms, self.collapse, self.model, self.opt, self.snapshot,
-                                   reward=None if warm else metrics["reward_mean"])
+                                   reward=None if warm else metrics["reward_mean"], critic=(self._critic(), self.critic_opt))
         return metrics
 
     def run_eval(self):
@@ -429,12 +428,14 @@ class PPOTrainer:
 
     def _extras(self, tmp: Path, with_snapshot: bool = True) -> None:
         """The critic (weights + optimizer) and the collapse guard's snapshot, inside the checkpoint being written."""
-        module = self.shared_head if self.shared_head is not None else self.critic
-        save_file({k: v.detach().clone().contiguous() for k, v in module.state_dict().items()}, str(tmp / CRITIC_FILE))
+        save_file({k: v.detach().clone().contiguous() for k, v in self._critic().state_dict().items()}, str(tmp / CRITIC_FILE))
         torch.save(self.critic_opt.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
-        if with_snapshot and self.snapshot is not None:
-            save_file(self.snapshot["model"], str(tmp / SNAPSHOT_WEIGHTS))
-            torch.save(self.snapshot["optimizer"], tmp / SNAPSHOT_OPTIMIZER)
+        if with_snapshot:
+            write_snapshot(tmp, self.snapshot)
+
+    def _critic(self) -> torch.nn.Module:
+        """What the critic optimizer trains: the shared value head, or the separate value model."""
+        return self.shared_head if self.shared_head is not None else self.critic
 
     def save(self, done: int, metrics: dict) -> None:
         """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes)."""

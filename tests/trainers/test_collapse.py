@@ -96,3 +96,25 @@ def test_resume_is_exact_with_the_snapshot_in_the_checkpoint(sft_dir, tmp_path):
     a, b = load_checkpoint(full).model.state_dict(), load_checkpoint(resumed).model.state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_ppo_restore_puts_the_critic_back_too(sft_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from posttrain.trainers.ppo import CRITIC_FILE, PPOConfig, train_ppo
+
+    if "collapse_script_ppo" not in REWARD_FUNCTIONS:
+        register_reward("collapse_script_ppo", lambda **_: scripted())
+    alarms = AlarmConfig(collapse_fraction=0.5, collapse_patience=2, collapse_smoothing=0.0, collapse_min_reward=0.1)
+
+    def cfg(out, steps):
+        return PPOConfig(init=str(sft_dir), out=str(out), steps=steps, prompts_per_step=4, num_generations=4,
+                         max_new_tokens=4, eval_every=0, save_every=0, progress=False, task=TASK, warmup_steps=0,
+                         lr=1e-2, reward="collapse_script_ppo", alarms=alarms)
+
+    one, two, three = (train_ppo(cfg(tmp_path / str(n), n)) for n in (1, 2, 3))
+    assert one["restores"] == two["restores"] == 0 and three["restores"] == 1
+    critic = {n: load_file(str(tmp_path / str(n) / "model" / CRITIC_FILE)) for n in (1, 2, 3)}
+    assert any(not torch.equal(critic[1][k], critic[2][k]) for k in critic[1])  # step 2 moved the critic ...
+    for k in critic[1]:
+        assert torch.equal(critic[1][k], critic[3][k]), k  # ... and the restore at step 3 put it back with the policy
