@@ -21,7 +21,8 @@ trainer's ``train_seconds``, the child process's own CPU seconds and peak RSS (`
 its own ``ru_maxrss``, not the cumulative RUSAGE_CHILDREN), and the held-out curve against training time
 (cumulative ``step_time`` of ``metrics.jsonl`` up to each evaluation; evaluation time excluded). It prints
 the table, writes ``WORK/lineage.json`` after every finished run (an interrupted sweep keeps what it has;
-``--reuse`` then skips finished runs with an identical command) and one PNG, ``WORK/lineage.png``.
+``--reuse`` then skips finished runs with an identical command) and one PNG, ``WORK/lineage.png`` (matplotlib,
+not a posttrain dependency: without it the curves stay in the JSON).
 
     .venv/bin/python benchmarks/bench_lineage.py --seeds 0 1 2 --jobs 1 --work runs/lineage
 """
@@ -286,12 +287,16 @@ def main(argv=None) -> int:
             f.result()
     runs.sort(key=lambda r: (r["seed"], list(METHODS).index(r["method"])))
     agg = aggregate(runs, [m for m in METHODS if m in args.methods])
-    png = plot(runs, agg, work / "lineage.png")
+    try:
+        png = plot(runs, agg, work / "lineage.png")
+    except ImportError:  # matplotlib is not a dependency of posttrain: the curves stay in lineage.json
+        png = None
+        print("matplotlib not installed: no PNG (the curves are in lineage.json)")
     report = write_report(work, args, runs, sft, started, t0, png)
     print()
     print("\n".join(report["table"]))
     print(f"\nbudget: {args.budget} steps per method, held-out every {args.eval_every}; seeds {args.seeds}")
-    print(f"report: {work / 'lineage.json'}\nplot:   {png}")
+    print(f"report: {work / 'lineage.json'}" + (f"\nplot:   {png}" if png else ""))
     return 0
 
 
