@@ -185,6 +185,21 @@ def table(agg: dict, sft: dict | None = None) -> list[str]:
     return lines
 
 
+def seed_table(runs: list[dict], sft: dict, methods: list[str]) -> list[str]:
+    """Markdown rows: seed | SFT | each method's held-out accuracy (gain over that seed's SFT, points)."""
+    lines = ["| seed | SFT | " + " | ".join(methods) + " |", "|---" * (len(methods) + 2) + "|"]
+    for seed in sorted(sft):
+        cells = []
+        for m in methods:
+            r = next((r for r in runs if r["seed"] == seed and r["method"] == m), None)
+            cells.append("—" if r is None else "failed" if "accuracy" not in r else
+                         f"{r['accuracy']:.3f}" + (f" ({r['gain'] * 100:+.1f})" if "gain" in r else ""))
+        s = sft[seed]
+        lines.append(f"| {seed} | {s['accuracy']:.3f} | " if "accuracy" in s else f"| {seed} | failed | ")
+        lines[-1] += " | ".join(cells) + " |"
+    return lines
+
+
 def plot(runs: list[dict], agg: dict, dest: Path) -> Path:
     """One PNG: held-out accuracy against training seconds, per method the mean over seeds (bold) and each
     seed's own curve (thin, same colour)."""
@@ -225,6 +240,7 @@ def write_report(work: Path, args, runs: list[dict], sft: dict, started: dict, t
               "versions": started, "sweep_wall_seconds": time.perf_counter() - t0,
               "sft": {str(k): v for k, v in sft.items()}, "runs": runs, "aggregate": agg,
               "table": table(agg, describe({s: r["accuracy"] for s, r in sft.items() if "accuracy" in r})),
+              "table_per_seed": seed_table(runs, sft, methods),
               "png": str(png) if png else None}
     with _WRITE:
         tmp = work / "lineage.json.tmp"
@@ -294,6 +310,7 @@ def main(argv=None) -> int:
         print("matplotlib not installed: no PNG (the curves are in lineage.json)")
     report = write_report(work, args, runs, sft, started, t0, png)
     print()
+    print("\n".join(report["table_per_seed"]) + "\n")
     print("\n".join(report["table"]))
     print(f"\nbudget: {args.budget} steps per method, held-out every {args.eval_every}; seeds {args.seeds}")
     print(f"report: {work / 'lineage.json'}" + (f"\nplot:   {png}" if png else ""))

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from benchmarks.bench_lineage import aggregate, main, plot, read_curve, samples_of, table
+from benchmarks.bench_lineage import aggregate, main, plot, read_curve, samples_of, seed_table, table
 
 
 def _curve(accs, dt):
@@ -75,6 +75,10 @@ def test_table_and_plot_on_synthetic_runs(tmp_path):
     ppo = next(r for r in rows if r.startswith("| ppo"))
     assert "(failed seeds [1])" in ppo and "| 0.475 ± 0.177 |" in ppo and "| 2: 0.350 |" in ppo
     assert "| +22.5 ± 24.7 |" in ppo and "| 490 |" in ppo and "20 × 256" in ppo
+    per_seed = seed_table(runs, {0: {"accuracy": 0.2}, 1: {"accuracy": 0.1}, 2: {"accuracy": 0.3}, 3: {"rc": 1}},
+                          ["reinforce", "ppo"])
+    assert per_seed[2:] == ["| 0 | 0.200 | 0.500 (+30.0) | 0.600 (+40.0) |", "| 1 | 0.100 | 0.250 (+15.0) | failed |",
+                            "| 2 | 0.300 | 0.350 (+5.0) | 0.350 (+5.0) |", "| 3 | failed | — | — |"]
     png = plot(runs, agg, tmp_path / "sub" / "lineage.png")
     import matplotlib.image
 
