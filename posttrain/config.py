@@ -402,7 +402,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...]
             *([f.metadata["flag"]] if f.metadata.get("flag") else []),
             dest="cfg:" + name,
             default=argparse.SUPPRESS,
-            help=f"{help_text} (default: {default})",
+            help=f"{help_text} (default: {default})".replace("%", "%%"),  # argparse %-formats help
             **kind,
         )
 

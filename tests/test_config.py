@@ -312,3 +312,14 @@ def test_cli_config_file_with_invalid_utf8(tmp_path, capsys):
     f.write_bytes(b"# comment\nsteps: 2\nout: r\xe9sultats\n")
     assert main(["sft", "--config", str(f), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == f"posttrain sft: error: {f}:3: not valid UTF-8 (byte 0xe9 at column 7)\n"
+
+
+def test_help_text_with_a_percent_sign_is_printed_verbatim():
+    """argparse %-formats help strings: a field doc saying '10%' crashed every command's --help."""
+    @dataclass
+    class Pct:
+        progress: bool = knob(True, "plain lines every 10% when not a terminal")
+
+    p = argparse.ArgumentParser(prog="x")
+    add_config_flags(p, Pct)
+    assert "every 10% when" in " ".join(p.format_help().split())
