@@ -8,7 +8,7 @@ import pytest
 
 from posttrain.cli import main
 
-TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false",
+TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false", "--restarts", "1",
         "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.digits", "1",
         "--task.num-demos", "20", "--task.num-eval", "8"]
 

@@ -17,7 +17,7 @@ import posttrain
 from posttrain.cli import as_os_error, describe_os_error, main
 
 ROOT = str(Path(posttrain.__file__).resolve().parent.parent)
-SFT = ["--preset", "tiny", "--steps", "1", "--batch-size", "8", "--eval-every", "0", "--progress", "false",
+SFT = ["--preset", "tiny", "--restarts", "1", "--steps", "1", "--batch-size", "8", "--eval-every", "0", "--progress", "false",
        "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.num-demos", "8",
        "--task.num-eval", "4"]
 

@@ -103,8 +103,9 @@ class SFTConfig(TrainerConfig):
                                        "default: the task's characters; ignored with init)")
     restarts: int = knob(1, "SFT runs from different initialisations (seed, then hashes of it); model/ = the one "
                             "with the best validation accuracy (trainers/sft_restarts.py); 1 = one plain run", ge=1)
-    val_problems: int = knob(256, "restarts on the embedded task: training-split problems that are not "
-                                  "demonstrations, scored greedily to rank the restarts", gt=0)
+    val_problems: int = knob(1024, "restarts on the embedded task: training-split problems that are not "
+                                   "demonstrations, scored greedily to rank the restarts (256 mis-ranked runs "
+                                   "1.5 points apart: docs/outcomes.md)", gt=0)
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -129,7 +130,10 @@ class SFTConfig(TrainerConfig):
 
 
 PRESETS: dict[str, dict] = {
-    "tiny": {},
+    # 3 restarts ranked on 256 training-split problems: the seed's lottery over initialisations, drawn 3 times
+    # (docs/outcomes.md); `--restarts 1` (or --preset single) is one plain run
+    "tiny": {"restarts": 3},
+    "single": {},
     "small": {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},
 }
 
@@ -336,7 +340,14 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
 def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``). ``restarts`` > 1 (or a
     resumed restarts run): that many runs, the best by validation kept (``trainers/sft_restarts.py``)."""
-    if cfg.restarts > 1 or (resume and (read_run(run_root(resume)) or {}).get("trainer") == "sft_restarts"):
+    resumes_restarts = resume and (read_run(run_root(resume)) or {}).get("trainer") == "sft_restarts"
+    if resume and not resumes_restarts:  # --resume of one plain run continues that run
+        cfg = dataclasses.replace(cfg, restarts=1)
+    elif cfg.restarts > 1 and not resume and (cfg.init or cfg.model_path or (cfg.data and not cfg.val_fraction)):
+        print(f"restarts={cfg.restarts} applies to a fresh model on the embedded task (or --data with --val-fraction "
+              "to rank on): one run here")
+        cfg = dataclasses.replace(cfg, restarts=1)
+    if cfg.restarts > 1 or resumes_restarts:
         if distributed.world().distributed:
             raise ConfigError("restarts > 1 under torchrun is not supported: run the restarts in one process")
         return sft_restarts.train_restarts(cfg, train_sft, resume=resume, overwrite=overwrite)

@@ -14,7 +14,8 @@ draw at R times the cost (R x ~30 s CPU on the tiny preset):
 Validation problems: on the embedded task, ``val_problems`` problems of the task's *training* split that are
 not demonstrations (a fixed sample, the same for every seed); the evaluation split is never looked at. With
 ``--data`` (no such problems) each run's own ``val_fraction`` split of the demonstrations is used, so
-``val_fraction > 0`` is required. ``restarts = 1`` is exactly a plain run (seed_0 = seed).
+``val_fraction > 0`` is required (without it, and from ``--init`` / ``--model``, ``train_sft`` runs once and
+says so: restarts are for a fresh model). ``restarts = 1`` is exactly a plain run (seed_0 = seed).
 
 Resume: each restart is its own run directory; ``--resume OUT`` skips the finished ones (a ``summary.json``),
 resumes an interrupted one from its checkpoint, and starts the rest, so it ends as an uninterrupted run would.
@@ -101,9 +102,6 @@ def _run_one(sub, train_sft) -> dict:
 
 def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
     """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary."""
-    if cfg.data and cfg.val_fraction <= 0:
-        raise UserError("--restarts with --data ranks runs by their own validation split: pass --val-fraction "
-                        "(e.g. 0.1)")
     out, t0 = _open(cfg, resume, overwrite), time.perf_counter()
     val = None if cfg.data else validation_problems(cfg)
     candidates = []

@@ -94,7 +94,7 @@ def test_sft_skips_nan_steps_then_stops(tmp_path, capsys, monkeypatch):
     fn, _ = _nan_from(3, sft_mod.sft_loss)
     monkeypatch.setattr(sft_mod, "sft_loss", fn)
     out = tmp_path / "run"
-    assert main(["sft", "--out", str(out), "--steps", "10", "--batch-size", "8", "--eval-every", "0", "--save-every",
+    assert main(["sft", "--restarts", "1", "--out", str(out), "--steps", "10", "--batch-size", "8", "--eval-every", "0", "--save-every",
                  "2", "--nan-patience", "3", *TINY_MODEL, *TASK]) == 2
     err = capsys.readouterr().err
     assert err == (f"posttrain sft: error: sft stopped at step 5: 3 steps in a row with a non-finite loss or gradient "
@@ -122,7 +122,7 @@ def test_sft_one_nan_step_is_skipped_and_the_run_finishes(tmp_path, capsys, monk
 
     monkeypatch.setattr(sft_mod, "sft_loss", once)
     out = tmp_path / "run"
-    assert main(["sft", "--out", str(out), "--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every",
+    assert main(["sft", "--restarts", "1", "--out", str(out), "--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every",
                  "0", *TINY_MODEL, *TASK]) == 0
     assert "sft step 2: non-finite loss=nan, grad_norm=nan: step skipped (1 in a row)\n" in capsys.readouterr().out
     _finite_checkpoint(out / "model")
@@ -132,7 +132,7 @@ def test_sft_one_nan_step_is_skipped_and_the_run_finishes(tmp_path, capsys, monk
 
 def test_dpo_skips_nan_steps_then_stops(tmp_path, capsys, monkeypatch):
     init = tmp_path / "sft"
-    assert main(["sft", "--out", str(init), "--steps", "2", "--batch-size", "8", "--eval-every", "0",
+    assert main(["sft", "--restarts", "1", "--out", str(init), "--steps", "2", "--batch-size", "8", "--eval-every", "0",
                  "--save-every", "0", *TINY_MODEL, *TASK]) == 0
     fn, _ = _nan_from(1, dpo_mod.PREFERENCE_LOSSES["dpo"])
     monkeypatch.setitem(dpo_mod.PREFERENCE_LOSSES, "dpo", fn)
@@ -178,7 +178,7 @@ def test_grpo_skips_nan_updates_then_stops(tmp_path, capsys, monkeypatch):
     import posttrain.trainers.policy_gradient as pg_mod
 
     init = tmp_path / "sft"
-    assert main(["sft", "--out", str(init), "--steps", "2", "--batch-size", "8", "--eval-every", "0",
+    assert main(["sft", "--restarts", "1", "--out", str(init), "--steps", "2", "--batch-size", "8", "--eval-every", "0",
                  "--save-every", "0", *TINY_MODEL, *TASK]) == 0
     fn, _ = _nan_from(2, pg_mod.policy_loss)
     monkeypatch.setattr(pg_mod, "policy_loss", fn)

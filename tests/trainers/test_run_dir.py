@@ -17,7 +17,7 @@ from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.run_dir import checkpoint_state, find_checkpoint, latest_checkpoint
 
-TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false",
+TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false", "--restarts", "1",
         "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.digits", "1",
         "--task.num-demos", "20", "--task.num-eval", "8"]
 

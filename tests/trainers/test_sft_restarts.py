@@ -88,12 +88,15 @@ def test_interrupted_run_resumes_to_the_same_end(tmp_path):
     assert steps == [4, 5, 6]  # restart 1 continued from its checkpoint, restart 0 was not re-run
 
 
-def test_changed_config_and_user_data_errors(tmp_path, capsys):
+def test_changed_config_is_refused_and_user_data_runs_once(tmp_path, capsys):
     train_sft(cfg(tmp_path / "r", restarts=2, steps=2, save_every=0))
     with pytest.raises(UserError, match="differs from the run's in lr"):
         train_sft(cfg(tmp_path / "r", restarts=2, steps=2, save_every=0, lr=2e-2), resume=str(tmp_path / "r"))
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(9)))
-    assert main(["sft", "--data", str(data), "--restarts", "2", "--out", str(tmp_path / "u"), "--steps", "1",
-                 "--progress", "false"]) == 2
-    assert "--restarts with --data ranks runs by their own validation split" in capsys.readouterr().err
+    assert main(["sft", "--data", str(data), "--eval-data", str(data), "--restarts", "2", "--out", str(tmp_path / "u"),
+                 "--steps", "1", "--progress", "false", "--model.n-layer", "1", "--model.d-model", "32",
+                 "--model.n-head", "2"]) == 0
+    assert "restarts=2 applies to a fresh model on the embedded task" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "u" / "summary.json").read_text())
+    assert not (tmp_path / "u" / "restarts").exists() and "restarts" not in summary  # one plain run
