@@ -138,8 +138,9 @@ def test_bounds_reach_the_help_text():
 
 
 # every config dataclass the commands build: each float refuses NaN (and inf unless allowed), each bound is enforced
-CONFIG_MODULES = ("posttrain.trainers.sft", "posttrain.trainers.dpo", "posttrain.trainers.reward",
-                  "posttrain.trainers.policy_gradient", "posttrain.trainers.alarms", "posttrain.generate",
+CONFIG_MODULES = ("posttrain.trainers.sft", "posttrain.trainers.dpo_config", "posttrain.trainers.reward",
+                  "posttrain.trainers.pg_config", "posttrain.trainers.ppo_config", "posttrain.trainers.alarms",
+                  "posttrain.generate",
                   "posttrain.models.gpt", "posttrain.tasks.arithmetic", "posttrain.data.preference_pairs",
                   "posttrain.data.dedup.run")
 
@@ -177,7 +178,7 @@ def _outside(b: dict, is_int: bool):
 
 def test_every_command_config_is_found():
     names = {c.__name__ for c in CONFIG_CLASSES}
-    assert {"SFTConfig", "DPOConfig", "RMConfig", "PolicyGradientConfig", "AlarmConfig", "SamplingConfig", "GPTConfig",
+    assert {"SFTConfig", "DPOConfig", "RMConfig", "PolicyGradientConfig", "PPOConfig", "AlarmConfig", "SamplingConfig", "GPTConfig",
             "ArithmeticConfig", "PairDataConfig", "DedupConfig"} <= names
 
 

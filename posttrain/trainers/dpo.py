@@ -43,10 +43,8 @@ from pathlib import Path
 import torch
 
 from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.config import check_fields, check_value, knob
 from posttrain.data.batches import batch_indices
-from posttrain.data.checks import LONG_POLICIES, model_window
-from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
+from posttrain.data.checks import model_window
 from posttrain.data.io import iter_records
 from posttrain.data.pairs import load_pairs
 from posttrain.data.preference import (
@@ -62,12 +60,11 @@ from posttrain.data.preference_pairs import PAIRS_FILE, PairDataConfig, cached_p
 from posttrain.errors import ConfigError, UserError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.losses.logprobs import sequence_logps
-from posttrain.losses.preference import PREFERENCE_LOSSES, resolve_loss
-from posttrain.models.loading import model_path_knob, pad_token_knob
-from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora, reference_model
+from posttrain.losses.preference import resolve_loss
+from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference_model
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
@@ -77,64 +74,8 @@ from posttrain.trainers.checkpoint import (
     save_checkpoint,
     start_policy,
 )
+from posttrain.trainers.dpo_config import PRESETS, DPOConfig, check_loss_kwargs, loss_options  # noqa: F401  (also imported from here)
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
-from posttrain.trainers.trainer_config import TrainerConfig, override
-
-
-@dataclass
-class DPOConfig(TrainerConfig):
-    out: str = override("out", "runs/dpo")
-    init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
-    loss: str = knob("rpo", f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}; or several joined by commas "
-                            "(weighted sum). Default rpo (DPO + NLL of the chosen answer): it beat SFT on every seed "
-                            "of docs/outcomes.md; plain DPO: --loss dpo")
-    loss_weights: str | None = knob(None, "weights of a combined --loss a,b,c, e.g. '0.8,0.2,1.0' (default 1 each; TRL's loss_weights)")
-    beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)", gt=0)
-    loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
-    steps: int = override("steps", 250)
-    batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)", gt=0)
-    lr: float = override("lr", 1e-4)
-    precompute_ref: bool = knob(True, "compute reference log-probs once for the dataset (one forward pass per step)")
-    save_every: int = override("save_every", 50)
-    seed: int = override("seed", 0, "seed for data order and the loss's own sampling (beta-DPO filtering)")
-    data: str | None = knob(None, "JSONL of {prompt, chosen, rejected} pairs (KTO: {prompt, completion, label}); "
-                                  "default: on-policy pairs sampled from --init on the embedded task")
-    eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
-    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
-    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
-    max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
-    long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
-                              "completions their start) | skip", choices=LONG_POLICIES)
-    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
-    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
-    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
-
-    def __post_init__(self):
-        check_fields(self)  # choices, bounds and finiteness, from the knobs above
-        resolve_loss(self.loss, self.loss_weights)  # names, weights, combinability
-        check_loss_kwargs(self.loss, self.loss_kwargs)
-        if self.fsdp and self.lora_r > 0:
-            raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
-
-    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
-    model_path: str | None = model_path_knob()
-    pad_token: str | None = pad_token_knob()
-    lora_r: int = lora_knob("r")
-    lora_alpha: float = lora_knob("alpha")
-    lora_dropout: float = lora_knob("dropout")
-    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
-    merge_lora: bool = lora_knob("merge")
-    fsdp: bool = knob(False, "under torchrun: shard the policy's parameters, gradients and optimizer state over the "
-                             "processes (FSDP2; the reference, unless precomputed, stays whole on each); checkpoints are "
-                             "then sharded (DCP) and `posttrain export` consolidates them")
-
-
-PRESETS: dict[str, dict] = {
-    "tiny": {},
-    "classic": {"loss": "dpo"},  # the default before the seed sweep of docs/outcomes.md
-    "small": {"steps": 500, "pairs": {"num_prompts": 8192}},
-}
 
 # ---------------------------------------------------------------------------------------------
 # what a loss needs, by declaration
@@ -146,38 +87,6 @@ EXTRA_INPUTS = {
     "chosen_nll": lambda batch, token_lp, B: -sequence_logps(token_lp[:B], batch["completion_mask"][:B], average=True),
 }
 """Per-sequence tensors named in LOSS_EXTRAS: fn(batch, token_logps (2B, C), B) -> (B,)."""
-
-def loss_options(loss: str) -> list[str]:
-    """Keyword arguments of a loss that a user may set through ``loss_kwargs`` (declared in its ``LossSpec``)."""
-    return list(resolve_loss(loss).options)
-
-
-def check_loss_kwargs(loss: str, kwargs) -> None:
-    """ConfigError unless every ``loss_kwargs`` entry is an option of ``loss``, a finite number, in its domain
-    (the ``options`` of its :class:`~posttrain.losses.preference.LossSpec`; a combined loss: each component's).
-
-    Example: ``check_loss_kwargs("cdpo", {"label_smoothing": 5})`` raises
-    "loss_kwargs.label_smoothing=5 must be in [0, 0.5] (loss 'cdpo')".
-    """
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"loss_kwargs must be a JSON object, got {kwargs!r}")
-    options = resolve_loss(loss).options
-    unknown = sorted(set(kwargs) - set(options))
-    if unknown:
-        raise ConfigError(f"loss_kwargs {unknown} not accepted by loss {loss!r}; its options: "
-                          f"{', '.join(options) or '(none)'}")
-    for k, v in kwargs.items():
-        name = f"loss_kwargs.{k}"
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{name}={v!r} is not a number (loss {loss!r})")
-        try:
-            if isinstance(v, int) and abs(v) > 2**53:
-                raise ConfigError(f"{name}={v!r} is out of range")
-            for bounds in options[k].values():  # each component that takes the option: its domain
-                check_value(name, v, bounds=bounds or None)
-        except ConfigError as e:
-            raise ConfigError(f"{e} (loss {loss!r})") from None
-
 
 def seq_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence completion log-probs (N,) and token log-probs (N, C) of a collated batch (one forward)."""
