@@ -31,6 +31,7 @@ demo: $(STAMP_CORE)
 
 test: $(STAMP_DEV)
 	$(BIN)/ruff check posttrain tests benchmarks
+	$(BIN)/ruff format --check posttrain tests benchmarks
 	$(BIN)/python -m pytest tests
 
 clean:

@@ -7,7 +7,9 @@ import time
 from collections.abc import Callable
 
 
-def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1, clock: str = "wall") -> tuple[float, list[float]]:
+def median_time(
+    fn: Callable[[], object], repeats: int = 5, warmup: int = 1, clock: str = "wall"
+) -> tuple[float, list[float]]:
     """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup``.
 
     ``clock="cpu"`` uses this process's CPU time (all threads): on a shared, oversubscribed machine

@@ -56,8 +56,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--naive-max-gb", type=float, default=6.0, help="skip naive where its estimate exceeds this")
     ap.add_argument("--causal", default="both", choices=["both", "yes", "no"])
-    ap.add_argument("--threads", type=int, default=0, help="torch threads for every implementation (0 = torch's default)")
-    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"], help="wall clock, or this process's CPU time (shared machines, --threads 1)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads for every implementation (0 = torch's default)"
+    )
+    ap.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="wall clock, or this process's CPU time (shared machines, --threads 1)",
+    )
     ap.add_argument("--no-memory", action="store_true", help="skip the (slow, profiler-based) memory measurement")
     args = ap.parse_args(argv)
 
@@ -85,7 +92,12 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock, median of {args.repeats}, load avg {load:.1f}"
     )
     print("# time in ms; mem = peak MiB allocated during the call above the inputs; '-' = skipped (would not fit)")
-    cols = [f"{i} ms" for i in impls] + [f"{ours}/sdpa t"] + [f"{i} MiB" for i in impls] + [f"{ours}/sdpa mem", f"naive/{ours} mem"]
+    cols = (
+        [f"{i} ms" for i in impls]
+        + [f"{ours}/sdpa t"]
+        + [f"{i} MiB" for i in impls]
+        + [f"{ours}/sdpa mem", f"naive/{ours} mem"]
+    )
     header = f"{'N':>6} {'causal':>6} {'pass':>7} " + " ".join(f"{c:>14}" for c in cols)
     print(header)
     print("-" * len(header))
@@ -94,7 +106,9 @@ def main(argv=None) -> int:
         q, k, v, go = (torch.randn(1, h, n, d, generator=gen, device=device).to(dtype) for _ in range(4))
         for causal in causals:
             for backward in (False, True):
-                active = [i for i in impls if not (i == "naive" and naive_bytes(n, h, backward) > args.naive_max_gb * 2**30)]
+                active = [
+                    i for i in impls if not (i == "naive" and naive_bytes(n, h, backward) > args.naive_max_gb * 2**30)
+                ]
                 qq, kk, vv = (t.detach().requires_grad_(backward) for t in (q, k, v))
                 times = {i: [] for i in active}
                 for i in active:  # warm-up (also compiles Triton)
@@ -106,7 +120,10 @@ def main(argv=None) -> int:
                 mem = {}
                 if not args.no_memory:
                     for i in active:
-                        mem[i] = attention_peak_memory(ATTENTION_BACKENDS[i], q, k, v, backward=backward, causal=causal) / 2**20
+                        mem[i] = (
+                            attention_peak_memory(ATTENTION_BACKENDS[i], q, k, v, backward=backward, causal=causal)
+                            / 2**20
+                        )
 
                 def fmt(x, spec=".1f"):
                     return "-" if x is None else format(x, spec)
@@ -116,7 +133,11 @@ def main(argv=None) -> int:
                 row += [fmt(mem.get(i)) for i in impls]
                 row.append(fmt(mem[ours] / mem["sdpa"], ".2f") if mem else "-")
                 row.append(fmt(mem["naive"] / mem[ours], ".0f") if "naive" in mem else "-")
-                print(f"{n:>6} {str(causal):>6} {'fwd+bwd' if backward else 'fwd':>7} " + " ".join(f"{c:>14}" for c in row), flush=True)
+                print(
+                    f"{n:>6} {str(causal):>6} {'fwd+bwd' if backward else 'fwd':>7} "
+                    + " ".join(f"{c:>14}" for c in row),
+                    flush=True,
+                )
     return 0
 
 

@@ -55,7 +55,9 @@ sys.path.insert(0, str(ROOT))
 K, NGRAM, THRESHOLD = 128, 5, 0.8
 FN_WEIGHT = float(os.environ.get("DEDUP_BENCH_FN_WEIGHT", 0.99))  # set by --fn-weight for the child processes
 VERIFY = os.environ.get("DEDUP_BENCH_VERIFY", "borderline")  # posttrain's --verify, set by --verify
-HASH_SEED = int(os.environ.get("DEDUP_BENCH_HASH_SEED", 1))  # MinHash seed of every system (rensa: 41 + it), set by --hash-seeds
+HASH_SEED = int(
+    os.environ.get("DEDUP_BENCH_HASH_SEED", 1)
+)  # MinHash seed of every system (rensa: 41 + it), set by --hash-seeds
 STEPS = ("nfkc", "lower", "whitespace")
 
 # ------------------------------------------------------------------------------------------------
@@ -239,16 +241,31 @@ def sig_rensa(texts):
     from posttrain.data.dedup.shingles import shingle_strings
 
     for s in range(0, len(texts), 1000):
-        rensa.RMinHash.digest_matrix_from_token_sets([list(shingle_strings(t, NGRAM)) for t in texts[s : s + 1000]], K, 41 + HASH_SEED)
+        rensa.RMinHash.digest_matrix_from_token_sets(
+            [list(shingle_strings(t, NGRAM)) for t in texts[s : s + 1000]], K, 41 + HASH_SEED
+        )
 
 
 def dedup_posttrain(path: Path, out: Path, workers: int) -> list[int]:
     from posttrain.data.dedup.run import DedupConfig, dedup
 
     clusters = out.with_suffix(".clusters.jsonl")
-    dedup([path], out, DedupConfig(id_field="id", threshold=THRESHOLD, num_perm=K, ngram=NGRAM, workers=workers, progress=False,
-                                      fn_weight=FN_WEIGHT, verify=VERIFY, seed=HASH_SEED),
-          clusters=clusters)
+    dedup(
+        [path],
+        out,
+        DedupConfig(
+            id_field="id",
+            threshold=THRESHOLD,
+            num_perm=K,
+            ngram=NGRAM,
+            workers=workers,
+            progress=False,
+            fn_weight=FN_WEIGHT,
+            verify=VERIFY,
+            seed=HASH_SEED,
+        ),
+        clusters=clusters,
+    )
     return [json.loads(line)["representative"] for line in open(clusters)]
 
 
@@ -343,8 +360,12 @@ def _child(system: str, mode: str, corpus: Path, workdir: Path) -> dict:
 
 
 def _run_child(system: str, mode: str, corpus: Path, tmp: Path) -> dict:
-    p = subprocess.run([sys.executable, __file__, "--_child", system, mode, str(corpus), str(tmp)],
-                       capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p = subprocess.run(
+        [sys.executable, __file__, "--_child", system, mode, str(corpus), str(tmp)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     if p.returncode:
         raise SystemExit(f"{system} {mode} failed:\n{p.stderr}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -352,26 +373,52 @@ def _run_child(system: str, mode: str, corpus: Path, tmp: Path) -> dict:
 
 def _quality(labels: list[int], truth: set, oracle: set) -> dict:
     pred = predicted_pairs(labels)
-    return {"precision": len(truth & pred) / max(1, len(pred)), "recall": len(truth & pred) / max(1, len(truth)),
-            "precision_t": len(oracle & pred) / max(1, len(pred))}
+    return {
+        "precision": len(truth & pred) / max(1, len(pred)),
+        "recall": len(truth & pred) / max(1, len(truth)),
+        "precision_t": len(oracle & pred) / max(1, len(pred)),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="10000", help="comma-separated corpus sizes (default: 10000)")
-    ap.add_argument("--repeats", default="3", help="timing repeats per size (on the first corpus seed), one number or one per size (e.g. 3,1)")
-    ap.add_argument("--corpus-seeds", default="0", help="comma-separated corpus seeds; quality is reported per seed and as the mean "
-                    "(timing uses the first seed; the others get one dedup run per system)")
-    ap.add_argument("--hash-seeds", default="1", help="comma-separated MinHash seeds, applied to every system; quality is "
-                    "reported per (corpus seed, hash seed) (timing uses the first of each)")
+    ap.add_argument(
+        "--repeats",
+        default="3",
+        help="timing repeats per size (on the first corpus seed), one number or one per size (e.g. 3,1)",
+    )
+    ap.add_argument(
+        "--corpus-seeds",
+        default="0",
+        help="comma-separated corpus seeds; quality is reported per seed and as the mean "
+        "(timing uses the first seed; the others get one dedup run per system)",
+    )
+    ap.add_argument(
+        "--hash-seeds",
+        default="1",
+        help="comma-separated MinHash seeds, applied to every system; quality is "
+        "reported per (corpus seed, hash seed) (timing uses the first of each)",
+    )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of: " + ", ".join(SYSTEMS))
     ap.add_argument("--skip-sig-for", default="", help="systems whose signature-only timing is skipped")
-    ap.add_argument("--clock", default="cpu", choices=("cpu", "wall"),
-                    help="throughput per CPU second (default; robust on a shared machine; the 2-process row sums its "
-                         "processes' CPU) or per wall-clock second")
-    ap.add_argument("--fn-weight", type=float, default=0.99, help="false-negative weight of the auto (b, r), for posttrain "
-                    "and datasketch (default: 0.99 -> (18, 7); 0.9 -> (14, 9))")
-    ap.add_argument("--verify", default="borderline", choices=("borderline", "estimate", "exact"), help="posttrain's --verify")
+    ap.add_argument(
+        "--clock",
+        default="cpu",
+        choices=("cpu", "wall"),
+        help="throughput per CPU second (default; robust on a shared machine; the 2-process row sums its "
+        "processes' CPU) or per wall-clock second",
+    )
+    ap.add_argument(
+        "--fn-weight",
+        type=float,
+        default=0.99,
+        help="false-negative weight of the auto (b, r), for posttrain "
+        "and datasketch (default: 0.99 -> (18, 7); 0.9 -> (14, 9))",
+    )
+    ap.add_argument(
+        "--verify", default="borderline", choices=("borderline", "estimate", "exact"), help="posttrain's --verify"
+    )
     ap.add_argument("--_child", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--_prepare", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -398,15 +445,27 @@ def main() -> None:
         for n, repeats in zip(sizes, reps):
             for si, seed in enumerate(seeds):
                 corpus = tmp / f"corpus{n}_s{seed}.jsonl"
-                subprocess.run([sys.executable, __file__, "--_prepare", str(n), str(seed), str(corpus)], check=True,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+                subprocess.run(
+                    [sys.executable, __file__, "--_prepare", str(n), str(seed), str(corpus)],
+                    check=True,
+                    env={**os.environ, "PYTHONPATH": str(ROOT)},
+                )
                 truth = truth_pairs(corpus)
                 oracle = predicted_pairs(json.loads(corpus.with_suffix(".oracle.json").read_text()))
-                qual.append((n, seed, "threshold oracle", {"precision": 1.0, "recall": len(truth & oracle) / max(1, len(truth)),
-                                                           "precision_t": 1.0}))
+                qual.append(
+                    (
+                        n,
+                        seed,
+                        "threshold oracle",
+                        {"precision": 1.0, "recall": len(truth & oracle) / max(1, len(truth)), "precision_t": 1.0},
+                    )
+                )
                 mb = corpus.stat().st_size / 1e6
-                print(f"# corpus: {n} docs, seed {seed}, {mb:.1f} MB, {len(truth)} true duplicate pairs, "
-                      f"oracle recall {qual[-1][3]['recall']:.5f}", file=sys.stderr)
+                print(
+                    f"# corpus: {n} docs, seed {seed}, {mb:.1f} MB, {len(truth)} true duplicate pairs, "
+                    f"oracle recall {qual[-1][3]['recall']:.5f}",
+                    file=sys.stderr,
+                )
                 for hi, hseed in enumerate(hseeds):
                     os.environ["DEDUP_BENCH_HASH_SEED"] = str(hseed)
                     first = si == 0 and hi == 0
@@ -416,23 +475,41 @@ def main() -> None:
                         runs = defaultdict(list)
                         for r in range(repeats if first else 1):
                             for mode in ("sig", "dedup"):
-                                if mode == "sig" and (not first or SYSTEMS[system][1] > 1 or system in args.skip_sig_for):
+                                if mode == "sig" and (
+                                    not first or SYSTEMS[system][1] > 1 or system in args.skip_sig_for
+                                ):
                                     continue  # signature timing is single-core for everyone, first seeds only
                                 for k, v in _run_child(system, mode, corpus, tmp).items():
                                     runs[k].append(v)
-                            print(f"#   {system} seed {seed} hash {hseed} repeat {r + 1}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in runs.items()), file=sys.stderr)
+                            print(
+                                f"#   {system} seed {seed} hash {hseed} repeat {r + 1}: "
+                                + ", ".join(f"{k}={v[-1]:.4g}" for k, v in runs.items()),
+                                file=sys.stderr,
+                            )
                         name, workers = SYSTEMS[system]
                         labels = json.loads((tmp / f"labels.{name}.{workers}.{corpus.stem}.json").read_text())
                         q = _quality(labels, truth, oracle)
                         qual.append((n, seed, system if len(hseeds) == 1 else f"{system}, hash {hseed}", q))
-                        print(f"#   {system} seed {seed} hash {hseed}: " + ", ".join(f"{k}={v:.5f}" for k, v in q.items()), file=sys.stderr)
+                        print(
+                            f"#   {system} seed {seed} hash {hseed}: "
+                            + ", ".join(f"{k}={v:.5f}" for k, v in q.items()),
+                            file=sys.stderr,
+                        )
                         if first:
                             rows.append((n, system, {**{k: statistics.median(v) for k, v in runs.items()}, **q}))
     base = {n: m for n, s, m in rows if s == "datasketch"}
-    sk, dk, unit = ("sig_docs_cpu_s", "dedup_docs_cpu_s", "docs/CPU-s") if args.clock == "cpu" else ("sig_docs_s", "dedup_docs_s", "docs/s")
-    print(f"\nThroughput: {unit} (clock={args.clock}), medians over repeats on corpus seed {seeds[0]}, hash seed {hseeds[0]}; "
-          "ratios to datasketch from the same run.")
-    print(f"\n| docs | system | sig {unit} | x datasketch | dedup {unit} | x datasketch | peak RSS MB | precision | recall | kept |")
+    sk, dk, unit = (
+        ("sig_docs_cpu_s", "dedup_docs_cpu_s", "docs/CPU-s")
+        if args.clock == "cpu"
+        else ("sig_docs_s", "dedup_docs_s", "docs/s")
+    )
+    print(
+        f"\nThroughput: {unit} (clock={args.clock}), medians over repeats on corpus seed {seeds[0]}, hash seed {hseeds[0]}; "
+        "ratios to datasketch from the same run."
+    )
+    print(
+        f"\n| docs | system | sig {unit} | x datasketch | dedup {unit} | x datasketch | peak RSS MB | precision | recall | kept |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, s, m in rows:
         b = base.get(n, {})
@@ -440,23 +517,39 @@ def main() -> None:
         sig_s = f"{sig:,.0f}" if sig else "-"
         sig_x = f"{sig / b[sk]:.1f}" if sig and b.get(sk) else "-"
         dd_x = f"{m[dk] / b[dk]:.1f}" if b.get(dk) else "-"
-        print(f"| {n} | {s} | {sig_s} | {sig_x} | {m[dk]:,.0f} | {dd_x} | {m['rss_mb']:.0f} | "
-              f"{m['precision']:.4f} | {m['recall']:.4f} | {m['kept']:.0f} |")
-    shown = [s for s in systems if not (s == "posttrain (2 procs)" and "posttrain (1 proc)" in systems)]  # same clusters
+        print(
+            f"| {n} | {s} | {sig_s} | {sig_x} | {m[dk]:,.0f} | {dd_x} | {m['rss_mb']:.0f} | "
+            f"{m['precision']:.4f} | {m['recall']:.4f} | {m['kept']:.0f} |"
+        )
+    shown = [
+        s for s in systems if not (s == "posttrain (2 procs)" and "posttrain (1 proc)" in systems)
+    ]  # same clusters
     names = ["threshold oracle"] + [s if len(hseeds) == 1 else f"{s}, hash {h}" for s in shown for h in hseeds]
-    print(f"\nQuality over corpus seeds {args.corpus_seeds}, hash seeds {args.hash_seeds} (recall per corpus seed; precision vs "
-          f"ground truth; precision@t = share of predicted pairs also joined by exact Jaccard >= {THRESHOLD}):\n")
-    print("| docs | system | " + " | ".join(f"recall s{sd}" for sd in seeds) + " | mean recall | min precision | mean precision@t |")
+    print(
+        f"\nQuality over corpus seeds {args.corpus_seeds}, hash seeds {args.hash_seeds} (recall per corpus seed; precision vs "
+        f"ground truth; precision@t = share of predicted pairs also joined by exact Jaccard >= {THRESHOLD}):\n"
+    )
+    print(
+        "| docs | system | "
+        + " | ".join(f"recall s{sd}" for sd in seeds)
+        + " | mean recall | min precision | mean precision@t |"
+    )
     print("|---:|---|" + "---:|" * (len(seeds) + 3))
     for n in sizes:
         for name in names:
             qs = {sd: q for nn, sd, s, q in qual if nn == n and s == name}
             rec = [qs[sd]["recall"] for sd in seeds]
-            print(f"| {n} | {name} | " + " | ".join(f"{r:.5f}" for r in rec) + f" | {statistics.mean(rec):.5f} | "
-                  f"{min(q['precision'] for q in qs.values()):.4f} | {statistics.mean(q['precision_t'] for q in qs.values()):.5f} |")
+            print(
+                f"| {n} | {name} | " + " | ".join(f"{r:.5f}" for r in rec) + f" | {statistics.mean(rec):.5f} | "
+                f"{min(q['precision'] for q in qs.values()):.4f} | {statistics.mean(q['precision_t'] for q in qs.values()):.5f} |"
+            )
     if len(hseeds) > 1 or len(seeds) > 1:
-        print(f"\nOver all {len(seeds) * len(hseeds)} (corpus seed, hash seed) runs: recall vs the threshold oracle of the same corpus\n")
-        print("| docs | system | mean recall | min recall | runs = oracle | runs below | runs above | mean precision@t |")
+        print(
+            f"\nOver all {len(seeds) * len(hseeds)} (corpus seed, hash seed) runs: recall vs the threshold oracle of the same corpus\n"
+        )
+        print(
+            "| docs | system | mean recall | min recall | runs = oracle | runs below | runs above | mean precision@t |"
+        )
         print("|---:|---|---:|---:|---:|---:|---:|---:|")
         for n in sizes:
             orc = {sd: q["recall"] for nn, sd, s, q in qual if nn == n and s == "threshold oracle"}
@@ -464,8 +557,10 @@ def main() -> None:
                 qs = [(sd, q) for nn, sd, name, q in qual if nn == n and (name == s or name.startswith(s + ", hash "))]
                 rec = [q["recall"] for _, q in qs]
                 d = [q["recall"] - orc[sd] for sd, q in qs]
-                print(f"| {n} | {s} | {statistics.mean(rec):.5f} | {min(rec):.5f} | {sum(abs(x) < 1e-12 for x in d)} | "
-                      f"{sum(x < -1e-12 for x in d)} | {sum(x > 1e-12 for x in d)} | {statistics.mean(q['precision_t'] for _, q in qs):.5f} |")
+                print(
+                    f"| {n} | {s} | {statistics.mean(rec):.5f} | {min(rec):.5f} | {sum(abs(x) < 1e-12 for x in d)} | "
+                    f"{sum(x < -1e-12 for x in d)} | {sum(x > 1e-12 for x in d)} | {statistics.mean(q['precision_t'] for _, q in qs):.5f} |"
+                )
 
 
 if __name__ == "__main__":

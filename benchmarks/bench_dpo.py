@@ -48,8 +48,9 @@ def hf_tokenizer(alphabet: str):
     vocab = {t: i for i, t in enumerate(list(SPECIALS) + list(alphabet))}
     tok = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 def make_pairs(n: int):
@@ -78,12 +79,26 @@ def time_trl(pairs, steps: int, clock: str):
         def on_step_end(self, args, state, control, **kw):
             times.append(tick() - self.t0)
 
-    args = TRLConfig(output_dir="/tmp/bench_dpo_trl", per_device_train_batch_size=BATCH, max_steps=steps + 2,
-                     learning_rate=LR, beta=BETA, loss_type=["sigmoid"], report_to="none", logging_strategy="no",
-                     save_strategy="no", use_cpu=True, dataloader_num_workers=0, max_grad_norm=1.0,
-                     disable_tqdm=True, seed=0)
+    args = TRLConfig(
+        output_dir="/tmp/bench_dpo_trl",
+        per_device_train_batch_size=BATCH,
+        max_steps=steps + 2,
+        learning_rate=LR,
+        beta=BETA,
+        loss_type=["sigmoid"],
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        use_cpu=True,
+        dataloader_num_workers=0,
+        max_grad_norm=1.0,
+        disable_tqdm=True,
+        seed=0,
+    )
     ref = __import__("copy").deepcopy(model)  # TRL would reload it by name from the Hub otherwise
-    trainer = DPOTrainer(model=model, ref_model=ref, args=args, train_dataset=ds, processing_class=tok, callbacks=[StepTimer()])
+    trainer = DPOTrainer(
+        model=model, ref_model=ref, args=args, train_dataset=ds, processing_class=tok, callbacks=[StepTimer()]
+    )
     trainer.train()
     return statistics.median(times[2:])  # first steps warm up
 
@@ -141,8 +156,12 @@ def main():
         results[("ours-hf", clock)] = time_ours(hf(), pairs, args.steps, clock, precompute=False)
         results[("ours-gpt", clock)] = time_ours(gpt(), pairs, args.steps, clock, precompute=False)
         results[("ours-gpt-pre", clock)] = time_ours(gpt(), pairs, args.steps, clock, precompute=True)
-    names = {"trl": "trl DPOTrainer (HF GPT-2)", "ours-hf": "ours, HF GPT-2, live reference",
-             "ours-gpt": "ours, GPT, live reference", "ours-gpt-pre": "ours, GPT, precomputed reference"}
+    names = {
+        "trl": "trl DPOTrainer (HF GPT-2)",
+        "ours-hf": "ours, HF GPT-2, live reference",
+        "ours-gpt": "ours, GPT, live reference",
+        "ours-gpt-pre": "ours, GPT, precomputed reference",
+    }
     headers = ["implementation"] + [h for c in clocks for h in (f"ms/step ({c})", f"vs TRL ({c})")]
     rows = []
     for key, label in names.items():
@@ -150,8 +169,10 @@ def main():
         for c in clocks:
             row += [1e3 * results[(key, c)], f"{results[(key, c)] / results[('trl', c)]:.2f}x"]
         rows.append(row)
-    print(f"DPO step, batch {BATCH} pairs, 0.8M-param 4x128 model, threads {args.threads}, median of {args.steps} steps; "
-          f"torch {torch.__version__}")
+    print(
+        f"DPO step, batch {BATCH} pairs, 0.8M-param 4x128 model, threads {args.threads}, median of {args.steps} steps; "
+        f"torch {torch.__version__}"
+    )
     print_table(headers, rows)
 
 

@@ -83,8 +83,13 @@ class EvalLog:
         def run():
             was_training = model.training
             model.eval()
-            r = evaluate(model, self.tok, [p.prompt for p in self.problems], [p.answer for p in self.problems],
-                         max_new_tokens=self.max_new)
+            r = evaluate(
+                model,
+                self.tok,
+                [p.prompt for p in self.problems],
+                [p.answer for p in self.problems],
+                max_new_tokens=self.max_new,
+            )
             model.train(was_training)
             return r
 
@@ -105,8 +110,14 @@ def hf_char_tokenizer(char_tok: CharTokenizer):
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", char_tok.bos_id)])
     tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                  unk_token="<unk>", padding_side="left")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=tk,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
     return tok
 
 
@@ -147,13 +158,38 @@ def run_trl(args, init_dir: Path, task: ArithmeticTask, work: Path) -> dict:
 
     trl_loss, _ = LOSSES[args.loss]
     cfg = GRPOConfig(
-        output_dir=str(work / "trl"), max_steps=args.steps, per_device_train_batch_size=args.prompts * args.G,
-        gradient_accumulation_steps=1, num_generations=args.G, max_completion_length=args.max_new_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, epsilon=0.2, scale_rewards="group",
-        loss_type=trl_loss, learning_rate=args.lr, lr_scheduler_type="constant_with_warmup",
-        warmup_steps=WARMUP_STEPS, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8, weight_decay=0.0,
-        max_grad_norm=1.0, use_cpu=True, bf16=False, fp16=False, report_to="none", logging_steps=1,
-        save_strategy="no", eval_strategy="no", seed=args.seed, dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(work / "trl"),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.prompts * args.G,
+        gradient_accumulation_steps=1,
+        num_generations=args.G,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        scale_rewards="group",
+        loss_type=trl_loss,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=WARMUP_STEPS,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        eval_strategy="no",
+        seed=args.seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         log_completions=False,
     )
     clock = Stopwatch()
@@ -173,8 +209,9 @@ def run_trl(args, init_dir: Path, task: ArithmeticTask, work: Path) -> dict:
             if state.global_step % args.eval_every == 0 or state.global_step == args.steps:
                 evals(model, state.global_step)
 
-    trainer = GRPOTrainer(model=model, reward_funcs=exact_match, args=cfg, train_dataset=ds, processing_class=hf_tok,
-                          callbacks=[Timing()])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=exact_match, args=cfg, train_dataset=ds, processing_class=hf_tok, callbacks=[Timing()]
+    )
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
     torch.set_num_threads(args.threads)
@@ -196,9 +233,14 @@ def trl_position_drift(trainer, char_tok, problems, args) -> dict:
     from posttrain.generate import SamplingConfig, generate
 
     model = trainer.model.eval()
-    gen = generate(model, [encode_prompt(char_tok, p.prompt) for p in problems], pad_id=char_tok.pad_id,
-                   eos_id=char_tok.eos_id, cfg=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0),
-                   generator=torch.Generator().manual_seed(0))
+    gen = generate(
+        model,
+        [encode_prompt(char_tok, p.prompt) for p in problems],
+        pad_id=char_tok.pad_id,
+        eos_id=char_tok.eos_id,
+        cfg=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0),
+        generator=torch.Generator().manual_seed(0),
+    )
     T = gen.completion_mask.shape[1]
     trl_logps, _, _ = trainer._get_per_token_logps_and_entropies(model, gen.sequences, gen.attention_mask, T)
     model.train()
@@ -214,14 +256,35 @@ def trl_position_drift(trainer, char_tok, problems, args) -> dict:
 def run_ours(args, init_dir: Path, task_cfg: ArithmeticConfig, work: Path) -> dict:
     _, agg = LOSSES[args.loss]
     cfg = PolicyGradientConfig(
-        out=str(work / "ours"), init=str(init_dir), algo="grpo", steps=args.steps, prompts_per_step=args.prompts,
-        num_generations=args.G, max_new_tokens=args.max_new_tokens, temperature=1.0, lr=args.lr,
-        warmup_steps=WARMUP_STEPS, min_lr_ratio=1.0, weight_decay=0.0, grad_clip=1.0, mu=1, minibatches=1,
-        clip_eps_low=0.2, loss_agg=agg, scale_rewards="group", beta=0.0, reward="exact_match:1.0",
-        eval_every=args.eval_every, save_every=0, seed=args.seed, threads=args.threads, progress=False,
+        out=str(work / "ours"),
+        init=str(init_dir),
+        algo="grpo",
+        steps=args.steps,
+        prompts_per_step=args.prompts,
+        num_generations=args.G,
+        max_new_tokens=args.max_new_tokens,
+        temperature=1.0,
+        lr=args.lr,
+        warmup_steps=WARMUP_STEPS,
+        min_lr_ratio=1.0,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        mu=1,
+        minibatches=1,
+        clip_eps_low=0.2,
+        loss_agg=agg,
+        scale_rewards="group",
+        beta=0.0,
+        reward="exact_match:1.0",
+        eval_every=args.eval_every,
+        save_every=0,
+        seed=args.seed,
+        threads=args.threads,
+        progress=False,
         task=task_cfg,
         # like for like with TRL's GRPOTrainer: no dynamic sampling, no collapse restore (posttrain's defaults have both)
-        dynamic_sampling=False, alarms=AlarmConfig(collapse_fraction=0.0),
+        dynamic_sampling=False,
+        alarms=AlarmConfig(collapse_fraction=0.0),
     )
     trainer = PolicyGradientTrainer(cfg, overwrite=True)
     clock = Stopwatch()
@@ -252,10 +315,23 @@ def make_sft(args, task_cfg: ArithmeticConfig, work: Path) -> Path:
         return Path(args.init)
     out = work / "sft"
     t = time.perf_counter()
-    s = train_sft(SFTConfig(out=str(out), steps=args.sft_steps, task=task_cfg, threads=args.threads, progress=False,
-                            eval_every=0, save_every=0, seed=args.seed), overwrite=True)  # --work may be reused
-    print(f"SFT checkpoint: {s['steps']} steps in {time.perf_counter() - t:.0f}s, held-out accuracy "
-          f"{s['heldout_accuracy']:.3f}")
+    s = train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=args.sft_steps,
+            task=task_cfg,
+            threads=args.threads,
+            progress=False,
+            eval_every=0,
+            save_every=0,
+            seed=args.seed,
+        ),
+        overwrite=True,
+    )  # --work may be reused
+    print(
+        f"SFT checkpoint: {s['steps']} steps in {time.perf_counter() - t:.0f}s, held-out accuracy "
+        f"{s['heldout_accuracy']:.3f}"
+    )
     return out / "model"
 
 
@@ -264,9 +340,15 @@ def summarize(name: str, res: dict, target: float) -> dict:
     hit = ev.first_reaching(target)
     tail = res["rewards"][-50:]
     return {
-        "side": name, "s_step": statistics.median(res["step_times"]), "steps": len(res["step_times"]),
-        "start": ev.points[0][2], "final": ev.points[-1][2], "best": max(a for _, _, a in ev.points),
-        "hit_step": hit[0] if hit else None, "hit_s": hit[1] if hit else None, "train_s": res["train_s"],
+        "side": name,
+        "s_step": statistics.median(res["step_times"]),
+        "steps": len(res["step_times"]),
+        "start": ev.points[0][2],
+        "final": ev.points[-1][2],
+        "best": max(a for _, _, a in ev.points),
+        "hit_step": hit[0] if hit else None,
+        "hit_s": hit[1] if hit else None,
+        "train_s": res["train_s"],
         "reward_tail": sum(tail) / max(len(tail), 1),
     }
 
@@ -292,43 +374,80 @@ def main():
     ap.add_argument("--work", default=None, help="directory for the runs (default: a temporary one)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    task_cfg = ArithmeticConfig(digits=2, ops=args.ops, num_demos=args.num_demos, num_eval=args.num_eval,
-                                seed=args.seed)
+    task_cfg = ArithmeticConfig(
+        digits=2, ops=args.ops, num_demos=args.num_demos, num_eval=args.num_eval, seed=args.seed
+    )
     task = ArithmeticTask(task_cfg)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         init_dir = make_sft(args, task_cfg, work)
-        runners = {"trl": lambda: run_trl(args, init_dir, task, work), "ours": lambda: run_ours(args, init_dir,
-                                                                                              task_cfg, work)}
+        runners = {
+            "trl": lambda: run_trl(args, init_dir, task, work),
+            "ours": lambda: run_ours(args, init_dir, task_cfg, work),
+        }
         results = {}
         for side in args.sides.split(","):
             t = time.perf_counter()
             results[side] = runners[side]()
-            print(f"{side}: {len(results[side]['step_times'])} steps in {time.perf_counter() - t:.0f}s "
-                  f"(accuracy curve: {[(s, round(a, 3)) for s, _, a in results[side]['evals'].points]})")
+            print(
+                f"{side}: {len(results[side]['step_times'])} steps in {time.perf_counter() - t:.0f}s "
+                f"(accuracy curve: {[(s, round(a, 3)) for s, _, a in results[side]['evals'].points]})"
+            )
     start = next(iter(results.values()))["evals"].points[0][2]
     target = start + args.target_gain
     names = {"trl": "TRL GRPOTrainer (HF GPT-2)", "ours": "posttrain PolicyGradientTrainer (GPT)"}
     rows = {k: summarize(names[k], v, target) for k, v in results.items()}
-    print(f"\nGRPO, two-digit '{args.ops}', {args.prompts} prompts x G={args.G}, {args.max_new_tokens} new tokens, "
-          f"beta=0, loss={args.loss}, lr={args.lr}, {args.steps} steps, {args.threads} thread(s), "
-          f"eval every {args.eval_every} steps on {args.num_eval} held-out problems (greedy); "
-          f"target accuracy {target:.3f} (start + {args.target_gain}); shared noisy machine, one run")
+    print(
+        f"\nGRPO, two-digit '{args.ops}', {args.prompts} prompts x G={args.G}, {args.max_new_tokens} new tokens, "
+        f"beta=0, loss={args.loss}, lr={args.lr}, {args.steps} steps, {args.threads} thread(s), "
+        f"eval every {args.eval_every} steps on {args.num_eval} held-out problems (greedy); "
+        f"target accuracy {target:.3f} (start + {args.target_gain}); shared noisy machine, one run"
+    )
     fmt = lambda x, f: "never" if x is None else f.format(x)  # noqa: E731
-    table = [[r["side"], r["s_step"], r["steps"], f"{r['start']:.3f}", f"{r['final']:.3f}", f"{r['best']:.3f}",
-              fmt(r["hit_step"], "{}"), fmt(r["hit_s"], "{:.1f}"), f"{r['train_s']:.1f}", f"{r['reward_tail']:.3f}"]
-             for r in rows.values()]
-    print_table(["side", "median s/step", "steps", "acc start", "acc final", "acc best", "target @step",
-                 "target @train s", "train s total", "reward (last 50)"], table)
+    table = [
+        [
+            r["side"],
+            r["s_step"],
+            r["steps"],
+            f"{r['start']:.3f}",
+            f"{r['final']:.3f}",
+            f"{r['best']:.3f}",
+            fmt(r["hit_step"], "{}"),
+            fmt(r["hit_s"], "{:.1f}"),
+            f"{r['train_s']:.1f}",
+            f"{r['reward_tail']:.3f}",
+        ]
+        for r in rows.values()
+    ]
+    print_table(
+        [
+            "side",
+            "median s/step",
+            "steps",
+            "acc start",
+            "acc final",
+            "acc best",
+            "target @step",
+            "target @train s",
+            "train s total",
+            "reward (last 50)",
+        ],
+        table,
+    )
     if "trl" in results:
         d = results["trl"]["drift"]
-        print(f"TRL loss forward vs its sampler (no position_ids): mean |logp diff| per token {d['padded']:.3g} on "
-              f"left-padded rows ({d['padded_frac']:.0%} of rows), {d['unpadded']:.3g} on unpadded rows")
+        print(
+            f"TRL loss forward vs its sampler (no position_ids): mean |logp diff| per token {d['padded']:.3g} on "
+            f"left-padded rows ({d['padded_frac']:.0%} of rows), {d['unpadded']:.3g} on unpadded rows"
+        )
     if "trl" in rows and "ours" in rows:
         a, b = rows["trl"], rows["ours"]
         step_ratio = b["s_step"] / a["s_step"]
-        hit = (f"{b['hit_s'] / a['hit_s']:.2f}x" if a["hit_s"] and b["hit_s"] is not None
-               else "n/a (a side never reached the target)")
+        hit = (
+            f"{b['hit_s'] / a['hit_s']:.2f}x"
+            if a["hit_s"] and b["hit_s"] is not None
+            else "n/a (a side never reached the target)"
+        )
         print(f"ratio ours/TRL: s/step {step_ratio:.2f}x (goal <= 0.5), wall-clock to target {hit} (goal <= 0.5)")
 
 

@@ -56,12 +56,33 @@ _WRITE = threading.Lock()
 
 
 # ----------------------------------------------------------------------------------------------- one run
-def method_command(method: str, seed: int, work: Path, sft_dir: Path, budget: int, eval_every: int,
-                   extra: str = "") -> list[str]:
+def method_command(
+    method: str, seed: int, work: Path, sft_dir: Path, budget: int, eval_every: int, extra: str = ""
+) -> list[str]:
     sub, flags = METHODS[method]
-    return [sys.executable, "-m", "posttrain", sub, *flags, "--seed", str(seed), "--out", str(work / f"seed{seed}" / method),
-            "--init", str(sft_dir), "--steps", str(budget), "--eval-every", str(eval_every), "--threads", "1",
-            "--progress", "false", "--overwrite", *shlex.split(extra)]
+    return [
+        sys.executable,
+        "-m",
+        "posttrain",
+        sub,
+        *flags,
+        "--seed",
+        str(seed),
+        "--out",
+        str(work / f"seed{seed}" / method),
+        "--init",
+        str(sft_dir),
+        "--steps",
+        str(budget),
+        "--eval-every",
+        str(eval_every),
+        "--threads",
+        "1",
+        "--progress",
+        "false",
+        "--overwrite",
+        *shlex.split(extra),
+    ]
 
 
 def read_curve(metrics_path: Path) -> list[dict]:
@@ -90,8 +111,18 @@ def samples_of(metrics_path: Path, cfg: dict) -> tuple[int, int]:
     return steps * int(cfg["prompts_per_step"]) * g, generated
 
 
-def run_method(method: str, seed: int, work: Path, sft_dir: Path, sft_acc: float | None, budget: int, eval_every: int,
-               extra: str, reuse: bool, timeout: float) -> dict:
+def run_method(
+    method: str,
+    seed: int,
+    work: Path,
+    sft_dir: Path,
+    sft_acc: float | None,
+    budget: int,
+    eval_every: int,
+    extra: str,
+    reuse: bool,
+    timeout: float,
+) -> dict:
     cmd = method_command(method, seed, work, sft_dir, budget, eval_every, extra)
     out = Path(cmd[cmd.index("--out") + 1])
     record, summary_path = out.parent / f"{method}.command.json", out / "summary.json"
@@ -110,24 +141,46 @@ def run_method(method: str, seed: int, work: Path, sft_dir: Path, sft_acc: float
             _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time and peak RSS
             timer.cancel()
             proc.returncode = rc = os.waitstatus_to_exitcode(status)
-        rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0,
-               "cpu_seconds": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024}  # KiB on Linux
+        rec = {
+            "cmd": cmd[1:],
+            "rc": rc,
+            "wall_seconds": time.perf_counter() - t0,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "max_rss_mb": usage.ru_maxrss / 1024,
+        }  # KiB on Linux
         record.write_text(json.dumps(rec))
-    res = {"method": method, "seed": seed, "cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), "rc": rec["rc"],
-           "wall_seconds": rec["wall_seconds"], "cpu_seconds": rec["cpu_seconds"], "max_rss_mb": rec["max_rss_mb"],
-           "run_dir": str(out)}
+    res = {
+        "method": method,
+        "seed": seed,
+        "cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]),
+        "rc": rec["rc"],
+        "wall_seconds": rec["wall_seconds"],
+        "cpu_seconds": rec["cpu_seconds"],
+        "max_rss_mb": rec["max_rss_mb"],
+        "run_dir": str(out),
+    }
     if rec["rc"] == 0 and summary_path.exists():
         summ = json.loads(summary_path.read_text())
         cfg = json.loads((out / "config.resolved.json").read_text())
-        res.update(accuracy=float(summ["heldout_accuracy"]), train_seconds=summ.get("train_seconds"),
-                   steps=summ.get("steps"), batch=int(cfg["prompts_per_step"]) * int(cfg["num_generations"]),
-                   curve=read_curve(out / "metrics.jsonl"))
+        res.update(
+            accuracy=float(summ["heldout_accuracy"]),
+            train_seconds=summ.get("train_seconds"),
+            steps=summ.get("steps"),
+            batch=int(cfg["prompts_per_step"]) * int(cfg["num_generations"]),
+            curve=read_curve(out / "metrics.jsonl"),
+        )
         res["samples_trained"], res["samples_generated"] = samples_of(out / "metrics.jsonl", cfg)
         if sft_acc is not None:
             res["gain"] = res["accuracy"] - sft_acc
-    msg = f"{res['accuracy']:.3f}" if "accuracy" in res else f"FAILED rc={rec['rc']} (see {out.parent / (method + '.log')})"
-    say(f"[seed {seed}] {method}: {msg}  ({rec['wall_seconds']:.0f}s wall, {rec['cpu_seconds']:.0f}s CPU, "
-        f"{rec['max_rss_mb']:.0f} MiB)")
+    msg = (
+        f"{res['accuracy']:.3f}"
+        if "accuracy" in res
+        else f"FAILED rc={rec['rc']} (see {out.parent / (method + '.log')})"
+    )
+    say(
+        f"[seed {seed}] {method}: {msg}  ({rec['wall_seconds']:.0f}s wall, {rec['cpu_seconds']:.0f}s CPU, "
+        f"{rec['max_rss_mb']:.0f} MiB)"
+    )
     return res
 
 
@@ -138,11 +191,21 @@ def aggregate(runs: list[dict], methods: list[str]) -> dict:
     out = {}
     for m in methods:
         ok = [r for r in runs if r["method"] == m and "accuracy" in r]
-        row = {"accuracy": describe({r["seed"]: r["accuracy"] for r in ok}),
-               "gain": describe({r["seed"]: r["gain"] for r in ok if "gain" in r}),
-               "failed_seeds": sorted(r["seed"] for r in runs if r["method"] == m and "accuracy" not in r)}
-        for key in ("train_seconds", "wall_seconds", "cpu_seconds", "max_rss_mb", "samples_trained", "samples_generated",
-                    "steps", "batch"):
+        row = {
+            "accuracy": describe({r["seed"]: r["accuracy"] for r in ok}),
+            "gain": describe({r["seed"]: r["gain"] for r in ok if "gain" in r}),
+            "failed_seeds": sorted(r["seed"] for r in runs if r["method"] == m and "accuracy" not in r),
+        }
+        for key in (
+            "train_seconds",
+            "wall_seconds",
+            "cpu_seconds",
+            "max_rss_mb",
+            "samples_trained",
+            "samples_generated",
+            "steps",
+            "batch",
+        ):
             xs = [r[key] for r in ok if r.get(key) is not None]
             row[key] = {"mean": statistics.fmean(xs), "max": max(xs)} if xs else None
         curves = [r["curve"] for r in ok if r.get("curve")]
@@ -150,9 +213,16 @@ def aggregate(runs: list[dict], methods: list[str]) -> dict:
         for i in range(max((len(c) for c in curves), default=0)):
             pts = [c[i] for c in curves if len(c) > i]
             accs = [p["heldout_accuracy"] for p in pts]
-            mean_curve.append({"step": pts[0]["step"], "n": len(pts),
-                               "train_seconds": statistics.fmean(p["train_seconds"] for p in pts),
-                               "heldout_accuracy": statistics.fmean(accs), "min": min(accs), "max": max(accs)})
+            mean_curve.append(
+                {
+                    "step": pts[0]["step"],
+                    "n": len(pts),
+                    "train_seconds": statistics.fmean(p["train_seconds"] for p in pts),
+                    "heldout_accuracy": statistics.fmean(accs),
+                    "min": min(accs),
+                    "max": max(accs),
+                }
+            )
         row["curve"] = mean_curve
         out[m] = row
     return out
@@ -167,8 +237,11 @@ def _pm(d: dict, pct: bool = False) -> str:
 
 def table(agg: dict, sft: dict | None = None) -> list[str]:
     """Markdown rows: method | held-out mean ± sd | worst seed | gain | train s | CPU s | peak RSS | budget."""
-    lines = ["| method | held-out (mean ± sd) | worst seed | gain over SFT, points | train wall s | CPU s | "
-             "peak RSS MiB | budget (steps × batch; generated) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | held-out (mean ± sd) | worst seed | gain over SFT, points | train wall s | CPU s | "
+        "peak RSS MiB | budget (steps × batch; generated) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     if sft and sft.get("n"):
         lines.append(f"| SFT (start) | {_pm(sft)} | {sft['worst_seed']}: {sft['min']:.3f} | — | | | | |")
     for m, row in agg.items():
@@ -177,11 +250,17 @@ def table(agg: dict, sft: dict | None = None) -> list[str]:
 
         def mean(key, fmt="{:.0f}", row=row):
             return fmt.format(row[key]["mean"]) if row.get(key) else "n/a"
-        budget = (f"{row['steps']['mean']:.0f} × {row['batch']['mean']:.0f}; {row['samples_generated']['mean']:.0f}"
-                  if row.get("steps") and row.get("batch") else "n/a")
+
+        budget = (
+            f"{row['steps']['mean']:.0f} × {row['batch']['mean']:.0f}; {row['samples_generated']['mean']:.0f}"
+            if row.get("steps") and row.get("batch")
+            else "n/a"
+        )
         failed = f" (failed seeds {row['failed_seeds']})" if row["failed_seeds"] else ""
-        lines.append(f"| {m}{failed} | {_pm(a)} | {worst} | {_pm(g, pct=True)} | {mean('train_seconds')} | "
-                     f"{mean('cpu_seconds')} | {mean('max_rss_mb')} | {budget} |")
+        lines.append(
+            f"| {m}{failed} | {_pm(a)} | {worst} | {_pm(g, pct=True)} | {mean('train_seconds')} | "
+            f"{mean('cpu_seconds')} | {mean('max_rss_mb')} | {budget} |"
+        )
     return lines
 
 
@@ -192,8 +271,13 @@ def seed_table(runs: list[dict], sft: dict, methods: list[str]) -> list[str]:
         cells = []
         for m in methods:
             r = next((r for r in runs if r["seed"] == seed and r["method"] == m), None)
-            cells.append("—" if r is None else "failed" if "accuracy" not in r else
-                         f"{r['accuracy']:.3f}" + (f" ({r['gain'] * 100:+.1f})" if "gain" in r else ""))
+            cells.append(
+                "—"
+                if r is None
+                else "failed"
+                if "accuracy" not in r
+                else f"{r['accuracy']:.3f}" + (f" ({r['gain'] * 100:+.1f})" if "gain" in r else "")
+            )
         s = sft[seed]
         lines.append(f"| {seed} | {s['accuracy']:.3f} | " if "accuracy" in s else f"| {seed} | failed | ")
         lines[-1] += " | ".join(cells) + " |"
@@ -213,12 +297,24 @@ def plot(runs: list[dict], agg: dict, dest: Path) -> Path:
         colour = f"C{i}"
         for r in runs:
             if r["method"] == m and r.get("curve"):
-                ax.plot([p["train_seconds"] for p in r["curve"]], [p["heldout_accuracy"] for p in r["curve"]],
-                        color=colour, alpha=0.25, linewidth=0.8)
+                ax.plot(
+                    [p["train_seconds"] for p in r["curve"]],
+                    [p["heldout_accuracy"] for p in r["curve"]],
+                    color=colour,
+                    alpha=0.25,
+                    linewidth=0.8,
+                )
         if row["curve"]:
             n = row["accuracy"].get("n", 0)
-            ax.plot([p["train_seconds"] for p in row["curve"]], [p["heldout_accuracy"] for p in row["curve"]],
-                    color=colour, linewidth=2, marker="o", markersize=3, label=f"{m} (mean of {n} seed{'s' * (n != 1)})")
+            ax.plot(
+                [p["train_seconds"] for p in row["curve"]],
+                [p["heldout_accuracy"] for p in row["curve"]],
+                color=colour,
+                linewidth=2,
+                marker="o",
+                markersize=3,
+                label=f"{m} (mean of {n} seed{'s' * (n != 1)})",
+            )
     ax.set_xlabel("training time, s (sum of step times; evaluation excluded; one CPU thread)")
     ax.set_ylabel("greedy held-out accuracy")
     ax.set_title("REINFORCE → RLOO → A2C → PPO → KL-PPO → GRPO, same SFT start and budget")
@@ -231,17 +327,30 @@ def plot(runs: list[dict], agg: dict, dest: Path) -> Path:
     return dest
 
 
-def write_report(work: Path, args, runs: list[dict], sft: dict, started: dict, t0: float, png: Path | None = None) -> dict:
+def write_report(
+    work: Path, args, runs: list[dict], sft: dict, started: dict, t0: float, png: Path | None = None
+) -> dict:
     methods = [m for m in METHODS if m in args.methods]
     agg = aggregate(runs, methods)
-    report = {"seeds": args.seeds, "methods": methods, "budget_steps": args.budget, "eval_every": args.eval_every,
-              "method_commands": {m: ["posttrain", METHODS[m][0], *METHODS[m][1]] for m in methods},
-              "extra_args": args.extra_args, "sft_args": args.sft_args, "sft_from": args.sft_from, "jobs": args.jobs,
-              "versions": started, "sweep_wall_seconds": time.perf_counter() - t0,
-              "sft": {str(k): v for k, v in sft.items()}, "runs": runs, "aggregate": agg,
-              "table": table(agg, describe({s: r["accuracy"] for s, r in sft.items() if "accuracy" in r})),
-              "table_per_seed": seed_table(runs, sft, methods),
-              "png": str(png) if png else None}
+    report = {
+        "seeds": args.seeds,
+        "methods": methods,
+        "budget_steps": args.budget,
+        "eval_every": args.eval_every,
+        "method_commands": {m: ["posttrain", METHODS[m][0], *METHODS[m][1]] for m in methods},
+        "extra_args": args.extra_args,
+        "sft_args": args.sft_args,
+        "sft_from": args.sft_from,
+        "jobs": args.jobs,
+        "versions": started,
+        "sweep_wall_seconds": time.perf_counter() - t0,
+        "sft": {str(k): v for k, v in sft.items()},
+        "runs": runs,
+        "aggregate": agg,
+        "table": table(agg, describe({s: r["accuracy"] for s, r in sft.items() if "accuracy" in r})),
+        "table_per_seed": seed_table(runs, sft, methods),
+        "png": str(png) if png else None,
+    }
     with _WRITE:
         tmp = work / "lineage.json.tmp"
         tmp.write_text(json.dumps(report, indent=2))
@@ -254,8 +363,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    ap.add_argument("--budget", type=int, default=200, help="steps per method, each one rollout batch of 256 "
-                    "trained samples (200: PPO ~3 min CPU on one thread)")
+    ap.add_argument(
+        "--budget",
+        type=int,
+        default=200,
+        help="steps per method, each one rollout batch of 256 trained samples (200: PPO ~3 min CPU on one thread)",
+    )
     ap.add_argument("--eval-every", type=int, default=25, help="steps between held-out evaluations (the curve)")
     ap.add_argument("--jobs", type=int, default=1, help="CLI processes at once (each --threads 1)")
     ap.add_argument("--work", default="runs/lineage", help="directory for the runs, lineage.json and lineage.png")
@@ -287,14 +400,25 @@ def main(argv=None) -> int:
             r = {"method": method, "seed": seed, "rc": "sft failed"}
         else:
             try:
-                r = run_method(method, seed, work, Path(s["run_dir"]), s["accuracy"], args.budget, args.eval_every,
-                               args.extra_args, args.reuse, args.timeout)
+                r = run_method(
+                    method,
+                    seed,
+                    work,
+                    Path(s["run_dir"]),
+                    s["accuracy"],
+                    args.budget,
+                    args.eval_every,
+                    args.extra_args,
+                    args.reuse,
+                    args.timeout,
+                )
             except Exception as e:  # noqa: BLE001
                 r = {"method": method, "seed": seed, "rc": f"error: {e}"}
         with _WRITE:
             runs.append(r)
-        write_report(work, args, sorted(runs, key=lambda r: (r["seed"], list(METHODS).index(r["method"]))), sft,
-                     started, t0)
+        write_report(
+            work, args, sorted(runs, key=lambda r: (r["seed"], list(METHODS).index(r["method"]))), sft, started, t0
+        )
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # FIFO: every SFT starts before any method
         futs = [pool.submit(do_sft, s) for s in args.seeds]

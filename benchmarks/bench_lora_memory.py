@@ -44,16 +44,28 @@ def build(root: Path, hidden: int, layers: int) -> Path:
     d.mkdir(parents=True)
     tok.save(d / "tokenizer.json")
     (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
-    cfg = tf.Qwen2Config(num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=8, hidden_size=hidden,
-                         intermediate_size=4 * hidden, max_position_embeddings=64, vocab_size=tok.vocab_size,
-                         tie_word_embeddings=True, eos_token_id=1, pad_token_id=0)
+    cfg = tf.Qwen2Config(
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=64,
+        vocab_size=tok.vocab_size,
+        tie_word_embeddings=True,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(d)
-    rows = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a in range(8) for b in range(8)]
+    rows = [
+        {"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a in range(8) for b in range(8)
+    ]
     (root / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "evals.jsonl").write_text("".join(json.dumps({"prompt": r["prompt"], "answer": r["chosen"]}) + "\n"
-                                              for r in rows[:4]))
+    (root / "evals.jsonl").write_text(
+        "".join(json.dumps({"prompt": r["prompt"], "answer": r["chosen"]}) + "\n" for r in rows[:4])
+    )
     return d, sum(p.numel() for p in model.parameters())
 
 
@@ -66,8 +78,11 @@ def main() -> None:
     d, n = build(root, args.hidden, args.layers)
     print(f"Qwen2 {args.hidden} x {args.layers}: {n / 1e6:.1f}M params ({n * 4 / 2**20:.0f} MiB in fp32)")
     for mode in ("load", "full", "lora"):
-        r = subprocess.run([sys.executable, "-c", CHILD, mode, str(d), str(root / "pairs.jsonl"), str(root / mode)],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-c", CHILD, mode, str(d), str(root / "pairs.jsonl"), str(root / mode)],
+            capture_output=True,
+            text=True,
+        )
         peak = [ln for ln in r.stdout.splitlines() if ln.startswith("PEAK_RSS_MB")]
         if r.returncode or not peak:
             sys.exit(f"{mode} failed:\n{r.stderr[-2000:]}")

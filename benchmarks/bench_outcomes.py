@@ -44,8 +44,13 @@ ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and
 
 STAGES = ("sft", "grpo", "dpo", "rm", "ppo")
 DEPENDS_ON_SFT = {"grpo", "dpo", "ppo"}
-METRIC = {"sft": "heldout_accuracy", "grpo": "heldout_accuracy", "dpo": "heldout_accuracy", "rm": "heldout_pairwise_accuracy",
-          "ppo": "heldout_accuracy"}
+METRIC = {
+    "sft": "heldout_accuracy",
+    "grpo": "heldout_accuracy",
+    "dpo": "heldout_accuracy",
+    "rm": "heldout_pairwise_accuracy",
+    "ppo": "heldout_accuracy",
+}
 _PRINT = threading.Lock()  # runs finish on worker threads: one whole line at a time
 
 
@@ -54,8 +59,19 @@ def say(msg: str) -> None:
         print(msg, flush=True)
 
 
-CURVE_KEYS = ("reward_mean", "accuracy", "zero_std_frac", "entropy", "approx_kl", "kl", "groups_drawn", "groups_kept",
-              "restores", "lr", "heldout_accuracy")
+CURVE_KEYS = (
+    "reward_mean",
+    "accuracy",
+    "zero_std_frac",
+    "entropy",
+    "approx_kl",
+    "kl",
+    "groups_drawn",
+    "groups_kept",
+    "restores",
+    "lr",
+    "heldout_accuracy",
+)
 
 
 # ----------------------------------------------------------------------------------------------- aggregation
@@ -66,8 +82,15 @@ def describe(values: dict[int, float]) -> dict:
     xs = list(values.values())
     worst = min(values, key=lambda s: (values[s], s))
     best = max(values, key=lambda s: (values[s], -s))
-    return {"n": len(xs), "mean": statistics.fmean(xs), "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "min": values[worst], "worst_seed": worst, "max": values[best], "best_seed": best}
+    return {
+        "n": len(xs),
+        "mean": statistics.fmean(xs),
+        "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "min": values[worst],
+        "worst_seed": worst,
+        "max": values[best],
+        "best_seed": best,
+    }
 
 
 def aggregate(results: dict[int, dict[str, dict]]) -> dict:
@@ -77,11 +100,16 @@ def aggregate(results: dict[int, dict[str, dict]]) -> dict:
     out = {}
     for st in stages:
         acc = {seed: r[st]["accuracy"] for seed, r in results.items() if "accuracy" in r.get(st, {})}
-        row = {"accuracy": describe(acc),
-               "failed_seeds": sorted(seed for seed, r in results.items() if st in r and "accuracy" not in r[st])}
+        row = {
+            "accuracy": describe(acc),
+            "failed_seeds": sorted(seed for seed, r in results.items() if st in r and "accuracy" not in r[st]),
+        }
         if st in DEPENDS_ON_SFT:
-            gain = {seed: r[st]["accuracy"] - r["sft"]["accuracy"] for seed, r in results.items()
-                    if "accuracy" in r.get(st, {}) and "accuracy" in r.get("sft", {})}
+            gain = {
+                seed: r[st]["accuracy"] - r["sft"]["accuracy"]
+                for seed, r in results.items()
+                if "accuracy" in r.get(st, {}) and "accuracy" in r.get("sft", {})
+            }
             row["gain"] = describe(gain)
         out[st] = row
     return out
@@ -92,8 +120,10 @@ def fmt(d: dict, pct: bool = False) -> str:
         return "n/a"
     k = 100 if pct else 1
     p = ".1f" if pct else ".3f"
-    return (f"{d['mean'] * k:{'+' if pct else ''}{p}} ± {d['sd'] * k:{p}}  (worst seed {d['worst_seed']}: "
-            f"{d['min'] * k:{'+' if pct else ''}{p}}; best seed {d['best_seed']}: {d['max'] * k:{'+' if pct else ''}{p}})")
+    return (
+        f"{d['mean'] * k:{'+' if pct else ''}{p}} ± {d['sd'] * k:{p}}  (worst seed {d['worst_seed']}: "
+        f"{d['min'] * k:{'+' if pct else ''}{p}}; best seed {d['best_seed']}: {d['max'] * k:{'+' if pct else ''}{p}})"
+    )
 
 
 def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
@@ -106,33 +136,58 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
             if "accuracy" not in r:
                 cells.append(f"{'failed' if st in results[seed] else '-':>13}")
                 continue
-            g = f" ({(r['accuracy'] - results[seed]['sft']['accuracy']) * 100:+.1f})" \
-                if st in DEPENDS_ON_SFT and "accuracy" in results[seed].get("sft", {}) else ""
+            g = (
+                f" ({(r['accuracy'] - results[seed]['sft']['accuracy']) * 100:+.1f})"
+                if st in DEPENDS_ON_SFT and "accuracy" in results[seed].get("sft", {})
+                else ""
+            )
             cells.append(f"{r['accuracy']:.3f}{g}".rjust(13))
         print(f"{seed:<4}  " + "  ".join(cells))
     print()
     for st, row in agg.items():
-        print(f"{st:<5} accuracy {fmt(row['accuracy'])}" + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else ""))
+        print(
+            f"{st:<5} accuracy {fmt(row['accuracy'])}"
+            + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else "")
+        )
         if "gain" in row:
             print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
         for key in ("train_seconds", "cpu_seconds", "max_rss_mb"):
             xs = {seed: r[st][key] for seed, r in results.items() if r.get(st, {}).get(key) is not None}
             if xs:
                 top = max(xs, key=xs.get)
-                print(f"{st:<5} {key.replace('_', ' ')}: mean {statistics.fmean(xs.values()):.0f}, max {xs[top]:.0f} (seed {top})")
+                print(
+                    f"{st:<5} {key.replace('_', ' ')}: mean {statistics.fmean(xs.values()):.0f}, max {xs[top]:.0f} (seed {top})"
+                )
 
 
 # ----------------------------------------------------------------------------------------------- running
 def command(stage: str, seed: int, work: Path, extra: str, sft_root: Path | None = None) -> list[str]:
     out = (sft_root if stage == "sft" and sft_root else work) / f"seed{seed}" / stage
-    cmd = [sys.executable, "-m", "posttrain", stage, "--preset", "tiny", "--seed", str(seed), "--out", str(out),
-           "--threads", "1", "--progress", "false", "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "posttrain",
+        stage,
+        "--preset",
+        "tiny",
+        "--seed",
+        str(seed),
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+        "--progress",
+        "false",
+        "--overwrite",
+    ]
     if stage in DEPENDS_ON_SFT:
         cmd += ["--init", str((sft_root or work) / f"seed{seed}" / "sft")]
     return cmd + shlex.split(extra)
 
 
-def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout: float, sft_root: Path | None = None) -> dict:
+def run_one(
+    stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout: float, sft_root: Path | None = None
+) -> dict:
     cmd = command(stage, seed, work, extra, sft_root)
     out = Path(cmd[cmd.index("--out") + 1])
     record = out.parent / f"{stage}.command.json"
@@ -157,25 +212,48 @@ def run_one(stage: str, seed: int, work: Path, extra: str, reuse: bool, timeout:
             timer.cancel()
             rc = os.waitstatus_to_exitcode(status)
             proc.returncode = rc
-        rec = {"cmd": cmd[1:], "rc": rc, "wall_seconds": time.perf_counter() - t0,
-               "cpu_seconds": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024}
+        rec = {
+            "cmd": cmd[1:],
+            "rc": rc,
+            "wall_seconds": time.perf_counter() - t0,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            "max_rss_mb": usage.ru_maxrss / 1024,
+        }
         record.write_text(json.dumps(rec))
-    res = {"cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]), "rc": rec["rc"], "wall_seconds": rec["wall_seconds"],
-           "cpu_seconds": rec.get("cpu_seconds"), "max_rss_mb": rec.get("max_rss_mb"), "run_dir": str(out)}
+    res = {
+        "cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]),
+        "rc": rec["rc"],
+        "wall_seconds": rec["wall_seconds"],
+        "cpu_seconds": rec.get("cpu_seconds"),
+        "max_rss_mb": rec.get("max_rss_mb"),
+        "run_dir": str(out),
+    }
     if rec["rc"] == 0 and summary_path.exists():
         summ = json.loads(summary_path.read_text())
         res["accuracy"] = float(summ[METRIC[stage]])
         for k in ("train_seconds", "steps", "heldout_accuracy_start", "best_step", "stopped_early", "restores"):
             if k in summ:
                 res[k] = summ[k]
-    msg = f"{res['accuracy']:.3f}" if "accuracy" in res else f"FAILED rc={rec['rc']} (see {out.parent / (stage + '.log')})"
+    msg = (
+        f"{res['accuracy']:.3f}"
+        if "accuracy" in res
+        else f"FAILED rc={rec['rc']} (see {out.parent / (stage + '.log')})"
+    )
     cpu = f", {rec['cpu_seconds']:.0f}s CPU" if rec.get("cpu_seconds") is not None else ""
     say(f"[seed {seed}] {stage}: {msg}  ({rec['wall_seconds']:.0f}s wall{cpu})")
     return res
 
 
-def sweep(seeds, stages, work: Path, extras: dict[str, str], jobs: int, reuse: bool, timeout: float,
-          sft_root: Path | None = None) -> dict:
+def sweep(
+    seeds,
+    stages,
+    work: Path,
+    extras: dict[str, str],
+    jobs: int,
+    reuse: bool,
+    timeout: float,
+    sft_root: Path | None = None,
+) -> dict:
     """Run every (seed, stage); a stage that needs SFT waits for its seed's SFT. -> results[seed][stage]."""
     results: dict[int, dict[str, dict]] = {s: {} for s in seeds}
     pending = [(seed, st) for st in stages for seed in seeds]  # all SFTs first: they unblock the rest
@@ -230,12 +308,21 @@ def versions() -> dict:
 
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                                    capture_output=True, text=True).stdout.strip())
+        dirty = bool(
+            subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+            ).stdout.strip()
+        )
     except OSError:
         commit, dirty = None, None
-    return {"python": platform.python_version(), "torch": torch.__version__, "git_commit": commit, "git_dirty": dirty,
-            "machine": platform.machine(), "cpus": os.cpu_count()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+    }
 
 
 def main(argv=None) -> int:
@@ -247,8 +334,12 @@ def main(argv=None) -> int:
     for st in STAGES:
         ap.add_argument(f"--{st}-args", default="", help=f"extra flags for `posttrain {st}` (one quoted string)")
     ap.add_argument("--reuse", action="store_true", help="keep finished runs whose command is unchanged")
-    ap.add_argument("--sft-from", metavar="WORK", help="take each seed's SFT run from this earlier sweep's --work "
-                    "(not rerun; --sft-args ignored): sweeps over GRPO/DPO settings from the same SFT starts")
+    ap.add_argument(
+        "--sft-from",
+        metavar="WORK",
+        help="take each seed's SFT run from this earlier sweep's --work "
+        "(not rerun; --sft-args ignored): sweeps over GRPO/DPO settings from the same SFT starts",
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
     args = ap.parse_args(argv)
     if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
@@ -258,16 +349,35 @@ def main(argv=None) -> int:
     extras = {st: getattr(args, f"{st}_args") for st in STAGES}
     t0, started = time.perf_counter(), versions()  # the code as it was when the runs started
     sft_root = Path(args.sft_from).resolve() if args.sft_from else None
-    results = sweep(args.seeds, [s for s in STAGES if s in args.stages], work, extras, max(1, args.jobs), args.reuse,
-                    args.timeout, sft_root)
+    results = sweep(
+        args.seeds,
+        [s for s in STAGES if s in args.stages],
+        work,
+        extras,
+        max(1, args.jobs),
+        args.reuse,
+        args.timeout,
+        sft_root,
+    )
     agg = aggregate(results)
     print_report(results, agg)
     curves = write_curves(results, agg, work)
-    report = {"seeds": args.seeds, "sft_from": str(sft_root) if sft_root else None, "stages": args.stages, "extra_args": extras, "jobs": args.jobs,
-              "versions": started, "sweep_wall_seconds": time.perf_counter() - t0,
-              "results": {str(k): v for k, v in results.items()}, "aggregate": agg, "curves": curves}
+    report = {
+        "seeds": args.seeds,
+        "sft_from": str(sft_root) if sft_root else None,
+        "stages": args.stages,
+        "extra_args": extras,
+        "jobs": args.jobs,
+        "versions": started,
+        "sweep_wall_seconds": time.perf_counter() - t0,
+        "results": {str(k): v for k, v in results.items()},
+        "aggregate": agg,
+        "curves": curves,
+    }
     dest = work / "outcomes.json"
-    dest.write_text(json.dumps(report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x)))
+    dest.write_text(
+        json.dumps(report, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else str(x))
+    )
     print(f"\noutcomes: {dest}" + "".join(f"\ncurves:   {c}" for c in curves))
     return 0
 

@@ -31,8 +31,13 @@ from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradi
 from posttrain.trainers.ppo import PPOConfig, PPOTrainer
 from posttrain.trainers.sft import SFTConfig, train_sft
 
-QUIET_ALARMS = AlarmConfig(ratio_max_bound=float("inf"), approx_kl_bound=float("inf"), kl_bound=float("inf"),
-                           entropy_floor=0.0, collapse_fraction=0.0)
+QUIET_ALARMS = AlarmConfig(
+    ratio_max_bound=float("inf"),
+    approx_kl_bound=float("inf"),
+    kl_bound=float("inf"),
+    entropy_floor=0.0,
+    collapse_fraction=0.0,
+)
 
 
 def trl_ppo_status() -> tuple[object | None, str]:
@@ -44,8 +49,10 @@ def trl_ppo_status() -> tuple[object | None, str]:
     try:
         mod = importlib.import_module("trl.experimental.ppo")
     except ImportError as e:
-        return None, (f"TRL {trl.__version__} has no trl.experimental.ppo ({e}); PPOTrainer was removed from TRL "
-                      "entirely (huggingface/trl#7020), so there is no TRL PPO step to time in this environment")
+        return None, (
+            f"TRL {trl.__version__} has no trl.experimental.ppo ({e}); PPOTrainer was removed from TRL "
+            "entirely (huggingface/trl#7020), so there is no TRL PPO step to time in this environment"
+        )
     cls = getattr(mod, "PPOTrainer", None)
     return (cls, "") if cls is not None else (None, f"trl.experimental.ppo in TRL {trl.__version__} has no PPOTrainer")
 
@@ -76,15 +83,38 @@ def main(argv=None) -> int:
     if init is None:
         init = str(work / "sft")
         train_sft(SFTConfig(out=init, progress=False, threads=args.threads, eval_every=0, save_every=0))
-    common = dict(init=init, steps=args.steps, prompts_per_step=args.prompts, num_generations=args.G, eval_every=0,
-                  save_every=0, progress=False, threads=args.threads, task=ArithmeticConfig(), alarms=QUIET_ALARMS)
+    common = dict(
+        init=init,
+        steps=args.steps,
+        prompts_per_step=args.prompts,
+        num_generations=args.G,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        threads=args.threads,
+        task=ArithmeticConfig(),
+        alarms=QUIET_ALARMS,
+    )
     rows = []
-    for name, extra in (("posttrain PPO, separate critic", {}), ("posttrain PPO, shared value head", {"value_model": "shared"})):
-        t = PPOTrainer(PPOConfig(out=str(work / name.split(",")[1].strip().replace(" ", "_")), mu=args.mu,
-                                 minibatches=args.minibatches, **common, **extra), overwrite=True)
+    for name, extra in (
+        ("posttrain PPO, separate critic", {}),
+        ("posttrain PPO, shared value head", {"value_model": "shared"}),
+    ):
+        t = PPOTrainer(
+            PPOConfig(
+                out=str(work / name.split(",")[1].strip().replace(" ", "_")),
+                mu=args.mu,
+                minibatches=args.minibatches,
+                **common,
+                **extra,
+            ),
+            overwrite=True,
+        )
         times = time_steps(t, args.steps, args.skip)
         rows.append((name, f"{statistics.median(times):.3f}", f"{args.mu} x {args.minibatches}"))
-    g = PolicyGradientTrainer(PolicyGradientConfig(out=str(work / "grpo"), dynamic_sampling=False, **common), overwrite=True)
+    g = PolicyGradientTrainer(
+        PolicyGradientConfig(out=str(work / "grpo"), dynamic_sampling=False, **common), overwrite=True
+    )
     times = time_steps(g, args.steps, args.skip)
     rows.append(("posttrain GRPO (no critic), for scale", f"{statistics.median(times):.3f}", "1 x 1"))
     cls, why = trl_ppo_status()
@@ -93,8 +123,10 @@ def main(argv=None) -> int:
     else:  # pragma: no cover - not installable here; kept so the comparison runs where TRL still ships PPO
         why = "trl.experimental.ppo imports, but this benchmark has no driver for it yet"
         rows.append(("TRL PPOTrainer", "n/a", "-"))
-    print(f"\n{args.prompts} prompts x {args.G} samples = {args.prompts * args.G} rows per rollout, {args.steps} steps "
-          f"(median of the last {args.steps - args.skip}), threads={args.threads}, torch {torch.__version__}")
+    print(
+        f"\n{args.prompts} prompts x {args.G} samples = {args.prompts * args.G} rows per rollout, {args.steps} steps "
+        f"(median of the last {args.steps - args.skip}), threads={args.threads}, torch {torch.__version__}"
+    )
     print_table(["side", "s/step", "epochs x minibatches"], rows)
     if why:
         print(f"\nTRL: {why}")

@@ -48,24 +48,33 @@ def main(argv=None) -> int:
             if not (d / "summary.json").is_file():
                 continue
             ck = load_checkpoint(d / "model")
-            row = {"restart": int(d.name), "dir": str(d),
-                   "heldout": json.loads((d / "summary.json").read_text())["heldout_accuracy"]}
+            row = {
+                "restart": int(d.name),
+                "dir": str(d),
+                "heldout": json.loads((d / "summary.json").read_text())["heldout_accuracy"],
+            }
             for n in args.val_problems:
                 ps = val[:n]
-                row[f"val{n}"] = evaluate(ck.model, ck.tokenizer, [p for p, _ in ps], [a for _, a in ps],
-                                          max_new_tokens=8).accuracy
+                row[f"val{n}"] = evaluate(
+                    ck.model, ck.tokenizer, [p for p, _ in ps], [a for _, a in ps], max_new_tokens=8
+                ).accuracy
             rows.append(row)
         if not rows:
             continue
         oracle = max(r["heldout"] for r in rows)
         picks = {n: max(rows, key=lambda r: (r[f"val{n}"], -r["restart"])) for n in args.val_problems}
-        table[s] = {"candidates": rows, "oracle_heldout": oracle,
-                    "kept": {n: {"restart": p["restart"], "heldout": p["heldout"]} for n, p in picks.items()}}
+        table[s] = {
+            "candidates": rows,
+            "oracle_heldout": oracle,
+            "kept": {n: {"restart": p["restart"], "heldout": p["heldout"]} for n, p in picks.items()},
+        }
         cells = "  ".join(f"N={n}: restart {p['restart']} ({p['heldout']:.3f})" for n, p in picks.items())
         print(f"seed {s}: {len(rows)} restarts, best held-out {oracle:.3f}; kept  {cells}")
         for r in rows:
-            print("    restart {restart}: held-out {heldout:.3f}  ".format(**r)
-                  + "  ".join(f"val{n} {r[f'val{n}']:.3f}" for n in args.val_problems))
+            print(
+                "    restart {restart}: held-out {heldout:.3f}  ".format(**r)
+                + "  ".join(f"val{n} {r[f'val{n}']:.3f}" for n in args.val_problems)
+            )
     if args.out:
         Path(args.out).write_text(json.dumps(table, indent=1))
     return 0

@@ -49,8 +49,13 @@ def posttrain(args: list[str], out: Path, reuse: bool) -> dict:
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        rc = subprocess.call([*cmd, "--overwrite"] if out.exists() else cmd, stdout=f, stderr=subprocess.STDOUT,
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        rc = subprocess.call(
+            [*cmd, "--overwrite"] if out.exists() else cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     if rc:
         raise SystemExit(f"failed (exit {rc}): see {log}")
     stamp.write_text(shlex.join(cmd[1:]))
@@ -91,8 +96,18 @@ def main() -> None:
     for seed in a.seeds:  # first the default recipe on every seed, then the subsets (the table's smaller rows)
         d = work / f"seed{seed}"
         sft = posttrain(["sft", "--preset", "tiny", "--seed", str(seed), *shlex.split(a.sft_args)], d / "sft", reuse)
-        base = ["rm", "--preset", "tiny", "--seed", str(seed), "--pairs.seed", str(seed), "--init", str(d / "sft"),
-                *shlex.split(a.rm_args)]
+        base = [
+            "rm",
+            "--preset",
+            "tiny",
+            "--seed",
+            str(seed),
+            "--pairs.seed",
+            str(seed),
+            "--init",
+            str(d / "sft"),
+            *shlex.split(a.rm_args),
+        ]
         runs[seed] = {"sft": sft, "base": base, "rows": {"all": posttrain(base, d / "rm_all", reuse)}}
     for k in a.prompts:
         for seed in a.seeds:
@@ -100,27 +115,60 @@ def main() -> None:
             data = d / f"pairs_first{k}.jsonl"
             first_prompts(d / "rm_all" / "pairs.jsonl", k, data)
             runs[seed]["rows"][str(k)] = posttrain(
-                [*base, "--data", str(data), "--eval-data", str(d / "rm_all" / "eval_pairs.jsonl")], d / f"rm_first{k}", reuse)
+                [*base, "--data", str(data), "--eval-data", str(d / "rm_all" / "eval_pairs.jsonl")],
+                d / f"rm_first{k}",
+                reuse,
+            )
     for seed in a.seeds:
         full = runs[seed]["rows"]["all"]
-        per_seed[seed] = {"sft_heldout_accuracy": runs[seed]["sft"]["heldout_accuracy"], "pair_info": full.get("pairs"),
-                          **{name: {"train_pairs": s["train_pairs"], "heldout_pairs": s["heldout_pairs"],
-                                    "heldout_pairwise_accuracy": s["heldout_pairwise_accuracy"],
-                                    "train_seconds": s["train_seconds"]} for name, s in runs[seed]["rows"].items()}}
+        per_seed[seed] = {
+            "sft_heldout_accuracy": runs[seed]["sft"]["heldout_accuracy"],
+            "pair_info": full.get("pairs"),
+            **{
+                name: {
+                    "train_pairs": s["train_pairs"],
+                    "heldout_pairs": s["heldout_pairs"],
+                    "heldout_pairwise_accuracy": s["heldout_pairwise_accuracy"],
+                    "train_seconds": s["train_seconds"],
+                }
+                for name, s in runs[seed]["rows"].items()
+            },
+        }
     names = [str(k) for k in a.prompts] + ["all"]
     table = []
     for name in names:
         accs = [per_seed[s][name]["heldout_pairwise_accuracy"] for s in a.seeds]
         pairs = [per_seed[s][name]["train_pairs"] for s in a.seeds]
-        table.append([name, f"{statistics.mean(pairs):.0f}", mean_sd(accs), f"{min(accs):.3f}",
-                      " ".join(f"{x:.3f}" for x in accs), f"{statistics.mean(per_seed[s][name]['train_seconds'] for s in a.seeds):.0f}"])
-    print(f"\nheld-out pairwise accuracy ({per_seed[a.seeds[0]]['all']['heldout_pairs']} held-out pairs for seed "
-          f"{a.seeds[0]}), seeds {a.seeds}:")
+        table.append(
+            [
+                name,
+                f"{statistics.mean(pairs):.0f}",
+                mean_sd(accs),
+                f"{min(accs):.3f}",
+                " ".join(f"{x:.3f}" for x in accs),
+                f"{statistics.mean(per_seed[s][name]['train_seconds'] for s in a.seeds):.0f}",
+            ]
+        )
+    print(
+        f"\nheld-out pairwise accuracy ({per_seed[a.seeds[0]]['all']['heldout_pairs']} held-out pairs for seed "
+        f"{a.seeds[0]}), seeds {a.seeds}:"
+    )
     print_table(["training prompts", "train pairs (mean)", "accuracy mean ± sd", "worst", "per seed", "train s"], table)
-    print("SFT held-out greedy accuracy per seed: " + " ".join(f"{per_seed[s]['sft_heldout_accuracy']:.3f}" for s in a.seeds))
-    out = {"seeds": a.seeds, "table": [dict(zip(["prompts", "train_pairs_mean", "accuracy", "worst", "per_seed",
-                                                  "train_seconds_mean"], r)) for r in table],
-           "per_seed": per_seed, "rm_args": a.rm_args, "sft_args": a.sft_args, "python": sys.version.split()[0]}
+    print(
+        "SFT held-out greedy accuracy per seed: "
+        + " ".join(f"{per_seed[s]['sft_heldout_accuracy']:.3f}" for s in a.seeds)
+    )
+    out = {
+        "seeds": a.seeds,
+        "table": [
+            dict(zip(["prompts", "train_pairs_mean", "accuracy", "worst", "per_seed", "train_seconds_mean"], r))
+            for r in table
+        ],
+        "per_seed": per_seed,
+        "rm_args": a.rm_args,
+        "sft_args": a.sft_args,
+        "python": sys.version.split()[0],
+    }
     (work / "bench_rm.json").write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {work / 'bench_rm.json'}")
 

@@ -39,23 +39,48 @@ def worker(args) -> None:
 
     w = world()
     out = Path(args.out)
-    cfg = SFTConfig(out=str(out / "run"), steps=args.steps, batch_size=args.batch_size, eval_every=0, save_every=0,
-                    progress=False, warmup_steps=1, max_new_tokens=4, threads=args.threads, fsdp=args.fsdp,
-                    model=GPTConfig(n_layer=args.layers, n_head=args.heads, d_model=args.width, max_seq_len=32),
-                    task=ArithmeticConfig(num_demos=256, num_eval=4))
+    cfg = SFTConfig(
+        out=str(out / "run"),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        warmup_steps=1,
+        max_new_tokens=4,
+        threads=args.threads,
+        fsdp=args.fsdp,
+        model=GPTConfig(n_layer=args.layers, n_head=args.heads, d_model=args.width, max_seq_len=32),
+        task=ArithmeticConfig(num_demos=256, num_eval=4),
+    )
     train_sft(cfg)
     steps = [json.loads(x) for x in (out / "run" / "metrics.jsonl").read_text().splitlines()]
     step_times = [r["step_time"] for r in steps[2:]] or [r["step_time"] for r in steps]
     tokens = [r["tokens_per_s"] * r["step_time"] for r in steps]  # the global batch's real tokens
-    rec = {"rank": w.rank, "world": w.world_size, "median_step_s": statistics.median(step_times),
-           "tokens_per_step": statistics.median(tokens), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    rec = {
+        "rank": w.rank,
+        "world": w.world_size,
+        "median_step_s": statistics.median(step_times),
+        "tokens_per_step": statistics.median(tokens),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     (out / f"rank{w.rank}.json").write_text(json.dumps(rec))
 
 
 def launch(nproc: int, extra: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(Path(__file__).resolve()), "--worker", "--out", tmp, *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--out",
+            tmp,
+            *extra,
+        ]
         env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0:
@@ -82,10 +107,14 @@ def main() -> None:
         print("SFT throughput, tiny GPT (0.8M params), global batch", args.batch_size, f"({args.steps} steps)")
         print(f"{'setup':<34}{'median step s':>15}{'tokens/s':>12}{'vs 1 proc':>11}")
         base = None
-        for label, nproc, threads in (("1 process, 1 thread", 1, 1), ("1 process, 2 threads", 1, 2),
-                                      ("2 processes (DDP), 1 thread each", 2, 1)):
-            recs = launch(nproc, ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--threads",
-                                  str(threads)])
+        for label, nproc, threads in (
+            ("1 process, 1 thread", 1, 1),
+            ("1 process, 2 threads", 1, 2),
+            ("2 processes (DDP), 1 thread each", 2, 1),
+        ):
+            recs = launch(
+                nproc, ["--steps", str(args.steps), "--batch-size", str(args.batch_size), "--threads", str(threads)]
+            )
             step = max(r["median_step_s"] for r in recs)
             tps = recs[0]["tokens_per_step"] / step  # metrics.jsonl (rank 0's) counts the global batch's tokens
             base = base or tps

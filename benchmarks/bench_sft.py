@@ -42,8 +42,9 @@ def main():
 
     torch.manual_seed(0)
     ours = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=4, n_head=4, d_model=128, max_seq_len=64))
-    hf = hf_model_from_config(tiny_hf_config("gpt2", vocab_size=tok.vocab_size, n_layer=4, n_head=4, d_model=128,
-                                             max_seq_len=64))
+    hf = hf_model_from_config(
+        tiny_hf_config("gpt2", vocab_size=tok.vocab_size, n_layer=4, n_head=4, d_model=128, max_seq_len=64)
+    )
 
     def loop_ours(model):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
@@ -54,6 +55,7 @@ def main():
                 loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+
         return run
 
     def loop_hf_plain():
@@ -65,19 +67,26 @@ def main():
                 out.loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+
         return run
 
     results = {}
-    for name, fn in [("posttrain GPT + posttrain SFT step", loop_ours(ours)),
-                     ("HF GPT-2 + plain loop (labels=)", loop_hf_plain()),
-                     ("HF GPT-2 + posttrain SFT step", loop_ours(hf))]:
+    for name, fn in [
+        ("posttrain GPT + posttrain SFT step", loop_ours(ours)),
+        ("HF GPT-2 + plain loop (labels=)", loop_hf_plain()),
+        ("HF GPT-2 + posttrain SFT step", loop_ours(hf)),
+    ]:
         med, _ = median_time(fn, repeats=args.repeats, clock=args.clock)
         results[name] = med
     base = results["HF GPT-2 + plain loop (labels=)"]
-    print(f"\nSFT throughput: {args.steps} steps x batch {args.batch_size}, {n_tokens} tokens per repeat, "
-          f"{args.threads} threads, median {args.clock} time of {args.repeats}")
-    print_table(["side", "median s", "tokens/s", "vs HF plain loop"],
-                [[k, v, n_tokens / v, f"{base / v:.2f}x"] for k, v in results.items()])
+    print(
+        f"\nSFT throughput: {args.steps} steps x batch {args.batch_size}, {n_tokens} tokens per repeat, "
+        f"{args.threads} threads, median {args.clock} time of {args.repeats}"
+    )
+    print_table(
+        ["side", "median s", "tokens/s", "vs HF plain loop"],
+        [[k, v, n_tokens / v, f"{base / v:.2f}x"] for k, v in results.items()],
+    )
 
 
 if __name__ == "__main__":

@@ -150,28 +150,41 @@ def _hf_trainer(model: str, vocab: int):
         t = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
         t.pre_tokenizer = pre_tokenizers.Whitespace()
         t.decoder = decoders.BPEDecoder()
-        tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<unk>", "<bos>", "<eos>"],
-                                 end_of_word_suffix="</w>", show_progress=False)
+        tr = trainers.BpeTrainer(
+            vocab_size=vocab,
+            special_tokens=["<pad>", "<unk>", "<bos>", "<eos>"],
+            end_of_word_suffix="</w>",
+            show_progress=False,
+        )
     elif model == "byte-bpe":
         t = Tokenizer(models.BPE())
         t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         t.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<bos>", "<eos>"],
-                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tr = trainers.BpeTrainer(
+            vocab_size=vocab,
+            special_tokens=["<pad>", "<bos>", "<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
     elif model == "wordpiece":
         t = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         t.normalizer = normalizers.BertNormalizer(lowercase=True)
         t.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         t.decoder = decoders.WordPiece()
-        tr = trainers.WordPieceTrainer(vocab_size=vocab, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
-                                       show_progress=False)
+        tr = trainers.WordPieceTrainer(
+            vocab_size=vocab, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False
+        )
     else:
         t = Tokenizer(models.Unigram())
         t.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(r"\s+"), " ")])
         t.pre_tokenizer = pre_tokenizers.Metaspace()
         t.decoder = decoders.Metaspace()
-        tr = trainers.UnigramTrainer(vocab_size=vocab, special_tokens=["<unk>", "<pad>", "<bos>", "<eos>"],
-                                     unk_token="<unk>", show_progress=False)
+        tr = trainers.UnigramTrainer(
+            vocab_size=vocab,
+            special_tokens=["<unk>", "<pad>", "<bos>", "<eos>"],
+            unk_token="<unk>",
+            show_progress=False,
+        )
     return t, tr
 
 
@@ -186,7 +199,9 @@ def run_one(job: dict) -> dict:
             from posttrain.tokenizers.corpus import iter_texts
 
             trainer = TRAINERS[model](vocab_size=vocab, workers=2)
-            tok = trainer.train(iter_texts([corpus], keep_bytes=trainer.keep_bytes, keep_newlines=trainer.keep_newlines))
+            tok = trainer.train(
+                iter_texts([corpus], keep_bytes=trainer.keep_bytes, keep_newlines=trainer.keep_newlines)
+            )
             out["seconds"], out["cpu_s"] = time.perf_counter() - t0, _cpu_s() - c0
             tok.save(dest)
             out["vocab"] = tok.vocab_size
@@ -199,9 +214,16 @@ def run_one(job: dict) -> dict:
         else:
             import sentencepiece as spm
 
-            spm.SentencePieceTrainer.train(input=corpus, model_prefix=dest, model_type=SPM_TYPES[model],
-                                           vocab_size=vocab, character_coverage=0.9995, num_threads=2,
-                                           minloglevel=2, max_sentence_length=1 << 16)
+            spm.SentencePieceTrainer.train(
+                input=corpus,
+                model_prefix=dest,
+                model_type=SPM_TYPES[model],
+                vocab_size=vocab,
+                character_coverage=0.9995,
+                num_threads=2,
+                minloglevel=2,
+                max_sentence_length=1 << 16,
+            )
             out["seconds"], out["cpu_s"] = time.perf_counter() - t0, _cpu_s() - c0
             out["vocab"] = vocab
         # compression of the tokenizer just trained, on the encode sample (after the peak-RSS reading)
@@ -219,6 +241,7 @@ def run_one(job: dict) -> dict:
     else:  # encode
         lines = sample_lines(Path(corpus))
         mb = sum(len(s.encode("utf-8")) for s in lines) / 1e6
+
         # Same work on both sides: one batch call on the whole sample, a freshly loaded tokenizer (cold word
         # caches on both sides) per repeat; single-threaded runs are timed by CPU clock (the box is shared),
         # 2-way runs by wall clock, interleaved with a 1-way wall-clock run of the same library where it can
@@ -262,11 +285,20 @@ def run_one(job: dict) -> dict:
 
 
 def spawn(job: dict, timeout: float) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RAYON_NUM_THREADS=str(job.get("threads", 2)),
-               TOKENIZERS_PARALLELISM="true" if job.get("threads", 2) > 1 else "false")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        RAYON_NUM_THREADS=str(job.get("threads", 2)),
+        TOKENIZERS_PARALLELISM="true" if job.get("threads", 2) > 1 else "false",
+    )
     try:
-        r = subprocess.run([sys.executable, __file__, "--_job", json.dumps(job)], capture_output=True, text=True,
-                           timeout=timeout, env=env)
+        r = subprocess.run(
+            [sys.executable, __file__, "--_job", json.dumps(job)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timeout {timeout:.0f}s"}
     if r.returncode != 0:
@@ -302,10 +334,18 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="encode repeats (median)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per training run before giving up")
     ap.add_argument("--workdir", default="/tmp/posttrain_tok_bench")
-    ap.add_argument("--encode-only", action="store_true",
-                    help="skip training; encode with the files an earlier run left in --workdir")
-    ap.add_argument("--train-libs", nargs="+", default=["ours", "hf", "spm"], choices=["ours", "hf", "spm"],
-                    help="libraries to train (e.g. leave out hf for unigram: its trainer runs for many minutes)")
+    ap.add_argument(
+        "--encode-only",
+        action="store_true",
+        help="skip training; encode with the files an earlier run left in --workdir",
+    )
+    ap.add_argument(
+        "--train-libs",
+        nargs="+",
+        default=["ours", "hf", "spm"],
+        choices=["ours", "hf", "spm"],
+        help="libraries to train (e.g. leave out hf for unigram: its trainer runs for many minutes)",
+    )
     ap.add_argument("--_job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args._job:
@@ -317,21 +357,26 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     corpus = build_corpus(work / f"corpus_{mb:g}mb.txt", mb)
     size = corpus.stat().st_size / 1e6
-    print(f"corpus: {corpus} ({size:.1f} MB, built/checked in {time.perf_counter() - t0:.0f}s); "
-          f"cores: {os.cpu_count()}; runs use 2", flush=True)
+    print(
+        f"corpus: {corpus} ({size:.1f} MB, built/checked in {time.perf_counter() - t0:.0f}s); "
+        f"cores: {os.cpu_count()}; runs use 2",
+        flush=True,
+    )
 
     rows = []
     enc_rows = []
     for model in args.models:
-        for vocab in ([] if args.encode_only else args.vocab_sizes):
+        for vocab in [] if args.encode_only else args.vocab_sizes:
             res = {}
             for lib in ("ours", "hf", "spm"):
                 if (lib == "spm" and model not in SPM_TYPES) or lib not in args.train_libs:
                     res[lib] = None
                     continue
                 dest = str(work / (f"{lib}_{model}_{vocab}" + (".json" if lib != "spm" else "")))
-                res[lib] = spawn(dict(kind="train", lib=lib, model=model, vocab=vocab, corpus=str(corpus),
-                                      dest=dest, threads=2), args.timeout)
+                res[lib] = spawn(
+                    dict(kind="train", lib=lib, model=model, vocab=vocab, corpus=str(corpus), dest=dest, threads=2),
+                    args.timeout,
+                )
                 print(f"  train {model:9s} {vocab:6d} {lib:4s} {res[lib]}", flush=True)
             rows.append((model, vocab, res))
         # encoding with the smallest vocabulary's files
@@ -346,51 +391,83 @@ def main(argv=None) -> int:
                 if not Path(f).exists():
                     enc[(lib, threads)] = {"error": "no model"}
                     continue
-                enc[(lib, threads)] = spawn(dict(kind="encode", lib=lib, model=model, file=f, corpus=str(corpus),
-                                                 threads=threads, repeats=args.repeats), 900)
+                enc[(lib, threads)] = spawn(
+                    dict(
+                        kind="encode",
+                        lib=lib,
+                        model=model,
+                        file=f,
+                        corpus=str(corpus),
+                        threads=threads,
+                        repeats=args.repeats,
+                    ),
+                    900,
+                )
                 print(f"  encode {model:9s} {lib:4s} x{threads} {enc[(lib, threads)]}", flush=True)
         enc_rows.append((model, enc))
 
     print()
-    print(f"Training on {size:.1f} MB, 2 cores (wall seconds, peak RSS MB, CPU seconds of all threads and worker "
-          f"processes; ratio = peer s / our s, >1 means we are faster)")
-    print("| model     | vocab  | ours s | tokenizers s | sentencepiece s | tok/ours | spm/ours | ours RSS | tok RSS | spm RSS "
-          "| ours CPU s | tok CPU s | spm CPU s | spm/ours CPU |")
-    print("|-----------|--------|--------|--------------|-----------------|----------|----------|----------|---------|---------"
-          "|------------|-----------|-----------|--------------|")
+    print(
+        f"Training on {size:.1f} MB, 2 cores (wall seconds, peak RSS MB, CPU seconds of all threads and worker "
+        f"processes; ratio = peer s / our s, >1 means we are faster)"
+    )
+    print(
+        "| model     | vocab  | ours s | tokenizers s | sentencepiece s | tok/ours | spm/ours | ours RSS | tok RSS | spm RSS "
+        "| ours CPU s | tok CPU s | spm CPU s | spm/ours CPU |"
+    )
+    print(
+        "|-----------|--------|--------|--------------|-----------------|----------|----------|----------|---------|---------"
+        "|------------|-----------|-----------|--------------|"
+    )
     for model, vocab, r in rows:
         o, h, s = r["ours"], r["hf"], r["spm"]
-        print(f"| {model:9s} | {vocab:6d} | {_fmt(o, 'seconds', '6.1f'):>6s} | {_fmt(h, 'seconds', '12.1f'):>12s} | "
-              f"{_fmt(s, 'seconds', '15.1f'):>15s} | {_ratio(h, o, 'seconds'):>8s} | {_ratio(s, o, 'seconds'):>8s} | "
-              f"{_fmt(o, 'rss_mb', '8.0f'):>8s} | "
-              f"{_fmt(h, 'rss_mb', '7.0f'):>7s} | {_fmt(s, 'rss_mb', '7.0f'):>7s} | {_fmt(o, 'cpu_s', '10.1f'):>10s} | "
-              f"{_fmt(h, 'cpu_s', '9.1f'):>9s} | {_fmt(s, 'cpu_s', '9.1f'):>9s} | {_ratio(s, o, 'cpu_s'):>12s} |")
+        print(
+            f"| {model:9s} | {vocab:6d} | {_fmt(o, 'seconds', '6.1f'):>6s} | {_fmt(h, 'seconds', '12.1f'):>12s} | "
+            f"{_fmt(s, 'seconds', '15.1f'):>15s} | {_ratio(h, o, 'seconds'):>8s} | {_ratio(s, o, 'seconds'):>8s} | "
+            f"{_fmt(o, 'rss_mb', '8.0f'):>8s} | "
+            f"{_fmt(h, 'rss_mb', '7.0f'):>7s} | {_fmt(s, 'rss_mb', '7.0f'):>7s} | {_fmt(o, 'cpu_s', '10.1f'):>10s} | "
+            f"{_fmt(h, 'cpu_s', '9.1f'):>9s} | {_fmt(s, 'cpu_s', '9.1f'):>9s} | {_ratio(s, o, 'cpu_s'):>12s} |"
+        )
     print()
-    print("Compression: tokens per 1000 characters of the encode sample, each library encoding with the tokenizer it "
-          "trained in the rows above (lower = fewer tokens; ratio = peer / ours, > 1 means ours gives fewer tokens)")
+    print(
+        "Compression: tokens per 1000 characters of the encode sample, each library encoding with the tokenizer it "
+        "trained in the rows above (lower = fewer tokens; ratio = peer / ours, > 1 means ours gives fewer tokens)"
+    )
     print("| model     | vocab  | ours  | tokenizers | sentencepiece | tok/ours | spm/ours |")
     print("|-----------|--------|-------|------------|---------------|----------|----------|")
     for model, vocab, r in rows:
         o, h, s = r["ours"], r["hf"], r["spm"]
-        print(f"| {model:9s} | {vocab:6d} | {_fmt(o, 'tok_per_kchar', '5.1f'):>5s} | {_fmt(h, 'tok_per_kchar', '10.1f'):>10s} | "
-              f"{_fmt(s, 'tok_per_kchar', '13.1f'):>13s} | {_ratio(h, o, 'tok_per_kchar', '.3f'):>8s} | "
-              f"{_ratio(s, o, 'tok_per_kchar', '.3f'):>8s} |")
+        print(
+            f"| {model:9s} | {vocab:6d} | {_fmt(o, 'tok_per_kchar', '5.1f'):>5s} | {_fmt(h, 'tok_per_kchar', '10.1f'):>10s} | "
+            f"{_fmt(s, 'tok_per_kchar', '13.1f'):>13s} | {_ratio(h, o, 'tok_per_kchar', '.3f'):>8s} | "
+            f"{_ratio(s, o, 'tok_per_kchar', '.3f'):>8s} |"
+        )
     print()
-    print(f"Encoding (MB/s of UTF-8 text, median of {args.repeats}; ours and tokenizers load the same tokenizer.json "
-          f"(ours, vocab {min(args.vocab_sizes)}); sentencepiece its own model; ratio = ours / tokenizers; 1t columns "
-          f"CPU clock, 2-way columns wall clock; last column: our 2-process / 1-process wall-clock speed, same run)")
-    print("| model     | ours 1t | tok 1t | spm 1t | ours/tok 1t | ours 2p | tok 2t | spm 2t | ours/tok 2 | ours 2p/1p wall |")
-    print("|-----------|---------|--------|--------|-------------|---------|--------|--------|------------|-----------------|")
+    print(
+        f"Encoding (MB/s of UTF-8 text, median of {args.repeats}; ours and tokenizers load the same tokenizer.json "
+        f"(ours, vocab {min(args.vocab_sizes)}); sentencepiece its own model; ratio = ours / tokenizers; 1t columns "
+        f"CPU clock, 2-way columns wall clock; last column: our 2-process / 1-process wall-clock speed, same run)"
+    )
+    print(
+        "| model     | ours 1t | tok 1t | spm 1t | ours/tok 1t | ours 2p | tok 2t | spm 2t | ours/tok 2 | ours 2p/1p wall |"
+    )
+    print(
+        "|-----------|---------|--------|--------|-------------|---------|--------|--------|------------|-----------------|"
+    )
     for model, enc in enc_rows:
+
         def g(lib, t):
             return enc.get((lib, t))
 
         def ratio(t):  # throughput: ours / theirs
             return _ratio(g("ours", t), g("hf", t), "mb_per_s")
-        print(f"| {model:9s} | {_fmt(g('ours', 1), 'mb_per_s', '7.2f'):>7s} | {_fmt(g('hf', 1), 'mb_per_s', '6.2f'):>6s} | "
-              f"{_fmt(g('spm', 1), 'mb_per_s', '6.2f'):>6s} | {ratio(1):>11s} | {_fmt(g('ours', 2), 'mb_per_s', '7.2f'):>7s} | "
-              f"{_fmt(g('hf', 2), 'mb_per_s', '6.2f'):>6s} | {_fmt(g('spm', 2), 'mb_per_s', '6.2f'):>6s} | {ratio(2):>10s} | "
-              f"{_fmt(g('ours', 2), 'speedup', '15.2f'):>15s} |")
+
+        print(
+            f"| {model:9s} | {_fmt(g('ours', 1), 'mb_per_s', '7.2f'):>7s} | {_fmt(g('hf', 1), 'mb_per_s', '6.2f'):>6s} | "
+            f"{_fmt(g('spm', 1), 'mb_per_s', '6.2f'):>6s} | {ratio(1):>11s} | {_fmt(g('ours', 2), 'mb_per_s', '7.2f'):>7s} | "
+            f"{_fmt(g('hf', 2), 'mb_per_s', '6.2f'):>6s} | {_fmt(g('spm', 2), 'mb_per_s', '6.2f'):>6s} | {ratio(2):>10s} | "
+            f"{_fmt(g('ours', 2), 'speedup', '15.2f'):>15s} |"
+        )
     print(f"\ntotal {time.perf_counter() - t0:.0f}s")
     return 0
 

@@ -63,8 +63,9 @@ def is_conversation(x) -> bool:
 def _text_content(c, where: str):
     if isinstance(c, str):
         return c, None
-    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                   for p in c):
+    if isinstance(c, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c
+    ):
         return "".join(p["text"] for p in c), None  # text parts, as the OpenAI format writes them
     return None, f"{where}: 'content' must be a string, got {type(c).__name__}"
 
@@ -104,9 +105,11 @@ def check_messages(msgs, field: str = "messages", *, need_assistant: bool = Fals
 # ------------------------------------------------------------------------------------------ templates
 
 
-CHATML_JINJA = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-                "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-                "{% endif %}")
+CHATML_JINJA = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
 """ChatML as the Jinja source saved beside a checkpoint's tokenizer (transformers and vLLM render it alike)."""
 
 
@@ -135,21 +138,27 @@ class JinjaTemplate:
         msgs = [dict(m) for m in messages]
         try:
             if self.hf is not None:
-                return self.hf.apply_chat_template(msgs, chat_template=self.source, tokenize=False,
-                                                   add_generation_prompt=add_generation_prompt)
+                return self.hf.apply_chat_template(
+                    msgs, chat_template=self.source, tokenize=False, add_generation_prompt=add_generation_prompt
+                )
             try:
                 from transformers.utils.chat_template_utils import render_jinja_template
             except ImportError:
-                raise UserError("Jinja chat templates are rendered by transformers: pip install 'posttrain[hf]' "
-                                "(or use --chat-template chatml)") from None
-            texts, _ = render_jinja_template([msgs], chat_template=self.source,
-                                             add_generation_prompt=add_generation_prompt, **self.special)
+                raise UserError(
+                    "Jinja chat templates are rendered by transformers: pip install 'posttrain[hf]' "
+                    "(or use --chat-template chatml)"
+                ) from None
+            texts, _ = render_jinja_template(
+                [msgs], chat_template=self.source, add_generation_prompt=add_generation_prompt, **self.special
+            )
             return texts[0]
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - a template's own error ("raise_exception", a jinja syntax error)
-            raise DataError(f"chat template {self.name} failed on this conversation: {type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            raise DataError(
+                f"chat template {self.name} failed on this conversation: {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}"
+            ) from None
 
 
 def _token_text(tok, idx) -> str | None:
@@ -211,19 +220,21 @@ class Chat:
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         text = self.template.render(messages, add_generation_prompt)
         if self.bos_text and text.startswith(self.bos_text):  # BOS is added as an id, never as text
-            text = text[len(self.bos_text):]
+            text = text[len(self.bos_text) :]
         return text
 
     def _end_marker(self) -> tuple[str, int | None]:
         """The text a reply ends with (``<|im_end|>``) and its token id when it is a single token."""
         msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _PROBE}]
         head, turn = self.render(msgs[:1], True), self.render(msgs)
-        tail = turn[len(head):].rstrip() if turn.startswith(head) else ""
-        marker = tail[len(_PROBE):] if tail.startswith(_PROBE) else ""
+        tail = turn[len(head) :].rstrip() if turn.startswith(head) else ""
+        marker = tail[len(_PROBE) :] if tail.startswith(_PROBE) else ""
         for t in getattr(self.template, "special_tokens", ()):
             if getattr(self.tok, "token_to_id", lambda _: 0)(t) is None:
-                raise ConfigError(f"--chat-template {self.name} needs the token {t!r}, which the tokenizer does not "
-                                  f"have (train one with --special-tokens ... {' '.join(self.template.special_tokens)})")
+                raise ConfigError(
+                    f"--chat-template {self.name} needs the token {t!r}, which the tokenizer does not "
+                    f"have (train one with --special-tokens ... {' '.join(self.template.special_tokens)})"
+                )
         ids = list(self.tok.encode(marker)) if marker.strip() else []
         return marker.strip() and marker, (ids[0] if len(ids) == 1 else None)
 
@@ -247,9 +258,11 @@ class Chat:
         head = self.render(p, add_generation_prompt=True)
         full = self.render(p + self.as_messages(completion, "assistant"))
         if not full.startswith(head):
-            raise DataError(f"the chat template {self.name} does not render the prompt as a prefix of prompt + "
-                            f"completion, so the completion cannot be cut out; use --chat-template chatml")
-        text = full[len(head):].rstrip()
+            raise DataError(
+                f"the chat template {self.name} does not render the prompt as a prefix of prompt + "
+                f"completion, so the completion cannot be cut out; use --chat-template chatml"
+            )
+        text = full[len(head) :].rstrip()
         if self.stop_id is not None and self.end_marker and text.endswith(self.end_marker):
             text = text[: len(text) - len(self.end_marker)]
         return text
@@ -264,9 +277,11 @@ class Chat:
                 continue
             head, turn = self.render(msgs[:k], add_generation_prompt=True), self.render(msgs[: k + 1])
             if not (full.startswith(head) and full.startswith(turn) and turn.startswith(head)):
-                raise DataError(f"the chat template {self.name} does not render this conversation prefix by prefix "
-                                f"(it rewrites earlier turns), so the assistant tokens cannot be found; use "
-                                f"--chat-template chatml or a template that does not")
+                raise DataError(
+                    f"the chat template {self.name} does not render this conversation prefix by prefix "
+                    f"(it rewrites earlier turns), so the assistant tokens cannot be found; use "
+                    f"--chat-template chatml or a template that does not"
+                )
             a = len(head)
             spans.append((a, a + len(turn[a:].rstrip())))
         return full, spans
@@ -306,13 +321,16 @@ def resolve_chat(spec: str | None, tokenizer, dirs: Sequence = ()) -> Chat | Non
         own = _own_template(tokenizer, dirs)
         if own is None:
             if spec == "tokenizer":
-                raise ConfigError("--chat-template tokenizer: the tokenizer has no chat template (no chat_template in "
-                                  "its tokenizer_config.json, no chat_template.jinja); pass --chat-template chatml or "
-                                  "a .jinja file")
+                raise ConfigError(
+                    "--chat-template tokenizer: the tokenizer has no chat template (no chat_template in "
+                    "its tokenizer_config.json, no chat_template.jinja); pass --chat-template chatml or "
+                    "a .jinja file"
+                )
             return None
         source, where, hf = own
-        template = ChatML() if source == CHATML_JINJA else JinjaTemplate(source, f"({where})", hf,
-                                                                           _special_strings(tokenizer))
+        template = (
+            ChatML() if source == CHATML_JINJA else JinjaTemplate(source, f"({where})", hf, _special_strings(tokenizer))
+        )
         return Chat(template, tokenizer, wrap_strings=spec == "tokenizer")
     p = Path(spec)
     if not p.is_file():

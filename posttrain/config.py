@@ -42,9 +42,19 @@ import yaml
 from posttrain.errors import ConfigError, UserError
 
 
-def knob(default: Any = dataclasses.MISSING, help: str = "", *, factory: Any = None, choices: tuple | None = None,
-         ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
-         allow_inf: bool = False, flag: str | None = None):
+def knob(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Any = None,
+    choices: tuple | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    allow_inf: bool = False,
+    flag: str | None = None,
+):
     """A dataclass field with help text (shown by ``--help``), allowed values and numeric bounds.
 
     ``flag`` is one more spelling of the field's flag (``model_path`` is also ``--model``).
@@ -97,8 +107,12 @@ def _num(x: float) -> str:
 
 
 def _within(x: float, b: dict) -> bool:
-    return not (("ge" in b and not x >= b["ge"]) or ("gt" in b and not x > b["gt"])
-                or ("le" in b and not x <= b["le"]) or ("lt" in b and not x < b["lt"]))
+    return not (
+        ("ge" in b and not x >= b["ge"])
+        or ("gt" in b and not x > b["gt"])
+        or ("le" in b and not x <= b["le"])
+        or ("lt" in b and not x < b["lt"])
+    )
 
 
 def check_finite(name: str, value: Any, allow_inf: bool = False) -> None:
@@ -115,8 +129,9 @@ def check_finite(name: str, value: Any, allow_inf: bool = False) -> None:
             check_finite(name, v, allow_inf)
 
 
-def check_value(name: str, value: Any, meta: dict | None = None, *, bounds: dict | None = None,
-                optional: bool = False) -> None:
+def check_value(
+    name: str, value: Any, meta: dict | None = None, *, bounds: dict | None = None, optional: bool = False
+) -> None:
     """Check one field value against its knob declaration (choices, finiteness, bounds); ConfigError naming it."""
     meta = meta or {}
     if value is None:
@@ -350,7 +365,9 @@ def _parse_error(p: Path, e: Exception) -> str:
     return f"{p}: cannot parse config: {msg}"
 
 
-def build_config(cls, preset: dict | None = None, file: str | Path | None = None, overrides: dict[str, Any] | None = None):
+def build_config(
+    cls, preset: dict | None = None, file: str | Path | None = None, overrides: dict[str, Any] | None = None
+):
     """defaults <- preset <- file <- overrides (dotted keys allowed in overrides)."""
     merged: dict = {}
     if preset:
@@ -370,8 +387,14 @@ def flag_name(dotted: str) -> str:
     return "--" + dotted.replace("_", "-")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), *, switches: bool = False,
-                     title: str | None = None) -> None:
+def add_config_flags(
+    parser: argparse.ArgumentParser,
+    cls,
+    skip: tuple[str, ...] = (),
+    *,
+    switches: bool = False,
+    title: str | None = None,
+) -> None:
     """Add one ``--flag`` per leaf field of ``cls``; values stay strings until :func:`build_config`.
 
     With ``switches`` a bool field is a switch pair (``--bloom`` / ``--no-bloom``) instead of taking a value
@@ -380,8 +403,10 @@ def add_config_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...]
     for name, f, tp in leaf_fields(cls):
         if name in skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        default = (
+            f.default
+            if f.default is not dataclasses.MISSING
+            else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         )
         help_text = f.metadata.get("help", "")
         choices = f.metadata.get("choices")

@@ -39,7 +39,12 @@ class EvalResult:
     truncated_fraction: float = 0.0
 
     def summary(self) -> dict:
-        return {"accuracy": self.accuracy, "n": self.n, "correct": self.correct, "truncated_fraction": self.truncated_fraction}
+        return {
+            "accuracy": self.accuracy,
+            "n": self.n,
+            "correct": self.correct,
+            "truncated_fraction": self.truncated_fraction,
+        }
 
 
 def prompt_window(model, max_new_tokens: int) -> int | None:
@@ -53,8 +58,17 @@ def fit_prompts(tokenizer, pairs, *, model, max_new_tokens: int, long: str = "er
     against max_seq_len - max_new_tokens under the ``long`` policy. Returns the kept pairs (a ``Located``
     list when given one); under ``truncate`` :func:`evaluate` with ``max_prompt_tokens`` does the cut."""
     window = prompt_window(model, max_new_tokens)
-    kept, _ = fit_sequences(tokenizer, pairs, lambda r: (r[0], []), window=window, long=long, what=what,
-                            generate=max_new_tokens, add_eos=False, also=lambda r: [("answer", r[1])])
+    kept, _ = fit_sequences(
+        tokenizer,
+        pairs,
+        lambda r: (r[0], []),
+        window=window,
+        long=long,
+        what=what,
+        generate=max_new_tokens,
+        add_eos=False,
+        also=lambda r: [("answer", r[1])],
+    )
     return pairs.subset(kept) if hasattr(pairs, "subset") else [pairs[i] for i in kept]
 
 
@@ -74,16 +88,31 @@ class BestOfNResult:
     samples: list[dict] = field(default_factory=list)  # {"prompt", "answer", "completion", "score", "correct"}
 
     def summary(self) -> dict:
-        return {"best_of": self.num_samples, "n": self.n, "best_of_n_accuracy": self.best_of_n_accuracy,
-                "pass_at_n": self.pass_at_n, "sample_accuracy": self.sample_accuracy}
+        return {
+            "best_of": self.num_samples,
+            "n": self.n,
+            "best_of_n_accuracy": self.best_of_n_accuracy,
+            "pass_at_n": self.pass_at_n,
+            "sample_accuracy": self.sample_accuracy,
+        }
 
 
 @torch.no_grad()
 def best_of_n_evaluate(
-    model, tokenizer, prompts: Sequence[str], answers: Sequence[str], *, scorer: Callable[..., list[float]],
-    num_samples: int, max_new_tokens: int = 8, temperature: float = 1.0, batch_size: int = 256,
-    verifier: Callable[[str, str], bool] = exact_verify, generator: torch.Generator | None = None,
-    keep_samples: int = 0, max_prompt_tokens: int | None = None,
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    *,
+    scorer: Callable[..., list[float]],
+    num_samples: int,
+    max_new_tokens: int = 8,
+    temperature: float = 1.0,
+    batch_size: int = 256,
+    verifier: Callable[[str, str], bool] = exact_verify,
+    generator: torch.Generator | None = None,
+    keep_samples: int = 0,
+    max_prompt_tokens: int | None = None,
 ) -> BestOfNResult:
     """Best-of-``num_samples`` accuracy with ``scorer(prompts, completions, answer=...) -> list[float]`` choosing.
 
@@ -101,14 +130,21 @@ def best_of_n_evaluate(
     samples: list[dict] = []
     for start in range(0, len(prompts), batch_size):
         ps, ans = list(prompts[start : start + batch_size]), list(answers[start : start + batch_size])
-        gen = generate(model, [encode_prompt(tokenizer, p, max_prompt_tokens) for p in ps], pad_id=tokenizer.pad_id,
-                       eos_id=tokenizer.eos_id, cfg=cfg, generator=generator)
+        gen = generate(
+            model,
+            [encode_prompt(tokenizer, p, max_prompt_tokens) for p in ps],
+            pad_id=tokenizer.pad_id,
+            eos_id=tokenizer.eos_id,
+            cfg=cfg,
+            generator=generator,
+        )
         texts = decode_completions(tokenizer, gen)  # prompt-major: N rows per prompt
         rep_p, rep_a = [p for p in ps for _ in range(N)], [a for a in ans for _ in range(N)]
         scores = [float(v) for v in scorer(rep_p, texts, answer=rep_a)]
         if len(scores) != len(texts) or not all(math.isfinite(v) for v in scores):
-            raise UserError(f"the best-of-N scorer returned {len(scores)} values for {len(texts)} completions, or a "
-                            "non-finite one")
+            raise UserError(
+                f"the best-of-N scorer returned {len(scores)} values for {len(texts)} completions, or a non-finite one"
+            )
         ok = torch.tensor([bool(verifier(c, a)) for c, a in zip(texts, rep_a)])
         idx, _ = best_of_n(torch.tensor(scores, dtype=torch.float64), N)  # (B,) flat indices of the picks
         best_ok += int(ok[idx].sum())
@@ -116,11 +152,24 @@ def best_of_n_evaluate(
         all_ok += int(ok.sum())
         for i in idx.tolist():
             if len(samples) < keep_samples:
-                samples.append({"prompt": rep_p[i], "answer": rep_a[i], "completion": texts[i], "score": scores[i],
-                                "correct": bool(ok[i])})
+                samples.append(
+                    {
+                        "prompt": rep_p[i],
+                        "answer": rep_a[i],
+                        "completion": texts[i],
+                        "score": scores[i],
+                        "correct": bool(ok[i]),
+                    }
+                )
     n = len(prompts)
-    return BestOfNResult(num_samples=N, n=n, best_of_n_accuracy=best_ok / max(n, 1), pass_at_n=any_ok / max(n, 1),
-                         sample_accuracy=all_ok / max(n * N, 1), samples=samples)
+    return BestOfNResult(
+        num_samples=N,
+        n=n,
+        best_of_n_accuracy=best_ok / max(n, 1),
+        pass_at_n=any_ok / max(n, 1),
+        sample_accuracy=all_ok / max(n * N, 1),
+        samples=samples,
+    )
 
 
 @torch.no_grad()
@@ -147,8 +196,14 @@ def evaluate(
     correct, truncated, samples = 0, 0, []
     for start in range(0, len(prompts), batch_size):
         ps, ans = prompts[start : start + batch_size], answers[start : start + batch_size]
-        gen = generate(model, [encode_prompt(tokenizer, p, max_prompt_tokens) for p in ps], pad_id=tokenizer.pad_id,
-                       eos_id=tokenizer.eos_id, cfg=cfg, generator=generator)
+        gen = generate(
+            model,
+            [encode_prompt(tokenizer, p, max_prompt_tokens) for p in ps],
+            pad_id=tokenizer.pad_id,
+            eos_id=tokenizer.eos_id,
+            cfg=cfg,
+            generator=generator,
+        )
         texts = decode_completions(tokenizer, gen)
         truncated += int(gen.truncated.sum())
         for p, a, c in zip(ps, ans, texts):
@@ -157,5 +212,6 @@ def evaluate(
             if len(samples) < keep_samples:
                 samples.append({"prompt": p, "answer": a, "completion": c, "correct": ok})
     n = len(prompts)
-    return EvalResult(accuracy=correct / max(n, 1), n=n, correct=correct, samples=samples,
-                      truncated_fraction=truncated / max(n, 1))
+    return EvalResult(
+        accuracy=correct / max(n, 1), n=n, correct=correct, samples=samples, truncated_fraction=truncated / max(n, 1)
+    )

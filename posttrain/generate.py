@@ -140,9 +140,12 @@ def generate(
     ckw = cache_kwarg(model)
     logits, cache, expand = _prefill(model, ids, mask, pos, G, cfg.max_new_tokens, use_cache, ckw)
     ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)
-    out_ids, out_mask, logps, raw_logps = _decode(model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator,
-                                                  use_cache, ckw)
-    ended = (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
+    out_ids, out_mask, logps, raw_logps = _decode(
+        model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator, use_cache, ckw
+    )
+    ended = (
+        (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
+    )
     model.train(was_training)
     return Generation(
         sequences=torch.cat([ids, out_ids], dim=1),
@@ -173,8 +176,9 @@ def _prefill(model, ids, mask, pos, G: int, T: int, use_cache: bool, ckw: str):
     return logits[expand], cache, expand
 
 
-def _decode(model, logits, cache, ids, mask, pos, cfg: SamplingConfig, pad_id, eos_id, generator, use_cache: bool,
-            ckw: str):
+def _decode(
+    model, logits, cache, ids, mask, pos, cfg: SamplingConfig, pad_id, eos_id, generator, use_cache: bool, ckw: str
+):
     """Sample up to ``cfg.max_new_tokens`` tokens per row, in lock-step, stopping rows at EOS; without the
     cache, every step re-runs the whole prefix (the oracle). Returns (ids, mask, logps, raw_logps), (N, steps)."""
     N, T, device = ids.shape[0], cfg.max_new_tokens, ids.device
@@ -207,8 +211,13 @@ def _decode(model, logits, cache, ids, mask, pos, cfg: SamplingConfig, pad_id, e
             break
         full_mask = torch.cat([full_mask, live.long()[:, None]], dim=1)  # (N, P + t + 1)
         if use_cache:
-            out = model(input_ids=tok[:, None], attention_mask=full_mask, position_ids=next_pos[:, None],
-                        use_cache=True, **{ckw: cache})
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=full_mask,
+                position_ids=next_pos[:, None],
+                use_cache=True,
+                **{ckw: cache},
+            )
             cache = _cache_of(out)
         else:
             seq = torch.cat([ids, out_ids[:, : t + 1]], dim=1)

@@ -22,35 +22,66 @@ from posttrain.tasks.arithmetic import Problem, verify
 
 @torch.no_grad()
 def sample_completions(
-    model, tokenizer, prompts: Sequence[str], *, num_samples: int, temperature: float = 1.0,
-    max_new_tokens: int = 8, batch_prompts: int = 256, generator: torch.Generator | None = None,
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    num_samples: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 8,
+    batch_prompts: int = 256,
+    generator: torch.Generator | None = None,
 ) -> list[list[str]]:
     """``num_samples`` sampled completion texts per prompt (EOS excluded), prompt order kept."""
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, num_samples=num_samples)
     out: list[list[str]] = []
     for start in range(0, len(prompts), batch_prompts):
         chunk = prompts[start : start + batch_prompts]
-        gen = generate(model, [encode_prompt(tokenizer, p) for p in chunk], pad_id=tokenizer.pad_id,
-                       eos_id=tokenizer.eos_id, cfg=cfg, generator=generator)
+        gen = generate(
+            model,
+            [encode_prompt(tokenizer, p) for p in chunk],
+            pad_id=tokenizer.pad_id,
+            eos_id=tokenizer.eos_id,
+            cfg=cfg,
+            generator=generator,
+        )
         texts = decode_completions(tokenizer, gen)  # prompt-major: G rows per prompt
         out.extend(texts[i * num_samples : (i + 1) * num_samples] for i in range(len(chunk)))
     return out
 
 
-
 def on_policy_pairs(
-    model, tokenizer, problems: Sequence[Problem], cfg: PairDataConfig, *, num_prompts: int | None = None,
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    cfg: PairDataConfig,
+    *,
+    num_prompts: int | None = None,
     verifier: Callable[[str, str], bool] = verify,
 ) -> tuple[list[PreferencePair], PairStats]:
     """Sample ``model`` on ``num_prompts`` (default ``cfg.num_prompts``) of ``problems`` and label the pairs."""
     n = min(num_prompts or cfg.num_prompts, len(problems))
     chosen_problems = random.Random(f"pair-prompts:{cfg.seed}").sample(list(problems), n)
     gen = torch.Generator().manual_seed(cfg.seed)
-    samples = sample_completions(model, tokenizer, [p.prompt for p in chosen_problems],
-                                 num_samples=cfg.samples_per_prompt, temperature=cfg.temperature,
-                                 max_new_tokens=cfg.max_new_tokens, batch_prompts=cfg.batch_prompts, generator=gen)
+    samples = sample_completions(
+        model,
+        tokenizer,
+        [p.prompt for p in chosen_problems],
+        num_samples=cfg.samples_per_prompt,
+        temperature=cfg.temperature,
+        max_new_tokens=cfg.max_new_tokens,
+        batch_prompts=cfg.batch_prompts,
+        generator=gen,
+    )
     stats = PairStats()
-    pairs = label_pairs([p.prompt for p in chosen_problems], [p.answer for p in chosen_problems], samples,
-                        max_pairs_per_prompt=cfg.max_pairs_per_prompt, gold_chosen=cfg.gold_chosen,
-                        rng=random.Random(f"pair-choice:{cfg.seed}"), verifier=verifier, stats=stats)
+    pairs = label_pairs(
+        [p.prompt for p in chosen_problems],
+        [p.answer for p in chosen_problems],
+        samples,
+        max_pairs_per_prompt=cfg.max_pairs_per_prompt,
+        gold_chosen=cfg.gold_chosen,
+        rng=random.Random(f"pair-choice:{cfg.seed}"),
+        verifier=verifier,
+        stats=stats,
+    )
     return pairs, stats

@@ -51,9 +51,20 @@ def _fmt_time(s: float) -> str:
 class LineProgress:
     """tqdm's interface, printing a plain line every ``every_pct`` % of ``total`` or every ``interval`` s."""
 
-    def __init__(self, iterable: Iterable | None = None, desc: str | None = None, total: float | None = None, *,
-                 initial: float = 0, unit: str = "it", file=None, disable: bool = False,
-                 every_pct: float = DEFAULT_EVERY_PCT, interval: float | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        desc: str | None = None,
+        total: float | None = None,
+        *,
+        initial: float = 0,
+        unit: str = "it",
+        file=None,
+        disable: bool = False,
+        every_pct: float = DEFAULT_EVERY_PCT,
+        interval: float | None = None,
+        clock=time.monotonic,
+    ):
         if total is None and iterable is not None and hasattr(iterable, "__len__"):
             total = len(iterable)  # as tqdm: the iterable's length, not counting `initial`
         self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit.strip() or "it"
@@ -106,7 +117,11 @@ class LineProgress:
         elapsed = (self.clock() if now is None else now) - self._start
         done = self.n - self.initial
         rate = f"{done / elapsed:.3g} {self.unit}/s" if elapsed > 0 else f"? {self.unit}/s"
-        count = f"{self.n:g}/{self.total:g} ({100.0 * self.n / self.total:.0f}%)" if self.total else f"{self.n:g} {self.unit}"
+        count = (
+            f"{self.n:g}/{self.total:g} ({100.0 * self.n / self.total:.0f}%)"
+            if self.total
+            else f"{self.n:g} {self.unit}"
+        )
         parts = [count, _fmt_time(elapsed), rate] + ([self.postfix] if self.postfix else [])
         return (f"{self.desc}: " if self.desc else "") + ", ".join(parts)
 
@@ -142,9 +157,17 @@ class LineProgress:
             self._emit(self.clock())
 
 
-def progress(iterable: Iterable | None = None, desc: str | None = None, total: float | None = None, *,
-             file=None, disable: bool | None = False, every_pct: float = DEFAULT_EVERY_PCT,
-             interval: float | None = None, **tqdm_kwargs: Any):
+def progress(
+    iterable: Iterable | None = None,
+    desc: str | None = None,
+    total: float | None = None,
+    *,
+    file=None,
+    disable: bool | None = False,
+    every_pct: float = DEFAULT_EVERY_PCT,
+    interval: float | None = None,
+    **tqdm_kwargs: Any,
+):
     """A tqdm bar on a terminal, a :class:`LineProgress` otherwise (module docstring)."""
     stream = file if file is not None else sys.stderr
     if _is_tty(stream) and not disable:
@@ -152,13 +175,15 @@ def progress(iterable: Iterable | None = None, desc: str | None = None, total: f
 
         return _tqdm(iterable, desc=desc, total=total, file=file, **tqdm_kwargs)
     keep = {k: tqdm_kwargs[k] for k in ("initial", "unit") if k in tqdm_kwargs}
-    return LineProgress(iterable, desc, total, file=file, disable=bool(disable), every_pct=every_pct,
-                        interval=interval, **keep)
+    return LineProgress(
+        iterable, desc, total, file=file, disable=bool(disable), every_pct=every_pct, interval=interval, **keep
+    )
 
 
 @contextmanager
-def counter_progress(total: int, desc: str, *, unit: str = "it", enabled: bool = True, file=None
-                     ) -> Iterator[Callable[[int], None] | None]:
+def counter_progress(
+    total: int, desc: str, *, unit: str = "it", enabled: bool = True, file=None
+) -> Iterator[Callable[[int], None] | None]:
     """For loops that report a running count (``callback(done)``) instead of iterating: yields that callback
     (None when not ``enabled``), shown as :func:`progress` on ``file`` (default stderr), closed on exit."""
     if not enabled:

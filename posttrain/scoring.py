@@ -72,8 +72,9 @@ def completion_logps(
         position_ids = positions_from_mask(attention_mask)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
     logits = out.logits[:, completion_start - 1 : -1]  # (B, Tc, V) predicts input_ids[:, completion_start:]
-    lp, warped = completion_token_logps(logits, input_ids[:, completion_start:], temperature, top_k, top_p,
-                                         completion_mask)
+    lp, warped = completion_token_logps(
+        logits, input_ids[:, completion_start:], temperature, top_k, top_p, completion_mask
+    )
     return (lp, token_entropy(warped)) if return_entropy else lp
 
 
@@ -110,15 +111,22 @@ def prefix_shared_completion_logps(
     P = completion_start
     uniq, inv = torch.unique(prompt_index, return_inverse=True)  # (U,), (N,)
     first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
-        0, inv, torch.arange(len(inv), device=input_ids.device))  # a representative row per prompt
+        0, inv, torch.arange(len(inv), device=input_ids.device)
+    )  # a representative row per prompt
     pos = positions_from_mask(attention_mask)  # (N, P+T)
     cache = ConcatKVCache()
-    out = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                position_ids=pos[first, :P], cache=cache, use_cache=True)
+    out = model(
+        input_ids=input_ids[first, :P],
+        attention_mask=attention_mask[first, :P],
+        position_ids=pos[first, :P],
+        cache=cache,
+        use_cache=True,
+    )
     first_logits = out.logits[:, -1][inv]  # (N, V): predicts completion token 0
     cache.reorder(inv)
-    out = model(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache,
-                use_cache=True)
+    out = model(
+        input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache, use_cache=True
+    )
     logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
     lp, warped = completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
     return lp, token_entropy(warped)

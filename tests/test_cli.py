@@ -8,13 +8,38 @@ import pytest
 
 from posttrain.cli import main
 
-TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false", "--restarts", "1",
-        "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.digits", "1",
-        "--task.num-demos", "20", "--task.num-eval", "8"]
+TINY = [
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "0",
+    "--save-every",
+    "2",
+    "--progress",
+    "false",
+    "--restarts",
+    "1",
+    "--model.n-layer",
+    "1",
+    "--model.d-model",
+    "32",
+    "--model.n-head",
+    "2",
+    "--task.digits",
+    "1",
+    "--task.num-demos",
+    "20",
+    "--task.num-eval",
+    "8",
+]
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "posttrain", "--help"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "posttrain", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     for cmd in ("sft", "eval", "demo"):
         assert cmd in out
 
@@ -22,10 +47,12 @@ def test_help_lists_commands():
 def test_top_level_help_imports_no_torch_and_no_trainer():
     """``posttrain --help`` builds only the command list: no trainer module, so no torch (the flags of a
     command are built when the command line names it)."""
-    code = ("import sys, contextlib, io\nfrom posttrain.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    try: main(['--help'])\n    except SystemExit: pass\n"
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('posttrain.trainers')))")
+    code = (
+        "import sys, contextlib, io\nfrom posttrain.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try: main(['--help'])\n    except SystemExit: pass\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('posttrain.trainers')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -34,6 +61,7 @@ def test_lazy_parser_builds_only_the_named_command():
     from posttrain.cli import build_parser, named_command
 
     assert named_command(["sft", "--steps", "3"]) == "sft" and named_command(["--help"]) is None
+
     def flags(parser):  # command -> its option strings
         sub = next(a for a in parser._actions if isinstance(a.choices, dict))
         return {name: {o for a in p._actions for o in a.option_strings} for name, p in sub.choices.items()}

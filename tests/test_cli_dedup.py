@@ -29,23 +29,44 @@ def test_every_field_has_a_flag_and_every_flag_a_field():
     opts = {o for a in _dedup_parser()._actions for o in a.option_strings}
     want = {"--" + f.name.replace("_", "-") for f in fields(DedupConfig)}
     assert want <= opts
-    assert {o for o in opts if not o.startswith("--no-")} - PATHS - want - {"--" + f.name for f in fields(DedupConfig)} == set()
+    assert {o for o in opts if not o.startswith("--no-")} - PATHS - want - {
+        "--" + f.name for f in fields(DedupConfig)
+    } == set()
 
 
 def test_documented_flags_exist():
     docs = (ROOT / "docs" / "dedup.md").read_text()
-    block = docs[docs.index("posttrain dedup INPUT"):]
+    block = docs[docs.index("posttrain dedup INPUT") :]
     block = block[: block.index("```")]  # the usage block
-    examples = [ln for t in (docs, (ROOT / "README.md").read_text()) for ln in t.splitlines() if "posttrain dedup " in ln]
+    examples = [
+        ln for t in (docs, (ROOT / "README.md").read_text()) for ln in t.splitlines() if "posttrain dedup " in ln
+    ]
     documented = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", block + "\n".join(examples)))
     opts = {o for a in _dedup_parser()._actions for o in a.option_strings}
     assert documented and documented <= opts
 
 
 def test_switches_lists_and_values_reach_the_config():
-    _, cfg = _parse("--bloom", "--method", "exact", "--no-progress", "--drop-contaminated",
-                    "--contamination", "a.jsonl", "b.jsonl", "--num-perm", "64", "--bands", "8", "--rows", "8",
-                    "--max-bucket", "7", "--id-field", "id")
+    _, cfg = _parse(
+        "--bloom",
+        "--method",
+        "exact",
+        "--no-progress",
+        "--drop-contaminated",
+        "--contamination",
+        "a.jsonl",
+        "b.jsonl",
+        "--num-perm",
+        "64",
+        "--bands",
+        "8",
+        "--rows",
+        "8",
+        "--max-bucket",
+        "7",
+        "--id-field",
+        "id",
+    )
     assert (cfg.bloom, cfg.progress, cfg.drop_contaminated) == (True, False, True)
     assert cfg.contamination == ("a.jsonl", "b.jsonl") and cfg.method == "exact" and cfg.id_field == "id"
     assert (cfg.num_perm, cfg.bands, cfg.rows, cfg.max_bucket) == (64, 8, 8, 7)

@@ -17,9 +17,30 @@ import posttrain
 from posttrain.cli import as_os_error, describe_os_error, main
 
 ROOT = str(Path(posttrain.__file__).resolve().parent.parent)
-SFT = ["--preset", "tiny", "--restarts", "1", "--steps", "1", "--batch-size", "8", "--eval-every", "0", "--progress", "false",
-       "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.num-demos", "8",
-       "--task.num-eval", "4"]
+SFT = [
+    "--preset",
+    "tiny",
+    "--restarts",
+    "1",
+    "--steps",
+    "1",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "0",
+    "--progress",
+    "false",
+    "--model.n-layer",
+    "1",
+    "--model.d-model",
+    "32",
+    "--model.n-head",
+    "2",
+    "--task.num-demos",
+    "8",
+    "--task.num-eval",
+    "4",
+]
 
 
 def _one_error_line(capsys, expected: str) -> None:
@@ -34,8 +55,7 @@ def tok(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"{i} hello world foo bar\n" for i in range(20000)))
     path = tmp_path / "tok.json"
-    assert main(["tokenizer", "train", "--model", "bpe", "--vocab-size", "40", "--output", str(path),
-                 str(corpus)]) == 0
+    assert main(["tokenizer", "train", "--model", "bpe", "--vocab-size", "40", "--output", str(path), str(corpus)]) == 0
     return path, corpus
 
 
@@ -82,11 +102,26 @@ def test_out_that_is_a_file(tmp_path, capsys):
 def test_out_under_a_file(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
-    assert main(["tokenizer", "train", "--model", "bpe", "--vocab-size", "30", "--output", str(f / "sub" / "t.json"),
-                 str(f)]) == 2
+    assert (
+        main(
+            [
+                "tokenizer",
+                "train",
+                "--model",
+                "bpe",
+                "--vocab-size",
+                "30",
+                "--output",
+                str(f / "sub" / "t.json"),
+                str(f),
+            ]
+        )
+        == 2
+    )
     # the atomic writer looks at the target first (a regular file, a device or new?): the kernel names it
-    _one_error_line(capsys, f"posttrain tokenizer: error: {f / 'sub' / 't.json'}: {os.strerror(errno.ENOTDIR)} "
-                            f"({f} is a file)")
+    _one_error_line(
+        capsys, f"posttrain tokenizer: error: {f / 'sub' / 't.json'}: {os.strerror(errno.ENOTDIR)} ({f} is a file)"
+    )
 
 
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES, errno.ENOSPC])
@@ -141,8 +176,11 @@ def test_library_io_errors_become_os_errors(tmp_path):
     with pytest.raises(RuntimeError) as info:
         torch_save(tmp_path / "optimizer.pt")
     assert describe_os_error(as_os_error(info.value)) == (
-        f"{tmp_path / 'optimizer.pt'}: write failed ([enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534)")
-    assert as_os_error(RuntimeError("PytorchStreamReader failed reading zip archive")) is None  # a corrupt file: not I/O
+        f"{tmp_path / 'optimizer.pt'}: write failed ([enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534)"
+    )
+    assert (
+        as_os_error(RuntimeError("PytorchStreamReader failed reading zip archive")) is None
+    )  # a corrupt file: not I/O
     assert as_os_error(ValueError("x")) is None
 
 

@@ -38,9 +38,13 @@ def test_toml_file(tmp_path):
 
 @pytest.mark.parametrize(
     "overrides, msg",
-    [({"steps": "ten"}, "steps='ten' is not a valid int"), ({"flag": "maybe"}, "flag='maybe'"),
-     ({"nope": "1"}, "unknown config field nope"), ({"inner.bad": "1"}, "unknown config field inner.bad"),
-     ({"steps": "1.5"}, "is not a valid int")],
+    [
+        ({"steps": "ten"}, "steps='ten' is not a valid int"),
+        ({"flag": "maybe"}, "flag='maybe'"),
+        ({"nope": "1"}, "unknown config field nope"),
+        ({"inner.bad": "1"}, "unknown config field inner.bad"),
+        ({"steps": "1.5"}, "is not a valid int"),
+    ],
 )
 def test_bad_values_name_the_field(overrides, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -100,14 +104,21 @@ class Bounded:
 
 @pytest.mark.parametrize(
     "overrides, msg",
-    [({"lr": "inf"}, "lr=inf is not a finite number"), ({"lr": "nan"}, "lr=nan is not a finite number"),
-     ({"lr": "-Infinity"}, "lr=-inf is not a finite number"), ({"lr": "1e999"}, "lr=inf is not a finite number"),
-     ({"lr": "0"}, "lr=0.0 must be > 0"), ({"frac": "1.5"}, "frac=1.5 must be in [0, 1]"),
-     ({"bound": "nan"}, "bound=nan is not a finite number"), ({"bound": "-1"}, "bound=-1.0 must be >= 0"),
-     ({"edges": "1,nan"}, "edges=nan is not a finite number"), ({"threads": "-1"}, "threads=-1 must be >= 1 (or None)"),
-     ({"threads": "0"}, "threads=0 must be >= 1 (or None)"),
-     ({"kw": '{"a": {"b": NaN}}'}, "kw.a.b=nan is not a finite number"),
-     ({"kw": '{"a": [1, Infinity]}'}, "kw.a=inf is not a finite number")],
+    [
+        ({"lr": "inf"}, "lr=inf is not a finite number"),
+        ({"lr": "nan"}, "lr=nan is not a finite number"),
+        ({"lr": "-Infinity"}, "lr=-inf is not a finite number"),
+        ({"lr": "1e999"}, "lr=inf is not a finite number"),
+        ({"lr": "0"}, "lr=0.0 must be > 0"),
+        ({"frac": "1.5"}, "frac=1.5 must be in [0, 1]"),
+        ({"bound": "nan"}, "bound=nan is not a finite number"),
+        ({"bound": "-1"}, "bound=-1.0 must be >= 0"),
+        ({"edges": "1,nan"}, "edges=nan is not a finite number"),
+        ({"threads": "-1"}, "threads=-1 must be >= 1 (or None)"),
+        ({"threads": "0"}, "threads=0 must be >= 1 (or None)"),
+        ({"kw": '{"a": {"b": NaN}}'}, "kw.a.b=nan is not a finite number"),
+        ({"kw": '{"a": [1, Infinity]}'}, "kw.a=inf is not a finite number"),
+    ],
 )
 def test_bounds_and_finiteness_from_flags(overrides, msg):
     with pytest.raises(ConfigError) as e:
@@ -121,9 +132,13 @@ def test_allow_inf_and_none_pass():
 
 
 def test_python_api_is_checked_like_the_cli():
-    for kw, msg in [({"lr": math.inf}, "lr=inf is not a finite number"), ({"frac": -0.1}, "frac=-0.1 must be in [0, 1]"),
-                    ({"threads": -1}, "threads=-1 must be >= 1 (or None)"), ({"lr": "big"}, "lr='big' is not a number"),
-                    ({"kw": {"x": math.nan}}, "kw.x=nan is not a finite number")]:
+    for kw, msg in [
+        ({"lr": math.inf}, "lr=inf is not a finite number"),
+        ({"frac": -0.1}, "frac=-0.1 must be in [0, 1]"),
+        ({"threads": -1}, "threads=-1 must be >= 1 (or None)"),
+        ({"lr": "big"}, "lr='big' is not a number"),
+        ({"kw": {"x": math.nan}}, "kw.x=nan is not a finite number"),
+    ]:
         with pytest.raises(ConfigError) as e:
             Bounded(**kw)
         assert str(e.value) == msg
@@ -134,15 +149,27 @@ def test_bounds_reach_the_help_text():
     add_config_flags(p, Bounded)
     text = p.format_help()
     assert "lr [> 0]" in text and "frac [in [0, 1]]" in text and "threads [>= 1]" in text
-    assert [bounds_text(b) for b in ({"gt": 0, "lt": 1}, {"le": 2.5}, {"lt": 2**32})] == ["in (0, 1)", "<= 2.5", "< 4294967296"]
+    assert [bounds_text(b) for b in ({"gt": 0, "lt": 1}, {"le": 2.5}, {"lt": 2**32})] == [
+        "in (0, 1)",
+        "<= 2.5",
+        "< 4294967296",
+    ]
 
 
 # every config dataclass the commands build: each float refuses NaN (and inf unless allowed), each bound is enforced
-CONFIG_MODULES = ("posttrain.trainers.sft", "posttrain.trainers.dpo_config", "posttrain.trainers.reward",
-                  "posttrain.trainers.pg_config", "posttrain.trainers.ppo_config", "posttrain.trainers.alarms",
-                  "posttrain.generate",
-                  "posttrain.models.gpt", "posttrain.tasks.arithmetic", "posttrain.data.preference_pairs",
-                  "posttrain.data.dedup.run")
+CONFIG_MODULES = (
+    "posttrain.trainers.sft",
+    "posttrain.trainers.dpo_config",
+    "posttrain.trainers.reward",
+    "posttrain.trainers.pg_config",
+    "posttrain.trainers.ppo_config",
+    "posttrain.trainers.alarms",
+    "posttrain.generate",
+    "posttrain.models.gpt",
+    "posttrain.tasks.arithmetic",
+    "posttrain.data.preference_pairs",
+    "posttrain.data.dedup.run",
+)
 
 
 def _config_classes():
@@ -150,8 +177,12 @@ def _config_classes():
     for name in CONFIG_MODULES:
         mod = importlib.import_module(name)
         for obj in vars(mod).values():
-            if (isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == name
-                    and any("help" in f.metadata for f in dataclasses.fields(obj))):
+            if (
+                isinstance(obj, type)
+                and dataclasses.is_dataclass(obj)
+                and obj.__module__ == name
+                and any("help" in f.metadata for f in dataclasses.fields(obj))
+            ):
                 out.append(obj)
     return out
 
@@ -160,8 +191,9 @@ CONFIG_CLASSES = _config_classes()
 
 
 def _is_float(tp) -> bool:
-    return tp is float or (typing.get_origin(tp) in (typing.Union, __import__("types").UnionType)
-                           and float in typing.get_args(tp))
+    return tp is float or (
+        typing.get_origin(tp) in (typing.Union, __import__("types").UnionType) and float in typing.get_args(tp)
+    )
 
 
 def _outside(b: dict, is_int: bool):
@@ -178,8 +210,19 @@ def _outside(b: dict, is_int: bool):
 
 def test_every_command_config_is_found():
     names = {c.__name__ for c in CONFIG_CLASSES}
-    assert {"SFTConfig", "DPOConfig", "RMConfig", "PolicyGradientConfig", "PPOConfig", "AlarmConfig", "SamplingConfig", "GPTConfig",
-            "ArithmeticConfig", "PairDataConfig", "DedupConfig"} <= names
+    assert {
+        "SFTConfig",
+        "DPOConfig",
+        "RMConfig",
+        "PolicyGradientConfig",
+        "PPOConfig",
+        "AlarmConfig",
+        "SamplingConfig",
+        "GPTConfig",
+        "ArithmeticConfig",
+        "PairDataConfig",
+        "DedupConfig",
+    } <= names
 
 
 @pytest.mark.parametrize("cls", CONFIG_CLASSES, ids=lambda c: c.__name__)
@@ -214,14 +257,22 @@ CLI_CASES = [
     (["sft", "--grad-clip", "nan"], "grad_clip=nan is not a finite number"),
     (["dpo", "--lr", "inf"], "lr=inf is not a finite number"),
     (["dpo", "--beta", "inf"], "beta=inf is not a finite number"),
-    (["dpo", "--loss", "cdpo", "--loss-kwargs", '{"label_smoothing": 5}'],
-     "loss_kwargs.label_smoothing=5 must be in [0, 0.5] (loss 'cdpo')"),
-    (["dpo", "--loss", "robust", "--loss-kwargs", '{"label_smoothing": 0.5}'],
-     "loss_kwargs.label_smoothing=0.5 must be in [0, 0.5) (loss 'robust')"),
-    (["dpo", "--loss", "cdpo", "--loss-kwargs", '{"label_smoothing": "a"}'],
-     "loss_kwargs.label_smoothing='a' is not a number (loss 'cdpo')"),
-    (["dpo", "--loss", "cdpo", "--loss-kwargs", '{"label_smoothing": NaN}'],
-     "loss_kwargs.label_smoothing=nan is not a finite number"),
+    (
+        ["dpo", "--loss", "cdpo", "--loss-kwargs", '{"label_smoothing": 5}'],
+        "loss_kwargs.label_smoothing=5 must be in [0, 0.5] (loss 'cdpo')",
+    ),
+    (
+        ["dpo", "--loss", "robust", "--loss-kwargs", '{"label_smoothing": 0.5}'],
+        "loss_kwargs.label_smoothing=0.5 must be in [0, 0.5) (loss 'robust')",
+    ),
+    (
+        ["dpo", "--loss", "cdpo", "--loss-kwargs", '{"label_smoothing": "a"}'],
+        "loss_kwargs.label_smoothing='a' is not a number (loss 'cdpo')",
+    ),
+    (
+        ["dpo", "--loss", "cdpo", "--loss-kwargs", '{"label_smoothing": NaN}'],
+        "loss_kwargs.label_smoothing=nan is not a finite number",
+    ),
     (["rm", "--lr", "inf"], "lr=inf is not a finite number"),
     (["rm", "--center-coef", "nan"], "center_coef=nan is not a finite number"),
     (["grpo", "--temperature", "nan"], "temperature=nan is not a finite number"),
@@ -255,8 +306,14 @@ def test_eval_and_dedup_reject_bad_values(tmp_path, capsys):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.floats().map(repr), st.floats().map(str), st.text(max_size=12),
-                 st.sampled_from(["nan", "-nan", "inf", "+Infinity", "1e309", "-1e999", "1_0.5", " 2 ", "0x10"])))
+@given(
+    st.one_of(
+        st.floats().map(repr),
+        st.floats().map(str),
+        st.text(max_size=12),
+        st.sampled_from(["nan", "-nan", "inf", "+Infinity", "1e309", "-1e999", "1_0.5", " 2 ", "0x10"]),
+    )
+)
 def test_coerce_float_is_finite_or_config_error(s):
     try:
         want = float(s)
@@ -290,15 +347,25 @@ def test_coerce_containers_refuse_non_finite(xs):
 
 @pytest.mark.parametrize(
     "name, body, msg",
-    [("c.yaml", b"steps: 3\nlr: \xff\n", "c.yaml:2: not valid UTF-8 (byte 0xff at column 5)"),
-     ("c.yaml", b"steps: [1,\nlr: 2\n", "c.yaml:3: cannot parse config: expected ',' or ']', but got '<stream end>' "
-                                        "(column 1; while parsing a flow sequence started at line 1)"),
-     ("c.yaml", b"steps: 1\n  lr: 2\n", "c.yaml:2: cannot parse config: mapping values are not allowed here (column 5)"),
-     ("c.toml", b"steps = 3\nlr = = 2\n", "c.toml:2: cannot parse config: Invalid value (column 6)"),
-     ("c.toml", b"steps = 3\n\xc3\x28 = 1\n", "c.toml:2: not valid UTF-8 (byte 0xc3 at column 1)"),
-     ("c.yaml", b"lr: .nan\n", "lr=nan is not a finite number"),
-     ("c.toml", b"lr = inf\n", "lr=inf is not a finite number"),
-     ("c.yaml", b"steps: .inf\n", "steps=inf is not a valid int")],
+    [
+        ("c.yaml", b"steps: 3\nlr: \xff\n", "c.yaml:2: not valid UTF-8 (byte 0xff at column 5)"),
+        (
+            "c.yaml",
+            b"steps: [1,\nlr: 2\n",
+            "c.yaml:3: cannot parse config: expected ',' or ']', but got '<stream end>' "
+            "(column 1; while parsing a flow sequence started at line 1)",
+        ),
+        (
+            "c.yaml",
+            b"steps: 1\n  lr: 2\n",
+            "c.yaml:2: cannot parse config: mapping values are not allowed here (column 5)",
+        ),
+        ("c.toml", b"steps = 3\nlr = = 2\n", "c.toml:2: cannot parse config: Invalid value (column 6)"),
+        ("c.toml", b"steps = 3\n\xc3\x28 = 1\n", "c.toml:2: not valid UTF-8 (byte 0xc3 at column 1)"),
+        ("c.yaml", b"lr: .nan\n", "lr=nan is not a finite number"),
+        ("c.toml", b"lr = inf\n", "lr=inf is not a finite number"),
+        ("c.yaml", b"steps: .inf\n", "steps=inf is not a valid int"),
+    ],
 )
 def test_config_file_errors_are_one_line_with_the_line(tmp_path, name, body, msg):
     f = tmp_path / name
@@ -317,6 +384,7 @@ def test_cli_config_file_with_invalid_utf8(tmp_path, capsys):
 
 def test_help_text_with_a_percent_sign_is_printed_verbatim():
     """argparse %-formats help strings: a field doc saying '10%' crashed every command's --help."""
+
     @dataclass
     class Pct:
         progress: bool = knob(True, "plain lines every 10% when not a terminal")

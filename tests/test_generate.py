@@ -25,13 +25,23 @@ def test_greedy_cache_equals_no_cache(tiny_gpt):
     torch.testing.assert_close(a.logps, b.logps, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, None, None), (0.7, None, None), (1.3, 5, None), (1.0, 4, None),
-                                                     (0.9, None, 0.8), (0.6, 6, 0.9)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, None, None), (0.7, None, None), (1.3, 5, None), (1.0, 4, None), (0.9, None, 0.8), (0.6, 6, 0.9)],
+)
 def test_sampling_logps_equal_recomputed(tiny_gpt, temperature, top_k, top_p):
     cfg = SamplingConfig(max_new_tokens=8, temperature=temperature, top_k=top_k, top_p=top_p, num_samples=4)
     g = generate(tiny_gpt, PROMPTS, pad_id=0, eos_id=2, cfg=cfg, generator=torch.Generator().manual_seed(0))
-    lp = completion_logps(tiny_gpt, g.sequences, g.attention_mask, g.prompt_length, temperature=temperature,
-                          top_k=top_k, top_p=top_p, completion_mask=g.completion_mask)
+    lp = completion_logps(
+        tiny_gpt,
+        g.sequences,
+        g.attention_mask,
+        g.prompt_length,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        completion_mask=g.completion_mask,
+    )
     torch.testing.assert_close(lp, g.logps, atol=1e-5, rtol=1e-5)
     raw = completion_logps(tiny_gpt, g.sequences, g.attention_mask, g.prompt_length, completion_mask=g.completion_mask)
     torch.testing.assert_close(raw, g.raw_logps, atol=1e-5, rtol=1e-5)
@@ -64,7 +74,9 @@ class _EosAfter16(torch.nn.Module):
 
 def test_eos_stops_and_masks(tiny_gpt):
     """Rows 0 and 1 end on EOS at the first step; row 2 runs to the limit and is marked truncated."""
-    g = generate(_EosAfter16(tiny_gpt), PROMPTS, pad_id=0, eos_id=2, cfg=SamplingConfig(max_new_tokens=5, temperature=0))
+    g = generate(
+        _EosAfter16(tiny_gpt), PROMPTS, pad_id=0, eos_id=2, cfg=SamplingConfig(max_new_tokens=5, temperature=0)
+    )
     assert g.completion_ids[:2, 0].tolist() == [2, 2]
     assert g.completion_mask.tolist()[:2] == [[1, 0, 0, 0, 0]] * 2 and g.completion_mask[2].all()
     assert (g.completion_ids[:2, 1:] == 0).all()  # padded after EOS

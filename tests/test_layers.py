@@ -55,7 +55,7 @@ def _cycle(graph: dict[str, set[str]], nodes: set[str]) -> list[str] | None:
         stack.append(n)
         for m in sorted(graph[n] & nodes):
             if state.get(m) == 1:
-                return stack[stack.index(m):] + [m]
+                return stack[stack.index(m) :] + [m]
             if m not in state and (c := visit(m)):
                 return c
         stack.pop()
@@ -82,14 +82,22 @@ def test_no_import_cycle():
 def test_losses_import_no_models_trainers_or_config():
     bad = ("posttrain.models", "posttrain.trainers", "posttrain.config")
     g = _graph()
-    found = {(n, m) for n, s in g.items() if n.startswith("posttrain.losses") for m in s
-             if any(m == b or m.startswith(b + ".") for b in bad)}
+    found = {
+        (n, m)
+        for n, s in g.items()
+        if n.startswith("posttrain.losses")
+        for m in s
+        if any(m == b or m.startswith(b + ".") for b in bad)
+    }
     assert found == set()
 
 
 def test_no_module_over_the_line_limit():
-    long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in ROOT.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -104,6 +112,10 @@ def test_no_package_attribute_hides_a_submodule():
         pkg = importlib.import_module(name)
         for info in pkgutil.iter_modules(pkg.__path__):
             value = vars(pkg).get(info.name)
-            if value is not None and not hasattr(value, "__path__") and getattr(value, "__name__", None) != f"{name}.{info.name}":
+            if (
+                value is not None
+                and not hasattr(value, "__path__")
+                and getattr(value, "__name__", None) != f"{name}.{info.name}"
+            ):
                 hidden.append(f"{name}.{info.name}")
     assert hidden == []

@@ -61,8 +61,9 @@ def test_unknown_total_prints_every_interval_seconds_and_at_close():
         bar.update(100)
     bar.close()
     lines = out.getvalue().splitlines()
-    assert [ln.split(",")[0] for ln in lines] == [f"dedup: sketch: {n} doc" for n in (1000, 2000, 3000, 4000, 5000, 6000,
-                                                                                    7000, 8000, 9000, 9500)]
+    assert [ln.split(",")[0] for ln in lines] == [
+        f"dedup: sketch: {n} doc" for n in (1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 9500)
+    ]
     assert lines[0] == "dedup: sketch: 1000 doc, 00:10, 100 doc/s"
 
 

@@ -13,8 +13,14 @@ def test_prefix_shared_logps_equal_full_forward_with_gradients():
     m = GPT(GPTConfig(vocab_size=17, n_layer=2, n_head=2, d_model=32, max_seq_len=32))
     prompts = [[1, 5, 6, 14, 7, 8, 16], [1, 9, 16], [1, 5, 5, 5]]
     for T, kw in [(1.0, {}), (0.7, {"top_k": 6, "top_p": 0.9})]:
-        g = generate(m, prompts, pad_id=0, eos_id=2, cfg=SamplingConfig(max_new_tokens=6, temperature=T, num_samples=4, **kw),
-                     generator=torch.Generator().manual_seed(0))
+        g = generate(
+            m,
+            prompts,
+            pad_id=0,
+            eos_id=2,
+            cfg=SamplingConfig(max_new_tokens=6, temperature=T, num_samples=4, **kw),
+            generator=torch.Generator().manual_seed(0),
+        )
         rows = torch.tensor([5, 0, 11, 3, 4, 9, 1])  # shuffled subset: groups split and reordered
         args = (g.sequences[rows], g.attention_mask[rows], g.prompt_length)
         opts = dict(temperature=T, completion_mask=g.completion_mask[rows], **kw)

@@ -10,7 +10,9 @@ from posttrain.errors import UserError
 
 
 def add_preset_flags(parser: argparse.ArgumentParser, presets: dict[str, dict], default: str = "tiny") -> None:
-    parser.add_argument("--preset", default=default, help=f"named starting config: {', '.join(presets)} (default: {default})")
+    parser.add_argument(
+        "--preset", default=default, help=f"named starting config: {', '.join(presets)} (default: {default})"
+    )
     parser.add_argument("--config", metavar="FILE", help="YAML or TOML file overriding the preset")
 
 

@@ -16,20 +16,38 @@ HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (gree
 
 def add_arguments(p):
     p.add_argument("checkpoint", help="checkpoint directory (or a run directory holding model/)")
-    p.add_argument("--data", metavar="FILE.jsonl", help='lines {"prompt": ..., "answer": ...} (default: the embedded '
-                   "task's held-out evaluation problems, as configured when the checkpoint was trained)")
+    p.add_argument(
+        "--data",
+        metavar="FILE.jsonl",
+        help='lines {"prompt": ..., "answer": ...} (default: the embedded '
+        "task's held-out evaluation problems, as configured when the checkpoint was trained)",
+    )
     p.add_argument("--out", metavar="DIR", help="write summary.json (accuracy, n) and completions.jsonl here")
-    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0 = greedy; with "
-                   "--best-of the samples' temperature, default 1)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature (default 0 = greedy; with --best-of the samples' temperature, default 1)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate per answer (default 8)")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per generation batch (default 256)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed when temperature > 0")
     p.add_argument("--show", type=int, default=5, help="sample completions to print (default 5)")
-    p.add_argument("--long", choices=("error", "truncate", "skip"), default="error",
-                   help="prompts longer than max_seq_len - max_new_tokens: error (default), truncate (keep the "
-                        "prompt's last tokens) or skip")
-    p.add_argument("--best-of", type=int, default=None, metavar="N", help="best-of-N: sample N completions per prompt "
-                   "and verify the one --reward-model scores highest (reported beside greedy accuracy and pass@N)")
+    p.add_argument(
+        "--long",
+        choices=("error", "truncate", "skip"),
+        default="error",
+        help="prompts longer than max_seq_len - max_new_tokens: error (default), truncate (keep the "
+        "prompt's last tokens) or skip",
+    )
+    p.add_argument(
+        "--best-of",
+        type=int,
+        default=None,
+        metavar="N",
+        help="best-of-N: sample N completions per prompt "
+        "and verify the one --reward-model scores highest (reported beside greedy accuracy and pass@N)",
+    )
     p.add_argument("--reward-model", metavar="RM", help="a `posttrain rm` checkpoint that ranks the --best-of samples")
 
 
@@ -79,9 +97,18 @@ def run(args) -> int:
     prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
     window = prompt_window(ckpt.model, args.max_new_tokens)
     gen = torch.Generator().manual_seed(args.seed)
-    r = evaluate(ckpt.model, ckpt.tokenizer, prompts, answers, max_new_tokens=args.max_new_tokens,
-                 temperature=0.0 if best_of else temperature, batch_size=args.batch_size, generator=gen,
-                 keep_samples=len(pairs) if args.out else args.show, max_prompt_tokens=window)
+    r = evaluate(
+        ckpt.model,
+        ckpt.tokenizer,
+        prompts,
+        answers,
+        max_new_tokens=args.max_new_tokens,
+        temperature=0.0 if best_of else temperature,
+        batch_size=args.batch_size,
+        generator=gen,
+        keep_samples=len(pairs) if args.out else args.show,
+        max_prompt_tokens=window,
+    )
     label = "greedy accuracy" if best_of or temperature == 0 else "accuracy"
     print(f"{label}: {r.accuracy:.4f} ({r.correct}/{r.n}) on {data_name} with {ckpt.path}")
     for s in r.samples[: args.show]:
@@ -89,12 +116,25 @@ def run(args) -> int:
         print(f"  '{printable(s['prompt'])}' -> '{printable(s['completion'])}'  {verdict}")
     summary = {**r.summary(), "checkpoint": str(ckpt.path), "data": data_name, "temperature": temperature}
     if best_of:
-        b = best_of_n_evaluate(ckpt.model, ckpt.tokenizer, prompts, answers, scorer=scorer, num_samples=args.best_of,
-                               max_new_tokens=args.max_new_tokens, temperature=temperature, batch_size=args.batch_size,
-                               generator=gen, keep_samples=len(pairs) if args.out else 0, max_prompt_tokens=window)
-        print(f"best-of-{b.num_samples} with {args.reward_model}: {b.best_of_n_accuracy:.4f}   "
-              f"pass@{b.num_samples} (oracle): {b.pass_at_n:.4f}   one sample (T={temperature:g}): "
-              f"{b.sample_accuracy:.4f}   greedy: {r.accuracy:.4f}")
+        b = best_of_n_evaluate(
+            ckpt.model,
+            ckpt.tokenizer,
+            prompts,
+            answers,
+            scorer=scorer,
+            num_samples=args.best_of,
+            max_new_tokens=args.max_new_tokens,
+            temperature=temperature,
+            batch_size=args.batch_size,
+            generator=gen,
+            keep_samples=len(pairs) if args.out else 0,
+            max_prompt_tokens=window,
+        )
+        print(
+            f"best-of-{b.num_samples} with {args.reward_model}: {b.best_of_n_accuracy:.4f}   "
+            f"pass@{b.num_samples} (oracle): {b.pass_at_n:.4f}   one sample (T={temperature:g}): "
+            f"{b.sample_accuracy:.4f}   greedy: {r.accuracy:.4f}"
+        )
         summary = {**summary, "greedy_accuracy": r.accuracy, **b.summary(), "reward_model": args.reward_model}
     if args.out:
         out = Path(args.out)

@@ -19,16 +19,24 @@ from __future__ import annotations
 from pathlib import Path
 
 NAME = "export"
-HELP = ("export a checkpoint as a Hugging Face model directory (GPT -> GPT-2; --merge-lora merges adapters), or "
-        "consolidate a sharded (--fsdp, DCP) checkpoint into one model.safetensors")
+HELP = (
+    "export a checkpoint as a Hugging Face model directory (GPT -> GPT-2; --merge-lora merges adapters), or "
+    "consolidate a sharded (--fsdp, DCP) checkpoint into one model.safetensors"
+)
 
 
 def add_arguments(p):
-    p.add_argument("checkpoint", help="checkpoint directory, run directory (its model/) or Hugging Face model directory")
-    p.add_argument("--format", choices=("hf", "safetensors"), default=None,
-                   help="output format: hf (transformers' save_pretrained layout; the default for a plain checkpoint) | "
-                        "safetensors (a plain posttrain checkpoint, one model.safetensors; the default for a sharded "
-                        "--fsdp checkpoint)")
+    p.add_argument(
+        "checkpoint", help="checkpoint directory, run directory (its model/) or Hugging Face model directory"
+    )
+    p.add_argument(
+        "--format",
+        choices=("hf", "safetensors"),
+        default=None,
+        help="output format: hf (transformers' save_pretrained layout; the default for a plain checkpoint) | "
+        "safetensors (a plain posttrain checkpoint, one model.safetensors; the default for a sharded "
+        "--fsdp checkpoint)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write (new or empty)")
     p.add_argument("--merge-lora", action="store_true", help="merge LoRA adapters into the weights (no adapter files)")
 
@@ -64,17 +72,25 @@ def _export_hf(ckpt, out: Path, merge: bool) -> int:
         model = merge_lora(model)
     if isinstance(model, GPT):
         if has_lora(model):
-            raise UserError(f"{ckpt.path} holds a LoRA adapter on posttrain's GPT: pass --merge-lora (GPT-2 has no "
-                            f"names for its adapted layers)")
+            raise UserError(
+                f"{ckpt.path} holds a LoRA adapter on posttrain's GPT: pass --merge-lora (GPT-2 has no "
+                f"names for its adapted layers)"
+            )
         model = gpt_to_hf_gpt2(model, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
     model.eval()
     with atomic_dir(out) as tmp:
         save_hf_model(model, tmp)
-        save_tokenizer_for_transformers(tok, tmp, model_max_length=getattr(model.config, "n_positions", None)
-                                        or getattr(model.config, "max_position_embeddings", None))
+        save_tokenizer_for_transformers(
+            tok,
+            tmp,
+            model_max_length=getattr(model.config, "n_positions", None)
+            or getattr(model.config, "max_position_embeddings", None),
+        )
     kind = "base + LoRA adapter" if has_lora(model) else "full weights"
-    print(f"exported {ckpt.path} -> {out} ({model.config.model_type}, {kind}); load it with "
-          f"AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    print(
+        f"exported {ckpt.path} -> {out} ({model.config.model_type}, {kind}); load it with "
+        f"AutoModelForCausalLM.from_pretrained({str(out)!r})"
+    )
     return 0
 
 
@@ -103,7 +119,9 @@ def _export_sharded(args, out: Path) -> int:
     from posttrain.trainers.sharded import consolidate
 
     if args.merge_lora:
-        raise UserError(f"--merge-lora: {args.checkpoint} is a sharded checkpoint, and LoRA is not trained under --fsdp")
+        raise UserError(
+            f"--merge-lora: {args.checkpoint} is a sharded checkpoint, and LoRA is not trained under --fsdp"
+        )
     if args.format in (None, "safetensors"):
         consolidate(args.checkpoint, out)
         print(f"consolidated {args.checkpoint} -> {out} (one model.safetensors; the shards stay for resuming)")

@@ -13,9 +13,14 @@ def add_arguments(p):
     from posttrain.trainers.policy_gradient import PRESETS, PolicyGradientConfig
 
     add_preset_flags(p, PRESETS)
-    p.add_argument("--resume", metavar="DIR", help="continue the run in run directory DIR (or the run holding "
-                   "checkpoint DIR); outputs go there")
-    p.add_argument("--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it")
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run in run directory DIR (or the run holding checkpoint DIR); outputs go there",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it"
+    )
     add_config_flags(p, PolicyGradientConfig)
 
 

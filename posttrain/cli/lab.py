@@ -59,8 +59,10 @@ def run(args) -> int:
         print()
     page = write_index(out, results)
     bad = [r["lab"] for r in results if not r["agrees"]]
-    print(f"{len(results) - len(bad)}/{len(results)} labs agree ({sum(r['seconds'] for r in results):.1f} s); "
-          f"index: {page}")
+    print(
+        f"{len(results) - len(bad)}/{len(results)} labs agree ({sum(r['seconds'] for r in results):.1f} s); "
+        f"index: {page}"
+    )
     if bad:
         print(f"disagree: {', '.join(bad)}")
     return 1 if bad else 0

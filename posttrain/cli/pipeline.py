@@ -23,13 +23,25 @@ def add_arguments(p) -> None:
 
     add_preset_flags(p, PRESETS)
     p.add_argument("--out", required=True, help="run directory (one folder per stage, summary.json, report/)")
-    p.add_argument("--only", nargs="+", default=(), metavar="STAGE", choices=list(BY_NAME),
-                   help=f"run only these stages (others are used if complete): {', '.join(BY_NAME)}")
-    p.add_argument("--skip", nargs="+", default=(), metavar="STAGE", choices=list(BY_NAME), help="do not run these stages")
-    p.add_argument("--explain", action="store_true", help="print what each stage would do (run / cached / resumed, and "
-                                                          "which key fields changed); run nothing")
-    p.add_argument("--quiet", action="store_true", help="one line per stage; each stage's output goes to "
-                                                        "OUT/.pipeline/STAGE.log")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        metavar="STAGE",
+        choices=list(BY_NAME),
+        help=f"run only these stages (others are used if complete): {', '.join(BY_NAME)}",
+    )
+    p.add_argument(
+        "--skip", nargs="+", default=(), metavar="STAGE", choices=list(BY_NAME), help="do not run these stages"
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="print what each stage would do (run / cached / resumed, and which key fields changed); run nothing",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="one line per stage; each stage's output goes to OUT/.pipeline/STAGE.log"
+    )
     top = tuple(name for name, _, _ in C.leaf_fields(PipelineConfig) if "." in name)
     C.add_config_flags(p, PipelineConfig, skip=top, title="PipelineConfig fields (stage sections: --config)")
 
@@ -40,6 +52,13 @@ def run(args) -> int:
     from posttrain.pipeline.run import run_pipeline
 
     cfg = resolve(PipelineConfig, PRESETS, args)
-    run_pipeline(cfg, args.out, only=tuple(args.only), skip=tuple(args.skip), explain=args.explain, quiet=args.quiet,
-                 preset=args.preset)
+    run_pipeline(
+        cfg,
+        args.out,
+        only=tuple(args.only),
+        skip=tuple(args.skip),
+        explain=args.explain,
+        quiet=args.quiet,
+        preset=args.preset,
+    )
     return 0

@@ -13,11 +13,20 @@ def add_arguments(p):
     from posttrain.trainers.reward import PRESETS, RMConfig
 
     add_preset_flags(p, PRESETS)
-    p.add_argument("--resume", metavar="DIR", help="continue the run in run directory DIR (or the run holding "
-                   "checkpoint DIR); outputs go there")
-    p.add_argument("--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it")
-    p.add_argument("--eval-only", action="store_true", help="train nothing: pairwise accuracy of the RM --init on the "
-                   "{prompt, chosen, rejected} JSONL --eval-data, written to --out/summary.json (pairwise_accuracy, n)")
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue the run in run directory DIR (or the run holding checkpoint DIR); outputs go there",
+    )
+    p.add_argument(
+        "--overwrite", action="store_true", help="delete a non-empty --out run directory and start a new run in it"
+    )
+    p.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="train nothing: pairwise accuracy of the RM --init on the "
+        "{prompt, chosen, rejected} JSONL --eval-data, written to --out/summary.json (pairwise_accuracy, n)",
+    )
     add_config_flags(p, RMConfig)
 
 

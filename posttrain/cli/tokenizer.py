@@ -36,29 +36,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(title="actions", metavar="ACTION", dest="action")
     sub.required = True
 
-    t = sub.add_parser("train", help="train a tokenizer and write tokenizer.json",
-                       description="Train a tokenizer on text files and write a Hugging Face tokenizer.json.")
+    t = sub.add_parser(
+        "train",
+        help="train a tokenizer and write tokenizer.json",
+        description="Train a tokenizer on text files and write a Hugging Face tokenizer.json.",
+    )
     t.add_argument("inputs", nargs="*", metavar="INPUT", help="text or JSONL files ('-' or none: stdin)")
     t.add_argument("--model", required=True, choices=MODELS, help="subword model to train")
     t.add_argument("--vocab-size", type=int, required=True, help="vocabulary size including special tokens")
     t.add_argument("--output", "-o", required=True, help="tokenizer.json path to write")
-    t.add_argument("--special-tokens", nargs="+", default=None, metavar="TOK",
-                   help="special tokens (ids 0..k-1; never split). Default per model, e.g. <pad> <bos> <eos>")
+    t.add_argument(
+        "--special-tokens",
+        nargs="+",
+        default=None,
+        metavar="TOK",
+        help="special tokens (ids 0..k-1; never split). Default per model, e.g. <pad> <bos> <eos>",
+    )
     t.add_argument("--text-field", default=None, help="read JSONL and take this field of each record")
     t.add_argument("--min-frequency", type=int, default=None, help="BPE/WordPiece: stop when the best pair is rarer")
-    t.add_argument("--lowercase", action=argparse.BooleanOptionalAction, default=None,
-                   help="BPE/WordPiece: lower-case the text (WordPiece default: on)")
+    t.add_argument(
+        "--lowercase",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="BPE/WordPiece: lower-case the text (WordPiece default: on)",
+    )
     t.add_argument("--pattern", choices=("gpt2", "cl100k"), default=None, help="byte-bpe pre-tokeniser regex")
-    t.add_argument("--character-coverage", type=float, default=None,
-                   help="unigram: fraction of characters kept (rest -> byte fallback or <unk>; default 0.9995)")
-    t.add_argument("--byte-fallback", action="store_true", default=None,
-                   help="bpe/unigram: unknown characters -> <0xNN> byte tokens instead of <unk>")
-    t.add_argument("--split-by-script", action=argparse.BooleanOptionalAction, default=None,
-                   help="unigram: a piece holds one Unicode script, digits and punctuation being their own "
-                        "(sentencepiece's default; default: on)")
-    t.add_argument("--criterion", choices=("score", "likelihood"), default=None,
-                   help="wordpiece: merge by count(ab)/(count(a)count(b)) (default) or by the likelihood gain "
-                        "count(ab)*log(N count(ab)/(count(a)count(b))), which favours frequent pairs")
+    t.add_argument(
+        "--character-coverage",
+        type=float,
+        default=None,
+        help="unigram: fraction of characters kept (rest -> byte fallback or <unk>; default 0.9995)",
+    )
+    t.add_argument(
+        "--byte-fallback",
+        action="store_true",
+        default=None,
+        help="bpe/unigram: unknown characters -> <0xNN> byte tokens instead of <unk>",
+    )
+    t.add_argument(
+        "--split-by-script",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="unigram: a piece holds one Unicode script, digits and punctuation being their own "
+        "(sentencepiece's default; default: on)",
+    )
+    t.add_argument(
+        "--criterion",
+        choices=("score", "likelihood"),
+        default=None,
+        help="wordpiece: merge by count(ab)/(count(a)count(b)) (default) or by the likelihood gain "
+        "count(ab)*log(N count(ab)/(count(a)count(b))), which favours frequent pairs",
+    )
     t.add_argument("--workers", type=int, default=None, help="processes for pre-tokenisation (default: all cores)")
     t.set_defaults(_action=_train)
 
@@ -108,14 +136,21 @@ def _train(args) -> int:
         raise UserError(f"--vocab-size must be positive, got {args.vocab_size}")
     trainer = cls(**kw)
     report = ReadReport()
-    texts = iter_texts(args.inputs or ["-"], text_field=args.text_field, keep_bytes=trainer.keep_bytes,
-                       report=report, keep_newlines=trainer.keep_newlines)
+    texts = iter_texts(
+        args.inputs or ["-"],
+        text_field=args.text_field,
+        keep_bytes=trainer.keep_bytes,
+        report=report,
+        keep_newlines=trainer.keep_newlines,
+    )
     t0 = time.perf_counter()
     tok = trainer.train(_progress(texts, "reading"), log=lambda m: print(m, file=sys.stderr))
     warn_report(report, _warn, trainer.keep_bytes)
     tok.save(args.output)
-    print(f"trained {args.model} tokenizer: vocab {tok.vocab_size} from {report.lines} lines "
-          f"({report.chars / 1e6:.1f} M chars) in {time.perf_counter() - t0:.1f}s -> {args.output}")
+    print(
+        f"trained {args.model} tokenizer: vocab {tok.vocab_size} from {report.lines} lines "
+        f"({report.chars / 1e6:.1f} M chars) in {time.perf_counter() - t0:.1f}s -> {args.output}"
+    )
     return 0
 
 
@@ -134,8 +169,9 @@ def _encode(args) -> int:
     report = ReadReport()
     out = sys.stdout
     itos = tok.id_to_token
-    for text in _progress(iter_texts(args.inputs or ["-"], text_field=args.text_field, keep_bytes=byte_level,
-                                     report=report), "encoding"):
+    for text in _progress(
+        iter_texts(args.inputs or ["-"], text_field=args.text_field, keep_bytes=byte_level, report=report), "encoding"
+    ):
         ids = tok.encode_bytes(text.encode("utf-8", "surrogateescape")) if byte_level else tok.encode(text)
         out.write(" ".join(itos(i) for i in ids) if args.as_tokens else " ".join(map(str, ids)))
         out.write("\n")
@@ -154,7 +190,9 @@ def _decode(args) -> int:
         try:
             ids = [int(x) for x in line.split()]
         except ValueError:
-            raise DataError(f"decode input line {line_no}: expected space-separated integer ids, got {line[:40]!r}") from None
+            raise DataError(
+                f"decode input line {line_no}: expected space-separated integer ids, got {line[:40]!r}"
+            ) from None
         bad = [i for i in ids if not 0 <= i < n]
         if bad:
             raise DataError(f"decode input line {line_no}: id {bad[0]} is outside the vocabulary (size {n})")

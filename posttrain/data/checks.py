@@ -115,10 +115,14 @@ class FieldEncoder:
     def _count(self, text: str, ids: list[int], field: str, i: int, loc: str) -> None:
         n_unk = sum(1 for t in ids if t == self.unk) if self.unk is not None else 0
         if text.strip() and not ids:
-            raise DataError(f"{loc}: field {field!r} ('{printable(text, 40)}') encodes to no tokens with this tokenizer")
+            raise DataError(
+                f"{loc}: field {field!r} ('{printable(text, 40)}') encodes to no tokens with this tokenizer"
+            )
         if n_unk and n_unk == len(ids):
-            raise DataError(f"{loc}: every character of field {field!r} ('{printable(text, 40)}') is unknown to the "
-                            f"tokenizer (all <unk>): nothing to learn from; is this the right tokenizer for the data?")
+            raise DataError(
+                f"{loc}: every character of field {field!r} ('{printable(text, 40)}') is unknown to the "
+                f"tokenizer (all <unk>): nothing to learn from; is this the right tokenizer for the data?"
+            )
         if n_unk:
             self.records.add(i)
             self.fields += 1
@@ -137,8 +141,10 @@ class FieldEncoder:
             what = f"{self.unknown} character(s) not in the tokenizer's alphabet (e.g. {eg}) became <unk>"
         else:
             what = f"{self.unknown} <unk> token(s)"
-        self.warn(f"{self.what} data{src}: {what}, in {self.fields} field(s) of {len(self.records)} record(s); "
-                  f"first at {self.first}")
+        self.warn(
+            f"{self.what} data{src}: {what}, in {self.fields} field(s) of {len(self.records)} record(s); "
+            f"first at {self.first}"
+        )
 
 
 def _warn(msg: str) -> None:
@@ -171,16 +177,29 @@ def _keep_last(ids: list[int], n: int, has_bos: bool) -> list[int]:
     if len(ids) <= n:
         return ids
     if has_bos and n >= 2:
-        return ids[:1] + ids[len(ids) - (n - 1):]
-    return ids[len(ids) - n:]
+        return ids[:1] + ids[len(ids) - (n - 1) :]
+    return ids[len(ids) - n :]
 
 
 class LengthPolicy:
     """Applies ``long`` to records over ``window`` tokens; ``finish()`` prints what was skipped or cut."""
 
-    def __init__(self, long: str, window: int | None, what: str, source: str | None, generate: int = 0,
-                 warn: Callable[[str], None] | None = None):
-        self.long, self.window, self.what, self.source, self.generate = check_long_policy(long), window, what, source, generate
+    def __init__(
+        self,
+        long: str,
+        window: int | None,
+        what: str,
+        source: str | None,
+        generate: int = 0,
+        warn: Callable[[str], None] | None = None,
+    ):
+        self.long, self.window, self.what, self.source, self.generate = (
+            check_long_policy(long),
+            window,
+            what,
+            source,
+            generate,
+        )
         self.warn = warn or _warn
         self.skipped: list[str] = []
         self.truncated: list[str] = []
@@ -191,34 +210,55 @@ class LengthPolicy:
 
     def too_long(self, loc: str, detail: str) -> None:
         """Called for a record over the window: raise (error), or note the skip/cut."""
-        budget = f"max_seq_len {self.window + self.generate}" + (f" - {self.generate} new tokens" if self.generate else "")
+        budget = f"max_seq_len {self.window + self.generate}" + (
+            f" - {self.generate} new tokens" if self.generate else ""
+        )
         if self.long == "error":
-            raise DataError(f"{loc}: {detail}, over the model's window of {self.window} tokens ({budget}); shorten it, "
-                            f"or pass --long truncate (keep the prompt's end) or --long skip")
+            raise DataError(
+                f"{loc}: {detail}, over the model's window of {self.window} tokens ({budget}); shorten it, "
+                f"or pass --long truncate (keep the prompt's end) or --long skip"
+            )
         (self.skipped if self.long == "skip" else self.truncated).append(loc)
 
     def finish(self, kept: int) -> None:
         src = f" in {self.source}" if self.source else ""
         if self.skipped:
-            self.warn(f"{self.what} data{src}: skipped {len(self.skipped)} record(s) longer than the model's window "
-                      f"of {self.window} tokens (first at {self.skipped[0]}; --long truncate would keep them cut)")
+            self.warn(
+                f"{self.what} data{src}: skipped {len(self.skipped)} record(s) longer than the model's window "
+                f"of {self.window} tokens (first at {self.skipped[0]}; --long truncate would keep them cut)"
+            )
         if self.truncated:
-            self.warn(f"{self.what} data{src}: truncated {len(self.truncated)} record(s) to the model's window of "
-                      f"{self.window} tokens (prompts keep their last tokens, completions their first; first at "
-                      f"{self.truncated[0]})")
+            self.warn(
+                f"{self.what} data{src}: truncated {len(self.truncated)} record(s) to the model's window of "
+                f"{self.window} tokens (prompts keep their last tokens, completions their first; first at "
+                f"{self.truncated[0]})"
+            )
         if self.identical:
-            self.warn(f"{self.what} data{src}: dropped {len(self.identical)} pair(s) whose chosen and rejected became "
-                      f"identical when cut to length (first at {self.identical[0]})")
+            self.warn(
+                f"{self.what} data{src}: dropped {len(self.identical)} pair(s) whose chosen and rejected became "
+                f"identical when cut to length (first at {self.identical[0]})"
+            )
         if kept == 0:
             raise DataError(f"{self.what} data{src}: no records left after the length check (--long {self.long})")
 
 
-def fit_sequences(tokenizer, records: Sequence, fields: Callable[[object], tuple[str, list[tuple[str, str]]]], *,
-                  window: int | None, long: str = "error", what: str, generate: int = 0, add_bos: bool = True,
-                  add_eos: bool = True, max_prompt_length: int | None = None,
-                  max_completion_length: int | None = None, distinct: bool = False,
-                  also: Callable[[object], list[tuple[str, str]]] | None = None,
-                  warn: Callable[[str], None] | None = None) -> tuple[list[int], list[Fitted]]:
+def fit_sequences(
+    tokenizer,
+    records: Sequence,
+    fields: Callable[[object], tuple[str, list[tuple[str, str]]]],
+    *,
+    window: int | None,
+    long: str = "error",
+    what: str,
+    generate: int = 0,
+    add_bos: bool = True,
+    add_eos: bool = True,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    distinct: bool = False,
+    also: Callable[[object], list[tuple[str, str]]] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[list[int], list[Fitted]]:
     """Encode and length-check records: ``fields(rec)`` -> (prompt text, [(field name, completion text)]).
 
     Returns (indices of the kept records, their fitted token ids). BOS/EOS are added as in training; the
@@ -227,8 +267,9 @@ def fit_sequences(tokenizer, records: Sequence, fields: Callable[[object], tuple
     that are checked for unknown characters but are not part of the sequence (an evaluation answer).
     """
     if window is not None and window < 1:
-        raise ConfigError(f"max_new_tokens={generate} leaves no room for a prompt in the model's max_seq_len="
-                          f"{window + generate}")
+        raise ConfigError(
+            f"max_new_tokens={generate} leaves no room for a prompt in the model's max_seq_len={window + generate}"
+        )
     source = getattr(records, "source", None)
     enc = FieldEncoder(tokenizer, what, source, warn)
     pol = LengthPolicy(long, window, what, source, generate, warn)
@@ -242,14 +283,16 @@ def fit_sequences(tokenizer, records: Sequence, fields: Callable[[object], tuple
         ids, over = _encode_fields(enc, pol, limit, prompt_text, comp_fields, i, loc)
         if ids is None:
             continue
-        for name, text in (also(rec) if also is not None else ()):
+        for name, text in also(rec) if also is not None else ():
             if limit is None or len(text) <= limit:
                 enc.encode(text, name, i, loc)
         prompt, comps = _add_specials(ids, comp_fields, bos, eos, max_prompt_length)
         if distinct and len(comps) == 2 and comps[0] == comps[1] and not over:
-            raise DataError(f"{loc}: {comp_fields[0][0]!r} and {comp_fields[1][0]!r} encode to the same tokens (they "
-                            f"differ only in characters this tokenizer maps to <unk>, or in what it drops): the pair "
-                            f"carries no preference")
+            raise DataError(
+                f"{loc}: {comp_fields[0][0]!r} and {comp_fields[1][0]!r} encode to the same tokens (they "
+                f"differ only in characters this tokenizer maps to <unk>, or in what it drops): the pair "
+                f"carries no preference"
+            )
         if max_completion_length is not None:
             comps = [c[:max_completion_length] for c in comps]
         fitted = _fit_window(pol, window, prompt, comps, comp_fields, over, loc, bos is not None)
@@ -275,7 +318,7 @@ def _encode_fields(enc, pol, limit, prompt_text: str, comp_fields, i: int, loc: 
             over.append(f"{name} has {len(text)} characters (too many, checked before encoding)")
             if pol.long != "truncate":
                 break
-            text = text[len(text) - limit:] if is_prompt else text[:limit]
+            text = text[len(text) - limit :] if is_prompt else text[:limit]
         ids[name] = enc.encode(text, name, i, loc)
     if over and pol.long != "truncate":
         pol.too_long(loc, over[0])
@@ -287,7 +330,7 @@ def _add_specials(ids: dict, comp_fields, bos, eos, max_prompt_length):
     """[BOS] + prompt (its last ``max_prompt_length`` tokens) and each completion + [EOS], as in training."""
     prompt = ([int(bos)] if bos is not None else []) + ids["prompt"]
     if max_prompt_length is not None and len(prompt) > max_prompt_length:
-        prompt = prompt[len(prompt) - max_prompt_length:]
+        prompt = prompt[len(prompt) - max_prompt_length :]
     return prompt, [ids[name] + ([int(eos)] if eos is not None else []) for name, _ in comp_fields]
 
 

@@ -95,8 +95,10 @@ def needs_chat(demos, chat) -> bool:
 
 
 def _need_template(loc: str):
-    return ConfigError(f"{loc}: a conversation, but no chat template: the tokenizer has none (no chat_template in "
-                       f"its tokenizer_config.json); pass --chat-template chatml (or a .jinja file)")
+    return ConfigError(
+        f"{loc}: a conversation, but no chat template: the tokenizer has none (no chat_template in "
+        f"its tokenizer_config.json); pass --chat-template chatml (or a .jinja file)"
+    )
 
 
 def encode_demo(tokenizer, chat, demo, loc: str) -> tuple[list[int], list[int], tuple[str, str]]:
@@ -150,6 +152,8 @@ def fit_chat_demos(tokenizer, demos, chat, *, window: int | None, long: str = "e
     return Located([s[2] for s in seqs], source, lines), ids_t, mask_t
 
 
-CHAT_TEMPLATE_HELP = ("chat template for conversation data: auto (the tokenizer's own, conversations only) | tokenizer "
-                      "(its own, for string prompts too) | chatml | none | a .jinja file (docs/your_data.md)")
+CHAT_TEMPLATE_HELP = (
+    "chat template for conversation data: auto (the tokenizer's own, conversations only) | tokenizer "
+    "(its own, for string prompts too) | chatml | none | a .jinja file (docs/your_data.md)"
+)
 BAD_LINE_HELP = "a malformed data record: error (FILE:LINE, exit 2) or skip (to FILE.rejects.jsonl, counted)"

@@ -43,9 +43,8 @@ def fit_demos(tokenizer, demos, model, long: str, chat=None):
     Conversations (and, with a template for everything, pairs) go through the chat template's mask."""
     if needs_chat(demos, chat):
         return fit_chat_demos(tokenizer, demos, chat, window=model_window(model), long=long)
-    kept, fitted = fit_sequences(tokenizer, demos, lambda r: (r[0], [("answer", r[1])]), window=model_window(model),
-                                 long=long, what="training")
+    kept, fitted = fit_sequences(
+        tokenizer, demos, lambda r: (r[0], [("answer", r[1])]), window=model_window(model), long=long, what="training"
+    )
     demos = demos.subset(kept) if isinstance(demos, Located) else [demos[i] for i in kept]
     return (demos, *encode_demos(tokenizer, demos, fitted))
-
-

@@ -20,7 +20,7 @@ def encode_prompt(tokenizer, prompt: str, max_tokens: int | None = None, add_bos
     out = ([int(tokenizer.bos_id)] if bos else []) + ids
     if max_tokens is not None and len(out) > max_tokens:
         keep_bos = bos and max_tokens >= 2
-        out = out[:1] + out[len(out) - (max_tokens - 1):] if keep_bos else out[len(out) - max_tokens:]
+        out = out[:1] + out[len(out) - (max_tokens - 1) :] if keep_bos else out[len(out) - max_tokens :]
     return out
 
 

@@ -189,8 +189,14 @@ def _iter_parquet(p: Path, *, on_bad_line, rej, stats: ReadStats, required: tupl
         raise DataError(f"{p}: not a readable Parquet file ({type(e).__name__}: {str(e).splitlines()[0]})") from None
 
 
-def iter_records(path: str | Path, *, on_bad_line: BadLinePolicy = "error", rejects: str | Path | None = None,
-                 stats: ReadStats | None = None, required: Iterable[str] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_records(
+    path: str | Path,
+    *,
+    on_bad_line: BadLinePolicy = "error",
+    rejects: str | Path | None = None,
+    stats: ReadStats | None = None,
+    required: Iterable[str] = (),
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """:func:`iter_jsonl`, or for a ``.parquet``/``.pq`` file its rows as dicts (``line`` = 1-based row);
     a Parquet row missing a required field (or holding null there) is a bad line, written to ``rejects``
     as a JSON line under ``skip``."""
@@ -209,9 +215,18 @@ def iter_records(path: str | Path, *, on_bad_line: BadLinePolicy = "error", reje
             rej.close()
 
 
-def load_records(path: str | Path, validate, *, required: Iterable[str] = (), on_bad_line: BadLinePolicy = "error",
-                 rejects: str | Path | None = None, stats: ReadStats | None = None, what: str = "data",
-                 allow_empty: bool = False, warn=None) -> tuple[list, list[int]]:
+def load_records(
+    path: str | Path,
+    validate,
+    *,
+    required: Iterable[str] = (),
+    on_bad_line: BadLinePolicy = "error",
+    rejects: str | Path | None = None,
+    stats: ReadStats | None = None,
+    what: str = "data",
+    allow_empty: bool = False,
+    warn=None,
+) -> tuple[list, list[int]]:
     """Read ``path`` (JSONL or Parquet) and check each record: ``validate(rec) -> (item, None)`` or
     ``(None, reason)``. Returns (items, their line numbers).
 
@@ -246,8 +261,10 @@ def load_records(path: str | Path, validate, *, required: Iterable[str] = (), on
                 fh.write(json.dumps(rec, ensure_ascii=False, default=str) + "\n")
     if stats.bad_lines:
         first = min(stats.bad_lines)
-        (warn or _warn)(f"{what} data {path}: skipped {len(stats.bad_lines)} bad line(s) (first: line {first[0]}: "
-                        f"{first[1]}); written to {rej_path}")
+        (warn or _warn)(
+            f"{what} data {path}: skipped {len(stats.bad_lines)} bad line(s) (first: line {first[0]}: "
+            f"{first[1]}); written to {rej_path}"
+        )
     if not items and not allow_empty:
         raise DataError(f"{path}: no usable {what} records" + (" (every line was bad)" if stats.bad_lines else ""))
     return items, lines
@@ -257,8 +274,9 @@ def _warn(msg: str) -> None:
     print(f"posttrain: warning: {msg}", file=sys.stderr)
 
 
-def read_jsonl(path: str | Path, *, required: Iterable[str] = (), allow_empty: bool = False,
-               max_line_bytes: int = MAX_LINE_BYTES) -> list[dict[str, Any]]:
+def read_jsonl(
+    path: str | Path, *, required: Iterable[str] = (), allow_empty: bool = False, max_line_bytes: int = MAX_LINE_BYTES
+) -> list[dict[str, Any]]:
     """All records of a (small) JSONL file; raises DataError on a bad line or, unless allowed, no records."""
     recs = [r for _, r in iter_jsonl(path, required=required, max_line_bytes=max_line_bytes)]
     if not recs and not allow_empty:

@@ -28,8 +28,10 @@ def render_prompt(chat, prompt, field: str = "prompt"):
         if reason:
             return None, reason
         if chat is None:
-            raise ConfigError(f"field {field!r} is a conversation, but there is no chat template: the tokenizer has "
-                              f"none (no chat_template in its tokenizer_config.json); pass --chat-template chatml")
+            raise ConfigError(
+                f"field {field!r} is a conversation, but there is no chat template: the tokenizer has "
+                f"none (no chat_template in its tokenizer_config.json); pass --chat-template chatml"
+            )
         return chat.prompt_text(msgs), None
     if not isinstance(prompt, str):
         return None, f"field {field!r} must be a string or a list of messages, got {type(prompt).__name__}"
@@ -39,16 +41,22 @@ def render_prompt(chat, prompt, field: str = "prompt"):
 def load_pairs(path: str, what: str, *, chat=None, on_bad_line: BadLinePolicy = "error") -> Located:
     """{prompt, answer} JSONL/Parquet -> list of (prompt, answer) pairs that remembers each one's line, with
     file:line errors for bad records. The answer may be a string or a number (not a bool)."""
+
     def validate(rec):
         a = rec["answer"]
-        if not is_conversation(rec["prompt"]) and not isinstance(rec["prompt"], str) or isinstance(a, bool) \
-                or not isinstance(a, (str, int, float)):
+        if (
+            not is_conversation(rec["prompt"])
+            and not isinstance(rec["prompt"], str)
+            or isinstance(a, bool)
+            or not isinstance(a, (str, int, float))
+        ):
             return None, "'prompt' must be a string (or a list of messages) and 'answer' a string or number"
         p, reason = render_prompt(chat, rec["prompt"])
         return (None, reason) if reason else ((p, str(a)), None)
 
-    items, lines = load_records(path, validate, required=("prompt", "answer"), on_bad_line=on_bad_line, what=what,
-                                allow_empty=True)
+    items, lines = load_records(
+        path, validate, required=("prompt", "answer"), on_bad_line=on_bad_line, what=what, allow_empty=True
+    )
     pairs = Located(items, str(path), lines)
     if not pairs:
         raise DataError(f"{path}: no {what} records (the file is empty)")

@@ -80,12 +80,16 @@ def _check_str(rec: dict, fields: Sequence[str]) -> str | None:
 def _render(rec: dict, chat, prompt_field: str, reply_fields: Sequence[str]):
     """(prompt text, [reply texts], None) of a record whose fields are strings or conversations, or
     (None, None, reason). Plain strings without a template for everything pass through unchanged."""
-    if not any(is_conversation(rec[f]) for f in (prompt_field, *reply_fields)) and (chat is None or not chat.wrap_strings):
+    if not any(is_conversation(rec[f]) for f in (prompt_field, *reply_fields)) and (
+        chat is None or not chat.wrap_strings
+    ):
         reason = _check_str(rec, (prompt_field, *reply_fields))
         return (None, None, reason) if reason else (rec[prompt_field], [rec[f] for f in reply_fields], None)
     if chat is None:
-        raise ConfigError("a conversation, but there is no chat template: the tokenizer has none (no chat_template in "
-                          "its tokenizer_config.json); pass --chat-template chatml")
+        raise ConfigError(
+            "a conversation, but there is no chat template: the tokenizer has none (no chat_template in "
+            "its tokenizer_config.json); pass --chat-template chatml"
+        )
     raw_prompt, reason = rec[prompt_field], None
     if is_conversation(raw_prompt):
         raw_prompt, reason = check_messages(raw_prompt, prompt_field)
@@ -108,8 +112,9 @@ def _render(rec: dict, chat, prompt_field: str, reply_fields: Sequence[str]):
 
 
 def _load(path, fields, validate, on_bad_line: BadLinePolicy, stats: ReadStats | None, allow_empty: bool):
-    items, lines = load_records(path, validate, required=fields, on_bad_line=on_bad_line, stats=stats,
-                                what="preference", allow_empty=True)
+    items, lines = load_records(
+        path, validate, required=fields, on_bad_line=on_bad_line, stats=stats, what="preference", allow_empty=True
+    )
     out = Located(items, str(path), lines)
     if not out and not allow_empty:
         raise DataError(f"{path}: no usable records (needs fields {', '.join(fields)})")
@@ -149,7 +154,11 @@ def _validate_kto(rec, chat=None):
 
 
 def load_preference_pairs(
-    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False,
+    path: str | Path,
+    *,
+    on_bad_line: BadLinePolicy = "error",
+    stats: ReadStats | None = None,
+    allow_empty: bool = False,
     chat=None,
 ) -> list[PreferencePair]:
     """Read ``{"prompt", "chosen", "rejected"[, "margin"]}`` lines (strings or conversations, rendered with
@@ -159,7 +168,11 @@ def load_preference_pairs(
 
 
 def load_kto_examples(
-    path: str | Path, *, on_bad_line: BadLinePolicy = "error", stats: ReadStats | None = None, allow_empty: bool = False,
+    path: str | Path,
+    *,
+    on_bad_line: BadLinePolicy = "error",
+    stats: ReadStats | None = None,
+    allow_empty: bool = False,
     chat=None,
 ) -> list[KTOExample]:
     """Read ``{"prompt", "completion", "label"}`` lines (label true = desirable); errors as for pairs."""
@@ -174,25 +187,54 @@ def pairs_to_kto(pairs: Sequence[PreferencePair]) -> list[KTOExample]:
     return out
 
 
-def fit_pairs(pairs: Sequence[PreferencePair], tokenizer, *, window: int | None, long: str = "error",
-              what: str = "preference", max_prompt_length: int | None = None,
-              max_completion_length: int | None = None) -> list[PreferencePair]:
+def fit_pairs(
+    pairs: Sequence[PreferencePair],
+    tokenizer,
+    *,
+    window: int | None,
+    long: str = "error",
+    what: str = "preference",
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+) -> list[PreferencePair]:
     """Encode pairs once and check them (unknown characters, identical encodings, the model's window;
     see :mod:`posttrain.data.checks`); the returned pairs carry their ``tokens`` for the collate functions."""
-    kept, fitted = fit_sequences(tokenizer, pairs, lambda p: (p.prompt, [("chosen", p.chosen), ("rejected", p.rejected)]),
-                                 window=window, long=long, what=what, max_prompt_length=max_prompt_length,
-                                 max_completion_length=max_completion_length, distinct=True)
+    kept, fitted = fit_sequences(
+        tokenizer,
+        pairs,
+        lambda p: (p.prompt, [("chosen", p.chosen), ("rejected", p.rejected)]),
+        window=window,
+        long=long,
+        what=what,
+        max_prompt_length=max_prompt_length,
+        max_completion_length=max_completion_length,
+        distinct=True,
+    )
     items = [dataclasses.replace(pairs[i], tokens=(f.prompt, *f.completions)) for i, f in zip(kept, fitted)]
     return pairs.subset(kept, items) if isinstance(pairs, Located) else items
 
 
-def fit_kto(examples: Sequence[KTOExample], tokenizer, *, window: int | None, long: str = "error",
-            what: str = "preference", max_prompt_length: int | None = None,
-            max_completion_length: int | None = None) -> list[KTOExample]:
+def fit_kto(
+    examples: Sequence[KTOExample],
+    tokenizer,
+    *,
+    window: int | None,
+    long: str = "error",
+    what: str = "preference",
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+) -> list[KTOExample]:
     """As :func:`fit_pairs`, for KTO's labelled completions."""
-    kept, fitted = fit_sequences(tokenizer, examples, lambda e: (e.prompt, [("completion", e.completion)]),
-                                 window=window, long=long, what=what, max_prompt_length=max_prompt_length,
-                                 max_completion_length=max_completion_length)
+    kept, fitted = fit_sequences(
+        tokenizer,
+        examples,
+        lambda e: (e.prompt, [("completion", e.completion)]),
+        window=window,
+        long=long,
+        what=what,
+        max_prompt_length=max_prompt_length,
+        max_completion_length=max_completion_length,
+    )
     items = [dataclasses.replace(examples[i], tokens=(f.prompt, f.completions[0])) for i, f in zip(kept, fitted)]
     return examples.subset(kept, items) if isinstance(examples, Located) else items
 
@@ -213,8 +255,9 @@ def encode_prompt(tokenizer, prompt: str, add_bos: bool = True, max_prompt_lengt
     return _encode_prompt(tokenizer, prompt, max_tokens=max_prompt_length, add_bos=add_bos)
 
 
-def encode_completion(tokenizer, completion: str, add_eos: bool = True,
-                      max_completion_length: int | None = None) -> list[int]:
+def encode_completion(
+    tokenizer, completion: str, add_eos: bool = True, max_completion_length: int | None = None
+) -> list[int]:
     """encode(completion) + [eos] through :func:`posttrain.data.encode.encode_completion` (a limit keeps the start)."""
     return _encode_completion(tokenizer, completion, add_eos=add_eos, max_tokens=max_completion_length)
 
@@ -244,7 +287,12 @@ def pack_prompt_completion(
         input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
         attention_mask[i, P - len(p) : P + len(c)] = 1
         completion_mask[i, : len(c)] = 1
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask, "completion_start": P}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "completion_mask": completion_mask,
+        "completion_start": P,
+    }
 
 
 def collate_preference(

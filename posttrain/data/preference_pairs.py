@@ -49,8 +49,9 @@ PAIRS_FILE = "pairs.jsonl"
 class PairDataConfig:
     num_prompts: int = knob(4096, "training-split prompts sampled to build pairs", gt=0)
     samples_per_prompt: int = knob(8, "completions sampled per prompt (the G of the sampler)", gt=0)
-    temperature: float = knob(1.0, "sampling temperature (1 = the model's own distribution; not 0: greedy samples "
-                                   "are all identical)", gt=0)
+    temperature: float = knob(
+        1.0, "sampling temperature (1 = the model's own distribution; not 0: greedy samples are all identical)", gt=0
+    )
     max_pairs_per_prompt: int = knob(2, "pairs kept per prompt at most (distinct chosen/rejected texts)", gt=0)
     gold_chosen: bool = knob(False, "when no sample of a prompt is correct, use the reference answer as chosen")
     max_new_tokens: int = knob(8, "generation length when sampling", gt=0)
@@ -82,9 +83,15 @@ class PairStats:
 
 
 def label_pairs(
-    prompts: Sequence[str], answers: Sequence[str], samples: Sequence[Sequence[str]], *,
-    max_pairs_per_prompt: int = 2, gold_chosen: bool = False, rng: random.Random | None = None,
-    verifier: Callable[[str, str], bool] = verify, stats: PairStats | None = None,
+    prompts: Sequence[str],
+    answers: Sequence[str],
+    samples: Sequence[Sequence[str]],
+    *,
+    max_pairs_per_prompt: int = 2,
+    gold_chosen: bool = False,
+    rng: random.Random | None = None,
+    verifier: Callable[[str, str], bool] = verify,
+    stats: PairStats | None = None,
 ) -> list[PreferencePair]:
     """(correct, wrong) pairs of distinct sampled completions per prompt, labelled by ``verifier``.
 

@@ -50,15 +50,18 @@ class PromptRow:
         return "" if a is None else str(a)
 
 
-def load_prompt_rows(path: str, *, prompt_field: str = "prompt", chat=None, on_bad_line: BadLinePolicy = "error",
-                     what: str = "training") -> Located:
+def load_prompt_rows(
+    path: str, *, prompt_field: str = "prompt", chat=None, on_bad_line: BadLinePolicy = "error", what: str = "training"
+) -> Located:
     """The rows of a JSONL/Parquet prompt file as :class:`PromptRow` (a ``Located`` list); a missing or
     malformed prompt is ``FILE:LINE: ...`` (or, with ``on_bad_line="skip"``, a line of FILE.rejects.jsonl)."""
+
     def validate(rec):
         clash = [k for k in RESERVED_COLUMNS if k in rec]
         if clash:
-            raise ConfigError(f"column {clash[0]!r} collides with the reward functions' argument of that name; "
-                              f"rename it")
+            raise ConfigError(
+                f"column {clash[0]!r} collides with the reward functions' argument of that name; rename it"
+            )
         text, reason = render_prompt(chat, rec[prompt_field], prompt_field)
         if reason:
             return None, reason
@@ -105,8 +108,14 @@ class TaskData:
     def evaluate(self, model, tokenizer, *, max_new_tokens: int, keep_samples: int = 0):
         from posttrain.evaluation import evaluate
 
-        return evaluate(model, tokenizer, [p.prompt for p in self.evals], [p.answer for p in self.evals],
-                        max_new_tokens=max_new_tokens, keep_samples=keep_samples)
+        return evaluate(
+            model,
+            tokenizer,
+            [p.prompt for p in self.evals],
+            [p.answer for p in self.evals],
+            max_new_tokens=max_new_tokens,
+            keep_samples=keep_samples,
+        )
 
 
 class FileData:
@@ -116,8 +125,9 @@ class FileData:
         self.train, self.evals, self.reward_fn = train, evals, reward_fn
         terms = getattr(reward_fn, "terms", None)
         if not terms:
-            raise ConfigError("user RL data needs a reward spec (e.g. --reward math): its first term decides "
-                              "correctness")
+            raise ConfigError(
+                "user RL data needs a reward spec (e.g. --reward math): its first term decides correctness"
+            )
         self.verifier = next(iter(terms))
 
     def _correct(self, parts: dict) -> list[float]:
@@ -136,28 +146,64 @@ class FileData:
     def evaluate(self, model, tokenizer, *, max_new_tokens: int, keep_samples: int = 0):
         from posttrain.evaluation import evaluate
 
-        return evaluate(model, tokenizer, [r.prompt for r in self.evals], [_Answer(r) for r in self.evals],
-                        max_new_tokens=max_new_tokens, keep_samples=keep_samples, verifier=self._verify)
+        return evaluate(
+            model,
+            tokenizer,
+            [r.prompt for r in self.evals],
+            [_Answer(r) for r in self.evals],
+            max_new_tokens=max_new_tokens,
+            keep_samples=keep_samples,
+            verifier=self._verify,
+        )
 
 
 def _fit(rows: Located, tokenizer, model, max_new_tokens: int, what: str) -> Located:
     """Prompts checked against the tokenizer (unknown characters) and max_seq_len - max_new_tokens (an error)."""
     from posttrain.evaluation import prompt_window
 
-    kept, _ = fit_sequences(tokenizer, rows, lambda r: (r.prompt, []), window=prompt_window(model, max_new_tokens),
-                            long="error", what=what, generate=max_new_tokens, add_eos=False)
+    kept, _ = fit_sequences(
+        tokenizer,
+        rows,
+        lambda r: (r.prompt, []),
+        window=prompt_window(model, max_new_tokens),
+        long="error",
+        what=what,
+        generate=max_new_tokens,
+        add_eos=False,
+    )
     return rows.subset(kept)
 
 
-def rl_data(*, task, data: str | None, eval_data: str | None, reward_fn, tokenizer, model, max_new_tokens: int,
-            prompt_field: str = "prompt", chat=None, on_bad_line: BadLinePolicy = "error"):
+def rl_data(
+    *,
+    task,
+    data: str | None,
+    eval_data: str | None,
+    reward_fn,
+    tokenizer,
+    model,
+    max_new_tokens: int,
+    prompt_field: str = "prompt",
+    chat=None,
+    on_bad_line: BadLinePolicy = "error",
+):
     """What an RL trainer samples from and scores with: the embedded ``task`` without ``data``, else the
     user's prompt files (``eval_data`` required: held-out accuracy needs held-out prompts)."""
     if not data and not eval_data:
         return TaskData(task)
     if not (data and eval_data):
-        raise UserError("pass both --data (training prompts) and --eval-data (held-out prompts with the columns the "
-                        "reward reads), or neither for the embedded task")
-    loaded = [_fit(load_prompt_rows(path, prompt_field=prompt_field, chat=chat, on_bad_line=on_bad_line, what=what),
-                   tokenizer, model, max_new_tokens, what) for path, what in ((data, "training"), (eval_data, "evaluation"))]
+        raise UserError(
+            "pass both --data (training prompts) and --eval-data (held-out prompts with the columns the "
+            "reward reads), or neither for the embedded task"
+        )
+    loaded = [
+        _fit(
+            load_prompt_rows(path, prompt_field=prompt_field, chat=chat, on_bad_line=on_bad_line, what=what),
+            tokenizer,
+            model,
+            max_new_tokens,
+            what,
+        )
+        for path, what in ((data, "training"), (eval_data, "evaluation"))
+    ]
     return FileData(*loaded, reward_fn)

@@ -33,23 +33,35 @@ from posttrain.engines.native import NativeEngine, SkewedEngine
 from posttrain.errors import UserError
 from posttrain.generate import Generation, SamplingConfig
 
-__all__ = ["RolloutEngine", "NativeEngine", "SkewedEngine", "ENGINES", "EngineConfig", "engine_knob", "build_engine",
-           "push_weights"]
+__all__ = [
+    "RolloutEngine",
+    "NativeEngine",
+    "SkewedEngine",
+    "ENGINES",
+    "EngineConfig",
+    "engine_knob",
+    "build_engine",
+    "push_weights",
+]
 
 
 class RolloutEngine(Protocol):
     matched: bool  # True: its distribution is the trainer's (IS weights 1); absent counts as False
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None) -> Generation: ...
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Generation: ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
     def reset_cache(self) -> None: ...
 
 
-ENGINES = {"native": "posttrain.engines.native:NativeEngine", "skewed": "posttrain.engines.native:SkewedEngine",
-           "vllm": "posttrain.engines.vllm:VLLMEngine"}
+ENGINES = {
+    "native": "posttrain.engines.native:NativeEngine",
+    "skewed": "posttrain.engines.native:SkewedEngine",
+    "vllm": "posttrain.engines.vllm:VLLMEngine",
+}
 """Engine name -> where it lives (imported only when chosen: vLLM is an optional, GPU-only extra)."""
 
 VLLM_NEEDS = "engine=vllm needs the vllm extra and a CUDA GPU"
@@ -59,14 +71,25 @@ VLLM_NEEDS = "engine=vllm needs the vllm extra and a CUDA GPU"
 class EngineConfig:
     """The rollout-engine knobs of the RL trainers (each trainer config declares them through :func:`engine_knob`)."""
 
-    engine: str = knob("native", "rollout engine: native (posttrain's KV-cache sampler: its log-probs are the "
-                                 "trainer's, IS weights 1) | skewed (samples at 1.3x the temperature: a test engine "
-                                 "whose distribution differs, corrected by truncated IS) | vllm (colocated vLLM; needs "
-                                 "the vllm extra and a CUDA GPU)", choices=tuple(ENGINES))
-    tis_cap: float = knob(2.0, "truncated importance sampling cap C: weights min(pi_old / pi_sampler, C) multiply the "
-                               "per-token policy loss (Yao et al. 2025; TRL's vllm_importance_sampling_cap 2)", ge=1)
-    tis_level: str = knob("token", "truncated IS weight per token, or one per sequence (the product of its tokens' "
-                                   "ratios)", choices=("token", "sequence"))
+    engine: str = knob(
+        "native",
+        "rollout engine: native (posttrain's KV-cache sampler: its log-probs are the "
+        "trainer's, IS weights 1) | skewed (samples at 1.3x the temperature: a test engine "
+        "whose distribution differs, corrected by truncated IS) | vllm (colocated vLLM; needs "
+        "the vllm extra and a CUDA GPU)",
+        choices=tuple(ENGINES),
+    )
+    tis_cap: float = knob(
+        2.0,
+        "truncated importance sampling cap C: weights min(pi_old / pi_sampler, C) multiply the "
+        "per-token policy loss (Yao et al. 2025; TRL's vllm_importance_sampling_cap 2)",
+        ge=1,
+    )
+    tis_level: str = knob(
+        "token",
+        "truncated IS weight per token, or one per sequence (the product of its tokens' ratios)",
+        choices=("token", "sequence"),
+    )
 
     def __post_init__(self):
         check_fields(self)
@@ -95,8 +118,10 @@ def build_engine(cfg, model: torch.nn.Module, tokenizer, model_dir: str | None =
     if not torch.cuda.is_available():
         raise UserError(f"{VLLM_NEEDS} (no CUDA device is visible)")
     if model_dir is None:
-        raise UserError("engine=vllm starts vLLM on a Hugging Face model directory: pass --model DIR (or export the "
-                        "--init checkpoint with `posttrain export --format hf` and pass that)")
+        raise UserError(
+            "engine=vllm starts vLLM on a Hugging Face model directory: pass --model DIR (or export the "
+            "--init checkpoint with `posttrain export --format hf` and pass that)"
+        )
     from posttrain.engines.vllm import VLLMEngine
 
     return VLLMEngine(model_dir, pad_id=pad, eos_id=eos)

@@ -14,8 +14,16 @@ import torch
 from posttrain.generate import Generation, left_pad
 
 
-def assemble(prompt_ids: list[list[int]], completions: list[list[int]], logps: list[list[float]], n: int, *,
-             pad_id: int, eos_id: int | None, max_new_tokens: int) -> Generation:
+def assemble(
+    prompt_ids: list[list[int]],
+    completions: list[list[int]],
+    logps: list[list[float]],
+    n: int,
+    *,
+    pad_id: int,
+    eos_id: int | None,
+    max_new_tokens: int,
+) -> Generation:
     """``completions``/``logps``: ``len(prompt_ids) * n`` rows, prompt-major, each up to and including EOS.
 
     Example: prompts [[1, 5]], n=2, completions [[7, 2], [8]] with eos 2, max 3 -> completion_ids
@@ -40,6 +48,14 @@ def assemble(prompt_ids: list[list[int]], completions: list[list[int]], logps: l
         out_mask[i, : len(c)] = 1
         out_lp[i, : len(c)] = torch.tensor(lp, dtype=torch.float32)
     ended = torch.tensor([eos_id is not None and len(c) > 0 and c[-1] == eos_id for c in completions])
-    return Generation(sequences=torch.cat([ids, out_ids], 1), attention_mask=torch.cat([mask, out_mask], 1),
-                      completion_ids=out_ids, completion_mask=out_mask, logps=out_lp, raw_logps=out_lp.clone(),
-                      truncated=~ended, prompt_index=expand, prompt_length=ids.shape[1])
+    return Generation(
+        sequences=torch.cat([ids, out_ids], 1),
+        attention_mask=torch.cat([mask, out_mask], 1),
+        completion_ids=out_ids,
+        completion_mask=out_mask,
+        logps=out_lp,
+        raw_logps=out_lp.clone(),
+        truncated=~ended,
+        prompt_index=expand,
+        prompt_length=ids.shape[1],
+    )

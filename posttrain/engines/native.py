@@ -31,10 +31,17 @@ class NativeEngine:
     def sampling_for(self, sampling: SamplingConfig, n: int) -> SamplingConfig:
         return dataclasses.replace(sampling, num_samples=n)
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None) -> Generation:
-        return generate(self.model, prompt_ids, pad_id=self.pad_id, eos_id=self.eos_id,
-                        cfg=self.sampling_for(sampling, n), generator=generator)
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Generation:
+        return generate(
+            self.model,
+            prompt_ids,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            cfg=self.sampling_for(sampling, n),
+            generator=generator,
+        )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy the trainer's weights in (every parameter named, shapes equal); a no-op for the trainer's own tensors."""

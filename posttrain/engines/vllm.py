@@ -47,8 +47,10 @@ def _vllm():
     try:
         import vllm
     except ImportError:
-        raise UserError("the vllm engine needs vLLM on a CUDA machine: pip install vllm (not installable on CPU-only "
-                        "machines; the default engine is posttrain's own sampler)") from None
+        raise UserError(
+            "the vllm engine needs vLLM on a CUDA machine: pip install vllm (not installable on CPU-only "
+            "machines; the default engine is posttrain's own sampler)"
+        ) from None
     return vllm
 
 
@@ -57,22 +59,44 @@ class VLLMEngine:
 
     matched = False  # its kernels (and bf16) differ from the trainer's: truncated IS corrects the gap
 
-    def __init__(self, model_dir: str, *, pad_id: int, eos_id: int | None, gpu_memory_utilization: float = 0.3,
-                 dtype: str = "bfloat16", seed: int = 0, max_model_len: int | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        pad_id: int,
+        eos_id: int | None,
+        gpu_memory_utilization: float = 0.3,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_model_len: int | None = None,
+    ):
         vllm = _vllm()
         self.pad_id, self.eos_id = pad_id, eos_id
-        self.llm = vllm.LLM(model=str(model_dir), gpu_memory_utilization=gpu_memory_utilization, dtype=dtype,
-                            seed=seed, enable_prefix_caching=True, max_model_len=max_model_len)
+        self.llm = vllm.LLM(
+            model=str(model_dir),
+            gpu_memory_utilization=gpu_memory_utilization,
+            dtype=dtype,
+            seed=seed,
+            enable_prefix_caching=True,
+            max_model_len=max_model_len,
+        )
         self._vllm = vllm
 
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig,
-                 generator: torch.Generator | None = None) -> Generation:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+    ) -> Generation:
         """``generator`` seeds vLLM's sampler (one draw from it), so runs are repeatable for a fixed engine."""
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
         params = self._vllm.SamplingParams(
-            n=n, temperature=sampling.temperature, top_k=sampling.top_k or -1, top_p=sampling.top_p or 1.0,
-            max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
-            stop_token_ids=[self.eos_id] if self.eos_id is not None else None)
+            n=n,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k or -1,
+            top_p=sampling.top_p or 1.0,
+            max_tokens=sampling.max_new_tokens,
+            logprobs=0,
+            seed=seed,
+            stop_token_ids=[self.eos_id] if self.eos_id is not None else None,
+        )
         prompts = [self._vllm.TokensPrompt(prompt_token_ids=p) for p in prompt_ids]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         completions, logps = [], []
@@ -81,8 +105,15 @@ class VLLMEngine:
                 ids = list(c.token_ids)
                 completions.append(ids)
                 logps.append([step[t].logprob for step, t in zip(c.logprobs, ids)])  # the sampled token's log-prob
-        return assemble(prompt_ids, completions, logps, n, pad_id=self.pad_id, eos_id=self.eos_id,
-                        max_new_tokens=sampling.max_new_tokens)
+        return assemble(
+            prompt_ids,
+            completions,
+            logps,
+            n,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            max_new_tokens=sampling.max_new_tokens,
+        )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner  # the colocated worker's model

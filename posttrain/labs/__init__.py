@@ -17,7 +17,10 @@ LABS: dict[str, tuple[str, str]] = {
     "bpe-by-hand": ("bpe_by_hand", "BPE's first merges on low/lower/lowest, and why </w> matters"),
     "tokenizer-compare": ("tokenizer_compare", "BPE, byte-level BPE, WordPiece, Unigram: tokens/word, OOV, sampling"),
     "softmax-sqrt-d": ("softmax_sqrt_d", "logit variance D vs 1, and softmax saturation, without/with 1/sqrt(D)"),
-    "attention-memory": ("attention_memory", "peak memory: naive attention O(N^2), FlashAttention O(N); online softmax"),
+    "attention-memory": (
+        "attention_memory",
+        "peak memory: naive attention O(N^2), FlashAttention O(N); online softmax",
+    ),
     "baseline-variance": ("baseline_variance", "policy-gradient baselines: unbiased, lower variance (bandit)"),
     "gae-lambda": ("gae_lambda", "GAE: lambda=0 is one-step TD, lambda=1 Monte Carlo; bias vs variance"),
     "ppo-clip": ("ppo_clip", "PPO's clipped objective: the four cases of its gradient, ratio drift over epochs"),

@@ -64,8 +64,13 @@ class Check:
     tolerance: str
 
     def row(self) -> dict:
-        return {"name": self.name, "measured": _jsonable(self.measured), "expected": _jsonable(self.expected),
-                "ok": bool(self.ok), "tolerance": self.tolerance}
+        return {
+            "name": self.name,
+            "measured": _jsonable(self.measured),
+            "expected": _jsonable(self.expected),
+            "ok": bool(self.ok),
+            "tolerance": self.tolerance,
+        }
 
 
 def _jsonable(x):
@@ -105,8 +110,10 @@ class LabContext:
 
     def check(self, name: str, measured, expected, ok: bool, tolerance: str) -> bool:
         self.checks.append(Check(name, measured, expected, bool(ok), tolerance))
-        self.say(f"  [{'ok' if ok else 'FAIL'}] {name}: measured {_short(measured)}, expected {_short(expected)} "
-                 f"({tolerance})")
+        self.say(
+            f"  [{'ok' if ok else 'FAIL'}] {name}: measured {_short(measured)}, expected {_short(expected)} "
+            f"({tolerance})"
+        )
         return bool(ok)
 
     def mean_check(self, name: str, samples, mu: float, alpha: float, what: str = "") -> bool:
@@ -115,8 +122,13 @@ class LabContext:
         se = x.std(ddof=1) / math.sqrt(len(x))
         z = z_crit(alpha)
         dev = abs(x.mean() - mu)
-        return self.check(name, float(x.mean()), float(mu), dev <= z * se + 1e-12,
-                          f"|mean - expected| <= {z:.2f} s.e. = {z * se:.3g} (z-test, level {alpha:.2g}{what})")
+        return self.check(
+            name,
+            float(x.mean()),
+            float(mu),
+            dev <= z * se + 1e-12,
+            f"|mean - expected| <= {z:.2f} s.e. = {z * se:.3g} (z-test, level {alpha:.2g}{what})",
+        )
 
     def variance_check(self, name: str, samples, sigma2: float, alpha: float, kurtosis: float | None = None) -> bool:
         """s^2 against sigma^2: chi-square interval for normal data; with the population's known excess
@@ -130,8 +142,13 @@ class LabContext:
             half = z_crit(alpha) * math.sqrt(2 / (n - 1) + kurtosis / n)
             lo, hi, how = 1 - half, 1 + half, f"normal approx., excess kurtosis {kurtosis:.3g}"
         ratio = x.var(ddof=1) / sigma2
-        return self.check(name, float(x.var(ddof=1)), float(sigma2), lo <= ratio <= hi,
-                          f"s^2/sigma^2 = {ratio:.3f} in [{lo:.3f}, {hi:.3f}] ({how}, n={n}, level {alpha:.2g})")
+        return self.check(
+            name,
+            float(x.var(ddof=1)),
+            float(sigma2),
+            lo <= ratio <= hi,
+            f"s^2/sigma^2 = {ratio:.3f} in [{lo:.3f}, {hi:.3f}] ({how}, n={n}, level {alpha:.2g})",
+        )
 
     def figure(self, fig, stem: str) -> Path:
         """Save a matplotlib figure as OUT/stem.png (atomically) and close it."""
@@ -198,8 +215,9 @@ def write_result(ctx: LabContext, claim: str, formula: str, notes: str, seconds:
     return result
 
 
-def run_lab(lab, out: Path, quick: bool = False, seed: int = 0, falsify: bool = False, verbose: bool = True,
-            draw: bool = True) -> dict:
+def run_lab(
+    lab, out: Path, quick: bool = False, seed: int = 0, falsify: bool = False, verbose: bool = True, draw: bool = True
+) -> dict:
     """Run one lab module (``posttrain.labs.<module>``) into ``out``; return its result dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -233,8 +251,11 @@ def binom_two_sided_p(k: int, n: int, p: float) -> float:
     if p >= 1.0:
         return 1.0 if k == n else 0.0
     i = np.arange(n + 1)
-    logpmf = (np.array([math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) for j in i])
-              + i * math.log(p) + (n - i) * math.log1p(-p))
+    logpmf = (
+        np.array([math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) for j in i])
+        + i * math.log(p)
+        + (n - i) * math.log1p(-p)
+    )
     pmf = np.exp(logpmf)
     return float(min(1.0, 2 * min(pmf[: k + 1].sum(), pmf[k:].sum())))
 

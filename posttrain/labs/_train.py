@@ -43,8 +43,22 @@ def sft_init(steps: int, seed: int = 0) -> str:
             _CACHE["root"] = tempfile.TemporaryDirectory(prefix="posttrain-labs-")
             atexit.register(_CACHE["root"].cleanup)
         out = Path(_CACHE["root"].name) / f"sft-{steps}-{seed}"
-        quiet(train_sft, SFTConfig(out=str(out), steps=steps, batch_size=32, lr=1e-2, warmup_steps=2, eval_every=0,
-                                   save_every=0, progress=False, task=TASK, model=MODEL, seed=seed))
+        quiet(
+            train_sft,
+            SFTConfig(
+                out=str(out),
+                steps=steps,
+                batch_size=32,
+                lr=1e-2,
+                warmup_steps=2,
+                eval_every=0,
+                save_every=0,
+                progress=False,
+                task=TASK,
+                model=MODEL,
+                seed=seed,
+            ),
+        )
         _CACHE[key] = str(out)
     return _CACHE[key]
 
@@ -101,4 +115,4 @@ def _factory(fn):
 
 
 def distinct_per_group(completions: list[str], group: int) -> list[int]:
-    return [len(set(completions[i:i + group])) for i in range(0, len(completions), group)]
+    return [len(set(completions[i : i + group])) for i in range(0, len(completions), group)]

@@ -31,8 +31,10 @@ from posttrain.ops.naive import naive_attention
 from posttrain.ops.softmax import online_softmax_2pass, softmax
 
 NAME = "attention-memory"
-CLAIM = ("Naive attention's memory grows as O(N^2) (it stores the N x N scores), FlashAttention's as O(N) "
-         "(online softmax over tiles); the online-softmax recurrence gives exactly the two-pass softmax.")
+CLAIM = (
+    "Naive attention's memory grows as O(N^2) (it stores the N x N scores), FlashAttention's as O(N) "
+    "(online softmax over tiles); the online-softmax recurrence gives exactly the two-pass softmax."
+)
 FORMULA = "m' = max(m, x_j), d' = d e^(m - m') + e^(x_j - m');  peak_naive ~ B H N^2 * 4 bytes, peak_flash ~ B H N D"
 NOTES = "notes 4 (Memory-efficient attention: online softmax -> FlashAttention): SRAM footprint independent of length"
 
@@ -67,35 +69,76 @@ def run(ctx) -> None:
         for tag, fn in (("naive", naive_attention), ("flash", flash)):
             peaks[tag].append(_peak(fn, q, k, v, backward=False))
             peaks[tag + "+bwd"].append(_peak(fn, q, k, v, backward=True))
-        ctx.say(f"  N={n:<5} naive {peaks['naive'][-1] / 2**20:8.2f} MiB  flash {peaks['flash'][-1] / 2**20:6.2f} MiB"
-                f"   (+backward: {peaks['naive+bwd'][-1] / 2**20:8.2f} / {peaks['flash+bwd'][-1] / 2**20:6.2f} MiB)")
+        ctx.say(
+            f"  N={n:<5} naive {peaks['naive'][-1] / 2**20:8.2f} MiB  flash {peaks['flash'][-1] / 2**20:6.2f} MiB"
+            f"   (+backward: {peaks['naive+bwd'][-1] / 2**20:8.2f} / {peaks['flash+bwd'][-1] / 2**20:6.2f} MiB)"
+        )
     expo = {t: math.log2(p[-1] / p[-2]) for t, p in peaks.items()}
     for t in ("naive", "naive+bwd"):
-        ctx.check(f"{t}: memory exponent at N={ns[-1]}", round(expo[t], 3), "2 +- 0.15", abs(expo[t] - 2) <= 0.15,
-                  "log2(peak(2N)/peak(N)); allocations are deterministic")
+        ctx.check(
+            f"{t}: memory exponent at N={ns[-1]}",
+            round(expo[t], 3),
+            "2 +- 0.15",
+            abs(expo[t] - 2) <= 0.15,
+            "log2(peak(2N)/peak(N)); allocations are deterministic",
+        )
     for t in ("flash", "flash+bwd"):
-        ctx.check(f"{t}: memory exponent at N={ns[-1]}", round(expo[t], 3), "<= 1.15", expo[t] <= 1.15,
-                  "log2(peak(2N)/peak(N)); allocations are deterministic")
+        ctx.check(
+            f"{t}: memory exponent at N={ns[-1]}",
+            round(expo[t], 3),
+            "<= 1.15",
+            expo[t] <= 1.15,
+            "log2(peak(2N)/peak(N)); allocations are deterministic",
+        )
     x = torch.randn(8, 257, generator=g, dtype=torch.float64) * 30
     online = torch.stack([online_softmax_2pass(row) for row in x])
     err_sm = (online - softmax(x)).abs().max().item()
-    ctx.check("online (1-pass max+sum) softmax == two-pass softmax", err_sm, "<= 1e-12", err_sm <= 1e-12,
-              "float64, logits of scale 30")
+    ctx.check(
+        "online (1-pass max+sum) softmax == two-pass softmax",
+        err_sm,
+        "<= 1e-12",
+        err_sm <= 1e-12,
+        "float64, logits of scale 30",
+    )
     q, k, v = (torch.randn(1, 2, 300, 32, generator=g, dtype=torch.float64) for _ in range(3))
-    err_fa = (flash_attention_reference(q, k, v, causal=True, block_q=64, block_k=48)[0]
-              - naive_attention(q, k, v, causal=True)).abs().max().item()
-    ctx.check("tiled online-softmax attention == naive attention", err_fa, "<= 1e-10", err_fa <= 1e-10,
-              "float64, N = 300 with 64 x 48 tiles")
-    ctx.numbers.update({"N": list(ns), "B_H_D": [B, H, D], "peak_bytes": peaks, "exponent_last_doubling": expo,
-                        "n2_floats_bytes": [B * H * n * n * 4 for n in ns]})
+    err_fa = (
+        (
+            flash_attention_reference(q, k, v, causal=True, block_q=64, block_k=48)[0]
+            - naive_attention(q, k, v, causal=True)
+        )
+        .abs()
+        .max()
+        .item()
+    )
+    ctx.check(
+        "tiled online-softmax attention == naive attention",
+        err_fa,
+        "<= 1e-10",
+        err_fa <= 1e-10,
+        "float64, N = 300 with 64 x 48 tiles",
+    )
+    ctx.numbers.update(
+        {
+            "N": list(ns),
+            "B_H_D": [B, H, D],
+            "peak_bytes": peaks,
+            "exponent_last_doubling": expo,
+            "n2_floats_bytes": [B * H * n * n * 4 for n in ns],
+        }
+    )
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for t, style in (("naive", "o-C3"), ("naive+bwd", "o--C3"), ("flash", "s-C0"), ("flash+bwd", "s--C0")):
         ax.plot(ns, [p / 2**20 for p in peaks[t]], style[:-2], color=style[-2:], label=f"{t} (slope {expo[t]:.2f})")
     ax.plot(ns, [B * H * n * n * 4 / 2**20 for n in ns], ":k", lw=1, label="B*H*N^2 fp32 (one score matrix)")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length N", ylabel="peak memory above inputs (MiB)",
-           title=f"Attention peak memory, B={B} H={H} D={D} fp32, causal")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="sequence length N",
+        ylabel="peak memory above inputs (MiB)",
+        title=f"Attention peak memory, B={B} H={H} D={D} fp32, causal",
+    )
     ax.minorticks_off()
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.legend(fontsize=8)

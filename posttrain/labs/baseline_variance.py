@@ -27,10 +27,14 @@ from posttrain.labs._common import ALPHA, pyplot, z_crit
 from posttrain.losses.advantages import grpo_advantages, reinforce_advantages, rloo_advantages
 
 NAME = "baseline-variance"
-CLAIM = ("Subtracting a baseline b that does not depend on the action leaves the policy gradient unbiased, "
-         "E[grad log pi * b] = b * grad sum pi = 0, but lowers its variance; a baseline that depends on the action "
-         "biases it.")
-FORMULA = "E[grad log pi(a) (R - b)] = grad J  iff  E[grad log pi(a) b] = 0;  b*_k = E[(d_k log pi)^2 R] / E[(d_k log pi)^2]"
+CLAIM = (
+    "Subtracting a baseline b that does not depend on the action leaves the policy gradient unbiased, "
+    "E[grad log pi * b] = b * grad sum pi = 0, but lowers its variance; a baseline that depends on the action "
+    "biases it."
+)
+FORMULA = (
+    "E[grad log pi(a) (R - b)] = grad J  iff  E[grad log pi(a) b] = 0;  b*_k = E[(d_k log pi)^2 R] / E[(d_k log pi)^2]"
+)
 NOTES = "notes 6 (REINFORCE / policy gradient): proof that a baseline does not change the expectation; optimal baseline"
 
 K_ARMS, G, NOISE = 6, 4, 0.3
@@ -59,8 +63,13 @@ def run(ctx) -> None:
     }
     est = {n: (sc * A.double()[:, None]).view(M, G, K_ARMS).mean(1) for n, A in adv.items()}  # (M, K)
     est["optimal b*"] = (sc * (r[:, None] - b_star)).view(M, G, K_ARMS).mean(1)
-    expect = {"none": exact, "rloo": exact, "optimal b*": exact, "group mean": (1 - 1 / G) * exact,
-              "action-dependent b(a)": exact if ctx.falsify else 0 * exact}
+    expect = {
+        "none": exact,
+        "rloo": exact,
+        "optimal b*": exact,
+        "group mean": (1 - 1 / G) * exact,
+        "action-dependent b(a)": exact if ctx.falsify else 0 * exact,
+    }
     alpha = ALPHA / (len(expect) * K_ARMS + 2)
     z = z_crit(alpha)
     for n, mu in expect.items():
@@ -70,20 +79,40 @@ def run(ctx) -> None:
         what = {"group mean": " = (1 - 1/G) grad J", "action-dependent b(a)": " = 0"}.get(n, " = grad J")
         if ctx.falsify and n == "action-dependent b(a)":
             what = " = grad J"
-        ctx.check(f"{n}: mean{what}", e.mean(0).numpy().round(5), mu.numpy().round(5), bool((zs <= z).all()),
-                  f"max |z| over {K_ARMS} components = {zs.max().item():.2f} <= {z:.2f} (level {alpha:.2g} each)")
+        ctx.check(
+            f"{n}: mean{what}",
+            e.mean(0).numpy().round(5),
+            mu.numpy().round(5),
+            bool((zs <= z).all()),
+            f"max |z| over {K_ARMS} components = {zs.max().item():.2f} <= {z:.2f} (level {alpha:.2g} each)",
+        )
     d = {n: ((e - e.mean(0)) ** 2).sum(1).numpy() for n, e in est.items()}  # per-group squared deviation
     var = {n: float(v.mean()) for n, v in d.items()}
     boot = np.random.default_rng(ctx.seed).integers(0, M, size=(500, M))
     for n in ("rloo", "optimal b*"):
         ratios = np.array([d[n][i].mean() / d["none"][i].mean() for i in boot])
         upper = float(np.quantile(ratios, 1 - 1e-3))
-        ctx.check(f"{n}: total variance < no baseline", round(var[n] / var["none"], 5), "< 1", upper < 1,
-                  f"paired bootstrap (500 resamples), upper 99.9 % bound of the ratio = {upper:.4f}")
+        ctx.check(
+            f"{n}: total variance < no baseline",
+            round(var[n] / var["none"], 5),
+            "< 1",
+            upper < 1,
+            f"paired bootstrap (500 resamples), upper 99.9 % bound of the ratio = {upper:.4f}",
+        )
     cos = {n: float(torch.nn.functional.cosine_similarity(e.mean(0), exact, dim=0)) for n, e in est.items()}
-    ctx.numbers.update({"groups": M, "G": G, "pi": pi, "rbar": rbar, "exact_grad": exact, "b_star": b_star,
-                        "mean_estimate": {n: e.mean(0) for n, e in est.items()}, "total_variance": var,
-                        "cosine_to_exact": cos})
+    ctx.numbers.update(
+        {
+            "groups": M,
+            "G": G,
+            "pi": pi,
+            "rbar": rbar,
+            "exact_grad": exact,
+            "b_star": b_star,
+            "mean_estimate": {n: e.mean(0) for n, e in est.items()},
+            "total_variance": var,
+            "cosine_to_exact": cos,
+        }
+    )
     ctx.say("  estimator               total variance   vs none   cos(mean, grad J)")
     for n in est:
         ctx.say(f"  {n:<22}  {var[n]:<15.5f}  {var[n] / var['none']:<8.4f}  {cos[n]:.4f}")
@@ -96,10 +125,20 @@ def run(ctx) -> None:
     ax1.bar(xs - 0.4, exact.numpy(), width, color="k", label="exact grad J", align="edge")
     for i, n in enumerate(names):
         e = est[n]
-        ax1.bar(xs - 0.4 + (i + 1) * width, e.mean(0).numpy(), width, yerr=(2 * e.std(0) / np.sqrt(M)).numpy(),
-                label=n, align="edge", capsize=1)
-    ax1.set(title=f"mean gradient estimate per arm ({M} groups of G={G}, +-2 s.e.)", xlabel="arm (component of theta)",
-            ylabel="d J / d theta_k")
+        ax1.bar(
+            xs - 0.4 + (i + 1) * width,
+            e.mean(0).numpy(),
+            width,
+            yerr=(2 * e.std(0) / np.sqrt(M)).numpy(),
+            label=n,
+            align="edge",
+            capsize=1,
+        )
+    ax1.set(
+        title=f"mean gradient estimate per arm ({M} groups of G={G}, +-2 s.e.)",
+        xlabel="arm (component of theta)",
+        ylabel="d J / d theta_k",
+    )
     ax1.legend(fontsize=7)
     ax2.bar(range(len(names)), [var[n] for n in names], color=[f"C{i}" for i in range(len(names))])
     ax2.set_xticks(range(len(names)), names, rotation=20, fontsize=8)

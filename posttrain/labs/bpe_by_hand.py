@@ -23,9 +23,11 @@ from posttrain.labs._common import pyplot
 from posttrain.tokenizers.bpe import BPETrainer, initial_alphabet, train_merges
 
 NAME = "bpe-by-hand"
-CLAIM = ("BPE repeatedly merges the most frequent adjacent pair (on low/lower/lowest: l+o, lo+w, low+e); the </w> "
-         "suffix distinguishes a word-final symbol (est</w>) from the same letters inside a word, so merges never "
-         "confuse word ends with word middles.")
+CLAIM = (
+    "BPE repeatedly merges the most frequent adjacent pair (on low/lower/lowest: l+o, lo+w, low+e); the </w> "
+    "suffix distinguishes a word-final symbol (est</w>) from the same letters inside a word, so merges never "
+    "confuse word ends with word middles."
+)
 FORMULA = "best = argmax_(a,b) count(a,b); replace (a,b) -> ab everywhere; repeat.  'low' -> [l, o, w</w>]"
 NOTES = "notes 2 (Tokenizers), BPE worked example and Q&A 'why does BPE need </w>?'"
 
@@ -79,13 +81,25 @@ def run(ctx) -> None:
         ctx.say(f"  low/lower/lowest {tag}:")
         for i, (pc, best, segs) in enumerate(steps):
             top = ", ".join(f"{a}+{b}:{c}" for (a, b), c in sorted(pc.items(), key=lambda kv: (-kv[1], kv[0]))[:4])
-            ctx.say(f"    step {i + 1}: {' | '.join(' '.join(s) for s in segs.values())}   counts {top} -> merge {best}")
-        ctx.check(f"merges {tag} = textbook BPE", [list(m) for m in merges], [list(m) for m in oracle],
-                  [tuple(m) for m in merges] == oracle, "exact")
+            ctx.say(
+                f"    step {i + 1}: {' | '.join(' '.join(s) for s in segs.values())}   counts {top} -> merge {best}"
+            )
+        ctx.check(
+            f"merges {tag} = textbook BPE",
+            [list(m) for m in merges],
+            [list(m) for m in oracle],
+            [tuple(m) for m in merges] == oracle,
+            "exact",
+        )
         ctx.numbers[f"merges {tag}"] = ["+".join(m) for m in merges]
     _, m3 = train_merges(small, 3, suffix="</w>")
-    ctx.check("first merges = the hand-worked example", ["+".join(m) for m in m3], ["l+o", "lo+w", "low+e"],
-              [tuple(m) for m in m3] == [("l", "o"), ("lo", "w"), ("low", "e")], "exact (tokenizers/bpe.py docstring)")
+    ctx.check(
+        "first merges = the hand-worked example",
+        ["+".join(m) for m in m3],
+        ["l+o", "lo+w", "low+e"],
+        [tuple(m) for m in m3] == [("l", "o"), ("lo", "w"), ("low", "e")],
+        "exact (tokenizers/bpe.py docstring)",
+    )
 
     corpus = {"low": 5, "lower": 2, "newest": 6, "widest": 3}
     shown, confusion = {}, {}
@@ -94,14 +108,27 @@ def run(ctx) -> None:
         size = 1 + len(initial_alphabet(corpus, use)) + 6  # <unk>, the symbols, 6 merges
         tok = BPETrainer(vocab_size=size, end_of_word_suffix=use, special_tokens=("<unk>",)).train_from_counts(corpus)
         confusion[suffix], shown[suffix] = _boundary_confusion(tok, TEST_WORDS)
-        ctx.say(f"  Sennrich corpus {'with' if suffix else 'without'} </w>: "
-                + "; ".join(f"{w}={' '.join(t)}" for w, t in list(shown[suffix].items())[:6]))
-    ctx.check("with </w>: tokens shared by word ends and word middles", confusion["</w>"], 0, confusion["</w>"] == 0,
-              f"exact, over {len(TEST_WORDS)} test words")
-    ctx.check("without </w>: tokens shared by word ends and word middles", confusion[None], "> 0", confusion[None] > 0,
-              f"exact, over {len(TEST_WORDS)} test words")
-    ctx.numbers["tokenized"] = {("with </w>" if k else "without </w>"): {w: " ".join(t) for w, t in v.items()}
-                                for k, v in shown.items()}
+        ctx.say(
+            f"  Sennrich corpus {'with' if suffix else 'without'} </w>: "
+            + "; ".join(f"{w}={' '.join(t)}" for w, t in list(shown[suffix].items())[:6])
+        )
+    ctx.check(
+        "with </w>: tokens shared by word ends and word middles",
+        confusion["</w>"],
+        0,
+        confusion["</w>"] == 0,
+        f"exact, over {len(TEST_WORDS)} test words",
+    )
+    ctx.check(
+        "without </w>: tokens shared by word ends and word middles",
+        confusion[None],
+        "> 0",
+        confusion[None] > 0,
+        f"exact, over {len(TEST_WORDS)} test words",
+    )
+    ctx.numbers["tokenized"] = {
+        ("with </w>" if k else "without </w>"): {w: " ".join(t) for w, t in v.items()} for k, v in shown.items()
+    }
 
     plt = pyplot()
     _, steps, _ = textbook_bpe(small, 3, "</w>")
@@ -109,8 +136,11 @@ def run(ctx) -> None:
     for i, (pc, best, _) in enumerate(steps):
         items = sorted(pc.items(), key=lambda kv: (-kv[1], kv[0]))[:7]
         ax = axes[i]
-        ax.barh([f"{a}+{b}" for (a, b), _ in items][::-1], [c for _, c in items][::-1],
-                color=["C3" if p == best else "C0" for p, _ in items][::-1])
+        ax.barh(
+            [f"{a}+{b}" for (a, b), _ in items][::-1],
+            [c for _, c in items][::-1],
+            color=["C3" if p == best else "C0" for p, _ in items][::-1],
+        )
         ax.set(title=f"step {i + 1}: merge {best[0]}+{best[1]}", xlabel="pair count")
     axes[0].set_ylabel("adjacent pair (low, lower, lowest + </w>)")
     ax = axes[3]

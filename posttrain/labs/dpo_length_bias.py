@@ -42,11 +42,15 @@ from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.dpo import DPOConfig, train_dpo
 
 NAME = "dpo-length-bias"
-CLAIM = ("DPO's log-prob sums grow with length, so when the chosen answers are longer DPO learns that longer is "
-         "better; SimPO (length-normalised) learns less of it (R-DPO, a length term in the margin: measured, "
-         "not reliably less here).")
-FORMULA = ("DPO h = sum_t log pi/ref(y_w) - sum_t log pi/ref(y_l);  SimPO: beta/|y_w| log pi(y_w) - beta/|y_l| "
-           "log pi(y_l) - gamma;  R-DPO: beta h + alpha (|y_w| - |y_l|)")
+CLAIM = (
+    "DPO's log-prob sums grow with length, so when the chosen answers are longer DPO learns that longer is "
+    "better; SimPO (length-normalised) learns less of it (R-DPO, a length term in the margin: measured, "
+    "not reliably less here)."
+)
+FORMULA = (
+    "DPO h = sum_t log pi/ref(y_w) - sum_t log pi/ref(y_l);  SimPO: beta/|y_w| log pi(y_w) - beta/|y_l| "
+    "log pi(y_l) - gamma;  R-DPO: beta h + alpha (|y_w| - |y_l|)"
+)
 NOTES = "notes 10 (DPO): 'length bias, DPO's famous pain point', SimPO and R-DPO as the fixes"
 
 LOSSES = {"dpo": {}, "simpo": {}, "rdpo": {"alpha": 0.5}}
@@ -55,8 +59,16 @@ STEPS, LR = 40, 2e-3
 
 def _lengths(model_dir, prompts, seed: int) -> np.ndarray:
     ck = load_checkpoint(model_dir)
-    r = evaluate(ck.model, ck.tokenizer, prompts, ["0"] * len(prompts), max_new_tokens=8, temperature=1.0,
-                 generator=torch.Generator().manual_seed(seed), keep_samples=len(prompts))
+    r = evaluate(
+        ck.model,
+        ck.tokenizer,
+        prompts,
+        ["0"] * len(prompts),
+        max_new_tokens=8,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(seed),
+        keep_samples=len(prompts),
+    )
     return np.array([len(s["completion"]) for s in r.samples], float)
 
 
@@ -75,9 +87,22 @@ def _measure(seed: int, n_samples: int, long_n: int, short_n: int) -> dict:
         prompts = [problems[i % len(problems)].prompt for i in range(n_samples)]
         lens = {"init": _lengths(init, prompts, seed)}
         for loss, kw in LOSSES.items():
-            cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=STEPS, batch_size=32, lr=LR, warmup_steps=2,
-                            eval_every=0, save_every=0, progress=False, task=TASK, data=str(tmp / "pairs.jsonl"),
-                            loss_kwargs=kw, seed=seed)
+            cfg = DPOConfig(
+                out=str(tmp / loss),
+                init=init,
+                loss=loss,
+                steps=STEPS,
+                batch_size=32,
+                lr=LR,
+                warmup_steps=2,
+                eval_every=0,
+                save_every=0,
+                progress=False,
+                task=TASK,
+                data=str(tmp / "pairs.jsonl"),
+                loss_kwargs=kw,
+                seed=seed,
+            )
             quiet(train_dpo, cfg)
             lens[loss] = _lengths(tmp / loss / "model", prompts, seed + 1)
     return lens
@@ -92,28 +117,43 @@ def run(ctx) -> None:
     seeds = [ctx.seed + i for i in range(2 if ctx.quick else 4)]
     long_n, short_n = (2, 5) if ctx.falsify else (5, 2)
     seeds = seeds[:1] if ctx.falsify else seeds  # the swapped data fail in one run already (tests stay short)
-    runs = [memo(ctx, f"seed {s} {long_n}/{short_n}", lambda s=s: _measure(s, n_samples, long_n, short_n)) for s in seeds]
+    runs = [
+        memo(ctx, f"seed {s} {long_n}/{short_n}", lambda s=s: _measure(s, n_samples, long_n, short_n)) for s in seeds
+    ]
     alpha = ALPHA / 3
     zc = z_crit(2 * alpha)
 
     def combined(name, a, b, expected):
         zs = [_two_sample(r[a], r[b]) for r in runs]
         z = sum(zs) / np.sqrt(len(zs))
-        return ctx.check(name, [[round(r[a].mean(), 3), round(r[b].mean(), 3)] for r in runs], expected, z > zc,
-                         f"one-sided Stouffer z = {z:.2f} > {zc:.2f} over {len(zs)} runs of two-sample z "
-                         f"({', '.join(f'{v:.1f}' for v in zs)}; {n_samples} samples each)")
+        return ctx.check(
+            name,
+            [[round(r[a].mean(), 3), round(r[b].mean(), 3)] for r in runs],
+            expected,
+            z > zc,
+            f"one-sided Stouffer z = {z:.2f} > {zc:.2f} over {len(zs)} runs of two-sample z "
+            f"({', '.join(f'{v:.1f}' for v in zs)}; {n_samples} samples each)",
+        )
 
     combined("DPO: mean completion length grows", "dpo", "init", "[dpo, init] per run: dpo > init")
     combined("DPO learns more length than SIMPO", "dpo", "simpo", "[dpo, simpo] per run: dpo > simpo")
     # R-DPO: measured, not tested -- DPO > R-DPO in most runs but not all (seed 5: 5.73 vs 6.36, z = -3.8)
     rdpo_z = [_two_sample(r["dpo"], r["rdpo"]) for r in runs]
     lens = {k: np.concatenate([r[k] for r in runs]) for k in runs[0]}  # pooled, for the figure and the numbers
-    ctx.numbers.update({"pairs": 128, "chosen_len": long_n, "rejected_len": short_n, "samples": n_samples, "seeds": seeds,
-                        "mean_length": {k: float(v.mean()) for k, v in lens.items()},
-                        "mean_length_per_run": [{k: float(v.mean()) for k, v in r.items()} for r in runs],
-                        "dpo_minus_rdpo_z_per_run": rdpo_z,
-                        "empty_fraction": {k: float((v == 0).mean()) for k, v in lens.items()},
-                        "losses": {k: {"loss_kwargs": v} for k, v in LOSSES.items()}})
+    ctx.numbers.update(
+        {
+            "pairs": 128,
+            "chosen_len": long_n,
+            "rejected_len": short_n,
+            "samples": n_samples,
+            "seeds": seeds,
+            "mean_length": {k: float(v.mean()) for k, v in lens.items()},
+            "mean_length_per_run": [{k: float(v.mean()) for k, v in r.items()} for r in runs],
+            "dpo_minus_rdpo_z_per_run": rdpo_z,
+            "empty_fraction": {k: float((v == 0).mean()) for k, v in lens.items()},
+            "losses": {k: {"loss_kwargs": v} for k, v in LOSSES.items()},
+        }
+    )
     ctx.say("  mean sampled length (all runs): " + ", ".join(f"{k} {v.mean():.2f}" for k, v in lens.items()))
 
     plt = pyplot()
@@ -123,13 +163,20 @@ def run(ctx) -> None:
         ax1.hist(v, bins=bins, histtype="step", lw=1.5, density=True, label=f"{k} (mean {v.mean():.2f})")
     ax1.axvline(long_n, color="C2", ls=":", lw=1, label=f"chosen length {long_n}")
     ax1.axvline(short_n, color="C3", ls=":", lw=1, label=f"rejected length {short_n}")
-    ax1.set(title=f"length of sampled completions (T = 1, max 8 tokens; {len(seeds)} runs pooled)", xlabel="completion length (tokens)",
-            ylabel="fraction")
+    ax1.set(
+        title=f"length of sampled completions (T = 1, max 8 tokens; {len(seeds)} runs pooled)",
+        xlabel="completion length (tokens)",
+        ylabel="fraction",
+    )
     ax1.legend(fontsize=8)
     names = list(lens)
-    ax2.bar(range(len(names)), [lens[k].mean() for k in names],
-            yerr=[2 * lens[k].std() / np.sqrt(len(lens[k])) for k in names], capsize=4,
-            color=["C0", "C1", "C2", "C3"])  # the histogram's colours
+    ax2.bar(
+        range(len(names)),
+        [lens[k].mean() for k in names],
+        yerr=[2 * lens[k].std() / np.sqrt(len(lens[k])) for k in names],
+        capsize=4,
+        color=["C0", "C1", "C2", "C3"],
+    )  # the histogram's colours
     ax2.set_xticks(range(len(names)), ["SFT init", "DPO", "SimPO", "R-DPO (alpha 0.5)"])
     ax2.set(title=f"mean completion length (+- 2 s.e.), {STEPS} steps each", ylabel="tokens")
     ctx.figure(fig, "dpo_length_bias")

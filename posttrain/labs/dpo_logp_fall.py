@@ -29,8 +29,10 @@ from posttrain.labs._train import TASK, metrics, pair_logps, quiet, sft_init
 from posttrain.trainers.dpo import DPOConfig, train_dpo
 
 NAME = "dpo-logp-fall"
-CLAIM = ("During DPO the log-probs of the chosen and of the rejected answers often both fall while the margin "
-         "grows (DPO only cares about the margin); RPO's added NLL term on the chosen answer keeps its log-prob up.")
+CLAIM = (
+    "During DPO the log-probs of the chosen and of the rejected answers often both fall while the margin "
+    "grows (DPO only cares about the margin); RPO's added NLL term on the chosen answer keeps its log-prob up."
+)
 FORMULA = "L_DPO = -log sigma(beta [(lp_w - ref_w) - (lp_l - ref_l)]);  L_RPO = L_DPO + lambda * NLL(y_w)"
 NOTES = "notes 10 (DPO): 'logp double descent' (a common bug) and RPO (Pal 2024) as the fix"
 
@@ -45,9 +47,14 @@ def _combined(ctx, name, per_seed: list, sign: int, alpha: float) -> bool:
     zs = [sign * _z(x) for x in per_seed]
     z = sum(zs) / np.sqrt(len(zs))
     zc = z_crit(2 * alpha)
-    return ctx.check(name, [round(float(np.mean(x)), 4) for x in per_seed], "> 0" if sign > 0 else "< 0", z > zc,
-                     f"one-sided Stouffer z = {z:.2f} > {zc:.2f} over {len(zs)} runs (per-run z: "
-                     f"{', '.join(f'{v:.1f}' for v in zs)}; each over its ~{len(per_seed[0])} pairs)")
+    return ctx.check(
+        name,
+        [round(float(np.mean(x)), 4) for x in per_seed],
+        "> 0" if sign > 0 else "< 0",
+        z > zc,
+        f"one-sided Stouffer z = {z:.2f} > {zc:.2f} over {len(zs)} runs (per-run z: "
+        f"{', '.join(f'{v:.1f}' for v in zs)}; each over its ~{len(per_seed[0])} pairs)",
+    )
 
 
 def _measure(ctx, seed: int, sft_steps: int, dpo_steps: int):
@@ -56,13 +63,29 @@ def _measure(ctx, seed: int, sft_steps: int, dpo_steps: int):
         init = sft_init(sft_steps, seed=seed)
         runs = {}
         for loss in ("dpo", "rpo"):
-            cfg = DPOConfig(out=str(tmp / loss), init=init, loss=loss, steps=dpo_steps, batch_size=32, lr=1e-3,
-                            warmup_steps=2, eval_every=0, save_every=0, progress=False, task=TASK, seed=seed,
-                            pairs=PairDataConfig(num_prompts=64, samples_per_prompt=8, gold_chosen=True, seed=seed))
+            cfg = DPOConfig(
+                out=str(tmp / loss),
+                init=init,
+                loss=loss,
+                steps=dpo_steps,
+                batch_size=32,
+                lr=1e-3,
+                warmup_steps=2,
+                eval_every=0,
+                save_every=0,
+                progress=False,
+                task=TASK,
+                seed=seed,
+                pairs=PairDataConfig(num_prompts=64, samples_per_prompt=8, gold_chosen=True, seed=seed),
+            )
             summary, _ = quiet(train_dpo, cfg)
             pairs = load_preference_pairs(tmp / loss / "pairs.jsonl")
-            runs[loss] = {"summary": summary, "rows": metrics(tmp / loss), "pairs": pairs,
-                          "final": pair_logps(tmp / loss / "model", pairs)}
+            runs[loss] = {
+                "summary": summary,
+                "rows": metrics(tmp / loss),
+                "pairs": pairs,
+                "final": pair_logps(tmp / loss / "model", pairs),
+            }
         ref = pair_logps(init, runs["dpo"]["pairs"])
     assert [p.chosen for p in runs["dpo"]["pairs"]] == [p.chosen for p in runs["rpo"]["pairs"]]
     d = {}
@@ -80,19 +103,34 @@ def run(ctx) -> None:
     d = [r[2] for r in res]
     alpha = ALPHA / 4
     _combined(ctx, "DPO: mean change of the margin", [x["dpo"]["margin"] for x in d], +1, alpha)
-    _combined(ctx, "DPO: mean change of log pi(chosen)", [x["dpo"]["chosen"] for x in d], +1 if ctx.falsify else -1, alpha)
+    _combined(
+        ctx, "DPO: mean change of log pi(chosen)", [x["dpo"]["chosen"] for x in d], +1 if ctx.falsify else -1, alpha
+    )
     _combined(ctx, "DPO: mean change of log pi(rejected)", [x["dpo"]["rejected"] for x in d], -1, alpha)
-    _combined(ctx, "RPO minus DPO: change of log pi(chosen)", [x["rpo"]["chosen"] - x["dpo"]["chosen"] for x in d], +1, alpha)
+    _combined(
+        ctx, "RPO minus DPO: change of log pi(chosen)", [x["rpo"]["chosen"] - x["dpo"]["chosen"] for x in d], +1, alpha
+    )
     falls = [bool(_z(x["dpo"]["chosen"]) < -z_crit(2 * alpha)) for x in d]
-    ctx.numbers.update({
-        "sft_steps": sft_steps, "dpo_steps": dpo_steps, "seeds": seeds, "pairs": [len(r[0]["dpo"]["pairs"]) for r in res],
-        "runs_where_chosen_falls_significantly": f"{sum(falls)}/{len(falls)}",
-        "mean_change": [{loss: {k: float(v.mean()) for k, v in dd.items()} for loss, dd in x.items()} for x in d],
-        "reference_mean": [{"chosen": float(r[1][0].mean()), "rejected": float(r[1][1].mean())} for r in res]})
+    ctx.numbers.update(
+        {
+            "sft_steps": sft_steps,
+            "dpo_steps": dpo_steps,
+            "seeds": seeds,
+            "pairs": [len(r[0]["dpo"]["pairs"]) for r in res],
+            "runs_where_chosen_falls_significantly": f"{sum(falls)}/{len(falls)}",
+            "mean_change": [{loss: {k: float(v.mean()) for k, v in dd.items()} for loss, dd in x.items()} for x in d],
+            "reference_mean": [{"chosen": float(r[1][0].mean()), "rejected": float(r[1][1].mean())} for r in res],
+        }
+    )
     for s, x in zip(seeds, d):
-        ctx.say(f"  seed {s}: " + "; ".join(f"{loss} chosen {x[loss]['chosen'].mean():+.3f}, rejected "
-                                           f"{x[loss]['rejected'].mean():+.3f}, margin {x[loss]['margin'].mean():+.3f}"
-                                           for loss in x))
+        ctx.say(
+            f"  seed {s}: "
+            + "; ".join(
+                f"{loss} chosen {x[loss]['chosen'].mean():+.3f}, rejected "
+                f"{x[loss]['rejected'].mean():+.3f}, margin {x[loss]['margin'].mean():+.3f}"
+                for loss in x
+            )
+        )
     runs = res[0][0]
 
     plt = pyplot()
@@ -105,10 +143,13 @@ def run(ctx) -> None:
         ax2 = ax.twinx()
         ax2.plot(steps, [r["rewards/margins"] for r in rows], color="k", ls="--", label="margin (beta * h)")
         ax2.set_ylabel("implicit reward margin")
-        ax.set(title=f"{loss.upper()} (seed {seeds[0]}): {len(runs[loss]['pairs'])} on-policy pairs, 1-digit addition",
-               xlabel="step")
+        ax.set(
+            title=f"{loss.upper()} (seed {seeds[0]}): {len(runs[loss]['pairs'])} on-policy pairs, 1-digit addition",
+            xlabel="step",
+        )
         lines = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
-        ax.legend(lines, [h.get_label() for h in lines], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14),
-                  ncol=3)
+        ax.legend(
+            lines, [h.get_label() for h in lines], fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3
+        )
     axes[0].set_ylabel("sequence log-prob")
     ctx.figure(fig, "dpo_logp_fall")

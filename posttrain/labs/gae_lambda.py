@@ -25,9 +25,11 @@ from posttrain.labs._common import ALPHA, pyplot, z_crit
 from posttrain.losses.advantages import gae_advantages
 
 NAME = "gae-lambda"
-CLAIM = ("GAE with lambda = 0 is the one-step TD residual (low variance, biased by the critic) and with lambda = 1 "
-         "the Monte Carlo return minus V (unbiased, high variance); lambda in between trades bias for variance; "
-         "a sparse final reward reaches token t discounted by (gamma lambda)^(L-1-t).")
+CLAIM = (
+    "GAE with lambda = 0 is the one-step TD residual (low variance, biased by the critic) and with lambda = 1 "
+    "the Monte Carlo return minus V (unbiased, high variance); lambda in between trades bias for variance; "
+    "a sparse final reward reaches token t discounted by (gamma lambda)^(L-1-t)."
+)
 FORMULA = "A_t = delta_t + gamma*lambda*A_{t+1},  delta_t = r_t + gamma V(s_{t+1}) - V(s_t),  R_t = A_t + V(s_t)"
 NOTES = "notes 7 (GAE): the two extremes lambda = 0 / lambda = 1 and the bias-variance trade-off"
 
@@ -91,27 +93,54 @@ def run(ctx) -> None:
         a, _ = gae_advantages(sparse, torch.zeros_like(sparse), m, gamma=gamma, lam=lam)
         want = (gamma * lam) ** (L[:, None] - 1 - tt[None, :]).clamp(min=0).double() * m
         worst = max(worst, (a - want).abs().max().item())
-    ctx.check("sparse EOS reward: A_t = (gamma lambda)^(L-1-t)", worst, "<= 1e-10", worst <= 1e-10,
-              "3 (gamma, lambda) pairs, ragged lengths 3/6/10")
+    ctx.check(
+        "sparse EOS reward: A_t = (gamma lambda)^(L-1-t)",
+        worst,
+        "<= 1e-10",
+        worst <= 1e-10,
+        "3 (gamma, lambda) pairs, ragged lengths 3/6/10",
+    )
     alpha = ALPHA / (T + 3)
     z = z_crit(alpha)
     zs1 = np.abs(err[1.0].mean(0)) / (err[1.0].std(0, ddof=1) / np.sqrt(B))
-    ctx.check("lambda=1 returns unbiased for Q_t", float(np.abs(err[1.0].mean(0)).max()), 0.0, bool((zs1 <= z).all()),
-              f"max |z| over {T} tokens = {zs1.max():.2f} <= {z:.2f} (level {alpha:.2g} each)")
+    ctx.check(
+        "lambda=1 returns unbiased for Q_t",
+        float(np.abs(err[1.0].mean(0)).max()),
+        0.0,
+        bool((zs1 <= z).all()),
+        f"max |z| over {T} tokens = {zs1.max():.2f} <= {z:.2f} (level {alpha:.2g} each)",
+    )
     b0 = err[0.0].mean()
     per_ep0, per_ep1 = err[0.0].mean(1), err[1.0].mean(1)  # one number per episode (independent)
     z0 = abs(per_ep0.mean()) / (per_ep0.std(ddof=1) / np.sqrt(B))
-    ctx.check("lambda=0 returns biased (critic V = V* + 1)", float(b0), "!= 0, |bias| > lambda=1's",
-              bool(z0 > z and abs(per_ep0.mean()) > abs(per_ep1.mean())), f"z = {z0:.1f} > {z:.2f}")
+    ctx.check(
+        "lambda=0 returns biased (critic V = V* + 1)",
+        float(b0),
+        "!= 0, |bias| > lambda=1's",
+        bool(z0 > z and abs(per_ep0.mean()) > abs(per_ep1.mean())),
+        f"z = {z0:.1f} > {z:.2f}",
+    )
     v = {lam: float(e.var(0, ddof=1).mean()) for lam, e in err.items()}
     idx = np.random.default_rng(ctx.seed).integers(0, B, size=(400, B))
     ratios = np.array([err[1.0][i].var(0).mean() / err[0.0][i].var(0).mean() for i in idx])
     low = float(np.quantile(ratios, 1e-3))
-    ctx.check("variance(lambda=1) > variance(lambda=0)", round(v[1.0] / v[0.0], 4), "> 1", low > 1,
-              f"paired bootstrap (400 resamples), lower 99.9 % bound of the ratio = {low:.3f}")
+    ctx.check(
+        "variance(lambda=1) > variance(lambda=0)",
+        round(v[1.0] / v[0.0], 4),
+        "> 1",
+        low > 1,
+        f"paired bootstrap (400 resamples), lower 99.9 % bound of the ratio = {low:.3f}",
+    )
     bias = {lam: float(e.mean()) for lam, e in err.items()}
-    ctx.numbers.update({"episodes": B, "gamma": GAMMA, "bias": bias, "variance": v, "mse": {
-        lam: bias[lam] ** 2 + v[lam] for lam in LAMBDAS}})
+    ctx.numbers.update(
+        {
+            "episodes": B,
+            "gamma": GAMMA,
+            "bias": bias,
+            "variance": v,
+            "mse": {lam: bias[lam] ** 2 + v[lam] for lam in LAMBDAS},
+        }
+    )
     ctx.say("  lambda  bias of R_t   variance   (vs true Q_t; critic V* + 1)")
     for lam in LAMBDAS:
         ctx.say(f"  {lam:<6}  {bias[lam]:+.4f}      {v[lam]:.4f}")
@@ -121,14 +150,18 @@ def run(ctx) -> None:
     lams = np.array(LAMBDAS)
     ax1.plot(lams, [abs(bias[x]) for x in LAMBDAS], "o-", label="|bias| of R_t (mean over tokens)")
     ax1.plot(lams, [v[x] for x in LAMBDAS], "s-", label="variance of R_t - Q_t")
-    ax1.set(title=f"GAE returns vs true Q on a Markov chain (critic V* + 1, gamma={GAMMA})", xlabel="lambda",
-            ylabel="value")
+    ax1.set(
+        title=f"GAE returns vs true Q on a Markov chain (critic V* + 1, gamma={GAMMA})", xlabel="lambda", ylabel="value"
+    )
     ax1.title.set_fontsize(10)
     ax1.legend()
     Lx = 10
     for gamma, lam in ((1.0, 1.0), (1.0, 0.95), (0.9, 1.0), (0.9, 0.95), (0.9, 0.5)):
         ax2.plot(range(Lx), (gamma * lam) ** (Lx - 1 - np.arange(Lx)), "o-", ms=3, label=f"gamma={gamma}, lambda={lam}")
-    ax2.set(title="sparse reward 1 on the last token (V = 0): advantage per token", xlabel="token t",
-            ylabel="A_t = (gamma lambda)^(L-1-t)")
+    ax2.set(
+        title="sparse reward 1 on the last token (V = 0): advantage per token",
+        xlabel="token t",
+        ylabel="A_t = (gamma lambda)^(L-1-t)",
+    )
     ax2.legend(fontsize=8)
     ctx.figure(fig, "gae_lambda")

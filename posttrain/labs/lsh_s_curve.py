@@ -21,9 +21,11 @@ from posttrain.data.dedup.minhash import oph_signatures
 from posttrain.labs._common import ALPHA, binom_two_sided_p, pyplot
 
 NAME = "lsh-s-curve"
-CLAIM = ("LSH with b bands of r rows makes a pair of Jaccard J a candidate with probability 1 - (1 - J^r)^b "
-         "(notes' table: (20,5): 0.47 at J=0.5; (50,4): 0.95; (25,10): 0.82 at J=0.8), with the threshold "
-         "near (1/b)^(1/r).")
+CLAIM = (
+    "LSH with b bands of r rows makes a pair of Jaccard J a candidate with probability 1 - (1 - J^r)^b "
+    "(notes' table: (20,5): 0.47 at J=0.5; (50,4): 0.95; (25,10): 0.82 at J=0.8), with the threshold "
+    "near (1/b)^(1/r)."
+)
 FORMULA = "P(candidate) = 1 - (1 - J^r)^b;  tau = (1/b)^(1/r), P(tau) = 1 - (1 - 1/b)^b"
 NOTES = "notes 1 (MinHash + LSH), 'LSH banding': S-curve table and the empirical threshold tau ~ (1/b)^(1/r)"
 
@@ -39,7 +41,7 @@ def _pairs(rng, j: float, n: int):
     hs = []
     u = rng.choice(np.iinfo(np.int64).max, size=(n, union), replace=True).astype(np.uint64)  # collisions ~ 1e-13
     for row in u:
-        hs += [row[:inter + only], np.concatenate([row[:inter], row[inter + only:]])]
+        hs += [row[: inter + only], np.concatenate([row[:inter], row[inter + only :]])]
     return hs, inter / union
 
 
@@ -48,8 +50,10 @@ def run(ctx) -> None:
     n = 100 if ctx.quick else 400
     auto = plan_bands(0.8, 128, fn_weight=0.99)
     plans = [(20, 5), (50, 4), (25, 10), (auto.bands, auto.rows)]
-    grid = sorted(set(np.round(np.arange(0.1, 0.96, 0.1 if ctx.quick else 0.05), 3)) |
-                  {round((1 / b) ** (1 / r), 3) for b, r in plans})
+    grid = sorted(
+        set(np.round(np.arange(0.1, 0.96, 0.1 if ctx.quick else 0.05), 3))
+        | {round((1 / b) ** (1 / r), 3) for b, r in plans}
+    )
     hashes, js = [], []
     for j in grid:
         h, jj = _pairs(rng, j, n)
@@ -77,13 +81,22 @@ def run(ctx) -> None:
         tau = (1 / b) ** (1 / r)
         j50 = (1 - 0.5 ** (1 / b)) ** (1 / r)
         curves[(b, r)] = rates
-        ctx.check(f"({b},{r}) candidate rate = S-curve at {len(js)} J values", round(worst, 6), f">= {alpha:.2g}",
-                  worst >= alpha, f"smallest exact binomial p-value over the J grid, n={n} pairs per J, "
-                  f"Bonferroni level {ALPHA:g}")
-        ctx.numbers[f"({b},{r})"] = {"tau": tau, "J_at_P_half": j50, "P_at_tau": 1 - (1 - 1 / b) ** b,
-                                     "rates": dict(zip([f"{j:.3f}" for j in js], rates))}
-        ctx.say(f"  ({b},{r}): tau = (1/b)^(1/r) = {tau:.3f}; P(tau) = {1 - (1 - 1 / b) ** b:.3f}; "
-                f"P = 0.5 at J = {j50:.3f}")
+        ctx.check(
+            f"({b},{r}) candidate rate = S-curve at {len(js)} J values",
+            round(worst, 6),
+            f">= {alpha:.2g}",
+            worst >= alpha,
+            f"smallest exact binomial p-value over the J grid, n={n} pairs per J, Bonferroni level {ALPHA:g}",
+        )
+        ctx.numbers[f"({b},{r})"] = {
+            "tau": tau,
+            "J_at_P_half": j50,
+            "P_at_tau": 1 - (1 - 1 / b) ** b,
+            "rates": dict(zip([f"{j:.3f}" for j in js], rates)),
+        }
+        ctx.say(
+            f"  ({b},{r}): tau = (1/b)^(1/r) = {tau:.3f}; P(tau) = {1 - (1 - 1 / b) ** b:.3f}; P = 0.5 at J = {j50:.3f}"
+        )
     ctx.numbers.update({"pairs_per_J": n, "num_perm": K, "scheme": "oph", "auto_plan": [auto.bands, auto.rows]})
 
     plt = pyplot()
@@ -94,8 +107,11 @@ def run(ctx) -> None:
         ax.plot(jj, s_curve(jj, b, r), color=color, lw=1.5, label=label)
         ax.plot(js, curves[(b, r)], "o", color=color, ms=3.5)
         ax.axvline((1 / b) ** (1 / r), color=color, ls=":", lw=1)
-    ax.set(title=f"LSH S-curves: formula (lines), measured candidate rate (dots, {n} pairs each); "
-                 "dotted: (1/b)^(1/r)", xlabel="Jaccard J of the pair", ylabel="P(candidate pair)")
+    ax.set(
+        title=f"LSH S-curves: formula (lines), measured candidate rate (dots, {n} pairs each); dotted: (1/b)^(1/r)",
+        xlabel="Jaccard J of the pair",
+        ylabel="P(candidate pair)",
+    )
     ax.title.set_fontsize(9)
     ax.legend(loc="lower right")
     ctx.figure(fig, "lsh_s_curve")

@@ -21,8 +21,10 @@ from posttrain.data.dedup.minhash import estimate_jaccard, oph_signatures, perm_
 from posttrain.labs._common import ALPHA, memo, pyplot, variance_interval
 
 NAME = "minhash-variance"
-CLAIM = ("MinHash's estimate of Jaccard is unbiased, E[J_hat] = J, with variance J(1-J)/K: at J = 0.5 the s.d. is "
-         "6.3 %, 4.4 %, 3.1 %, 1.6 % for K = 64, 128, 256, 1024.")
+CLAIM = (
+    "MinHash's estimate of Jaccard is unbiased, E[J_hat] = J, with variance J(1-J)/K: at J = 0.5 the s.d. is "
+    "6.3 %, 4.4 %, 3.1 %, 1.6 % for K = 64, 128, 256, 1024."
+)
 FORMULA = "J_hat = X/K, X ~ Binomial(K, J): E = J, Var = J(1-J)/K"
 NOTES = "notes 1 (MinHash + LSH), 'estimation precision': E[J_hat] = J (unbiased), Var[J_hat] = J(1-J)/K"
 
@@ -35,8 +37,8 @@ SET_SIZE = 300  # shingles per document
 def _pair(rng, inter: int = 200, only: int = 100):
     """Shingle hashes of A and B with |A & B| = inter, |A - B| = |B - A| = only: J = inter / (inter + 2 only)."""
     u = rng.choice(np.iinfo(np.int64).max, size=inter + 2 * only, replace=False).astype(np.uint64)
-    a = np.concatenate([u[:inter], u[inter:inter + only]])
-    b = np.concatenate([u[:inter], u[inter + only:]])
+    a = np.concatenate([u[:inter], u[inter : inter + only]])
+    b = np.concatenate([u[:inter], u[inter + only :]])
     return np.concatenate([a, b]), np.array([0, len(a), len(a) + len(b)])
 
 
@@ -48,6 +50,7 @@ def run(ctx) -> None:
     tests = 2 * len(KS) + sum(K <= SET_SIZE // 2 for K in KS)
     alpha = ALPHA / tests
     rows = {}
+
     def estimates(K):
         est = {}
         for scheme, fn in (("perm", perm_signatures), ("oph", oph_signatures)):
@@ -62,23 +65,36 @@ def run(ctx) -> None:
         est = memo(ctx, f"K={K}", lambda: estimates(K))
         var_formula = J * (1 - J) / K / (4 if ctx.falsify else 1)
         x = est["perm"]
-        rows[K] = {"mean_perm": x.mean(), "sd_perm": x.std(ddof=1), "sd_formula": np.sqrt(var_formula),
-                   "mean_oph": est["oph"].mean(), "sd_oph": est["oph"].std(ddof=1)}
+        rows[K] = {
+            "mean_perm": x.mean(),
+            "sd_perm": x.std(ddof=1),
+            "sd_formula": np.sqrt(var_formula),
+            "mean_oph": est["oph"].mean(),
+            "sd_oph": est["oph"].std(ddof=1),
+        }
         ctx.mean_check(f"K={K} perm mean", x, J, alpha)
         ctx.variance_check(f"K={K} perm variance", x, var_formula, alpha)
         lo, hi = variance_interval(seeds, 2 * alpha)  # one-sided upper bound at level alpha
         ratio = est["oph"].var(ddof=1) / var_formula
         rows[K]["oph_var_ratio"] = ratio
         if K <= SET_SIZE // 2:  # bins mostly filled; for K ~ |A| densification copies bins (see the docstring)
-                ctx.check(f"K={K} oph variance <= J(1-J)/K", float(est["oph"].var(ddof=1)), float(var_formula),
-                      ratio <= hi, f"s^2/sigma^2 = {ratio:.3f} <= {hi:.3f} (one-sided chi-square, n={seeds}, "
-                      f"level {alpha:.2g}; only K <= |A|/2)")
+            ctx.check(
+                f"K={K} oph variance <= J(1-J)/K",
+                float(est["oph"].var(ddof=1)),
+                float(var_formula),
+                ratio <= hi,
+                f"s^2/sigma^2 = {ratio:.3f} <= {hi:.3f} (one-sided chi-square, n={seeds}, "
+                f"level {alpha:.2g}; only K <= |A|/2)",
+            )
         rows[K]["_vals"] = est
-    ctx.numbers.update({"J": J, "seeds": seeds, "per_K": {K: {k: v for k, v in r.items() if k != "_vals"}
-                                                          for K, r in rows.items()}})
+    ctx.numbers.update(
+        {"J": J, "seeds": seeds, "per_K": {K: {k: v for k, v in r.items() if k != "_vals"} for K, r in rows.items()}}
+    )
     ctx.say("  K     mean(perm)  sd(perm)  sd formula  sd(oph)")
     for K, r in rows.items():
-        ctx.say(f"  {K:<5} {r['mean_perm']:.4f}      {r['sd_perm']:.4f}    {r['sd_formula']:.4f}      {r['sd_oph']:.4f}")
+        ctx.say(
+            f"  {K:<5} {r['mean_perm']:.4f}      {r['sd_perm']:.4f}    {r['sd_formula']:.4f}      {r['sd_oph']:.4f}"
+        )
 
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))

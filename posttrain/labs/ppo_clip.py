@@ -26,9 +26,11 @@ from posttrain.labs._common import ALPHA, binom_two_sided_p, pyplot
 from posttrain.losses.policy import clipped_objective, policy_loss
 
 NAME = "ppo-clip"
-CLAIM = ("PPO's clipped surrogate -min(r A, clip(r, 1-eps, 1+eps) A): for A > 0 the gradient vanishes once r > 1+eps "
-         "(but not for r < 1-eps), for A < 0 once r < 1-eps (but not for r > 1+eps); over several epochs on one batch "
-         "the clip keeps the ratio near 1, without it the ratio drifts.")
+CLAIM = (
+    "PPO's clipped surrogate -min(r A, clip(r, 1-eps, 1+eps) A): for A > 0 the gradient vanishes once r > 1+eps "
+    "(but not for r < 1-eps), for A < 0 once r < 1-eps (but not for r > 1+eps); over several epochs on one batch "
+    "the clip keeps the ratio near 1, without it the ratio drifts."
+)
 FORMULA = "L = -min(r A, clip(r, 1-eps, 1+eps) A);  dL/dr = -A if the unclipped term is the min, else 0"
 NOTES = "notes 8 (PPO): clip visualisation (A > 0 caps the rise, A < 0 does not spare bad actions), multi-epoch reuse"
 
@@ -55,8 +57,9 @@ def _drift(seed: int, clip: bool, epochs: int = 12):
     hist = []
     for _ in range(epochs):
         lp = torch.log_softmax(p, 0)[a][:, None]  # (64, 1): one token per sequence
-        loss, _ = policy_loss(lp, old[a][:, None], adv, torch.ones_like(lp), clip_eps_low=EPS if clip else None,
-                              agg="token_mean")
+        loss, _ = policy_loss(
+            lp, old[a][:, None], adv, torch.ones_like(lp), clip_eps_low=EPS if clip else None, agg="token_mean"
+        )
         (grad,) = torch.autograd.grad(loss, p)
         with torch.no_grad():
             p -= LR * grad  # plain gradient descent (torch.optim's first call costs seconds of imports)
@@ -75,8 +78,13 @@ def run(ctx) -> None:
         got, want = grad.numpy(), _expected_grad(r, A, ctx.falsify)
         curves[A] = (loss.detach().numpy()[0], got)
         bad = int((np.abs(got - want) > 1e-12)[keep].sum())
-        ctx.check(f"A={A:+g}: dL/dr over r in [0.5, 1.5]", f"{bad} mismatches", "0 mismatches", bad == 0,
-                  f"exact, {int(keep.sum())} ratios (kinks at 1 +- eps left out)")
+        ctx.check(
+            f"A={A:+g}: dL/dr over r in [0.5, 1.5]",
+            f"{bad} mismatches",
+            "0 mismatches",
+            bad == 0,
+            f"exact, {int(keep.sum())} ratios (kinks at 1 +- eps left out)",
+        )
     old = torch.zeros(4, 1, dtype=torch.float64)
     lp = torch.log(torch.tensor([[0.7], [1.1], [1.3], [1.3]], dtype=torch.float64)).requires_grad_(True)
     adv = torch.tensor([1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
@@ -85,21 +93,40 @@ def run(ctx) -> None:
     rr = lp.detach().exp()[:, 0]
     want = torch.tensor([-(rr[0] * 1), -(rr[1] * 1), 0.0, rr[3]]) / 4
     err = (glp[:, 0] - want).abs().max().item()
-    ctx.check("policy_loss: d loss / d logp = -r A / n where unclipped, 0 where clipped", glp[:, 0].numpy().round(4),
-              want.numpy().round(4), err <= 1e-12, "exact; r = 0.7 (A>0), 1.1 (A>0), 1.3 (A>0: clipped), 1.3 (A<0)")
+    ctx.check(
+        "policy_loss: d loss / d logp = -r A / n where unclipped, 0 where clipped",
+        glp[:, 0].numpy().round(4),
+        want.numpy().round(4),
+        err <= 1e-12,
+        "exact; r = 0.7 (A>0), 1.1 (A>0), 1.3 (A>0: clipped), 1.3 (A<0)",
+    )
 
     seeds = 12 if ctx.quick else 40
     runs = {clip: [_drift(ctx.seed * 1000 + s, clip) for s in range(seeds)] for clip in (True, False)}
     final = {clip: np.array([h[-1] for h in hs]) for clip, hs in runs.items()}
     wins = int((final[True] < final[False]).sum())
     pv = binom_two_sided_p(wins, seeds, 0.5)
-    ctx.check("final max |r - 1|: clip < no clip", f"{wins}/{seeds} seeds", "significantly more than half",
-              wins > seeds / 2 and pv < ALPHA, f"sign test p = {pv:.2g} < {ALPHA:g}")
-    ctx.numbers.update({"eps": EPS, "drift_seeds": seeds, "final_max_abs_ratio_minus_1": {
-        "clip": {"median": float(np.median(final[True])), "max": float(final[True].max())},
-        "no_clip": {"median": float(np.median(final[False])), "max": float(final[False].max())}}})
-    ctx.say(f"  final max |r - 1| after 12 epochs: clip median {np.median(final[True]):.3f}, "
-            f"no clip median {np.median(final[False]):.3f}")
+    ctx.check(
+        "final max |r - 1|: clip < no clip",
+        f"{wins}/{seeds} seeds",
+        "significantly more than half",
+        wins > seeds / 2 and pv < ALPHA,
+        f"sign test p = {pv:.2g} < {ALPHA:g}",
+    )
+    ctx.numbers.update(
+        {
+            "eps": EPS,
+            "drift_seeds": seeds,
+            "final_max_abs_ratio_minus_1": {
+                "clip": {"median": float(np.median(final[True])), "max": float(final[True].max())},
+                "no_clip": {"median": float(np.median(final[False])), "max": float(final[False].max())},
+            },
+        }
+    )
+    ctx.say(
+        f"  final max |r - 1| after 12 epochs: clip median {np.median(final[True]):.3f}, "
+        f"no clip median {np.median(final[False]):.3f}"
+    )
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
@@ -117,10 +144,19 @@ def run(ctx) -> None:
     axes[1].set(title="gradient of the loss L = -objective", ylabel="dL/dr")
     for clip, color in ((True, "C0"), (False, "C1")):
         h = np.array(runs[clip])
-        axes[2].plot(range(1, h.shape[1] + 1), np.median(h, 0), color=color, label=f"{'clip 0.2' if clip else 'no clip'} (median)")
+        axes[2].plot(
+            range(1, h.shape[1] + 1),
+            np.median(h, 0),
+            color=color,
+            label=f"{'clip 0.2' if clip else 'no clip'} (median)",
+        )
         axes[2].fill_between(range(1, h.shape[1] + 1), h.min(0), h.max(0), color=color, alpha=0.2)
     axes[2].axhline(EPS, color="gray", ls="--", lw=0.8)
-    axes[2].set(yscale="log", title=f"ratio drift, one batch ({seeds} seeds; band: min-max)", xlabel="epoch",
-                ylabel="max |r - 1| over the batch")
+    axes[2].set(
+        yscale="log",
+        title=f"ratio drift, one batch ({seeds} seeds; band: min-max)",
+        xlabel="epoch",
+        ylabel="max |r - 1| over the batch",
+    )
     axes[2].legend()
     ctx.figure(fig, "ppo_clip")

@@ -30,9 +30,11 @@ from posttrain.labs._train import TASK, metrics, quiet, register_lab_rewards, sf
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
 
 NAME = "reward-hacking"
-CLAIM = ("A reward model is an imperfect proxy: without a KL penalty the policy games it (here: long answers), so the "
-         "reward rises while the verifier's accuracy falls and the KL to the reference grows; the KL penalty "
-         "(beta > 0) keeps the policy near the reference and the hack away.")
+CLAIM = (
+    "A reward model is an imperfect proxy: without a KL penalty the policy games it (here: long answers), so the "
+    "reward rises while the verifier's accuracy falls and the KL to the reference grows; the KL penalty "
+    "(beta > 0) keeps the policy near the reference and the hack away."
+)
 FORMULA = "r' = r - beta * KL(pi || pi_ref) per sequence (kl_in = reward);  flawed r = exact_match + 0.3 * len(y)"
 NOTES = "notes 5 (reward model: reward hacking, length cheating) and 8 (PPO: the KL term prevents reward hacking)"
 
@@ -55,10 +57,28 @@ def run(ctx) -> None:
             for beta in BETAS:
                 _train.RECORDED.clear()
                 out = Path(tmp) / f"b{beta}"
-                quiet(train_policy_gradient, PolicyGradientConfig(
-                    init=init, out=str(out), steps=STEPS, prompts_per_step=8, num_generations=8, max_new_tokens=6,
-                    lr=3e-3, warmup_steps=0, eval_every=0, save_every=0, progress=False, task=TASK, seed=ctx.seed,
-                    reward="lab_long_answer", beta=beta, kl_in="reward", dynamic_sampling=False))
+                quiet(
+                    train_policy_gradient,
+                    PolicyGradientConfig(
+                        init=init,
+                        out=str(out),
+                        steps=STEPS,
+                        prompts_per_step=8,
+                        num_generations=8,
+                        max_new_tokens=6,
+                        lr=3e-3,
+                        warmup_steps=0,
+                        eval_every=0,
+                        save_every=0,
+                        progress=False,
+                        task=TASK,
+                        seed=ctx.seed,
+                        reward="lab_long_answer",
+                        beta=beta,
+                        kl_in="reward",
+                        dynamic_sampling=False,
+                    ),
+                )
                 steps = [[(0.3 * len(c.strip()) + e, e, len(c.strip())) for c, e in batch] for batch in _train.RECORDED]
                 rows = [r for r in metrics(out) if "kl" in r]
                 res[beta] = {"samples": np.array(steps), "kl": np.array([r["kl"] for r in rows])}  # (steps, N, 3)
@@ -73,26 +93,60 @@ def run(ctx) -> None:
         return r["samples"][sl, :, k].reshape(-1)
 
     z = _z(part(free, slice(-10, None), 0), part(free, slice(0, 5), 0))
-    ctx.check("beta ~ 0: flawed reward rises", [round(part(free, slice(0, 5), 0).mean(), 3), round(part(free, slice(-10, None), 0).mean(), 3)],
-              "last 10 steps > first 5", z > zc, f"one-sided z = {z:.2f} > {zc:.2f} over samples")
+    ctx.check(
+        "beta ~ 0: flawed reward rises",
+        [round(part(free, slice(0, 5), 0).mean(), 3), round(part(free, slice(-10, None), 0).mean(), 3)],
+        "last 10 steps > first 5",
+        z > zc,
+        f"one-sided z = {z:.2f} > {zc:.2f} over samples",
+    )
     z = _z(part(free, slice(0, 5), 1), part(free, slice(-10, None), 1))
-    ctx.check("beta ~ 0: verifier accuracy falls", [round(part(free, slice(0, 5), 1).mean(), 3), round(part(free, slice(-10, None), 1).mean(), 3)],
-              "last 10 steps < first 5", z > zc, f"one-sided z = {z:.2f} > {zc:.2f} over samples")
+    ctx.check(
+        "beta ~ 0: verifier accuracy falls",
+        [round(part(free, slice(0, 5), 1).mean(), 3), round(part(free, slice(-10, None), 1).mean(), 3)],
+        "last 10 steps < first 5",
+        z > zc,
+        f"one-sided z = {z:.2f} > {zc:.2f} over samples",
+    )
     sign = -1 if ctx.falsify else 1
     z = sign * _z(free["kl"][-10:], held["kl"][-10:])
-    ctx.check("KL(pi || ref), last 10 steps: beta ~ 0 > beta 0.5", [round(free["kl"][-10:].mean(), 4), round(held["kl"][-10:].mean(), 4)],
-              "beta~0 < beta 0.5" if ctx.falsify else "beta~0 > beta 0.5", z > zc, f"one-sided Welch z = {z:.2f} > {zc:.2f} over steps")
+    ctx.check(
+        "KL(pi || ref), last 10 steps: beta ~ 0 > beta 0.5",
+        [round(free["kl"][-10:].mean(), 4), round(held["kl"][-10:].mean(), 4)],
+        "beta~0 < beta 0.5" if ctx.falsify else "beta~0 > beta 0.5",
+        z > zc,
+        f"one-sided Welch z = {z:.2f} > {zc:.2f} over steps",
+    )
     z = _z(part(held, slice(-10, None), 1), part(free, slice(-10, None), 1))
-    ctx.check("beta 0.5 keeps a higher verifier accuracy", [round(part(held, slice(-10, None), 1).mean(), 3), round(part(free, slice(-10, None), 1).mean(), 3)],
-              "beta 0.5 > beta~0 (last 10 steps)", z > zc, f"one-sided z = {z:.2f} > {zc:.2f} over samples")
-    ctx.numbers.update({"steps": STEPS, "betas": list(BETAS), "per_beta": {str(b): {
-        "reward_first5": float(part(r, slice(0, 5), 0).mean()), "reward_last10": float(part(r, slice(-10, None), 0).mean()),
-        "accuracy_first5": float(part(r, slice(0, 5), 1).mean()), "accuracy_last10": float(part(r, slice(-10, None), 1).mean()),
-        "length_last10": float(part(r, slice(-10, None), 2).mean()), "kl_last10": float(r["kl"][-10:].mean())}
-        for b, r in res.items()}})
+    ctx.check(
+        "beta 0.5 keeps a higher verifier accuracy",
+        [round(part(held, slice(-10, None), 1).mean(), 3), round(part(free, slice(-10, None), 1).mean(), 3)],
+        "beta 0.5 > beta~0 (last 10 steps)",
+        z > zc,
+        f"one-sided z = {z:.2f} > {zc:.2f} over samples",
+    )
+    ctx.numbers.update(
+        {
+            "steps": STEPS,
+            "betas": list(BETAS),
+            "per_beta": {
+                str(b): {
+                    "reward_first5": float(part(r, slice(0, 5), 0).mean()),
+                    "reward_last10": float(part(r, slice(-10, None), 0).mean()),
+                    "accuracy_first5": float(part(r, slice(0, 5), 1).mean()),
+                    "accuracy_last10": float(part(r, slice(-10, None), 1).mean()),
+                    "length_last10": float(part(r, slice(-10, None), 2).mean()),
+                    "kl_last10": float(r["kl"][-10:].mean()),
+                }
+                for b, r in res.items()
+            },
+        }
+    )
     for b, v in ctx.numbers["per_beta"].items():
-        ctx.say(f"  beta {b}: reward {v['reward_first5']:.2f} -> {v['reward_last10']:.2f}, accuracy {v['accuracy_first5']:.2f} -> "
-                f"{v['accuracy_last10']:.2f}, length {v['length_last10']:.1f}, KL {v['kl_last10']:.3f}")
+        ctx.say(
+            f"  beta {b}: reward {v['reward_first5']:.2f} -> {v['reward_last10']:.2f}, accuracy {v['accuracy_first5']:.2f} -> "
+            f"{v['accuracy_last10']:.2f}, length {v['length_last10']:.1f}, KL {v['kl_last10']:.3f}"
+        )
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))

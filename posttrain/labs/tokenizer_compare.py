@@ -25,9 +25,11 @@ from posttrain.labs._common import memo, pyplot
 from posttrain.tokenizers import TRAINERS, BPETrainer, sample_encode
 
 NAME = "tokenizer-compare"
-CLAIM = ("Byte-level BPE never has an out-of-vocabulary token; WordPiece outputs [UNK] for a word it cannot "
-         "spell from its vocabulary (BPE falls back to characters, WordPiece does not, so it is more brittle); "
-         "Unigram's encoding is deterministic by default and samples segmentations under subword regularisation.")
+CLAIM = (
+    "Byte-level BPE never has an out-of-vocabulary token; WordPiece outputs [UNK] for a word it cannot "
+    "spell from its vocabulary (BPE falls back to characters, WordPiece does not, so it is more brittle); "
+    "Unigram's encoding is deterministic by default and samples segmentations under subword regularisation."
+)
 FORMULA = "BPE: argmax count(a,b); WordPiece: argmax count(ab)/(count(a) count(b)); Unigram: argmax_seg prod p(piece)"
 NOTES = "notes 2 (Tokenizers), comparison table (OOV handling) and Q&A (why byte-level; is encoding deterministic)"
 
@@ -53,34 +55,60 @@ def run(ctx) -> None:
     vocab = 400 if ctx.quick else 1500
     train_chars = set("".join(train))
     assert not set(OOV_WORD[0]) & train_chars, "the OOV text must hold unseen characters"
-    toks = dict(memo(ctx, "tokenizers", lambda: {
-        **{name: cls(vocab_size=vocab).train(train) for name, cls in TRAINERS.items()},
-        "bpe+byte_fallback": BPETrainer(vocab_size=vocab + 256, byte_fallback=True).train(train)}))
+    toks = dict(
+        memo(
+            ctx,
+            "tokenizers",
+            lambda: {
+                **{name: cls(vocab_size=vocab).train(train) for name, cls in TRAINERS.items()},
+                "bpe+byte_fallback": BPETrainer(vocab_size=vocab + 256, byte_fallback=True).train(train),
+            },
+        )
+    )
     if ctx.falsify:
         toks["byte-bpe"] = toks["bpe"]
     words = " ".join(test).split()
     per_word = {n: sum(len(t.encode(d)) for d in test) / len(words) for n, t in toks.items()}
-    ctx.numbers.update({"vocab_size": vocab, "train_chars": sum(map(len, train)), "heldout_words": len(words),
-                        "tokens_per_word": per_word})
+    ctx.numbers.update(
+        {
+            "vocab_size": vocab,
+            "train_chars": sum(map(len, train)),
+            "heldout_words": len(words),
+            "tokens_per_word": per_word,
+        }
+    )
     ctx.say("  tokens per held-out word: " + ", ".join(f"{n} {v:.2f}" for n, v in per_word.items()))
     rows = {}
     for n, t in toks.items():
         pieces = t.tokenize(OOV_TEXT)
         back = t.decode(t.encode(OOV_TEXT))
         n_unk = sum(p in ("<unk>", "[UNK]") for p in pieces)
-        rows[n] = {"tokens": pieces, "decoded": back, "unknown_tokens": n_unk,
-                   "chars_kept": sum(c in back for c in OOV_TEXT if not c.isspace())}
+        rows[n] = {
+            "tokens": pieces,
+            "decoded": back,
+            "unknown_tokens": n_unk,
+            "chars_kept": sum(c in back for c in OOV_TEXT if not c.isspace()),
+        }
         ctx.say(f"  {n:>17}: {len(pieces):2d} tokens, {n_unk} unknown, decode -> {back!r}")
     ctx.numbers["oov"] = rows
     for n in ("byte-bpe", "bpe+byte_fallback"):
-        ctx.check(f"{n}: decode(encode(x)) == x, no unknown token", [rows[n]["decoded"], rows[n]["unknown_tokens"]],
-                  [OOV_TEXT, 0], rows[n]["decoded"] == OOV_TEXT and rows[n]["unknown_tokens"] == 0, "exact")
+        ctx.check(
+            f"{n}: decode(encode(x)) == x, no unknown token",
+            [rows[n]["decoded"], rows[n]["unknown_tokens"]],
+            [OOV_TEXT, 0],
+            rows[n]["decoded"] == OOV_TEXT and rows[n]["unknown_tokens"] == 0,
+            "exact",
+        )
     wp = toks["wordpiece"].tokenize(OOV_WORD)
     bpe_word = toks["bpe"].tokenize(OOV_WORD)
     ctx.check(f"wordpiece: {OOV_WORD!r} -> a single [UNK]", wp, ["[UNK]"], wp == ["[UNK]"], "exact")
-    ctx.check("bpe keeps more known characters than wordpiece", [rows["bpe"]["chars_kept"], rows["wordpiece"]["chars_kept"]],
-              "bpe > wordpiece", rows["bpe"]["chars_kept"] > rows["wordpiece"]["chars_kept"] and len(bpe_word) > 1,
-              f"exact (characters of the OOV text present in the decode; bpe: {OOV_WORD!r} -> {' '.join(bpe_word)})")
+    ctx.check(
+        "bpe keeps more known characters than wordpiece",
+        [rows["bpe"]["chars_kept"], rows["wordpiece"]["chars_kept"]],
+        "bpe > wordpiece",
+        rows["bpe"]["chars_kept"] > rows["wordpiece"]["chars_kept"] and len(bpe_word) > 1,
+        f"exact (characters of the OOV text present in the decode; bpe: {OOV_WORD!r} -> {' '.join(bpe_word)})",
+    )
 
     uni = toks["unigram"]
     word = max((w for w in words if w.isalpha() and len(w) >= 9), key=lambda w: (words.count(w), w))
@@ -89,9 +117,13 @@ def run(ctx) -> None:
     decoded = {uni.decode(list(s)) for s in samples}
     distinct = sorted(set(samples), key=samples.count, reverse=True)
     ctx.check(f"unigram: Viterbi encoding of {word!r} is deterministic", len(det), 1, len(det) == 1, "exact (5 calls)")
-    ctx.check("unigram: sampled segmentations differ, all decode to the word",
-              [len(distinct), sorted(decoded)], [">= 2", [word]], len(distinct) >= 2 and decoded == {word},
-              "exact (100 samples, alpha = 0.1)")
+    ctx.check(
+        "unigram: sampled segmentations differ, all decode to the word",
+        [len(distinct), sorted(decoded)],
+        [">= 2", [word]],
+        len(distinct) >= 2 and decoded == {word},
+        "exact (100 samples, alpha = 0.1)",
+    )
     seg = {" ".join(uni.id_to_token(i) for i in s): samples.count(s) for s in distinct[:8]}
     ctx.numbers["unigram_samples"] = {"word": word, "viterbi": " ".join(uni.tokenize(word)), "counts": seg}
     ctx.say(f"  unigram samples of {word!r}: " + "; ".join(f"{k} x{v}" for k, v in list(seg.items())[:5]))
@@ -103,10 +135,16 @@ def run(ctx) -> None:
     ax1.set_xticks(range(len(names)), names, rotation=20)
     ax1.set(title=f"held-out tokens per word (vocab {vocab})", ylabel="tokens / word")
     x = list(range(len(names)))
-    ax2.bar([i - 0.2 for i in x], [rows[n]["unknown_tokens"] for n in names], width=0.4, color="C3",
-            label="unknown tokens")
-    ax2.bar([i + 0.2 for i in x], [rows[n]["chars_kept"] for n in names], width=0.4, color="C2",
-            label=f"characters kept (of {sum(not c.isspace() for c in OOV_TEXT)})")
+    ax2.bar(
+        [i - 0.2 for i in x], [rows[n]["unknown_tokens"] for n in names], width=0.4, color="C3", label="unknown tokens"
+    )
+    ax2.bar(
+        [i + 0.2 for i in x],
+        [rows[n]["chars_kept"] for n in names],
+        width=0.4,
+        color="C2",
+        label=f"characters kept (of {sum(not c.isspace() for c in OOV_TEXT)})",
+    )
     ax2.set_xticks(range(len(names)), names, rotation=20)
     ax2.set(title="text with unseen characters (accents, CJK, emoji, Greek)", ylabel="count")
     ax2.legend(fontsize=8)

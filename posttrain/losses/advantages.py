@@ -152,8 +152,10 @@ def gae(
     Example (T=2, gamma=lam=1): r=[0, 1], V=[.5, .5] -> delta=[0, .5] -> A=[.5, .5], returns=[1, 1].
     """
     if not (rewards.shape == values.shape == mask.shape) or rewards.dim() != 2:
-        raise ValueError(f"rewards, values, mask must share a (B, T) shape; got {tuple(rewards.shape)}, "
-                         f"{tuple(values.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"rewards, values, mask must share a (B, T) shape; got {tuple(rewards.shape)}, "
+            f"{tuple(values.shape)}, {tuple(mask.shape)}"
+        )
     for name, x in (("gamma", gamma), ("lam", lam), ("critic_lam", 0.0 if critic_lam is None else critic_lam)):
         if not 0.0 <= x <= 1.0:
             raise ConfigError(f"{name}={x} must be in [0, 1]")
@@ -206,8 +208,4 @@ def whiten_rewards(scores: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
 
 
 # Sequence-level estimators with the signature (rewards (B*G,), group_size, **options) -> (advantages, metrics).
-ADVANTAGE_ESTIMATORS = {
-    "reinforce": reinforce_advantages,
-    "rloo": rloo_advantages,
-    "grpo": grpo_advantages,
-}
+ADVANTAGE_ESTIMATORS = {"reinforce": reinforce_advantages, "rloo": rloo_advantages, "grpo": grpo_advantages}

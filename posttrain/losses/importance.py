@@ -24,8 +24,9 @@ import torch
 from posttrain.losses.logprobs import masked_mean
 
 
-def truncated_is_weights(old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, cap: float = 2.0,
-                         level: str = "token") -> tuple[torch.Tensor, dict[str, float]]:
+def truncated_is_weights(
+    old_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor, cap: float = 2.0, level: str = "token"
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Weights (N, T) (detached, 0 where ``mask`` is 0) and their statistics.
 
     Example: old - sampler log-probs [[0, log 3]] with cap 2 -> token weights [[1, 2]], is_clipped_frac 0.5;

@@ -56,7 +56,12 @@ def kl_estimate(logps: torch.Tensor, ref_logps: torch.Tensor, estimator: str = "
 
 
 def kl_penalized_token_rewards(
-    rewards: torch.Tensor, logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, beta: float, estimator: str = "k1"
+    rewards: torch.Tensor,
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    estimator: str = "k1",
 ) -> torch.Tensor:
     """Per-token rewards ``-beta * KL_t``, plus the sequence reward on each sequence's last real token.
 
@@ -75,7 +80,12 @@ def kl_penalized_token_rewards(
 
 
 def kl_penalized_rewards(
-    rewards: torch.Tensor, logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor, beta: float, estimator: str = "k1"
+    rewards: torch.Tensor,
+    logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    estimator: str = "k1",
 ) -> torch.Tensor:
     """Sequence rewards ``r - beta * sum_t KL_t`` (B,): the per-token penalty summed, for sequence-level estimators.
 

@@ -125,7 +125,9 @@ def aggregate(
     num_tokens = local["num_tokens"] if num_tokens is None else num_tokens
     max_len = local["max_len"] if max_len is None else max_len
     if num_seqs <= 0 or num_tokens <= 0 or max_len <= 0:
-        raise ValueError(f"normalizers must be positive (num_seqs={num_seqs}, num_tokens={num_tokens}, max_len={max_len})")
+        raise ValueError(
+            f"normalizers must be positive (num_seqs={num_seqs}, num_tokens={num_tokens}, max_len={max_len})"
+        )
     return AGGREGATIONS[agg](x, mask, num_seqs, num_tokens, max_len)
 
 
@@ -192,8 +194,9 @@ def policy_loss(
     log_ratio = _log_ratio(logps, old_logps, mask, ratio_level).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # (B, T)
     ratio = log_ratio.exp()  # (B, T)
     lo, hi = _clip_range(clip_eps_low, clip_eps_high)
-    pg_tok = POLICY_OBJECTIVES[objective](logps=logps, old_logps=old_logps, ratio=ratio, adv=adv, mask=mask, lo=lo, hi=hi,
-                                          dual_clip=dual_clip, **opts)  # (B, T)
+    pg_tok = POLICY_OBJECTIVES[objective](
+        logps=logps, old_logps=old_logps, ratio=ratio, adv=adv, mask=mask, lo=lo, hi=hi, dual_clip=dual_clip, **opts
+    )  # (B, T)
     if is_weights is not None:
         pg_tok = pg_tok * is_weights.detach().to(pg_tok.dtype)
     total_tok = pg_tok
@@ -208,8 +211,24 @@ def policy_loss(
         total_tok = total_tok - entropy_coef * entropy
     loss = aggregate(total_tok, mask, agg, **norms)
     with torch.no_grad():
-        metrics = _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo_m, hi_m, dual_clip, kl_tok, beta,
-                                  entropy, entropy_coef, agg, norms)
+        metrics = _policy_metrics(
+            loss,
+            pg_tok,
+            ratio,
+            logps,
+            old_logps,
+            adv,
+            mask,
+            lo_m,
+            hi_m,
+            dual_clip,
+            kl_tok,
+            beta,
+            entropy,
+            entropy_coef,
+            agg,
+            norms,
+        )
         if objective in OBJECTIVE_METRICS:
             metrics.update(OBJECTIVE_METRICS[objective](logps=logps, old_logps=old_logps, adv=adv, mask=mask, **opts))
     return loss, metrics
@@ -217,7 +236,9 @@ def policy_loss(
 
 def _check_policy_inputs(logps, old_logps, mask, dual_clip, beta, ref_logps) -> None:
     if not (logps.shape == old_logps.shape == mask.shape) or logps.dim() != 2:
-        raise ValueError(f"logps, old_logps, mask must share a (B, T) shape; got {logps.shape}, {old_logps.shape}, {mask.shape}")
+        raise ValueError(
+            f"logps, old_logps, mask must share a (B, T) shape; got {logps.shape}, {old_logps.shape}, {mask.shape}"
+        )
     if dual_clip is not None and dual_clip <= 1.0:
         raise ConfigError(f"dual_clip={dual_clip} must be > 1 (Ye et al. 2020 use 3)")
     if beta != 0.0 and ref_logps is None:
@@ -230,8 +251,10 @@ def _objective_options(objective: str, kwargs: dict | None) -> dict:
     kwargs = dict(kwargs or {})
     unknown = sorted(set(kwargs) - set(OBJECTIVE_OPTIONS[objective]))
     if unknown:
-        raise ConfigError(f"objective {objective!r} takes no option {unknown}; its options: "
-                          f"{', '.join(OBJECTIVE_OPTIONS[objective]) or '(none)'}")
+        raise ConfigError(
+            f"objective {objective!r} takes no option {unknown}; its options: "
+            f"{', '.join(OBJECTIVE_OPTIONS[objective]) or '(none)'}"
+        )
     return kwargs
 
 
@@ -242,16 +265,19 @@ def _clip_range(clip_eps_low: float | None, clip_eps_high: float | None) -> tupl
     return clip_eps_low, clip_eps_low if clip_eps_high is None else clip_eps_high
 
 
-def clipped_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float | None, hi: float | None,
-                      dual_clip: float | None = None) -> torch.Tensor:
+def clipped_objective(
+    ratio: torch.Tensor, adv: torch.Tensor, lo: float | None, hi: float | None, dual_clip: float | None = None
+) -> torch.Tensor:
     """PPO's pessimistic surrogate per token, ``min(r A, clip(r, 1 - lo, 1 + hi) A)`` (no clip when ``lo`` is
     None), and with ``dual_clip`` c the objective of an A < 0 token is floored at c A. (B, T) -> (B, T)."""
     return -clip_objective(ratio=ratio, adv=adv, lo=lo, hi=hi, dual_clip=dual_clip)
 
 
-def _policy_metrics(loss, pg_tok, ratio, logps, old_logps, adv, mask, lo, hi, dual_clip, kl_tok, beta, entropy,
-                    entropy_coef, agg, norms) -> dict[str, float]:
+def _policy_metrics(
+    loss, pg_tok, ratio, logps, old_logps, adv, mask, lo, hi, dual_clip, kl_tok, beta, entropy, entropy_coef, agg, norms
+) -> dict[str, float]:
     """The loss's parts and the ratio statistics, per-token means over the mask (:func:`masked_mean`)."""
+
     def mean(x):
         return masked_mean(x, mask).item()
 
@@ -353,4 +379,3 @@ def merge_metrics(parts: list[dict]) -> dict:
         else:
             out[key] = sum(v * w for v, w in zip(vals, weights)) / total if total > 0 else math.nan
     return out
-

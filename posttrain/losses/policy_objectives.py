@@ -29,8 +29,9 @@ Tensor = torch.Tensor
 _VESPO_LOG_W_MIN = math.log(1e-8)  # the floor of log w, as the VESPO reference code (and TRL)
 
 
-def clip_objective(*, ratio: Tensor, adv: Tensor, lo: float | None, hi: float | None, dual_clip: float | None = None,
-                   **_) -> Tensor:
+def clip_objective(
+    *, ratio: Tensor, adv: Tensor, lo: float | None, hi: float | None, dual_clip: float | None = None, **_
+) -> Tensor:
     """-min(r A, clip(r, 1 - lo, 1 + hi) A), floored at -c A for A < 0 with ``dual_clip`` c; no clip when lo is None.
 
     Example: r = e, A = 1, lo = hi = 0.2 -> -1.2 (and zero gradient).
@@ -54,8 +55,9 @@ def cispo_objective(*, logps: Tensor, ratio: Tensor, adv: Tensor, hi: float | No
     return -weight.detach() * adv * logps
 
 
-def sapo_objective(*, ratio: Tensor, adv: Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05,
-                   **_) -> Tensor:
+def sapo_objective(
+    *, ratio: Tensor, adv: Tensor, temperature_pos: float = 1.0, temperature_neg: float = 1.05, **_
+) -> Tensor:
     """SAPO: -(4 / tau) * sigma(tau (r - 1)) * A, tau = temperature_pos where A > 0 else temperature_neg  ("Soft Adaptive Policy Optimization", arXiv 2511.20347).
 
     "Soft Adaptive Policy Optimization": d/dr = 4 sigma(1 - sigma) = 1 at r = 1 and falls off smoothly, so
@@ -69,8 +71,15 @@ def sapo_objective(*, ratio: Tensor, adv: Tensor, temperature_pos: float = 1.0, 
     return -torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
 
 
-def vespo_weight(log_ratio: Tensor, mask: Tensor, adv: Tensor, k_pos: float = 2.0, lambda_pos: float = 3.0,
-                 k_neg: float = 3.0, lambda_neg: float = 2.0) -> Tensor:
+def vespo_weight(
+    log_ratio: Tensor,
+    mask: Tensor,
+    adv: Tensor,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> Tensor:
     """VESPO's gamma weight phi(w) = exp(lambda + k log w - lambda w) per sequence (B, 1), detached; phi(1) = 1.
 
     w = exp(sum_t clamp(log r_t, -20, 20)) over the real tokens, log w clamped to [log 1e-8, 20];
@@ -89,8 +98,18 @@ def vespo_weight(log_ratio: Tensor, mask: Tensor, adv: Tensor, k_pos: float = 2.
         return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def vespo_objective(*, logps: Tensor, old_logps: Tensor, adv: Tensor, mask: Tensor, k_pos: float = 2.0,
-                    lambda_pos: float = 3.0, k_neg: float = 3.0, lambda_neg: float = 2.0, **_) -> Tensor:
+def vespo_objective(
+    *,
+    logps: Tensor,
+    old_logps: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    **_,
+) -> Tensor:
     """VESPO: -sg(phi(w)) * A * log pi  ("Variational Sequence-Level Soft Policy Optimization", arXiv 2602.10693).
 
     A smooth, asymmetric gamma gate on the *sequence* ratio w (:func:`vespo_weight`, computed from the
@@ -102,12 +121,7 @@ def vespo_objective(*, logps: Tensor, old_logps: Tensor, adv: Tensor, mask: Tens
     return -phi * adv * logps
 
 
-POLICY_OBJECTIVES = {
-    "clip": clip_objective,
-    "cispo": cispo_objective,
-    "sapo": sapo_objective,
-    "vespo": vespo_objective,
-}
+POLICY_OBJECTIVES = {"clip": clip_objective, "cispo": cispo_objective, "sapo": sapo_objective, "vespo": vespo_objective}
 """Objective name (TRL's ``loss_type`` where it names an objective) -> per-token loss function."""
 
 OBJECTIVE_OPTIONS = {
@@ -123,6 +137,7 @@ CLIPPED_SIDES = {"clip": (True, True), "cispo": (False, True), "sapo": (False, F
 
 OBJECTIVE_METRICS = {
     "vespo": lambda *, logps, old_logps, adv, mask, **opts: {
-        "vespo/phi_mean": vespo_weight(logps - old_logps, mask, adv, **opts).mean().item()},  # per sequence, as TRL
+        "vespo/phi_mean": vespo_weight(logps - old_logps, mask, adv, **opts).mean().item()
+    }  # per sequence, as TRL
 }
 """Extra metrics of an objective: fn(logps, old_logps, adv, mask, **options) -> {name: float}."""

@@ -55,8 +55,18 @@ def kl_penalty_policy_loss(
     Example: on-policy (r = 1) the loss is -mean(A) and its gradient is REINFORCE's -A grad log pi.
     """
     norms = dict(num_seqs=num_seqs, num_tokens=num_tokens, max_len=max_len)
-    loss, metrics = policy_loss(logps, old_logps, advantages, mask, clip_eps_low=None, agg=agg, entropy=entropy,
-                                entropy_coef=entropy_coef, is_weights=is_weights, **norms)
+    loss, metrics = policy_loss(
+        logps,
+        old_logps,
+        advantages,
+        mask,
+        clip_eps_low=None,
+        agg=agg,
+        entropy=entropy,
+        entropy_coef=entropy_coef,
+        is_weights=is_weights,
+        **norms,
+    )
     kl_tok = kl_old_k3(logps, old_logps)  # (B, T)
     m = mask.to(logps.dtype)
     kl_loss = aggregate(beta * kl_tok, m, agg, **norms)

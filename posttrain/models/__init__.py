@@ -67,8 +67,10 @@ def build_model_from_config_dict(cfg: dict, **overrides) -> torch.nn.Module:
         from posttrain.models.hf import hf_model_from_config_dict
 
         return hf_model_from_config_dict(cfg["config"])
-    raise UserError(f"unknown model_type {kind!r} in config.json (expected 'posttrain-gpt', 'hf' or a Hugging Face "
-                    f"model's own config)")
+    raise UserError(
+        f"unknown model_type {kind!r} in config.json (expected 'posttrain-gpt', 'hf' or a Hugging Face "
+        f"model's own config)"
+    )
 
 
 def load_model(directory: str | Path, device: str | torch.device = "cpu", **overrides) -> torch.nn.Module:

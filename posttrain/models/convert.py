@@ -83,8 +83,13 @@ def _copy_state(src: dict, dst_model: torch.nn.Module, pairs) -> None:
         raise UserError(f"conversion left parameters unset: {missing}")
 
 
-def gpt_to_hf_gpt2(model: GPT, attn_implementation: str = "sdpa", pad_id: int | None = 0, bos_id: int | None = 1,
-                   eos_id: int | None = 2):
+def gpt_to_hf_gpt2(
+    model: GPT,
+    attn_implementation: str = "sdpa",
+    pad_id: int | None = 0,
+    bos_id: int | None = 1,
+    eos_id: int | None = 2,
+):
     """A ``transformers.GPT2LMHeadModel`` computing the same logits as ``model`` (weights copied); the special-token
     ids (default: the char tokenizer's) go into its config and generation config."""
     tf = _transformers()
@@ -94,11 +99,24 @@ def gpt_to_hf_gpt2(model: GPT, attn_implementation: str = "sdpa", pad_id: int | 
     if not c.bias:
         raise UserError("GPT-2 always has biases; a model built with bias=False cannot be converted")
     hf_cfg = tf.GPT2Config(
-        vocab_size=c.vocab_size, n_positions=c.max_seq_len, n_embd=c.d_model, n_layer=c.n_layer, n_head=c.n_head,
-        n_inner=c.mlp_ratio * c.d_model, activation_function="gelu_new", layer_norm_epsilon=1e-5,
-        resid_pdrop=c.dropout, embd_pdrop=c.dropout, attn_pdrop=0.0, tie_word_embeddings=True,
-        scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False, reorder_and_upcast_attn=False,
-        pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id,
+        vocab_size=c.vocab_size,
+        n_positions=c.max_seq_len,
+        n_embd=c.d_model,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        n_inner=c.mlp_ratio * c.d_model,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        resid_pdrop=c.dropout,
+        embd_pdrop=c.dropout,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        scale_attn_weights=True,
+        scale_attn_by_inverse_layer_idx=False,
+        reorder_and_upcast_attn=False,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
     )
     hf = tf.AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn_implementation)
     ref = next(model.parameters())
@@ -118,16 +136,26 @@ def hf_gpt2_to_gpt(hf, attn_backend: str = "sdpa") -> GPT:
     if abs(c.layer_norm_epsilon - 1e-5) > 1e-12:
         raise UserError(f"GPT-2 layer_norm_epsilon={c.layer_norm_epsilon} differs from our LayerNorm's 1e-5")
     if c.scale_attn_by_inverse_layer_idx or c.reorder_and_upcast_attn or not c.scale_attn_weights:
-        raise UserError("GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
-                        "unscaled attention) have no equivalent in our GPT")
+        raise UserError(
+            "GPT-2 attention variants (scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn, "
+            "unscaled attention) have no equivalent in our GPT"
+        )
     if not torch.equal(hf.lm_head.weight, hf.transformer.wte.weight):
         raise UserError("GPT-2 model has an untied LM head; our GPT ties it to the token embedding")
     n_inner = c.n_inner or 4 * c.n_embd
     if n_inner % c.n_embd:
         raise UserError(f"GPT-2 n_inner={n_inner} is not a multiple of n_embd={c.n_embd}")
-    cfg = GPTConfig(vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head, d_model=c.n_embd,
-                    mlp_ratio=n_inner // c.n_embd, max_seq_len=c.n_positions, dropout=c.resid_pdrop, bias=True,
-                    attn_backend=attn_backend)
+    cfg = GPTConfig(
+        vocab_size=c.vocab_size,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        d_model=c.n_embd,
+        mlp_ratio=n_inner // c.n_embd,
+        max_seq_len=c.n_positions,
+        dropout=c.resid_pdrop,
+        bias=True,
+        attn_backend=attn_backend,
+    )
     model = GPT(cfg)
     ref = next(hf.parameters())
     model.to(device=ref.device, dtype=ref.dtype)

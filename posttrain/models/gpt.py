@@ -210,7 +210,9 @@ class GPT(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
         if int(position_ids.max()) >= self.config.max_seq_len:
-            raise ValueError(f"sequence position {int(position_ids.max())} exceeds max_seq_len={self.config.max_seq_len}")
+            raise ValueError(
+                f"sequence position {int(position_ids.max())} exceeds max_seq_len={self.config.max_seq_len}"
+            )
         # a mask with no padding needs no masking work: the backends take their fast causal path
         kpm = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()  # (B, Nk)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)

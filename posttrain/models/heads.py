@@ -47,7 +47,9 @@ class Backbone(Protocol):
 
     hidden_size: int
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor: ...
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor: ...
 
 
 class GPTBackbone(nn.Module):
@@ -225,7 +227,10 @@ def reward_stats_over(
     rm.eval()
     try:
         rewards = torch.cat(
-            [rm(input_ids[i : i + batch_size], attention_mask[i : i + batch_size]) for i in range(0, len(input_ids), batch_size)]
+            [
+                rm(input_ids[i : i + batch_size], attention_mask[i : i + batch_size])
+                for i in range(0, len(input_ids), batch_size)
+            ]
         )
     finally:
         rm.train(was_training)
@@ -247,9 +252,7 @@ def best_of_n(rewards: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def combine_rewards(
-    components: dict[str, torch.Tensor],
-    weights: dict[str, float],
-    stats: dict[str, RewardStats] | None = None,
+    components: dict[str, torch.Tensor], weights: dict[str, float], stats: dict[str, RewardStats] | None = None
 ) -> torch.Tensor:
     """sum_k w_k * z_k(r_k): a weighted sum of several RMs' rewards (e.g. helpfulness + harmlessness).
 

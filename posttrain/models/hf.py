@@ -26,22 +26,55 @@ def _transformers():
     return transformers
 
 
-def tiny_hf_config(kind: str = "gpt2", *, vocab_size: int, n_layer: int = 4, n_head: int = 4, d_model: int = 128,
-                   max_seq_len: int = 64, pad_id: int = 0, bos_id: int = 1, eos_id: int = 2):
+def tiny_hf_config(
+    kind: str = "gpt2",
+    *,
+    vocab_size: int,
+    n_layer: int = 4,
+    n_head: int = 4,
+    d_model: int = 128,
+    max_seq_len: int = 64,
+    pad_id: int = 0,
+    bos_id: int = 1,
+    eos_id: int = 2,
+):
     """A transformers config of the same size and shape as our GPT (for parity tests and benchmarks)."""
     tf = _transformers()
     common = dict(vocab_size=vocab_size, pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id)
     if kind == "gpt2":
-        return tf.GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=d_model, n_positions=max_seq_len,
-                             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True, **common)
+        return tf.GPT2Config(
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=d_model,
+            n_positions=max_seq_len,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            tie_word_embeddings=True,
+            **common,
+        )
     if kind == "qwen2":
-        return tf.Qwen2Config(num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_head,
-                              hidden_size=d_model, intermediate_size=4 * d_model, max_position_embeddings=max_seq_len,
-                              tie_word_embeddings=True, **common)
+        return tf.Qwen2Config(
+            num_hidden_layers=n_layer,
+            num_attention_heads=n_head,
+            num_key_value_heads=n_head,
+            hidden_size=d_model,
+            intermediate_size=4 * d_model,
+            max_position_embeddings=max_seq_len,
+            tie_word_embeddings=True,
+            **common,
+        )
     if kind == "llama":
-        return tf.LlamaConfig(num_hidden_layers=n_layer, num_attention_heads=n_head, num_key_value_heads=n_head,
-                              hidden_size=d_model, intermediate_size=4 * d_model, max_position_embeddings=max_seq_len,
-                              tie_word_embeddings=True, **common)
+        return tf.LlamaConfig(
+            num_hidden_layers=n_layer,
+            num_attention_heads=n_head,
+            num_key_value_heads=n_head,
+            hidden_size=d_model,
+            intermediate_size=4 * d_model,
+            max_position_embeddings=max_seq_len,
+            tie_word_embeddings=True,
+            **common,
+        )
     raise UserError(f"unknown tiny HF model kind {kind!r}; choose gpt2, qwen2 or llama")
 
 

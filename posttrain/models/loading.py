@@ -33,18 +33,34 @@ from posttrain.config import knob
 from posttrain.errors import UserError
 
 POSTTRAIN_TYPES = ("posttrain-gpt", "hf")  # config.json model_type of posttrain's own (wrapped) layouts
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "chat_template.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 
 
 def model_path_knob():
-    return knob(None, "start from this local Hugging Face model directory (config.json, *.safetensors, tokenizer "
-                      "files) or posttrain checkpoint, with its tokenizer", flag="--model")
+    return knob(
+        None,
+        "start from this local Hugging Face model directory (config.json, *.safetensors, tokenizer "
+        "files) or posttrain checkpoint, with its tokenizer",
+        flag="--model",
+    )
 
 
 def pad_token_knob():
-    return knob(None, "pad token for a model whose tokenizer has none (e.g. '<|endoftext|>'); saved into the "
-                      "output's tokenizer_config.json")
+    return knob(
+        None,
+        "pad token for a model whose tokenizer has none (e.g. '<|endoftext|>'); saved into the "
+        "output's tokenizer_config.json",
+    )
 
 
 def _transformers():
@@ -110,8 +126,17 @@ class ModelTokenizer:
     ``backend`` is ``"posttrain"`` (posttrain's reader) or ``"transformers"`` (``AutoTokenizer``).
     """
 
-    def __init__(self, inner, files: dict[str, bytes], *, roles: dict[str, str | None], backend: str,
-                 source: Path, pad_override: str | None = None, chat_template: str | None = None):
+    def __init__(
+        self,
+        inner,
+        files: dict[str, bytes],
+        *,
+        roles: dict[str, str | None],
+        backend: str,
+        source: Path,
+        pad_override: str | None = None,
+        chat_template: str | None = None,
+    ):
         self.inner, self.files, self.backend, self.source = inner, dict(files), backend, source
         self.pad_override, self.chat_template = pad_override, chat_template
         self.tokens = dict(roles)  # role -> token string
@@ -174,8 +199,10 @@ def load_model_tokenizer(directory: str | Path, pad_token: str | None = None) ->
     d = Path(directory)
     files = {n: (d / n).read_bytes() for n in TOKENIZER_FILES if (d / n).is_file()}
     if not files:
-        raise UserError(f"{d}: no tokenizer files (tokenizer.json, tokenizer_config.json, ...): a model directory "
-                        f"needs its tokenizer beside config.json")
+        raise UserError(
+            f"{d}: no tokenizer files (tokenizer.json, tokenizer_config.json, ...): a model directory "
+            f"needs its tokenizer beside config.json"
+        )
     tcfg = read_json(d / "tokenizer_config.json") if "tokenizer_config.json" in files else {}
     smap = read_json(d / "special_tokens_map.json") if "special_tokens_map.json" in files else {}
     inner, backend, why = None, "posttrain", ""
@@ -191,12 +218,13 @@ def load_model_tokenizer(directory: str | Path, pad_token: str | None = None) ->
         try:
             inner = _transformers().AutoTokenizer.from_pretrained(str(d), local_files_only=True)
         except Exception as e:
-            raise UserError(f"{d}: cannot load the tokenizer ({why + '; ' if why else ''}transformers: "
-                            f"{str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+            raise UserError(
+                f"{d}: cannot load the tokenizer ({why + '; ' if why else ''}transformers: "
+                f"{str(e).splitlines()[0] if str(e) else type(e).__name__})"
+            ) from None
     roles = {r: _token(tcfg.get(f"{r}_token", smap.get(f"{r}_token"))) for r in ("pad", "bos", "eos")}
     cfg = read_json(d / "config.json") if (d / "config.json").is_file() else {}
-    tok = ModelTokenizer(inner, files, roles=roles, backend=backend, source=d,
-                         chat_template=_chat_template(d, tcfg))
+    tok = ModelTokenizer(inner, files, roles=roles, backend=backend, source=d, chat_template=_chat_template(d, tcfg))
     for role in ("pad", "eos", "bos"):  # no tokenizer_config.json (posttrain's own file): its conventional names
         if tok._ids[role] is None and backend == "posttrain" and not tcfg:
             tok._ids[role] = getattr(inner, f"{role}_id", None)
@@ -210,12 +238,16 @@ def load_model_tokenizer(directory: str | Path, pad_token: str | None = None) ->
             raise UserError(f"--pad-token {pad_token!r} is not a token of {d}'s tokenizer")
         tok._ids["pad"], tok.tokens["pad"], tok.pad_override = i, pad_token, pad_token
     if tok.pad_id is None:
-        hint = f", e.g. --pad-token {tok.tokens['eos'] or tok.id_to_token(tok.eos_id)!r}" if tok.eos_id is not None else ""
-        raise UserError(f"{d}: the tokenizer has no pad token (tokenizer_config.json pad_token): pass --pad-token "
-                        f"TOKEN{hint}")
+        hint = (
+            f", e.g. --pad-token {tok.tokens['eos'] or tok.id_to_token(tok.eos_id)!r}" if tok.eos_id is not None else ""
+        )
+        raise UserError(
+            f"{d}: the tokenizer has no pad token (tokenizer_config.json pad_token): pass --pad-token TOKEN{hint}"
+        )
     if tok.eos_id is None:
-        raise UserError(f"{d}: the tokenizer has no eos token (tokenizer_config.json eos_token): completions "
-                        f"could never end")
+        raise UserError(
+            f"{d}: the tokenizer has no eos token (tokenizer_config.json eos_token): completions could never end"
+        )
     return tok
 
 
@@ -289,12 +321,29 @@ def char_tokenizer_json(tok) -> dict:
     """posttrain's char tokenizer as a ``tokenizers`` file: one WordLevel token per character (a Split on every
     character, a Fuse decoder), the specials as added tokens, so ``PreTrainedTokenizerFast`` encodes the same ids."""
     vocab = {tok.id_to_token(i): i for i in range(tok.vocab_size)}
-    specials = [{"id": i, "content": tok.id_to_token(i), "single_word": False, "lstrip": False, "rstrip": False,
-                 "normalized": False, "special": True} for i in (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id)]
-    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": specials, "normalizer": None,
-            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
-            "post_processor": None, "decoder": {"type": "Fuse"},
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.id_to_token(tok.unk_id)}}
+    specials = [
+        {
+            "id": i,
+            "content": tok.id_to_token(i),
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i in (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id)
+    ]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": specials,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[\s\S]"}, "behavior": "Isolated", "invert": False},
+        "post_processor": None,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": tok.id_to_token(tok.unk_id)},
+    }
 
 
 def save_tokenizer_for_transformers(tok, directory: str | Path, model_max_length: int | None = None) -> None:

@@ -55,15 +55,25 @@ DEFAULT_TARGETS: dict[str, tuple[str, ...]] = {
 
 @dataclass
 class LoRAConfig:
-    r: int = knob(0, "LoRA rank (0 = off: full fine-tuning); with r > 0 the base weights are frozen and only the "
-                     "adapters train (peft)", ge=0)
+    r: int = knob(
+        0,
+        "LoRA rank (0 = off: full fine-tuning); with r > 0 the base weights are frozen and only the "
+        "adapters train (peft)",
+        ge=0,
+    )
     alpha: float = knob(16.0, "LoRA alpha: the update is (alpha / r) * B @ A", gt=0)
     dropout: float = knob(0.0, "dropout on the LoRA branch's input", ge=0, lt=1)
-    target_modules: tuple[str, ...] = knob((), "module names to adapt, comma-separated (default per architecture: "
-                                               "q/k/v/o + MLP projections for Qwen2/Llama, c_attn,c_proj,c_fc for "
-                                               "GPT-2, qkv,proj,fc for posttrain's GPT; other models all-linear)")
-    merge: bool = knob(False, "with LoRA: write model/ with the adapters merged into full weights (no adapter "
-                              "files) instead of base + adapter")
+    target_modules: tuple[str, ...] = knob(
+        (),
+        "module names to adapt, comma-separated (default per architecture: "
+        "q/k/v/o + MLP projections for Qwen2/Llama, c_attn,c_proj,c_fc for "
+        "GPT-2, qkv,proj,fc for posttrain's GPT; other models all-linear)",
+    )
+    merge: bool = knob(
+        False,
+        "with LoRA: write model/ with the adapters merged into full weights (no adapter "
+        "files) instead of base + adapter",
+    )
 
     def __post_init__(self):
         check_fields(self, "lora_")
@@ -77,8 +87,13 @@ def lora_knob(name: str):
 
 def lora_config(cfg) -> LoRAConfig:
     """The :class:`LoRAConfig` of a trainer config holding ``lora_r``, ``lora_alpha``, ... ``merge_lora``."""
-    return LoRAConfig(r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout,
-                      target_modules=tuple(cfg.lora_target_modules), merge=cfg.merge_lora)
+    return LoRAConfig(
+        r=cfg.lora_r,
+        alpha=cfg.lora_alpha,
+        dropout=cfg.lora_dropout,
+        target_modules=tuple(cfg.lora_target_modules),
+        merge=cfg.merge_lora,
+    )
 
 
 def _peft():
@@ -129,8 +144,14 @@ def apply_lora(model: nn.Module, cfg: LoRAConfig) -> nn.Module:
         return model
     peft = _peft()
     targets = list(cfg.target_modules) if cfg.target_modules else default_targets(model)
-    lc = peft.LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                         fan_in_fan_out=model_type(model) == "gpt2", bias="none")
+    lc = peft.LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=targets,
+        fan_in_fan_out=model_type(model) == "gpt2",
+        bias="none",
+    )
     try:
         with _quiet_peft():
             pm = peft.get_peft_model(model, lc)
@@ -175,7 +196,7 @@ def adapters_disabled(model: nn.Module):
     pm, was = peft_handle(model), model.training
     model.eval()
     try:
-        with torch.no_grad(), (pm.disable_adapter() if pm is not None else contextlib.nullcontext()):
+        with torch.no_grad(), pm.disable_adapter() if pm is not None else contextlib.nullcontext():
             yield model
     finally:
         model.train(was)
@@ -202,6 +223,7 @@ class BaseModelView:
 
         def run(*a, **k):
             return self(*a, **k)
+
         run.__signature__ = inspect.signature(fwd)
         return run
 

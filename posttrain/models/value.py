@@ -49,7 +49,9 @@ class ValueHead(nn.Module):
         return self
 
 
-def completion_values(values: torch.Tensor, completion_start: int, completion_mask: torch.Tensor | None = None) -> torch.Tensor:
+def completion_values(
+    values: torch.Tensor, completion_start: int, completion_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Per-position values (B, P + T) -> the completion's state values (B, T): positions P-1 .. P+T-2, masked.
 
     Example: P = 2, values [[a, b, c, d]] (T = 2) -> [[b, c]]; with completion_mask [[1, 0]] -> [[b, 0]].
@@ -68,8 +70,14 @@ class ValueModel(nn.Module):
         self.backbone = as_backbone(backbone)
         self.head = ValueHead(self.backbone.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion_start: int,
-                completion_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_start: int,
+        completion_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if position_ids is None:
             position_ids = positions_from_mask(attention_mask)
         hidden = self.backbone(input_ids, attention_mask, position_ids)  # (B, P + T, D)
@@ -88,11 +96,18 @@ class ValueModel(nn.Module):
         return critic
 
 
-def shared_forward(policy: nn.Module, head: ValueHead, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   position_ids: torch.Tensor):
+def shared_forward(
+    policy: nn.Module,
+    head: ValueHead,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+):
     """One policy forward giving both the logits (B, L, V) and the per-position values (B, L) of ``head`` on
     its final hidden states (``shared`` layout; posttrain's GPT: ``output_hidden_states=True``)."""
-    out = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True)
+    out = policy(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, output_hidden_states=True
+    )
     hidden = getattr(out, "hidden_states", None)
     if hidden is None:
         raise TypeError(f"{type(policy).__name__} returned no hidden states: value_model=shared needs posttrain's GPT")

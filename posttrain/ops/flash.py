@@ -170,7 +170,9 @@ class _Scratch:
             n = math.prod(shape)
             buf = self.bufs.get(name)
             if buf is None or buf.numel() < n:
-                buf = self.bufs[name] = torch.empty(max(n, self.sizes.get(name, 0)), dtype=self.dtype, device=self.device)
+                buf = self.bufs[name] = torch.empty(
+                    max(n, self.sizes.get(name, 0)), dtype=self.dtype, device=self.device
+                )
                 self.views = {k: v for k, v in self.views.items() if k[0] != name}
             t = self.views[key] = buf[:n].view(shape)
         return t
@@ -360,7 +362,9 @@ def _backward_tiles(qg, og, dog, lse, plan, key_tile, value_tile, dq, dk_blk, dv
         torch.mul(qg[:, :, i0:i1].transpose(1, 2), scale, out=qa[..., :d].view(bh, bq, g, d))
         doa[..., :d].view(bh, bq, g, d).copy_(dog[:, :, i0:i1].transpose(1, 2))
         ob = og[:, :, i0:i1].transpose(1, 2)  # (B*Hkv, bq, G, D)
-        torch.sum(doa[..., :d].view(bh, bq, g, d) * ob, dim=-1, out=doa[..., d].view(bh, bq, g)).neg_()  # -D_i = -rowsum(dO * O)
+        torch.sum(
+            doa[..., :d].view(bh, bq, g, d) * ob, dim=-1, out=doa[..., d].view(bh, bq, g)
+        ).neg_()  # -D_i = -rowsum(dO * O)
         torch.clamp(lse[:, :, i0:i1].transpose(1, 2), max=big, out=qa[..., d].view(bh, bq, g)).neg_()  # -L_i
         dqb = scratch.view("dq", bh, gbq, d).zero_()
         for j0, j1, r0, cmask, pmask in plan.key_blocks(i0, i1):
@@ -405,7 +409,8 @@ def _flash_backward(grad_out, q, k, v, out, lse, causal, kpm, scale, block_q, bl
     def unblock(t_blk, dtype):  # (key block, B*Hkv, bk, D) -> (B, Hkv, Nk, D)
         t = torch.empty(b, hkv, nk, d, dtype=dtype, device=dev)
         t.view(bh, nk, d)[:, : (nk // bk_full) * bk_full].view(bh, nk // bk_full, bk_full, d).copy_(
-            t_blk[: nk // bk_full].transpose(0, 1))
+            t_blk[: nk // bk_full].transpose(0, 1)
+        )
         if nk % bk_full:
             t.view(bh, nk, d)[:, (nk // bk_full) * bk_full :] = t_blk[-1, :, : nk % bk_full]
         return t
@@ -431,7 +436,9 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _flash_backward(grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.kpm, ctx.scale, *ctx.blocks)
+        dq, dk, dv = _flash_backward(
+            grad_out.contiguous(), q, k, v, out, lse, ctx.causal, ctx.kpm, ctx.scale, *ctx.blocks
+        )
         return dq, dk, dv, None, None, None, None, None
 
 
@@ -473,7 +480,10 @@ def flash_attention(
             tall = min(tall, BLOCK_Q if torch.get_num_threads() > 1 else max(BLOCK_Q, q.shape[-2] // 16))
         fwd_blocks = (tall, BLOCK_K, max(1, min(bh, budget // tall)))
     large = 2 * BWD_BLOCK_Q * BWD_BLOCK_K <= q.shape[-2] * q.shape[-1]  # the two backward tiles <= dQ
-    bwd_blocks = (int(block_q or (BWD_BLOCK_Q if large else BLOCK_Q)), int(block_k or (BWD_BLOCK_K if large else BLOCK_K)))
+    bwd_blocks = (
+        int(block_q or (BWD_BLOCK_Q if large else BLOCK_Q)),
+        int(block_k or (BWD_BLOCK_K if large else BLOCK_K)),
+    )
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return FlashAttention.apply(q, k, v, bool(causal), key_padding_mask, scale, fwd_blocks, bwd_blocks)
 

@@ -30,13 +30,21 @@ import torch
 from posttrain.ops.naive import check_attention_inputs
 
 
-def flash_attention_reference(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None,
-                              block_q: int = 64, block_k: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def flash_attention_reference(
+    q,
+    k,
+    v,
+    causal: bool = True,
+    key_padding_mask=None,
+    scale: float | None = None,
+    block_q: int = 64,
+    block_k: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (B, H, Nq, D), L (B, H, Nq)): tiled exact attention and each row's log-sum-exp of logits."""
     check_attention_inputs(q, k, v, key_padding_mask)
     b, h, nq, d = q.shape
     nk = k.shape[2]
-    scale = d ** -0.5 if scale is None else float(scale)
+    scale = d**-0.5 if scale is None else float(scale)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     k, v = (x.repeat_interleave(h // x.shape[1], dim=1).to(acc) for x in (k, v))  # GQA: a K/V head per query head
     out = torch.zeros(b, h, nq, d, dtype=acc, device=q.device)

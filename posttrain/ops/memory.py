@@ -24,7 +24,11 @@ def _cpu_peak_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
         result = fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    events = [
+        e
+        for e in prof.profiler.kineto_results.events()
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
     current = peak = 0
     for e in sorted(events, key=lambda e: e.start_ns()):
         current += e.nbytes()  # positive: allocation, negative: free

@@ -29,10 +29,14 @@ import torch
 def check_attention_inputs(q, k, v, key_padding_mask=None) -> None:
     """Raise ValueError with the offending shapes unless q/k/v/mask follow the conventions above."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"attention wants 4-D (B, H, N, D) tensors, got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+        raise ValueError(
+            f"attention wants 4-D (B, H, N, D) tensors, got q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
+        )
     b, h, _, d = q.shape
     if k.shape != v.shape or k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"k and v must be (B, Hkv, Nk, D) matching q (B, H, Nq, D): q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must be (B, Hkv, Nk, D) matching q (B, H, Nq, D): q{tuple(q.shape)} k{tuple(k.shape)} v{tuple(v.shape)}"
+        )
     if k.shape[1] == 0 or h % k.shape[1] != 0:
         raise ValueError(f"number of query heads {h} must be a multiple of K/V heads {k.shape[1]}")
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (b, k.shape[2]):

@@ -73,12 +73,16 @@ def log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy -log softmax(logits)[target]; logits (N, V), targets (N,) int64 -> scalar."""
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy wants logits (N, V) and targets (N,), got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"cross_entropy wants logits (N, V) and targets (N,), got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     logp = log_softmax(logits, -1)  # (N, V)
     return -logp.gather(1, targets[:, None]).mean()
 
 
-def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor | float = 1.0) -> torch.Tensor:
+def cross_entropy_backward(
+    logits: torch.Tensor, targets: torch.Tensor, grad: torch.Tensor | float = 1.0
+) -> torch.Tensor:
     """dL/dlogits of the MEAN cross-entropy: (softmax(logits) - onehot(targets)) / N * grad."""
     n, v = logits.shape
     onehot = torch.nn.functional.one_hot(targets, v).to(logits.dtype)  # (N, V)

@@ -142,7 +142,9 @@ def _bwd_dkdv_kernel(
             rows = start_m + offs_m0
             row_mask = (rows[:, None] < NQ) & (offs_d[None, :] < D)
             q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqm + offs_d[None, :] * sqd, mask=row_mask, other=0.0)
-            do = tl.load(DO + b * sdob + h * sdoh + rows[:, None] * sdom + offs_d[None, :] * sdod, mask=row_mask, other=0.0)
+            do = tl.load(
+                DO + b * sdob + h * sdoh + rows[:, None] * sdom + offs_d[None, :] * sdod, mask=row_mask, other=0.0
+            )
             lse = tl.load(LSE + (b * H + h) * NQ + rows, mask=rows < NQ, other=float("inf"))
             delta = tl.load(DELTA + (b * H + h) * NQ + rows, mask=rows < NQ, other=0.0)
             s = _dot(q, tl.trans(k), DOT) * qk_scale  # (BLOCK_M, BLOCK_N)
@@ -153,8 +155,16 @@ def _bwd_dkdv_kernel(
             ds = p * (dp - delta[:, None])
             dk += _dot(tl.trans(ds.to(q.dtype)), q, DOT)
     dk = dk * sm_scale
-    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd, dk.to(DK.dtype.element_ty), mask=kv_mask)
-    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd, dv.to(DV.dtype.element_ty), mask=kv_mask)
+    tl.store(
+        DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+        dk.to(DK.dtype.element_ty),
+        mask=kv_mask,
+    )
+    tl.store(
+        DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvn + offs_d[None, :] * sdvd,
+        dv.to(DV.dtype.element_ty),
+        mask=kv_mask,
+    )
 
 
 @triton.jit
@@ -196,7 +206,11 @@ def _bwd_dq_kernel(
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(k.dtype), k, DOT)
     dq = dq * sm_scale
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd, dq.to(DQ.dtype.element_ty), mask=row_mask)
+    tl.store(
+        DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
+        dq.to(DQ.dtype.element_ty),
+        mask=row_mask,
+    )
 
 
 def _block_sizes(d: int) -> tuple[int, int, int]:
@@ -252,7 +266,9 @@ class TritonAttention(torch.autograd.Function):
         delta = (do.float() * out.float()).sum(-1).contiguous()  # (B, H, Nq)  D_i = rowsum(dO * O)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dot = _dot_mode(q.dtype)
-        common = dict(CAUSAL=ctx.causal, HAS_KPM=ctx.has_kpm, DOT=dot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d)
+        common = dict(
+            CAUSAL=ctx.causal, HAS_KPM=ctx.has_kpm, DOT=dot, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d
+        )
         scalars = (ctx.scale * LOG2E, ctx.scale, nq, nk, h, g, d, nk - nq)
         _bwd_dkdv_kernel[(triton.cdiv(nk, block_n), b * hkv)](
             q, k, v, do, lse, delta, dk, dv, kpm, *_strides(q), *_strides(k), *_strides(v), *_strides(do),
@@ -274,6 +290,8 @@ def triton_attention(q, k, v, causal: bool = False, scale: float | None = None, 
             "triton, for slow CPU checks); use backend='flash' on the CPU"
         )
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"triton attention supports float32/float16/bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise ValueError(
+            f"triton attention supports float32/float16/bfloat16 q, k, v of one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return TritonAttention.apply(q, k, v, bool(causal), key_padding_mask, scale)

@@ -11,8 +11,14 @@ from typing import Any
 
 POLICY_STAGES = ("sft", "sft_raw", "dpo", "grpo", "ppo")
 TRAINED = ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo")
-LABELS = {"sft": "SFT", "rm_best_of_n": "RM best-of-N over SFT samples", "dpo": "DPO", "grpo": "GRPO", "ppo": "PPO",
-          "sft_raw": "SFT on the raw corpus (contaminated)"}
+LABELS = {
+    "sft": "SFT",
+    "rm_best_of_n": "RM best-of-N over SFT samples",
+    "dpo": "DPO",
+    "grpo": "GRPO",
+    "ppo": "PPO",
+    "sft_raw": "SFT on the raw corpus (contaminated)",
+}
 
 
 @dataclass(frozen=True)
@@ -87,9 +93,17 @@ def heldout_table(ctx) -> dict[str, dict]:
     rows = {}
     for name in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo", "sft_raw"):
         if name in ev:
-            rows[name] = {"greedy": ev[name]["greedy_accuracy"], "pass@1": ev[name].get("pass@1"),
-                          "pass@k": ev[name].get("pass@k"), "n": ev[name]["n"]}
+            rows[name] = {
+                "greedy": ev[name]["greedy_accuracy"],
+                "pass@1": ev[name].get("pass@1"),
+                "pass@k": ev[name].get("pass@k"),
+                "n": ev[name]["n"],
+            }
         elif ctx.summary(name) and "heldout_accuracy" in ctx.summary(name):
-            rows[name] = {"greedy": ctx.summary(name)["heldout_accuracy"], "pass@1": None, "pass@k": None,
-                          "n": ctx.summary(name).get("heldout_n")}
+            rows[name] = {
+                "greedy": ctx.summary(name)["heldout_accuracy"],
+                "pass@1": None,
+                "pass@k": None,
+                "n": ctx.summary(name).get("heldout_n"),
+            }
     return rows

@@ -33,8 +33,24 @@ from posttrain.data.io import atomic_write_json
 
 DONE_FILE = "DONE.json"
 STATE_DIR = ".pipeline"
-EXCLUDED = frozenset({"out", "init", "data", "eval_data", "tokenizer", "logger", "threads", "workers", "progress",
-                      "backend", "ray_address", "rejects", "keep_checkpoints", "batch_size_dedup"})
+EXCLUDED = frozenset(
+    {
+        "out",
+        "init",
+        "data",
+        "eval_data",
+        "tokenizer",
+        "logger",
+        "threads",
+        "workers",
+        "progress",
+        "backend",
+        "ray_address",
+        "rejects",
+        "keep_checkpoints",
+        "batch_size_dedup",
+    }
+)
 """Config fields that never enter a key: output and input paths (their contents do, as ``inputs``), logging,
 worker and thread counts, progress display, checkpoint retention."""
 
@@ -79,8 +95,15 @@ def torch_version() -> str:
 
 def key_fields(stage: str, config, inputs: dict[str, str | Path], deps: dict[str, str], seed: int) -> dict:
     """The object a key hashes (``inputs``: label -> path, digested here)."""
-    return {"stage": stage, "config": scrub(config), "inputs": {k: digest_path(v) for k, v in sorted(inputs.items())},
-            "deps": dict(sorted(deps.items())), "seed": seed, "posttrain": __version__, "torch": torch_version()}
+    return {
+        "stage": stage,
+        "config": scrub(config),
+        "inputs": {k: digest_path(v) for k, v in sorted(inputs.items())},
+        "deps": dict(sorted(deps.items())),
+        "seed": seed,
+        "posttrain": __version__,
+        "torch": torch_version(),
+    }
 
 
 def key_of(fields: dict) -> str:
@@ -136,10 +159,18 @@ def mark_started(run_dir: Path, stage: str, key: str, fields: dict) -> None:
     atomic_write_json(started_file(run_dir, stage), {"key": key, "fields": fields, "started": _now()})
 
 
-def write_done(stage_dir: Path, key: str, fields: dict, summary: dict, wall_s: float, peak_rss_mb: float | None,
-               status: str) -> dict:
-    done = {"key": key, "fields": fields, "summary": summary, "wall_s": round(wall_s, 3), "peak_rss_mb": peak_rss_mb,
-            "status": status, "finished": _now()}
+def write_done(
+    stage_dir: Path, key: str, fields: dict, summary: dict, wall_s: float, peak_rss_mb: float | None, status: str
+) -> dict:
+    done = {
+        "key": key,
+        "fields": fields,
+        "summary": summary,
+        "wall_s": round(wall_s, 3),
+        "peak_rss_mb": peak_rss_mb,
+        "status": status,
+        "finished": _now(),
+    }
     atomic_write_json(stage_dir / DONE_FILE, done)
     return done
 

@@ -37,12 +37,17 @@ from posttrain.trainers.sft import SFTConfig
 
 @dataclass
 class TokenizerStageConfig:
-    kind: str = knob("byte-bpe", "byte-bpe (trained on the deduplicated corpus) | char (the task's characters)",
-                     choices=("byte-bpe", "char"))
+    kind: str = knob(
+        "byte-bpe",
+        "byte-bpe (trained on the deduplicated corpus) | char (the task's characters)",
+        choices=("byte-bpe", "char"),
+    )
     vocab_size: int = knob(512, "vocabulary size including special tokens (byte-bpe: >= 259)", gt=0)
     min_frequency: int = knob(2, "stop merging when the best pair is rarer than this", ge=1)
-    individual_digits: bool = knob(True, "pre-tokenise every digit as its own word (Llama / DeepSeek): numbers "
-                                         "are spelled with the same ten tokens")
+    individual_digits: bool = knob(
+        True,
+        "pre-tokenise every digit as its own word (Llama / DeepSeek): numbers are spelled with the same ten tokens",
+    )
 
     def __post_init__(self):
         check_fields(self, "tokenizer.")
@@ -60,8 +65,14 @@ class EvalStageConfig:
 
 # near duplicates of the embedded corpus sit at Jaccard 0.78-0.95: a 0.7 threshold catches them with LSH recall
 # ~1 while unrelated paragraphs (~0.15) never become candidates
-DEDUP_DEFAULTS: dict = {"threshold": 0.7, "id_field": "id", "contamination_field": "text", "drop_contaminated": True,
-                        "workers": 1, "progress": False}
+DEDUP_DEFAULTS: dict = {
+    "threshold": 0.7,
+    "id_field": "id",
+    "contamination_field": "text",
+    "drop_contaminated": True,
+    "workers": 1,
+    "progress": False,
+}
 
 
 def _dedup_default() -> DedupConfig:
@@ -78,35 +89,58 @@ def _rm_default() -> RMConfig:
 class PipelineConfig:
     seed: int = knob(0, "seed of every stage (outcomes vary by seed: benchmarks/bench_outcomes.py)", ge=0, lt=2**32)
     threads: int = knob(1, "torch CPU threads of every stage", ge=1)
-    jobs: int = knob(1, "training stages run at once when their inputs are ready (sft_raw beside sft; rm, dpo, grpo "
-                        "and ppo after sft), each in its own process with its output in OUT/.pipeline/STAGE.log; "
-                        "results are the same for any value", ge=1)
-    contamination_run: bool = knob(True, "also train SFT on the raw corpus (duplicates and leaked eval items kept) "
-                                         "to show what contamination does to held-out accuracy")
-    corpus_file: str | None = knob(None, "your JSONL corpus instead of the embedded one ({text}; {prompt, answer} "
-                                         "records are SFT demonstrations)")
+    jobs: int = knob(
+        1,
+        "training stages run at once when their inputs are ready (sft_raw beside sft; rm, dpo, grpo "
+        "and ppo after sft), each in its own process with its output in OUT/.pipeline/STAGE.log; "
+        "results are the same for any value",
+        ge=1,
+    )
+    contamination_run: bool = knob(
+        True,
+        "also train SFT on the raw corpus (duplicates and leaked eval items kept) "
+        "to show what contamination does to held-out accuracy",
+    )
+    corpus_file: str | None = knob(
+        None, "your JSONL corpus instead of the embedded one ({text}; {prompt, answer} records are SFT demonstrations)"
+    )
     eval_file: str | None = knob(None, "your JSONL of held-out {prompt, answer} (default: the task's held-out set)")
-    prompts_file: str | None = knob(None, "your JSONL/Parquet of RL prompts for the grpo and ppo stages ({prompt} and "
-                                          "the columns the reward reads, e.g. answer; default with corpus_file or "
-                                          "eval_file: the kept demonstrations' prompts)")
-    reward: str | None = knob(None, "reward spec of the grpo and ppo stages and of the eval stage's correctness "
-                                    "(built-in names or pkg.module:function, weighted; the first term >= 1 is "
-                                    "correct); None = exact match (grpo: its own default spec)")
-    preference_file: str | None = knob(None, "your JSONL of {prompt, chosen, rejected[, margin]} pairs: the rm and "
-                                             "dpo stages train on it instead of pairs sampled from the SFT model")
-    preference_eval_file: str | None = knob(None, "held-out pairs (same format) the rm stage's pairwise accuracy is "
-                                                  "measured on; needed with preference_file")
-    hf_model: str | None = knob(None, "a local Hugging Face model directory (config.json, *.safetensors, tokenizer "
-                                      "files) instead of the tiny GPT: SFT starts from it, every stage uses its "
-                                      "tokenizer (no tokenizer is trained)")
+    prompts_file: str | None = knob(
+        None,
+        "your JSONL/Parquet of RL prompts for the grpo and ppo stages ({prompt} and "
+        "the columns the reward reads, e.g. answer; default with corpus_file or "
+        "eval_file: the kept demonstrations' prompts)",
+    )
+    reward: str | None = knob(
+        None,
+        "reward spec of the grpo and ppo stages and of the eval stage's correctness "
+        "(built-in names or pkg.module:function, weighted; the first term >= 1 is "
+        "correct); None = exact match (grpo: its own default spec)",
+    )
+    preference_file: str | None = knob(
+        None,
+        "your JSONL of {prompt, chosen, rejected[, margin]} pairs: the rm and "
+        "dpo stages train on it instead of pairs sampled from the SFT model",
+    )
+    preference_eval_file: str | None = knob(
+        None,
+        "held-out pairs (same format) the rm stage's pairwise accuracy is measured on; needed with preference_file",
+    )
+    hf_model: str | None = knob(
+        None,
+        "a local Hugging Face model directory (config.json, *.safetensors, tokenizer "
+        "files) instead of the tiny GPT: SFT starts from it, every stage uses its "
+        "tokenizer (no tokenizer is trained)",
+    )
     pad_token: str | None = knob(None, "with hf_model: the pad token, for a tokenizer that has none")
     corpus: CorpusConfig = knob(factory=CorpusConfig, help="the embedded corpus")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="the embedded task (every stage shares it)")
     dedup: DedupConfig = knob(factory=_dedup_default, help="dedup stage")
     tokenizer: TokenizerStageConfig = knob(factory=TokenizerStageConfig, help="tokenizer stage")
     sft: SFTConfig = knob(factory=SFTConfig, help="SFT stage (and the raw-corpus SFT)")
-    rm: RMConfig = knob(factory=_rm_default, help="reward-model stage (default: the recipe of `posttrain rm --preset "
-                                                  "tiny`)")
+    rm: RMConfig = knob(
+        factory=_rm_default, help="reward-model stage (default: the recipe of `posttrain rm --preset tiny`)"
+    )
     dpo: DPOConfig = knob(factory=DPOConfig, help="DPO stage")
     grpo: PolicyGradientConfig = knob(factory=PolicyGradientConfig, help="GRPO stage")
     ppo: dict = knob(factory=dict, help="PPO stage: PPOConfig fields (posttrain.trainers.ppo), when installed")
@@ -115,23 +149,33 @@ class PipelineConfig:
     def __post_init__(self):
         check_fields(self)
         if self.hf_model and not Path(self.hf_model).is_dir():
-            raise ConfigError(f"hf_model={self.hf_model!r}: not a directory (a local Hugging Face model directory, "
-                              f"as save_pretrained writes it)")
+            raise ConfigError(
+                f"hf_model={self.hf_model!r}: not a directory (a local Hugging Face model directory, "
+                f"as save_pretrained writes it)"
+            )
         if bool(self.preference_file) != bool(self.preference_eval_file):
-            raise ConfigError("preference_file and preference_eval_file go together: the rm stage trains on the first "
-                              "and measures held-out pairwise accuracy on the second")
+            raise ConfigError(
+                "preference_file and preference_eval_file go together: the rm stage trains on the first "
+                "and measures held-out pairwise accuracy on the second"
+            )
         if self.pad_token and not self.hf_model:
             raise ConfigError("pad_token is for an hf_model's tokenizer; set hf_model or remove pad_token")
         if self.reward:
             default = PolicyGradientConfig.__dataclass_fields__["reward"].default
-            for section, spec in (("grpo", self.grpo.reward if self.grpo.reward != default else None),
-                                  ("ppo", self.ppo.get("reward"))):
+            for section, spec in (
+                ("grpo", self.grpo.reward if self.grpo.reward != default else None),
+                ("ppo", self.ppo.get("reward")),
+            ):
                 if spec is not None and spec != self.reward:
-                    raise ConfigError(f"reward={self.reward!r} and {section}.reward={spec!r}: the top-level reward is "
-                                      f"the grpo and ppo stages' reward; set one of them")
+                    raise ConfigError(
+                        f"reward={self.reward!r} and {section}.reward={spec!r}: the top-level reward is "
+                        f"the grpo and ppo stages' reward; set one of them"
+                    )
         if self.tokenizer.kind == "byte-bpe" and self.tokenizer.vocab_size < 259:
-            raise ConfigError(f"tokenizer.vocab_size={self.tokenizer.vocab_size}: byte-bpe needs >= 259 "
-                              f"(256 bytes + 3 special tokens)")
+            raise ConfigError(
+                f"tokenizer.vocab_size={self.tokenizer.vocab_size}: byte-bpe needs >= 259 "
+                f"(256 bytes + 3 special tokens)"
+            )
 
 
 _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
@@ -141,19 +185,46 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 _TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_RECIPE}
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,  # every trainer's own tiny preset (the RM's recipe included): what `make demo` runs
-    "micro": _merge(json.loads(json.dumps(_TINY)), {  # every stage in seconds on one thread: CI
-        "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
-        "task": {"num_demos": 48, "num_eval": 32},
-        "tokenizer": {"vocab_size": 300},
-        "sft": {"steps": 24, "batch_size": 16, "eval_every": 12, "save_every": 8, "warmup_steps": 2,
-                "model": _MICRO_MODEL},
-        "rm": {"steps": 6, "batch_size": 8, "eval_every": 0, "save_every": 0, "eval_prompts": 32, "stats_pairs": 32,
-               "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True}},
-        "dpo": {"steps": 6, "batch_size": 8, "eval_every": 0, "save_every": 0,
-                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True}},
-        "grpo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0,
-                 "max_sample_rounds": 1},
-        "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
-        "eval": {"samples": 4},
-    }),
+    "micro": _merge(
+        json.loads(json.dumps(_TINY)),
+        {  # every stage in seconds on one thread: CI
+            "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
+            "task": {"num_demos": 48, "num_eval": 32},
+            "tokenizer": {"vocab_size": 300},
+            "sft": {
+                "steps": 24,
+                "batch_size": 16,
+                "eval_every": 12,
+                "save_every": 8,
+                "warmup_steps": 2,
+                "model": _MICRO_MODEL,
+            },
+            "rm": {
+                "steps": 6,
+                "batch_size": 8,
+                "eval_every": 0,
+                "save_every": 0,
+                "eval_prompts": 32,
+                "stats_pairs": 32,
+                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
+            },
+            "dpo": {
+                "steps": 6,
+                "batch_size": 8,
+                "eval_every": 0,
+                "save_every": 0,
+                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
+            },
+            "grpo": {
+                "steps": 4,
+                "prompts_per_step": 4,
+                "num_generations": 4,
+                "eval_every": 0,
+                "save_every": 0,
+                "max_sample_rounds": 1,
+            },
+            "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
+            "eval": {"samples": 4},
+        },
+    ),
 }

@@ -73,13 +73,20 @@ def _sentence(rng: random.Random) -> str:
         if kind < 0.35:
             words += [rng.choice(PREPOSITIONS), rng.choice(DETERMINERS), _inflect(rng, rng.choice(STEMS))]
         elif kind < 0.6:
-            words += [rng.choice(CONNECTIVES), rng.choice(DETERMINERS), _inflect(rng, rng.choice(STEMS)),
-                      _inflect(rng, rng.choice(STEMS))]
+            words += [
+                rng.choice(CONNECTIVES),
+                rng.choice(DETERMINERS),
+                _inflect(rng, rng.choice(STEMS)),
+                _inflect(rng, rng.choice(STEMS)),
+            ]
         elif kind < 0.8:
             words.append(rng.choice(ADVERBS))
         else:
-            words += ["in", str(rng.randint(1800, 2030))] if rng.random() < 0.5 else [str(rng.randint(2, 999)),
-                                                                                      _inflect(rng, rng.choice(STEMS))]
+            words += (
+                ["in", str(rng.randint(1800, 2030))]
+                if rng.random() < 0.5
+                else [str(rng.randint(2, 999)), _inflect(rng, rng.choice(STEMS))]
+            )
     text = " ".join(words)
     return text[0].upper() + text[1:] + rng.choice((".", ".", ".", "!", "?"))
 
@@ -105,8 +112,10 @@ def _near(rng: random.Random, text: str, edits: int) -> str:
 def build_corpus(cfg: CorpusConfig, task: ArithmeticTask) -> tuple[list[dict], dict]:
     """-> (records in file order, manifest {"injected": {kind: n}, "originals": n, "leaked_prompts": [...]})."""
     rng = random.Random(f"pipeline-corpus:{cfg.seed}")
-    originals = [{"kind": "demo", "text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer}
-                 for p in task.demonstrations()]
+    originals = [
+        {"kind": "demo", "text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer}
+        for p in task.demonstrations()
+    ]
     originals += [{"kind": "text", "text": paragraph(rng, cfg.sentences)} for _ in range(cfg.paragraphs)]
     rng.shuffle(originals)
     n = len(originals)
@@ -115,8 +124,10 @@ def build_corpus(cfg: CorpusConfig, task: ArithmeticTask) -> tuple[list[dict], d
     if cfg.exact_dups + cfg.near_dups > n or cfg.near_dups > len(paragraphs):
         from posttrain.errors import ConfigError
 
-        raise ConfigError(f"corpus: {cfg.exact_dups} exact + {cfg.near_dups} near duplicates need more originals "
-                          f"than the {n} documents ({len(paragraphs)} paragraphs)")
+        raise ConfigError(
+            f"corpus: {cfg.exact_dups} exact + {cfg.near_dups} near duplicates need more originals "
+            f"than the {n} documents ({len(paragraphs)} paragraphs)"
+        )
     near_src = rng.sample(paragraphs, cfg.near_dups)
     rest = sorted(set(range(n)) - set(near_src))
     exact_src = rng.sample(rest, cfg.exact_dups)
@@ -127,12 +138,18 @@ def build_corpus(cfg: CorpusConfig, task: ArithmeticTask) -> tuple[list[dict], d
     for i in exact_src:
         keyed.append((after(i), {**originals[i], "kind": "exact", "source": i}))
     for i in near_src:
-        keyed.append((after(i), {"kind": "near", "text": _near(rng, originals[i]["text"], cfg.near_edits), "source": i}))
+        keyed.append(
+            (after(i), {"kind": "near", "text": _near(rng, originals[i]["text"], cfg.near_edits), "source": i})
+        )
     evals = task.eval_problems()
     leaked = rng.sample(evals, min(cfg.leaks, len(evals)))
     for p in leaked:
-        keyed.append((rng.random() * n, {"kind": "leak", "text": demo_text(p.prompt, p.answer), "prompt": p.prompt,
-                                         "answer": p.answer}))
+        keyed.append(
+            (
+                rng.random() * n,
+                {"kind": "leak", "text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer},
+            )
+        )
     order = sorted(range(len(keyed)), key=lambda j: keyed[j][0])
     new_id = {j: i for i, j in enumerate(order)}  # originals are keyed[0..n-1]: original j gets id new_id[j]
     records = []
@@ -141,11 +158,16 @@ def build_corpus(cfg: CorpusConfig, task: ArithmeticTask) -> tuple[list[dict], d
         if "source" in r:
             r["source"] = new_id[r["source"]]
         records.append({"id": i, **r})
-    manifest = {"originals": n, "injected": {"exact": cfg.exact_dups, "near": cfg.near_dups, "leak": len(leaked)},
-                "leaked_prompts": [p.prompt for p in leaked]}
+    manifest = {
+        "originals": n,
+        "injected": {"exact": cfg.exact_dups, "near": cfg.near_dups, "leak": len(leaked)},
+        "leaked_prompts": [p.prompt for p in leaked],
+    }
     return records, manifest
 
 
 def eval_records(task: ArithmeticTask) -> list[dict]:
     """The held-out items as the contamination check reads them (and as ``posttrain eval`` does)."""
-    return [{"text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer} for p in task.eval_problems()]
+    return [
+        {"text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer} for p in task.eval_problems()
+    ]

@@ -64,8 +64,10 @@ def run_dedup(ctx, out: Path) -> dict:
         records, manifest = build_corpus(cfg.corpus, task)
     write_jsonl(out / "raw.jsonl", records)
     if cfg.eval_file:
-        evals = [{"text": f"{r['prompt']} {r['answer']}", **r}
-                 for _, r in iter_jsonl(cfg.eval_file, required=("prompt", "answer"))]
+        evals = [
+            {"text": f"{r['prompt']} {r['answer']}", **r}
+            for _, r in iter_jsonl(cfg.eval_file, required=("prompt", "answer"))
+        ]
     else:
         evals = eval_records(task)
     write_jsonl(out / "eval.jsonl", evals)
@@ -73,8 +75,13 @@ def run_dedup(ctx, out: Path) -> dict:
     import dataclasses
 
     dcfg = dataclasses.replace(dcfg, id_field="id", contamination=(str(out / "eval.jsonl"),), progress=not ctx.quiet)
-    stats = dedup([str(out / "raw.jsonl")], out / "kept.jsonl", dcfg, clusters=out / "clusters.jsonl",
-                  stats_path=out / "dedup_stats.json")
+    stats = dedup(
+        [str(out / "raw.jsonl")],
+        out / "kept.jsonl",
+        dcfg,
+        clusters=out / "clusters.jsonl",
+        stats_path=out / "dedup_stats.json",
+    )
     by_id = {r["id"]: r for r in records}
     steps = parse_normalize(dcfg.normalize)
     kept_ids = {json.loads(line)["id"] for line in (out / "kept.jsonl").open(encoding="utf-8")}
@@ -92,19 +99,28 @@ def run_dedup(ctx, out: Path) -> dict:
         kind = "exact" if a == b else "near"
         removed[kind] += 1
         if kind == "near":
-            pairs.append(jaccard(shingle_strings(a, dcfg.ngram, dcfg.shingle), shingle_strings(b, dcfg.ngram, dcfg.shingle)))
-    summary = {"documents_in": stats["documents_in"], "kept": stats["kept"],
-               "removed": {k: removed[k] for k in ("exact", "near", "contamination")},
-               "lsh": {k: stats["lsh"][k] for k in ("bands", "rows", "threshold")} if "lsh" in stats else {},
-               "candidate_pairs": stats.get("candidate_pairs"), "merged_pair_jaccard": [round(j, 4) for j in pairs],
-               "contaminated_eval_items": stats.get("contamination", {}).get("contaminated_eval_items"),
-               "eval_items": len(evals), "dedup_seconds": stats["time_s"]["total"]}
+            pairs.append(
+                jaccard(shingle_strings(a, dcfg.ngram, dcfg.shingle), shingle_strings(b, dcfg.ngram, dcfg.shingle))
+            )
+    summary = {
+        "documents_in": stats["documents_in"],
+        "kept": stats["kept"],
+        "removed": {k: removed[k] for k in ("exact", "near", "contamination")},
+        "lsh": {k: stats["lsh"][k] for k in ("bands", "rows", "threshold")} if "lsh" in stats else {},
+        "candidate_pairs": stats.get("candidate_pairs"),
+        "merged_pair_jaccard": [round(j, 4) for j in pairs],
+        "contaminated_eval_items": stats.get("contamination", {}).get("contaminated_eval_items"),
+        "eval_items": len(evals),
+        "dedup_seconds": stats["time_s"]["total"],
+    }
     if manifest is not None:
         near_j = []
         for r in records:
             if r["kind"] == "near":
                 a, b = normalize(r["text"], steps), normalize(by_id[r["source"]]["text"], steps)
-                near_j.append(jaccard(shingle_strings(a, dcfg.ngram, dcfg.shingle), shingle_strings(b, dcfg.ngram, dcfg.shingle)))
+                near_j.append(
+                    jaccard(shingle_strings(a, dcfg.ngram, dcfg.shingle), shingle_strings(b, dcfg.ngram, dcfg.shingle))
+                )
         lsh = summary["lsh"]
         thr = lsh.get("threshold", dcfg.threshold)
         p = [float(s_curve(j, lsh["bands"], lsh["rows"])) if j >= thr else 0.0 for j in near_j] if lsh else []
@@ -122,13 +138,21 @@ def run_dedup(ctx, out: Path) -> dict:
         }
         summary["leaked_prompts"] = manifest["leaked_prompts"]
     # SFT data: the demonstrations dedup kept, and (for the contamination run) every demonstration in the raw corpus
-    kept_demos = [{"prompt": by_id[i]["prompt"], "answer": by_id[i]["answer"]} for i in sorted(kept_ids)
-                  if isinstance(by_id[i].get("prompt"), str) and isinstance(by_id[i].get("answer"), str)]
-    raw_demos = [{"prompt": r["prompt"], "answer": r["answer"]} for r in records
-                 if isinstance(r.get("prompt"), str) and isinstance(r.get("answer"), str)]
+    kept_demos = [
+        {"prompt": by_id[i]["prompt"], "answer": by_id[i]["answer"]}
+        for i in sorted(kept_ids)
+        if isinstance(by_id[i].get("prompt"), str) and isinstance(by_id[i].get("answer"), str)
+    ]
+    raw_demos = [
+        {"prompt": r["prompt"], "answer": r["answer"]}
+        for r in records
+        if isinstance(r.get("prompt"), str) and isinstance(r.get("answer"), str)
+    ]
     if not kept_demos:
-        raise DataError(f"{cfg.corpus_file or 'the corpus'}: no {{prompt, answer}} records survive dedup: SFT has "
-                        f"nothing to train on")
+        raise DataError(
+            f"{cfg.corpus_file or 'the corpus'}: no {{prompt, answer}} records survive dedup: SFT has "
+            f"nothing to train on"
+        )
     summary["demos_kept"] = write_jsonl(out / "sft.jsonl", kept_demos)
     summary["demos_raw"] = write_jsonl(out / "sft_raw.jsonl", raw_demos)
     atomic_write_json(out / "summary.json", summary)
@@ -166,13 +190,22 @@ def tokenizer_stats(tok, texts: list[str]) -> dict:
             k = len(tok.encode(" " + w)) if n_words else len(tok.encode(w))
             per_word[k] += 1
             n_words += 1
-    digits_ok = all(len(tok.encode(d)) == 1 for d in "0123456789") and \
-        tok.decode(tok.encode("37+48=85")) == "37+48=85" and len(tok.encode("1234")) == 4
-    return {"vocab_size": tok.vocab_size, "tokens": n_tokens, "words": n_words, "bytes": n_bytes,
-            "tokens_per_word": n_tokens / max(n_words, 1), "bytes_per_token": n_bytes / max(n_tokens, 1),
-            "tokens_per_word_histogram": {str(k): v for k, v in sorted(per_word.items())},
-            "digits_single_tokens": digits_ok,
-            "example": {"text": "Q: 37+48= A: 85", "tokens": _tokens(tok, "Q: 37+48= A: 85")}}
+    digits_ok = (
+        all(len(tok.encode(d)) == 1 for d in "0123456789")
+        and tok.decode(tok.encode("37+48=85")) == "37+48=85"
+        and len(tok.encode("1234")) == 4
+    )
+    return {
+        "vocab_size": tok.vocab_size,
+        "tokens": n_tokens,
+        "words": n_words,
+        "bytes": n_bytes,
+        "tokens_per_word": n_tokens / max(n_words, 1),
+        "bytes_per_token": n_bytes / max(n_tokens, 1),
+        "tokens_per_word_histogram": {str(k): v for k, v in sorted(per_word.items())},
+        "digits_single_tokens": digits_ok,
+        "example": {"text": "Q: 37+48= A: 85", "tokens": _tokens(tok, "Q: 37+48= A: 85")},
+    }
 
 
 def _tokens(tok, text: str) -> list[str]:
@@ -191,9 +224,11 @@ def run_tokenizer(ctx, out: Path) -> dict:
         tok = load_model_tokenizer(ctx.cfg.hf_model, pad_token=ctx.cfg.pad_token)
         s = tokenizer_stats(tok, texts)
         s["kind"] = "hf_model"
-        s["note"] = (f"No tokenizer trained: hf_model = {ctx.cfg.hf_model}, so every stage uses that model's own "
-                     f"tokenizer (its files travel in each checkpoint); [tokenizer] settings are ignored. The table "
-                     f"gives that tokenizer's numbers on the deduplicated corpus.")
+        s["note"] = (
+            f"No tokenizer trained: hf_model = {ctx.cfg.hf_model}, so every stage uses that model's own "
+            f"tokenizer (its files travel in each checkpoint); [tokenizer] settings are ignored. The table "
+            f"gives that tokenizer's numbers on the deduplicated corpus."
+        )
         atomic_write_json(out / "summary.json", s)
         return s
     if cfg.kind == "char":
@@ -201,9 +236,16 @@ def run_tokenizer(ctx, out: Path) -> dict:
 
         tok = CharTokenizer(ArithmeticTask(ctx.cfg.task).alphabet)
         tok.save(out / "tokenizer.json")
-        texts = [f"{json.loads(line)['prompt']}{json.loads(line)['answer']}"
-                 for line in (ctx.dir("dedup") / "sft.jsonl").open(encoding="utf-8")]
-        s = {"vocab_size": tok.vocab_size, "tokens_per_word": None, "bytes_per_token": 1.0, "digits_single_tokens": True}
+        texts = [
+            f"{json.loads(line)['prompt']}{json.loads(line)['answer']}"
+            for line in (ctx.dir("dedup") / "sft.jsonl").open(encoding="utf-8")
+        ]
+        s = {
+            "vocab_size": tok.vocab_size,
+            "tokens_per_word": None,
+            "bytes_per_token": 1.0,
+            "digits_single_tokens": True,
+        }
     else:
         tok = train_tokenizer(texts, cfg.vocab_size, cfg.min_frequency, cfg.individual_digits)
         tok.save(out / "tokenizer.json")

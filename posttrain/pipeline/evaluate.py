@@ -68,36 +68,47 @@ def make_verifier(spec: str | None):
 
 
 @torch.no_grad()
-def sample_k(model, tok, prompts: list[str], k: int, temperature: float, max_new_tokens: int, seed: int,
-             batch: int = 64) -> list[list[str]]:
+def sample_k(
+    model, tok, prompts: list[str], k: int, temperature: float, max_new_tokens: int, seed: int, batch: int = 64
+) -> list[list[str]]:
     """k completions per prompt at ``temperature`` (rows prompt-major), from a generator seeded by ``seed``."""
     g = torch.Generator().manual_seed(seed)
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, num_samples=k)
     out: list[list[str]] = []
     for s in range(0, len(prompts), batch):
         ps = prompts[s : s + batch]
-        gen = generate(model, [encode_prompt(tok, p) for p in ps], pad_id=tok.pad_id, eos_id=tok.eos_id, cfg=cfg,
-                       generator=g)
+        gen = generate(
+            model, [encode_prompt(tok, p) for p in ps], pad_id=tok.pad_id, eos_id=tok.eos_id, cfg=cfg, generator=g
+        )
         texts = decode_completions(tok, gen)
         out += [texts[i * k : (i + 1) * k] for i in range(len(ps))]
     return out
 
 
-def evaluate_policy(path: Path, pairs, k: int, temperature: float, max_new_tokens: int, seed: int,
-                    verifier=exact_verify) -> dict:
+def evaluate_policy(
+    path: Path, pairs, k: int, temperature: float, max_new_tokens: int, seed: int, verifier=exact_verify
+) -> dict:
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
 
     ckpt = load_checkpoint(path, accept_kinds=POLICY, role="pipeline eval")
     model, tok = ckpt.model.eval(), ckpt.tokenizer
     prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
-    greedy = evaluate(model, tok, prompts, answers, max_new_tokens=max_new_tokens, keep_samples=len(prompts),
-                      verifier=verifier)
+    greedy = evaluate(
+        model, tok, prompts, answers, max_new_tokens=max_new_tokens, keep_samples=len(prompts), verifier=verifier
+    )
     samples = sample_k(model, tok, prompts, k, temperature, max_new_tokens, seed)
     correct = [[bool(verifier(c, a)) for c in row] for row, a in zip(samples, answers)]
     n = len(pairs)
-    return {"greedy_accuracy": greedy.accuracy, "pass@1": sum(map(sum, correct)) / (n * k),
-            "pass@k": sum(any(r) for r in correct) / n, "n": n, "k": k,
-            "greedy_correct": [s["correct"] for s in greedy.samples], "samples": samples, "correct": correct}
+    return {
+        "greedy_accuracy": greedy.accuracy,
+        "pass@1": sum(map(sum, correct)) / (n * k),
+        "pass@k": sum(any(r) for r in correct) / n,
+        "n": n,
+        "k": k,
+        "greedy_correct": [s["correct"] for s in greedy.samples],
+        "samples": samples,
+        "correct": correct,
+    }
 
 
 def best_of_n(rm_path: Path, pairs, samples: list[list[str]], correct: list[list[bool]]) -> dict:
@@ -115,8 +126,13 @@ def best_of_n(rm_path: Path, pairs, samples: list[list[str]], correct: list[list
         hits += row[best]
         for j, ok in enumerate(row):
             (good if ok else bad).append(round(s[j], 4))
-    return {"accuracy": hits / max(len(correct), 1), "n": len(correct), "N": k, "scores_correct": good,
-            "scores_incorrect": bad}
+    return {
+        "accuracy": hits / max(len(correct), 1),
+        "n": len(correct),
+        "N": k,
+        "scores_correct": good,
+        "scores_incorrect": bad,
+    }
 
 
 def run_eval_stage(ctx, out: Path) -> dict:
@@ -134,8 +150,10 @@ def run_eval_stage(ctx, out: Path) -> dict:
         details[name] = r
         results[name] = {k: r[k] for k in ("greedy_accuracy", "pass@1", "pass@k", "n", "k")}
         if not ctx.quiet:
-            print(f"eval {name:<8} greedy {r['greedy_accuracy']:.3f}  pass@1 {r['pass@1']:.3f}  "
-                  f"pass@{e.samples} {r['pass@k']:.3f}")
+            print(
+                f"eval {name:<8} greedy {r['greedy_accuracy']:.3f}  pass@1 {r['pass@1']:.3f}  "
+                f"pass@{e.samples} {r['pass@k']:.3f}"
+            )
     summary = {"n": len(pairs), "samples": e.samples, "temperature": e.temperature, "models": results}
     if "rm" in ctx.done and "sft" in details and ctx.model("rm").is_dir():
         b = best_of_n(ctx.model("rm"), pairs, details["sft"]["samples"], details["sft"]["correct"])
@@ -151,8 +169,12 @@ def run_eval_stage(ctx, out: Path) -> dict:
                 flags = details[name]["greedy_correct"]
                 on = [ok for (p, _), ok in zip(pairs, flags) if p in leaked]
                 off = [ok for (p, _), ok in zip(pairs, flags) if p not in leaked]
-                split[name] = {"leaked": sum(on) / max(len(on), 1), "clean": sum(off) / max(len(off), 1),
-                               "n_leaked": len(on), "n_clean": len(off)}
+                split[name] = {
+                    "leaked": sum(on) / max(len(on), 1),
+                    "clean": sum(off) / max(len(off), 1),
+                    "n_leaked": len(on),
+                    "n_clean": len(off),
+                }
         summary["contamination"] = split
     with open(out / "samples.jsonl", "w", encoding="utf-8") as fh:
         for name, r in details.items():

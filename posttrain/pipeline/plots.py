@@ -12,8 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-COLORS = {"sft": "#4c72b0", "sft_raw": "#8c8c8c", "rm": "#dd8452", "dpo": "#55a868", "grpo": "#c44e52",
-          "ppo": "#8172b3", "rm_best_of_n": "#dd8452"}
+COLORS = {
+    "sft": "#4c72b0",
+    "sft_raw": "#8c8c8c",
+    "rm": "#dd8452",
+    "dpo": "#55a868",
+    "grpo": "#c44e52",
+    "ppo": "#8172b3",
+    "rm_best_of_n": "#dd8452",
+}
 
 
 def _plt():
@@ -33,7 +40,9 @@ def metrics(stage_dir: Path) -> list[dict]:
 
 
 def _series(rows: list[dict], key: str) -> tuple[list, list]:
-    pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)]
+    pts = [
+        (r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
@@ -55,16 +64,23 @@ def training_loss(run: Path, stages: list[str], out: Path) -> Path | None:
         x, y = _series(r, "loss")
         ax.plot(x, y, color=COLORS.get(s), lw=1.2)
         rl = s == "grpo"
-        ax.set_title(f"{s}: " + ("policy loss (~0 on-policy by design;\nsee the RL curves)" if rl else "training loss"),
-                     fontsize=9)
+        ax.set_title(
+            f"{s}: " + ("policy loss (~0 on-policy by design;\nsee the RL curves)" if rl else "training loss"),
+            fontsize=9,
+        )
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     return _save(fig, out / "training_loss.png")
 
 
-RL_KEYS = (("reward_mean", "reward (mean)"), ("heldout_accuracy", "held-out accuracy (greedy)"), ("kl", "KL to reference"),
-           ("entropy", "entropy (nats/token)"), ("completion_length", "completion length (tokens)"))
+RL_KEYS = (
+    ("reward_mean", "reward (mean)"),
+    ("heldout_accuracy", "held-out accuracy (greedy)"),
+    ("kl", "KL to reference"),
+    ("entropy", "entropy (nats/token)"),
+    ("completion_length", "completion length (tokens)"),
+)
 
 
 def rl_curves(run: Path, methods: list[str], out: Path) -> Path | None:
@@ -82,8 +98,16 @@ def rl_curves(run: Path, methods: list[str], out: Path) -> Path | None:
                 ax.plot(x, y, color=COLORS.get(m), lw=1.2, label=m, marker="o" if len(x) < 12 else None, ms=3)
                 drawn = True
         if not drawn:
-            ax.text(0.5, 0.5, "not logged\n(beta = 0: no reference model)" if key == "kl" else "not logged",
-                    ha="center", va="center", fontsize=8, transform=ax.transAxes, color="gray")
+            ax.text(
+                0.5,
+                0.5,
+                "not logged\n(beta = 0: no reference model)" if key == "kl" else "not logged",
+                ha="center",
+                va="center",
+                fontsize=8,
+                transform=ax.transAxes,
+                color="gray",
+            )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -130,8 +154,14 @@ def rm_plot(run: Path, eval_summary: dict | None, out: Path) -> Path | None:
     a.legend(fontsize=7)
     sc = (eval_summary or {}).get("rm_scores")
     if sc and (sc["correct"] or sc["incorrect"]):
-        b.hist([sc["correct"], sc["incorrect"]], bins=30, color=["#55a868", "#c44e52"],
-               label=["correct samples", "incorrect samples"], histtype="stepfilled", alpha=0.6)
+        b.hist(
+            [sc["correct"], sc["incorrect"]],
+            bins=30,
+            color=["#55a868", "#c44e52"],
+            label=["correct samples", "incorrect samples"],
+            histtype="stepfilled",
+            alpha=0.6,
+        )
         b.legend(fontsize=7)
     b.set_title("RM score of SFT samples (held-out prompts)", fontsize=9)
     for ax in (a, b):
@@ -158,7 +188,14 @@ def lsh_curve(dedup: dict | None, out: Path) -> Path | None:
     merged = dedup.get("merged_pair_jaccard") or []
     injected = dedup.get("injected_near_jaccard") or []
     if injected:
-        ax.plot(injected, [-0.04] * len(injected), "|", color="#c44e52", ms=10, label=f"injected near pairs ({len(injected)})")
+        ax.plot(
+            injected,
+            [-0.04] * len(injected),
+            "|",
+            color="#c44e52",
+            ms=10,
+            label=f"injected near pairs ({len(injected)})",
+        )
     if merged:
         ax.plot(merged, [-0.10] * len(merged), "|", color="#55a868", ms=10, label=f"pairs dedup merged ({len(merged)})")
     ax.set_ylim(-0.15, 1.05)
@@ -195,7 +232,9 @@ def accuracy_bars(table: dict, labels: dict, out: Path) -> Path | None:
     names = list(table)
     fig, ax = plt.subplots(figsize=(7, 3))
     width = 0.27
-    for i, (key, title) in enumerate((("greedy", "greedy (RM: best-of-N pick)"), ("pass@1", "pass@1 (T=1)"), ("pass@k", "pass@k"))):
+    for i, (key, title) in enumerate(
+        (("greedy", "greedy (RM: best-of-N pick)"), ("pass@1", "pass@1 (T=1)"), ("pass@k", "pass@k"))
+    ):
         vals = [table[n].get(key) or 0.0 for n in names]
         ax.bar([x + (i - 1) * width for x in range(len(names))], vals, width, label=title, alpha=0.85)
     ax.set_xticks(range(len(names)))

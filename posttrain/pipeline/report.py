@@ -50,10 +50,12 @@ def render_md(blocks) -> str:
 
 
 def render_html(blocks, title: str) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
-             "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
-             "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:90%}"
-             "th{background:#f3f3f3}img{max-width:100%}code{background:#f6f6f6}</style></head><body>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+        "body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}"
+        "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;font-size:90%}"
+        "th{background:#f3f3f3}img{max-width:100%}code{background:#f6f6f6}</style></head><body>"
+    ]
     for b in blocks:
         if b[0] == "h":
             parts.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
@@ -92,25 +94,48 @@ def write_report(ctx, out: Path) -> dict:
     h = ctx.header
     elapsed = time.perf_counter() - ctx.started
     table = heldout_table(ctx)
-    blocks: list[tuple] = [("h", 1, f"posttrain pipeline: {ctx.run_dir.name}"),
-                           ("p", f"commit {h['commit']} · {h['machine']} · python {h['python']} · torch {h['torch']} · "
-                                 f"posttrain {h['posttrain']} · preset {h['preset']} · seed {h['seed']} · "
-                                 f"total {sum(d['wall_s'] for d in ctx.done.values()):.1f} s of stage wall time (as each stage ran; "
-                                 f"{elapsed:.1f} s in this invocation before the report)"),
-                           ("p", "One seed: outcomes vary from seed to seed (benchmarks/bench_outcomes.py for mean ± sd).")]
+    blocks: list[tuple] = [
+        ("h", 1, f"posttrain pipeline: {ctx.run_dir.name}"),
+        (
+            "p",
+            f"commit {h['commit']} · {h['machine']} · python {h['python']} · torch {h['torch']} · "
+            f"posttrain {h['posttrain']} · preset {h['preset']} · seed {h['seed']} · "
+            f"total {sum(d['wall_s'] for d in ctx.done.values()):.1f} s of stage wall time (as each stage ran; "
+            f"{elapsed:.1f} s in this invocation before the report)",
+        ),
+        ("p", "One seed: outcomes vary from seed to seed (benchmarks/bench_outcomes.py for mean ± sd)."),
+    ]
     ev = ctx.summary("eval") or {}
     n, k = ev.get("n"), ev.get("samples")
-    blocks += [("h", 2, "Held-out accuracy"),
-               ("p", f"{n} held-out prompts; greedy decoding, and {k} samples per prompt at temperature "
-                     f"{ev.get('temperature')} (pass@1 = their mean accuracy, pass@{k} = any of them correct)."),
-               ("table", ["model", "greedy", "pass@1", f"pass@{k}"],
-                [[LABELS.get(m, m), fmt(r["greedy"], "{:.3f}"), fmt(r["pass@1"], "{:.3f}") if r["pass@1"] is not None else "-",
-                  fmt(r["pass@k"], "{:.3f}") if r["pass@k"] is not None else "-"] for m, r in table.items()])]
+    blocks += [
+        ("h", 2, "Held-out accuracy"),
+        (
+            "p",
+            f"{n} held-out prompts; greedy decoding, and {k} samples per prompt at temperature "
+            f"{ev.get('temperature')} (pass@1 = their mean accuracy, pass@{k} = any of them correct).",
+        ),
+        (
+            "table",
+            ["model", "greedy", "pass@1", f"pass@{k}"],
+            [
+                [
+                    LABELS.get(m, m),
+                    fmt(r["greedy"], "{:.3f}"),
+                    fmt(r["pass@1"], "{:.3f}") if r["pass@1"] is not None else "-",
+                    fmt(r["pass@k"], "{:.3f}") if r["pass@k"] is not None else "-",
+                ]
+                for m, r in table.items()
+            ],
+        ),
+    ]
     figs = out
     img = plots.accuracy_bars(table, LABELS, figs)
     if img:
         blocks.append(("img", img, "held-out accuracy"))
-    blocks += [("h", 2, "Stages"), ("table", ["stage", "status", "wall time", "peak RSS", "key metrics"], stage_table(ctx))]
+    blocks += [
+        ("h", 2, "Stages"),
+        ("table", ["stage", "status", "wall time", "peak RSS", "key metrics"], stage_table(ctx)),
+    ]
     sections = []
     for s in ctx.stages:
         if s.name == "report":
@@ -121,16 +146,24 @@ def write_report(ctx, out: Path) -> dict:
         if done is None:
             blocks.append(("p", f"Skipped: {ctx.notes.get(s.name, 'not run in this invocation')}."))
             continue
-        blocks.append(("table", ["metric", "value"], [[m.label, fmt(get(done["summary"], m.key), m.fmt)] for m in s.schema]))
+        blocks.append(
+            ("table", ["metric", "value"], [[m.label, fmt(get(done["summary"], m.key), m.fmt)] for m in s.schema])
+        )
         blocks += _extra(ctx, s.name, done["summary"], figs)
     if ctx.done.get("sft") or ctx.done.get("dpo"):
-        img = plots.training_loss(ctx.run_dir, [x for x in ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo") if x in ctx.done], figs)
+        img = plots.training_loss(
+            ctx.run_dir, [x for x in ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo") if x in ctx.done], figs
+        )
         if img:
             blocks += [("h", 2, "Training loss"), ("img", img, "training loss per stage")]
     atomic_write_text(out / "report.md", render_md(blocks))
     atomic_write_text(out / "report.html", render_html(blocks, f"posttrain pipeline {ctx.run_dir.name}"))
-    return {"sections": sections, "figures": sorted(p.name for p in out.glob("*.png")),
-            "md": str(out / "report.md"), "html": str(out / "report.html")}
+    return {
+        "sections": sections,
+        "figures": sorted(p.name for p in out.glob("*.png")),
+        "md": str(out / "report.md"),
+        "html": str(out / "report.html"),
+    }
 
 
 def _extra(ctx, name: str, s: dict, figs: Path) -> list[tuple]:
@@ -139,35 +172,76 @@ def _extra(ctx, name: str, s: dict, figs: Path) -> list[tuple]:
     if name == "dedup":
         if "injected" in s:
             inj, rem, ok = s["injected"], s["removed"], s["counts_match"]
-            b.append(("table", ["kind", "injected", "removed", "expected (method)", "match"], [
-                ["exact duplicates", inj["exact"], rem["exact"], inj["exact"], "yes" if ok["exact"] else "NO"],
-                ["near duplicates", inj["near"], rem["near"],
-                 f"{s['expected_near_found']} ± {3 * s['expected_near_sd']:.1f} (3 s.d.; {s['injected_near_above_threshold']} "
-                 f"of {inj['near']} at Jaccard >= threshold)", "yes" if ok["near"] else "NO"],
-                ["leaked eval items", inj["leak"], rem["contamination"], inj["leak"], "yes" if ok["contamination"] else "NO"]]))
+            b.append(
+                (
+                    "table",
+                    ["kind", "injected", "removed", "expected (method)", "match"],
+                    [
+                        ["exact duplicates", inj["exact"], rem["exact"], inj["exact"], "yes" if ok["exact"] else "NO"],
+                        [
+                            "near duplicates",
+                            inj["near"],
+                            rem["near"],
+                            f"{s['expected_near_found']} ± {3 * s['expected_near_sd']:.1f} (3 s.d.; {s['injected_near_above_threshold']} "
+                            f"of {inj['near']} at Jaccard >= threshold)",
+                            "yes" if ok["near"] else "NO",
+                        ],
+                        [
+                            "leaked eval items",
+                            inj["leak"],
+                            rem["contamination"],
+                            inj["leak"],
+                            "yes" if ok["contamination"] else "NO",
+                        ],
+                    ],
+                )
+            )
         img = plots.lsh_curve(s, figs)
         if img:
             b.append(("img", img, "LSH S-curve"))
     elif name == "tokenizer" and s.get("example"):
         if s.get("note"):
             b.append(("p", s["note"]))
-        b.append(("p", f"'{s['example']['text']}' -> {' '.join(s['example']['tokens'])}  ({s['tokens']} tokens for "
-                       f"{s['words']} words, {s['bytes']} bytes)"))
+        b.append(
+            (
+                "p",
+                f"'{s['example']['text']}' -> {' '.join(s['example']['tokens'])}  ({s['tokens']} tokens for "
+                f"{s['words']} words, {s['bytes']} bytes)",
+            )
+        )
         img = plots.tokens_per_word(s, figs)
         if img:
             b.append(("img", img, "tokens per word"))
     elif name == "sft" and ctx.cfg.hf_model:
-        b.append(("p", f"Started from the Hugging Face model {ctx.cfg.hf_model} (model_path; its own tokenizer, "
-                       f"[sft.model] ignored); rm, dpo, grpo and ppo start from this SFT checkpoint."))
+        b.append(
+            (
+                "p",
+                f"Started from the Hugging Face model {ctx.cfg.hf_model} (model_path; its own tokenizer, "
+                f"[sft.model] ignored); rm, dpo, grpo and ppo start from this SFT checkpoint.",
+            )
+        )
     elif name == "sft_raw":
         c = (ctx.summary("eval") or {}).get("contamination")
         if c:
-            b.append(("p", "What contamination costs: greedy accuracy on the held-out items that were leaked into the raw "
-                           "corpus, and on the rest. Training on the raw corpus inflates the leaked items' number; the "
-                           "clean SFT never saw them."))
-            b.append(("table", ["model", f"leaked items (n={next(iter(c.values()))['n_leaked']})",
-                                f"other items (n={next(iter(c.values()))['n_clean']})"],
-                      [[LABELS.get(m, m), f"{r['leaked']:.3f}", f"{r['clean']:.3f}"] for m, r in c.items()]))
+            b.append(
+                (
+                    "p",
+                    "What contamination costs: greedy accuracy on the held-out items that were leaked into the raw "
+                    "corpus, and on the rest. Training on the raw corpus inflates the leaked items' number; the "
+                    "clean SFT never saw them.",
+                )
+            )
+            b.append(
+                (
+                    "table",
+                    [
+                        "model",
+                        f"leaked items (n={next(iter(c.values()))['n_leaked']})",
+                        f"other items (n={next(iter(c.values()))['n_clean']})",
+                    ],
+                    [[LABELS.get(m, m), f"{r['leaked']:.3f}", f"{r['clean']:.3f}"] for m, r in c.items()],
+                )
+            )
     elif name == "rm":
         img = plots.rm_plot(ctx.run_dir, ctx.summary("eval"), figs)
         if img:
@@ -200,9 +274,14 @@ def load_run_summary(run: str | Path) -> dict:
 def compare_runs(a: str | Path, b: str | Path, stages) -> str:
     """A markdown side-by-side of two runs: header, held-out accuracy, per-stage wall time and metrics."""
     sa, sb = load_run_summary(a), load_run_summary(b)
-    blocks: list[tuple] = [("h", 1, f"{Path(a).name} vs {Path(b).name}"),
-                           ("table", ["", str(a), str(b)], [[k, sa.get(k), sb.get(k)] for k in
-                                                            ("commit", "preset", "seed", "torch", "total_seconds")])]
+    blocks: list[tuple] = [
+        ("h", 1, f"{Path(a).name} vs {Path(b).name}"),
+        (
+            "table",
+            ["", str(a), str(b)],
+            [[k, sa.get(k), sb.get(k)] for k in ("commit", "preset", "seed", "torch", "total_seconds")],
+        ),
+    ]
     names = list(dict.fromkeys(list(sa.get("heldout", {})) + list(sb.get("heldout", {}))))
     rows = []
     for m in names:

@@ -41,18 +41,28 @@ from posttrain.pipeline.stages import BY_NAME, STAGES, Context, get
 def header(cfg, preset: str | None) -> dict:
     commit = "unknown"
     try:
-        r = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
-                           capture_output=True, text=True, timeout=5)
+        r = subprocess.run(
+            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
         if r.returncode == 0:
             commit = r.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     import os
 
-    return {"commit": commit, "machine": f"{platform.machine()} {platform.system()} {platform.release()}, "
-                                         f"{os.cpu_count()} CPUs, threads={cfg.threads}",
-            "python": platform.python_version(), "torch": cache.torch_version(), "posttrain": __version__,
-            "seed": cfg.seed, "preset": preset}
+    return {
+        "commit": commit,
+        "machine": f"{platform.machine()} {platform.system()} {platform.release()}, "
+        f"{os.cpu_count()} CPUs, threads={cfg.threads}",
+        "python": platform.python_version(),
+        "torch": cache.torch_version(),
+        "posttrain": __version__,
+        "seed": cfg.seed,
+        "preset": preset,
+    }
 
 
 def _has_checkpoint(d: Path) -> bool:
@@ -126,8 +136,11 @@ class _Workers:
             try:
                 summary, wall, rss = fut.result()
             except BaseException:
-                print(f"{tag}: failed (see {self.ctx.run_dir / cache.STATE_DIR / (name + '.log')})", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"{tag}: failed (see {self.ctx.run_dir / cache.STATE_DIR / (name + '.log')})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 raise
             d.mkdir(parents=True, exist_ok=True)
             self.ctx.done[name] = cache.write_done(d, key, fields, summary, wall, rss, action)
@@ -146,8 +159,9 @@ def _check_names(names, what: str) -> None:
         raise UserError(f"{what} {bad[0]!r}: not a stage; stages: {', '.join(BY_NAME)}")
 
 
-def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = False, quiet: bool = False,
-                 preset: str | None = None) -> dict:
+def run_pipeline(
+    cfg, out: str | Path, *, only=(), skip=(), explain: bool = False, quiet: bool = False, preset: str | None = None
+) -> dict:
     """Run (or with ``explain`` only describe) the pipeline into ``out``; returns the run summary."""
     _check_names(only, "--only")
     _check_names(skip, "--skip")
@@ -156,8 +170,9 @@ def run_pipeline(cfg, out: str | Path, *, only=(), skip=(), explain: bool = Fals
         raise UserError(f"--out {out} exists and is not a directory")
     if not explain:
         out.mkdir(parents=True, exist_ok=True)
-    ctx = Context(cfg=cfg, run_dir=out, quiet=quiet, stages=STAGES, started=time.perf_counter(),
-                  header=header(cfg, preset))
+    ctx = Context(
+        cfg=cfg, run_dir=out, quiet=quiet, stages=STAGES, started=time.perf_counter(), header=header(cfg, preset)
+    )
     will_run: list[str] = []
     notes = ctx.notes
     workers = _Workers(ctx, 1 if explain else getattr(cfg, "jobs", 1))
@@ -195,8 +210,9 @@ def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, 
             _say(ctx, f"{tag}: run (after {', '.join(upstream)}, which run{'s' if len(upstream) == 1 else ''})")
             continue
         scfg = stage.config(ctx)
-        fields = cache.key_fields(name, scfg, {k: v for k, v in stage.inputs(ctx).items() if Path(v).exists()}, deps,
-                                  cfg.seed)
+        fields = cache.key_fields(
+            name, scfg, {k: v for k, v in stage.inputs(ctx).items() if Path(v).exists()}, deps, cfg.seed
+        )
         key = cache.key_of(fields)
         if done is not None and done.get("key") == key:
             ctx.done[name], ctx.statuses[name] = done, "cached"
@@ -208,9 +224,10 @@ def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, 
             continue
         started = cache.read_json(cache.started_file(out, name))
         resume = stage.resumable and started is not None and started.get("key") == key and _has_checkpoint(d)
-        why = cache.changed_fields((done or started or {}).get("fields"), fields) or \
-            ["same key, but the earlier run stopped before its DONE.json" + ("" if stage.resumable else
-                                                                                " and this stage does not resume")]
+        why = cache.changed_fields((done or started or {}).get("fields"), fields) or [
+            "same key, but the earlier run stopped before its DONE.json"
+            + ("" if stage.resumable else " and this stage does not resume")
+        ]
         action = "resumed" if resume else "run"
         if explain:
             ctx.statuses[name] = action
@@ -260,21 +277,34 @@ def run_summary(ctx, notes: dict) -> dict:
         done = ctx.done.get(name)
         if done:
             s = done["summary"]
-            entry.update({"key": done["key"], "wall_s": done["wall_s"], "peak_rss_mb": done.get("peak_rss_mb"),
-                          "metrics": {m.key: get(s, m.key) for m in stage.schema}})
+            entry.update(
+                {
+                    "key": done["key"],
+                    "wall_s": done["wall_s"],
+                    "peak_rss_mb": done.get("peak_rss_mb"),
+                    "metrics": {m.key: get(s, m.key) for m in stage.schema},
+                }
+            )
             if name in table:
                 entry["heldout_accuracy"] = table[name]["greedy"]
         stages[name] = entry
     if "rm_best_of_n" in table:
         stages["rm"]["best_of_n_accuracy"] = table["rm_best_of_n"]["greedy"]
-    return {**ctx.header, "total_seconds": round(time.perf_counter() - ctx.started, 2), "stages": stages,
-            "heldout": table, "contamination": (ctx.summary("eval") or {}).get("contamination"),
-            "report": str(ctx.run_dir / "report" / "report.html")}
+    return {
+        **ctx.header,
+        "total_seconds": round(time.perf_counter() - ctx.started, 2),
+        "stages": stages,
+        "heldout": table,
+        "contamination": (ctx.summary("eval") or {}).get("contamination"),
+        "report": str(ctx.run_dir / "report" / "report.html"),
+    }
 
 
 def print_table(result: dict, out: Path) -> None:
-    print(f"\nseed {result['seed']}  (held-out accuracy on {next(iter(result['heldout'].values()), {}).get('n')} "
-          f"problems; one seed: benchmarks/bench_outcomes.py for mean ± sd)")
+    print(
+        f"\nseed {result['seed']}  (held-out accuracy on {next(iter(result['heldout'].values()), {}).get('n')} "
+        f"problems; one seed: benchmarks/bench_outcomes.py for mean ± sd)"
+    )
     print(f"{'model':<38} {'greedy':>7} {'pass@1':>7} {'pass@k':>7}")
     for name, row in result["heldout"].items():
         cells = [f"{row[k]:.3f}" if isinstance(row.get(k), float) else "-" for k in ("greedy", "pass@1", "pass@k")]

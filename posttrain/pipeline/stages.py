@@ -67,8 +67,7 @@ def _tokenizer_inputs(ctx):
 def _owned(ctx, stage: str, base, **fixed):
     """A trainer config with what the pipeline owns filled in (out, seed, threads, progress, task, ...)."""
     cfg = ctx.cfg
-    values = {"out": str(ctx.dir(stage)), "seed": cfg.seed, "threads": cfg.threads, "progress": not ctx.quiet,
-              **fixed}
+    values = {"out": str(ctx.dir(stage)), "seed": cfg.seed, "threads": cfg.threads, "progress": not ctx.quiet, **fixed}
     names = {f.name for f in dataclasses.fields(base)}
     if "task" in names:
         values["task"] = cfg.task
@@ -93,8 +92,17 @@ def _hf(ctx) -> dict:
 def _sft_config(data_name: str, stage: str):
     def config(ctx):
         start = {"model_path": ctx.cfg.hf_model} if ctx.cfg.hf_model else {}
-        return _owned(ctx, stage, ctx.cfg.sft, data=str(ctx.dir("dedup") / data_name), tokenizer=_tokenizer_path(ctx),
-                      eval_data=_eval_file(ctx), **start, **_hf(ctx))
+        return _owned(
+            ctx,
+            stage,
+            ctx.cfg.sft,
+            data=str(ctx.dir("dedup") / data_name),
+            tokenizer=_tokenizer_path(ctx),
+            eval_data=_eval_file(ctx),
+            **start,
+            **_hf(ctx),
+        )
+
     return config
 
 
@@ -108,6 +116,7 @@ def _sft_inputs(data_name: str):
         if ctx.cfg.hf_model:
             out["hf_model"] = Path(ctx.cfg.hf_model)  # its weights and tokenizer files, by content
         return out
+
     return inputs
 
 
@@ -118,7 +127,10 @@ def rl_files(ctx) -> dict:
     c = ctx.cfg
     if not (c.prompts_file or c.corpus_file or c.eval_file):
         return {}
-    return {"data": c.prompts_file or str(ctx.dir("dedup") / "sft.jsonl"), "eval_data": str(ctx.dir("dedup") / "eval.jsonl")}
+    return {
+        "data": c.prompts_file or str(ctx.dir("dedup") / "sft.jsonl"),
+        "eval_data": str(ctx.dir("dedup") / "eval.jsonl"),
+    }
 
 
 def _user_data(ctx, stage: str) -> dict:
@@ -142,11 +154,13 @@ def _from_sft(stage: str, attr: str, **extra):
         base = getattr(ctx.cfg, attr)
         fixed = {"init": str(ctx.model("sft")), **_user_data(ctx, stage), **_hf(ctx), **extra}
         return _owned(ctx, stage, base, **fixed)
+
     return config
 
 
 def _from_sft_inputs(config_fn):
     """The SFT model and the data files the stage's resolved config reads, by content."""
+
     def inputs(ctx):
         cfg = config_fn(ctx)
         out = {"init": ctx.model("sft")}
@@ -154,6 +168,7 @@ def _from_sft_inputs(config_fn):
             if getattr(cfg, f, None):
                 out[f] = Path(getattr(cfg, f))
         return out
+
     return inputs
 
 
@@ -167,6 +182,7 @@ def _train_fn(module: str, fn: str):
         elif out.is_dir() and any(out.iterdir()) and "overwrite" in params:
             kwargs["overwrite"] = True
         return train(cfg, **kwargs)
+
     run.trainer = (module, fn)  # what a worker process imports to run this stage on its own (--jobs)
     return run
 
@@ -227,47 +243,130 @@ def _run_report(ctx, cfg, out, resume):
     return report.write_report(ctx, out)
 
 
-_TRAIN_SCHEMA = (Metric("heldout_accuracy", "held-out greedy accuracy", "{:.3f}"), Metric("steps", "steps"),
-                 Metric("train_seconds", "train seconds", "{:.1f}"))
+_TRAIN_SCHEMA = (
+    Metric("heldout_accuracy", "held-out greedy accuracy", "{:.3f}"),
+    Metric("steps", "steps"),
+    Metric("train_seconds", "train seconds", "{:.1f}"),
+)
 
 STAGES: tuple[Stage, ...] = (
-    Stage("dedup", "Dedup: exact and near duplicates, benchmark contamination", (), _dedup_config, _run_dedup,
-          (Metric("documents_in", "documents in"), Metric("kept", "kept"), Metric("removed.exact", "removed: exact"),
-           Metric("removed.near", "removed: near"), Metric("removed.contamination", "removed: contamination"),
-           Metric("lsh.bands", "LSH bands b"), Metric("lsh.rows", "LSH rows r"), Metric("demos_kept", "demonstrations kept")),
-          inputs=_dedup_inputs),
-    Stage("tokenizer", "Tokenizer trained on the deduplicated corpus (byte-level BPE, digits split; with hf_model: the "
-                       "model's own)", ("dedup",), _tokenizer_config, _run_tokenizer, (Metric("vocab_size", "vocabulary size"), Metric("tokens_per_word", "tokens per word", "{:.3f}"),
-                           Metric("bytes_per_token", "bytes per token (compression)", "{:.3f}"),
-                           Metric("digits_single_tokens", "every digit one token")),
-          inputs=_tokenizer_inputs),
-    Stage("sft", "SFT on the deduplicated demonstrations", ("dedup", "tokenizer"), _sft_config("sft.jsonl", "sft"),
-          _train_fn("posttrain.trainers.sft", "train_sft"),
-          _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"), Metric("params", "parameters")),
-          inputs=_sft_inputs("sft.jsonl"), resumable=True),
-    Stage("sft_raw", "SFT on the raw corpus (duplicates and leaked evaluation items kept)", ("dedup", "tokenizer"),
-          _sft_config("sft_raw.jsonl", "sft_raw"), _train_fn("posttrain.trainers.sft", "train_sft"),
-          _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"),), inputs=_sft_inputs("sft_raw.jsonl"),
-          resumable=True, enabled=_no_raw),
-    Stage("rm", "Reward model (Bradley-Terry) on the SFT backbone", ("sft",), _from_sft("rm", "rm"),
-          _train_fn("posttrain.trainers.reward", "train_reward_model"),
-          (Metric("heldout_pairwise_accuracy", "held-out pairwise accuracy", "{:.3f}"), Metric("train_pairs", "training pairs"),
-           Metric("heldout_pairs", "held-out pairs"), Metric("train_seconds", "train seconds", "{:.1f}")),
-          inputs=_from_sft_inputs(_from_sft("rm", "rm")), resumable=True),
-    Stage("dpo", "DPO from the SFT checkpoint on on-policy pairs", ("sft",), _from_sft("dpo", "dpo"),
-          _train_fn("posttrain.trainers.dpo", "train_dpo"), _TRAIN_SCHEMA + (Metric("loss", "loss"),),
-          inputs=_from_sft_inputs(_from_sft("dpo", "dpo")), resumable=True),
-    Stage("grpo", "GRPO from the SFT checkpoint, rewarded by the verifier", ("sft",), _from_sft("grpo", "grpo"),
-          _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
-          _TRAIN_SCHEMA + (Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),),
-          inputs=_from_sft_inputs(_from_sft("grpo", "grpo")), resumable=True),
-    Stage("ppo", "PPO from the SFT checkpoint (value model, GAE)", ("sft",), _ppo_config,
-          _train_fn("posttrain.trainers.ppo", "train_ppo"), _TRAIN_SCHEMA, inputs=_ppo_inputs,
-          available=_ppo_available, resumable=True),
-    Stage("eval", "Evaluation: every checkpoint on the same held-out prompts", TRAINED, _eval_config, _run_eval,
-          (Metric("n", "held-out prompts"), Metric("samples", "samples per prompt (k)")), inputs=_eval_inputs,
-          optional_deps=True),
-    Stage("report", "Report", ("dedup", "tokenizer") + TRAINED + ("eval",), lambda ctx: {"version": 1}, _run_report,
-          (Metric("sections", "sections"),), optional_deps=True),
+    Stage(
+        "dedup",
+        "Dedup: exact and near duplicates, benchmark contamination",
+        (),
+        _dedup_config,
+        _run_dedup,
+        (
+            Metric("documents_in", "documents in"),
+            Metric("kept", "kept"),
+            Metric("removed.exact", "removed: exact"),
+            Metric("removed.near", "removed: near"),
+            Metric("removed.contamination", "removed: contamination"),
+            Metric("lsh.bands", "LSH bands b"),
+            Metric("lsh.rows", "LSH rows r"),
+            Metric("demos_kept", "demonstrations kept"),
+        ),
+        inputs=_dedup_inputs,
+    ),
+    Stage(
+        "tokenizer",
+        "Tokenizer trained on the deduplicated corpus (byte-level BPE, digits split; with hf_model: the model's own)",
+        ("dedup",),
+        _tokenizer_config,
+        _run_tokenizer,
+        (
+            Metric("vocab_size", "vocabulary size"),
+            Metric("tokens_per_word", "tokens per word", "{:.3f}"),
+            Metric("bytes_per_token", "bytes per token (compression)", "{:.3f}"),
+            Metric("digits_single_tokens", "every digit one token"),
+        ),
+        inputs=_tokenizer_inputs,
+    ),
+    Stage(
+        "sft",
+        "SFT on the deduplicated demonstrations",
+        ("dedup", "tokenizer"),
+        _sft_config("sft.jsonl", "sft"),
+        _train_fn("posttrain.trainers.sft", "train_sft"),
+        _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"), Metric("params", "parameters")),
+        inputs=_sft_inputs("sft.jsonl"),
+        resumable=True,
+    ),
+    Stage(
+        "sft_raw",
+        "SFT on the raw corpus (duplicates and leaked evaluation items kept)",
+        ("dedup", "tokenizer"),
+        _sft_config("sft_raw.jsonl", "sft_raw"),
+        _train_fn("posttrain.trainers.sft", "train_sft"),
+        _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"),),
+        inputs=_sft_inputs("sft_raw.jsonl"),
+        resumable=True,
+        enabled=_no_raw,
+    ),
+    Stage(
+        "rm",
+        "Reward model (Bradley-Terry) on the SFT backbone",
+        ("sft",),
+        _from_sft("rm", "rm"),
+        _train_fn("posttrain.trainers.reward", "train_reward_model"),
+        (
+            Metric("heldout_pairwise_accuracy", "held-out pairwise accuracy", "{:.3f}"),
+            Metric("train_pairs", "training pairs"),
+            Metric("heldout_pairs", "held-out pairs"),
+            Metric("train_seconds", "train seconds", "{:.1f}"),
+        ),
+        inputs=_from_sft_inputs(_from_sft("rm", "rm")),
+        resumable=True,
+    ),
+    Stage(
+        "dpo",
+        "DPO from the SFT checkpoint on on-policy pairs",
+        ("sft",),
+        _from_sft("dpo", "dpo"),
+        _train_fn("posttrain.trainers.dpo", "train_dpo"),
+        _TRAIN_SCHEMA + (Metric("loss", "loss"),),
+        inputs=_from_sft_inputs(_from_sft("dpo", "dpo")),
+        resumable=True,
+    ),
+    Stage(
+        "grpo",
+        "GRPO from the SFT checkpoint, rewarded by the verifier",
+        ("sft",),
+        _from_sft("grpo", "grpo"),
+        _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
+        _TRAIN_SCHEMA + (Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),),
+        inputs=_from_sft_inputs(_from_sft("grpo", "grpo")),
+        resumable=True,
+    ),
+    Stage(
+        "ppo",
+        "PPO from the SFT checkpoint (value model, GAE)",
+        ("sft",),
+        _ppo_config,
+        _train_fn("posttrain.trainers.ppo", "train_ppo"),
+        _TRAIN_SCHEMA,
+        inputs=_ppo_inputs,
+        available=_ppo_available,
+        resumable=True,
+    ),
+    Stage(
+        "eval",
+        "Evaluation: every checkpoint on the same held-out prompts",
+        TRAINED,
+        _eval_config,
+        _run_eval,
+        (Metric("n", "held-out prompts"), Metric("samples", "samples per prompt (k)")),
+        inputs=_eval_inputs,
+        optional_deps=True,
+    ),
+    Stage(
+        "report",
+        "Report",
+        ("dedup", "tokenizer") + TRAINED + ("eval",),
+        lambda ctx: {"version": 1},
+        _run_report,
+        (Metric("sections", "sections"),),
+        optional_deps=True,
+    ),
 )
 BY_NAME = {s.name: s for s in STAGES}

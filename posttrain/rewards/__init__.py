@@ -22,7 +22,21 @@ from posttrain.rewards.verifiers import (
 )
 
 __all__ = [
-    "REWARD_FUNCTIONS", "RewardFunction", "WeightedReward", "build_reward", "get_reward", "parse_reward_spec",
-    "register_reward", "SandboxResult", "run_python", "digits_reward", "exact_match_reward", "extract_answer", "make_code_reward",
-    "make_format_reward", "make_overlength_penalty", "math_answer_reward", "parse_math",
+    "REWARD_FUNCTIONS",
+    "RewardFunction",
+    "WeightedReward",
+    "build_reward",
+    "get_reward",
+    "parse_reward_spec",
+    "register_reward",
+    "SandboxResult",
+    "run_python",
+    "digits_reward",
+    "exact_match_reward",
+    "extract_answer",
+    "make_code_reward",
+    "make_format_reward",
+    "make_overlength_penalty",
+    "math_answer_reward",
+    "parse_math",
 ]

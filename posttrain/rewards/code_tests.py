@@ -45,7 +45,7 @@ import secrets
 
 from posttrain.errors import UserError
 
-_HARNESS = r'''
+_HARNESS = r"""
 def _posttrain_harness():
     import builtins, json, os, sys
     # Everything used after the solution runs is captured here as a local: patching builtins/os/sys is moot.
@@ -129,12 +129,19 @@ def _posttrain_harness():
 
 
 _posttrain_harness()
-'''
+"""
 
 _OPS = {
-    "Eq": lambda a, b: a == b, "NotEq": lambda a, b: a != b, "Lt": lambda a, b: a < b, "LtE": lambda a, b: a <= b,
-    "Gt": lambda a, b: a > b, "GtE": lambda a, b: a >= b, "In": lambda a, b: a in b, "NotIn": lambda a, b: a not in b,
-    "Is": lambda a, b: a is b, "IsNot": lambda a, b: a is not b,
+    "Eq": lambda a, b: a == b,
+    "NotEq": lambda a, b: a != b,
+    "Lt": lambda a, b: a < b,
+    "LtE": lambda a, b: a <= b,
+    "Gt": lambda a, b: a > b,
+    "GtE": lambda a, b: a >= b,
+    "In": lambda a, b: a in b,
+    "NotIn": lambda a, b: a not in b,
+    "Is": lambda a, b: a is b,
+    "IsNot": lambda a, b: a is not b,
 }
 _SINGLETONS = (None, True, False)
 
@@ -166,7 +173,9 @@ def _template(node: ast.AST, holes: list[str]):
         (a_lit, a), (b_lit, b) = lits[k], lits[k + 1]
         if not (a_lit or b_lit):
             return None  # two computed sides: the child would choose both
-        if isinstance(op, (ast.Is, ast.IsNot)) and not any(lit and any(v is s for s in _SINGLETONS) for lit, v in ((a_lit, a), (b_lit, b))):
+        if isinstance(op, (ast.Is, ast.IsNot)) and not any(
+            lit and any(v is s for s in _SINGLETONS) for lit, v in ((a_lit, a), (b_lit, b))
+        ):
             return None
     out = []
     for o, (is_lit, v) in zip(operands, lits):
@@ -241,9 +250,15 @@ def score_reports(stdout: str, nonce: str, steps: list, n_tests: int) -> float:
     for line in lines:
         if not line.startswith(prefix):
             return 0.0
-        fields = line[len(prefix):].split(" ", 2)
+        fields = line[len(prefix) :].split(" ", 2)
         key = (int(fields[0]), None) if len(fields) == 2 and fields[1] == "ok" and fields[0].isdigit() else None
-        if key is None and len(fields) == 3 and fields[0].isdigit() and fields[1].isdigit() and fields[2][:2] in ("v ", "x"):
+        if (
+            key is None
+            and len(fields) == 3
+            and fields[0].isdigit()
+            and fields[1].isdigit()
+            and fields[2][:2] in ("v ", "x")
+        ):
             key = (int(fields[0]), int(fields[1]))
         if key is None:
             return 0.0

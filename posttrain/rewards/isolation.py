@@ -68,10 +68,27 @@ def _prefixes(python: str) -> list[str]:
     return sorted(dirs)
 
 
-def bwrap_argv(bwrap: str, python_argv: list[str], *, main_py: str | None = None, tmpfs_bytes: int = 64 << 20) -> list[str]:
+def bwrap_argv(
+    bwrap: str, python_argv: list[str], *, main_py: str | None = None, tmpfs_bytes: int = 64 << 20
+) -> list[str]:
     """The bwrap command line that runs ``python_argv`` (see the module docstring for the layout)."""
-    argv = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    argv = [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+    ]
     home = os.path.realpath(os.path.expanduser("~"))
     hidden = [d for d in dict.fromkeys((*_HIDDEN, home)) if d not in ("/", "") and os.path.isdir(d)]
     for d in hidden:  # every writable mount is size-capped: files in RAM cannot outgrow the budget
@@ -91,7 +108,13 @@ def bwrap_argv(bwrap: str, python_argv: list[str], *, main_py: str | None = None
 
 def sandbox_env(home: str) -> dict[str, str]:
     """The whole environment of a sandboxed child: nothing from the trainer's."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,8 +124,13 @@ def bwrap_problem() -> str | None:
     if bwrap is None:
         return "bwrap is not installed (no 'bwrap' on PATH)"
     try:
-        r = subprocess.run(bwrap_argv(bwrap, [sys.executable, "-I", "-c", _SELF_TEST]), capture_output=True, timeout=20,
-                           stdin=subprocess.DEVNULL, cwd="/")
+        r = subprocess.run(
+            bwrap_argv(bwrap, [sys.executable, "-I", "-c", _SELF_TEST]),
+            capture_output=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+            cwd="/",
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bwrap failed its self-test ({e})"
     if r.returncode != 0 or r.stdout.strip() != b"posttrain-sandbox-ok True":
@@ -112,22 +140,28 @@ def bwrap_problem() -> str | None:
 
 
 def resolve_isolation(isolation: str | None = None) -> str:
-    """"bwrap" or "rlimit" for the requested mode; raises UserError when bwrap is needed and does not work."""
+    """ "bwrap" or "rlimit" for the requested mode; raises UserError when bwrap is needed and does not work."""
     source = "isolation" if isolation is not None else ENV_VAR
     mode = isolation if isolation is not None else os.environ.get(ENV_VAR, "auto")
     if mode not in ISOLATION_MODES:
         raise ConfigError(f"sandbox {source}={mode!r} is not valid; choose one of: {', '.join(ISOLATION_MODES)}")
     if mode == "rlimit":
-        warnings.warn("the sandbox runs untrusted code with rlimits only (isolation='rlimit'): that code can signal "
-                      "your processes, read and write your files, read other processes' environments and use the "
-                      "network", WeakSandboxWarning, stacklevel=3)
+        warnings.warn(
+            "the sandbox runs untrusted code with rlimits only (isolation='rlimit'): that code can signal "
+            "your processes, read and write your files, read other processes' environments and use the "
+            "network",
+            WeakSandboxWarning,
+            stacklevel=3,
+        )
         return "rlimit"
     problem = bwrap_problem()
     if problem is None:
         return "bwrap"
-    raise UserError(f"cannot sandbox untrusted code: {problem}; install bubblewrap (Debian/Ubuntu: apt-get install "
-                    f"bubblewrap) or opt in to the weaker rlimit-only sandbox, which does not keep the code away from "
-                    f"your processes, files and network, with isolation='rlimit' (CLI: {ENV_VAR}=rlimit)")
+    raise UserError(
+        f"cannot sandbox untrusted code: {problem}; install bubblewrap (Debian/Ubuntu: apt-get install "
+        f"bubblewrap) or opt in to the weaker rlimit-only sandbox, which does not keep the code away from "
+        f"your processes, files and network, with isolation='rlimit' (CLI: {ENV_VAR}=rlimit)"
+    )
 
 
 # ------------------------------------------------------------------------------------------- pids cgroup

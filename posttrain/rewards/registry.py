@@ -123,8 +123,10 @@ def is_python_reward(name: str) -> bool:
 def _check_python_name(name: str, spec: str) -> None:
     mod, _, fn = name.rpartition(":")
     if not (mod.endswith(".py") or _DOTTED.fullmatch(mod)) or not re.fullmatch(r"[A-Za-z_]\w*", fn):
-        raise ConfigError(f"reward {name!r} is not MODULE:FUNCTION (e.g. my_rewards:length_bonus, or "
-                          f"rewards.py:length_bonus) nor a built-in name (spec: {spec!r})")
+        raise ConfigError(
+            f"reward {name!r} is not MODULE:FUNCTION (e.g. my_rewards:length_bonus, or "
+            f"rewards.py:length_bonus) nor a built-in name (spec: {spec!r})"
+        )
 
 
 def load_python_reward(name: str) -> RewardFunction:
@@ -146,8 +148,10 @@ def load_python_reward(name: str) -> RewardFunction:
     except ConfigError:
         raise
     except ModuleNotFoundError as e:
-        raise ConfigError(f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH or in the "
-                          f"current directory?") from None
+        raise ConfigError(
+            f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH or in the "
+            f"current directory?"
+        ) from None
     except Exception as e:  # noqa: BLE001 - the user's module failed while importing
         raise ConfigError(f"reward {name!r}: importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
@@ -217,18 +221,22 @@ class WeightedReward:
 
 
 def _split_item(item: str, spec: str) -> tuple[str, float]:
-    """"math:0.5" -> ("math", 0.5); "mod:fn" -> ("mod:fn", 1.0); "mod:fn:2" -> ("mod:fn", 2.0)."""
+    """ "math:0.5" -> ("math", 0.5); "mod:fn" -> ("mod:fn", 1.0); "mod:fn:2" -> ("mod:fn", 2.0)."""
     head, sep, last = item.rpartition(":")
     last = last.strip()
     if sep and _WEIGHT.fullmatch(last):
         return head.strip(), float(last)
-    if sep and not is_python_reward(head) and (head.strip() in REWARD_FUNCTIONS or not re.fullmatch(r"[A-Za-z_]\w*", last)):
+    if (
+        sep
+        and not is_python_reward(head)
+        and (head.strip() in REWARD_FUNCTIONS or not re.fullmatch(r"[A-Za-z_]\w*", last))
+    ):
         raise ConfigError(f"reward weight {last!r} for {head.strip()!r} is not a number (spec: {spec!r})")
     return item.strip(), 1.0
 
 
 def parse_reward_spec(spec: str) -> dict[str, float]:
-    """"math:1.0, format:0.1" -> {"math": 1.0, "format": 0.1}; a bare name has weight 1; "my_mod:fn:0.5"
+    """ "math:1.0, format:0.1" -> {"math": 1.0, "format": 0.1}; a bare name has weight 1; "my_mod:fn:0.5"
     -> {"my_mod:fn": 0.5} (a reward from Python; see the module docstring for the grammar)."""
     out = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
@@ -259,11 +267,14 @@ def resolve_reward_spec(spec: str, rm_path: str | None, default: str | None = No
     if rm_path and RM_REWARD not in weights:
         if default is not None and spec == default:
             return f"{RM_REWARD}:1.0"
-        raise ConfigError(f"--reward-model {rm_path} is given but --reward {spec!r} does not use it: add "
-                          f"'{RM_REWARD}:W' to the spec (e.g. '{RM_REWARD}:1.0,{spec}') or drop --reward")
+        raise ConfigError(
+            f"--reward-model {rm_path} is given but --reward {spec!r} does not use it: add "
+            f"'{RM_REWARD}:W' to the spec (e.g. '{RM_REWARD}:1.0,{spec}') or drop --reward"
+        )
     if RM_REWARD in weights and not rm_path:
-        raise ConfigError(f"--reward {spec!r} uses {RM_REWARD}: pass --reward-model RM_CHECKPOINT (a `posttrain rm` "
-                          "output directory)")
+        raise ConfigError(
+            f"--reward {spec!r} uses {RM_REWARD}: pass --reward-model RM_CHECKPOINT (a `posttrain rm` output directory)"
+        )
     return spec
 
 

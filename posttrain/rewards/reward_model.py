@@ -51,8 +51,9 @@ class LoadedRewardModel:
     state: dict = dataclasses.field(default_factory=dict)
 
     @torch.no_grad()
-    def score(self, prompts: Sequence[str], completions: Sequence[str], normalize: bool = False,
-              batch_size: int = 256) -> torch.Tensor:
+    def score(
+        self, prompts: Sequence[str], completions: Sequence[str], normalize: bool = False, batch_size: int = 256
+    ) -> torch.Tensor:
         """Rewards (N,) of [BOS] prompt | completion [EOS], z-scored with the saved stats if ``normalize``."""
         if len(prompts) != len(completions):
             raise UserError(f"{len(prompts)} prompts for {len(completions)} completions")
@@ -62,8 +63,11 @@ class LoadedRewardModel:
         tok, out = self.tokenizer, []
         pad = tok.pad_id if tok.pad_id is not None else 0
         for s in range(0, len(prompts), batch_size):
-            b = pack_prompt_completion([encode_prompt(tok, p) for p in prompts[s : s + batch_size]],
-                                       [encode_completion(tok, c) for c in completions[s : s + batch_size]], pad)
+            b = pack_prompt_completion(
+                [encode_prompt(tok, p) for p in prompts[s : s + batch_size]],
+                [encode_completion(tok, c) for c in completions[s : s + batch_size]],
+                pad,
+            )
             out.append(self.model(b["input_ids"], b["attention_mask"]))
         r = torch.cat(out) if out else torch.zeros(0)
         return self.stats.normalize(r) if normalize else r
@@ -72,8 +76,9 @@ class LoadedRewardModel:
         return self.score(prompts, completions, normalize=normalize).tolist()
 
 
-def load_reward_model(path: str | Path, device: str = "cpu", with_training_state: bool = False,
-                      prefer_latest: bool = False) -> LoadedRewardModel:
+def load_reward_model(
+    path: str | Path, device: str = "cpu", with_training_state: bool = False, prefer_latest: bool = False
+) -> LoadedRewardModel:
     """Rebuild a reward model saved by ``posttrain rm`` (a checkpoint or run directory) in eval mode."""
     ckpt = load_checkpoint(path, device=device, prefer_latest=prefer_latest, accept_kinds=REWARD_MODEL)
     p = ckpt.path

@@ -146,7 +146,9 @@ def _classify(returncode: int, timed_out: bool, stderr: str, mode: str = "rlimit
         return "output_limit"
     if returncode == 0:
         return "ok"
-    if "MemoryError" in stderr[-2000:] or (returncode in (-signal.SIGSEGV, -signal.SIGABRT) and "memory" in stderr.lower()):
+    if "MemoryError" in stderr[-2000:] or (
+        returncode in (-signal.SIGSEGV, -signal.SIGABRT) and "memory" in stderr.lower()
+    ):
         return "memory"
     return "error"
 
@@ -194,7 +196,9 @@ def run_python(
             f.write(code)
         argv = [python, "-I", "-c", prelude]
         if mode == "bwrap":
-            argv = bwrap_argv(find_bwrap() or "bwrap", argv, main_py=main_py, tmpfs_bytes=max(16 << 20, 4 * int(max_output_bytes)))
+            argv = bwrap_argv(
+                find_bwrap() or "bwrap", argv, main_py=main_py, tmpfs_bytes=max(16 << 20, 4 * int(max_output_bytes))
+            )
             env = sandbox_env(WORKDIR)
         else:
             env = sandbox_env(tmp)
@@ -210,8 +214,9 @@ def run_python(
             fin.write(stdin.encode("utf-8"))
             fin.seek(0)
             try:
-                proc = subprocess.Popen(argv, cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr,
-                                        start_new_session=True, close_fds=True)
+                proc = subprocess.Popen(
+                    argv, cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr, start_new_session=True, close_fds=True
+                )
             except OSError as e:
                 return SandboxResult("crashed", None, "", f"could not start the sandbox: {e}", time.monotonic() - start)
             try:

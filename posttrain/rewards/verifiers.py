@@ -96,8 +96,20 @@ _TOKEN = re.compile(r"\s*(?:(\d+\.\d*|\.\d+|\d+)|(\\frac|\\cdot|\\times|\\div)|(
 
 def _normalise(s: str) -> str:
     s = s.strip().replace("\u2212", "-").replace("\u00d7", "*").replace("\u00f7", "/")
-    for a, b in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", ""), ("\\displaystyle", ""),
-                 ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\:", ""), ("\\ ", ""), ("~", ""), ("\\$", "")):
+    for a, b in (
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\displaystyle", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("\\:", ""),
+        ("\\ ", ""),
+        ("~", ""),
+        ("\\$", ""),
+    ):
         s = s.replace(a, b)
     s = re.sub(r"\\(?:text|mathrm|mathbf|textbf)\{([^{}]*)\}", r"\1", s)
     s = s.strip().rstrip(".").strip()
@@ -295,7 +307,9 @@ def gold_answer(answer) -> str:
     return a.rsplit("####", 1)[1].strip() if "####" in a else a
 
 
-def math_answer_reward(prompts: list[str], completions: list[str], answer=None, backend: str = "auto", **_) -> list[float]:
+def math_answer_reward(
+    prompts: list[str], completions: list[str], answer=None, backend: str = "auto", **_
+) -> list[float]:
     """1.0 when the completion's final answer equals ``answer`` mathematically, else 0.0.
 
     A reference holding ``####`` (GSM8K's worked solutions) is compared by what follows its last ``####``
@@ -350,9 +364,13 @@ def make_overlength_penalty(max_length: int = 512, buffer: int = 128, penalty: f
     else ``len(completion)`` in characters. Example: max 10, buffer 4, L=8 -> (6 - 8) / 4 = -0.5.
     """
     if buffer <= 0 or max_length <= buffer:
-        raise UserError(f"overlength penalty needs 0 < buffer < max_length (got buffer={buffer}, max_length={max_length})")
+        raise UserError(
+            f"overlength penalty needs 0 < buffer < max_length (got buffer={buffer}, max_length={max_length})"
+        )
 
-    def overlength_penalty(prompts: list[str], completions: list[str], completion_lengths=None, **_columns) -> list[float]:
+    def overlength_penalty(
+        prompts: list[str], completions: list[str], completion_lengths=None, **_columns
+    ) -> list[float]:
         lengths = completion_lengths if completion_lengths is not None else [len(c) for c in completions]
         free = max_length - buffer
         out = []
@@ -398,8 +416,14 @@ def run_tests(code: str, tests: list, **sandbox) -> float:
     raise UserError("code tests must be a list of assert strings or of {'input': ..., 'output': ...} dicts")
 
 
-def make_code_reward(wall_timeout_s: float = 2.0, memory_mb: int = 256, max_output_bytes: int = 1 << 16, max_workers: int = 2,
-                     isolation: str | None = None, **_):
+def make_code_reward(
+    wall_timeout_s: float = 2.0,
+    memory_mb: int = 256,
+    max_output_bytes: int = 1 << 16,
+    max_workers: int = 2,
+    isolation: str | None = None,
+    **_,
+):
     """Reward = fraction of the row's ``tests`` column passed by the completion's code, run in the sandbox.
 
     Completions are checked concurrently in ``max_workers`` threads (each only waits on its subprocess).
@@ -409,7 +433,9 @@ def make_code_reward(wall_timeout_s: float = 2.0, memory_mb: int = 256, max_outp
     working bwrap raises UserError naming the opt-in before any training starts.
     """
     mode = resolve_isolation(isolation)
-    sandbox = dict(wall_timeout_s=wall_timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, isolation=mode)
+    sandbox = dict(
+        wall_timeout_s=wall_timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes, isolation=mode
+    )
 
     def code_reward(prompts: list[str], completions: list[str], tests=None, **_columns) -> list[float]:
         all_tests = _column({"tests": tests}, "tests", len(completions), "code")

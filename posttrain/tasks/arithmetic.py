@@ -32,8 +32,9 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 
 @dataclass
 class ArithmeticConfig:
-    digits: int = knob(2, "operands are integers in [0, 10**digits) (at most 4: the problem space is enumerated)",
-                       ge=1, le=4)
+    digits: int = knob(
+        2, "operands are integers in [0, 10**digits) (at most 4: the problem space is enumerated)", ge=1, le=4
+    )
     ops: str = knob("+", "operators to use, from '+-' (default: two-digit addition)")
     heldout_fraction: float = knob(0.1, "fraction of the problem space held out (by stable hash)", gt=0, lt=1)
     num_demos: int = knob(320, "SFT demonstrations (prompt + answer) drawn from the train split", gt=0)

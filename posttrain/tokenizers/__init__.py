@@ -28,9 +28,21 @@ TRAINERS = {
     "unigram": UnigramTrainer,
 }
 
-__all__ = ["Tokenizer", "CharTokenizer", "SubwordTokenizer", "BPEModel", "WordPieceModel", "UnigramModel",
-           "BPETrainer", "ByteLevelBPETrainer", "WordPieceTrainer", "UnigramTrainer", "TRAINERS",
-           "sample_encode", "load"]
+__all__ = [
+    "Tokenizer",
+    "CharTokenizer",
+    "SubwordTokenizer",
+    "BPEModel",
+    "WordPieceModel",
+    "UnigramModel",
+    "BPETrainer",
+    "ByteLevelBPETrainer",
+    "WordPieceTrainer",
+    "UnigramTrainer",
+    "TRAINERS",
+    "sample_encode",
+    "load",
+]
 
 
 def load(path: str | Path) -> Tokenizer:

@@ -50,7 +50,7 @@ from posttrain.tokenizers.symbols import BYTE_TOKENS
 
 
 def initial_symbols(word: str, suffix: str | None) -> list[str]:
-    """"low" -> ["l", "o", "w</w>"] with suffix "</w>"; ["l", "o", "w"] without."""
+    """ "low" -> ["l", "o", "w</w>"] with suffix "</w>"; ["l", "o", "w"] without."""
     syms = list(word)
     if suffix and syms:
         syms[-1] = syms[-1] + suffix
@@ -66,7 +66,6 @@ def initial_alphabet(word_counts, suffix: str | None) -> list[str]:
             if suffix:
                 syms.add(w[-1] + suffix)
     return sorted(syms)
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -110,15 +109,22 @@ def encode_words(word_counts: dict[str, int], suffix: str | None, alphabet: list
     if suffix is None:
         words = [w.translate(table) for w, _ in items]
     else:
-        last = {s[:-len(suffix)]: chr(i) for s, i in str_to_id.items() if s.endswith(suffix) and len(s) == len(suffix) + 1}
+        last = {
+            s[: -len(suffix)]: chr(i) for s, i in str_to_id.items() if s.endswith(suffix) and len(s) == len(suffix) + 1
+        }
         words = [w[:-1].translate(table) + last[w[-1]] for w, _ in items]
     counts = [c for _, c in items]
     return words, counts, id_to_str, str_to_id
 
 
-
-def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
-                      min_frequency: int = 1, alphabet: list[str] | None = None):
+def train_merges_slow(
+    word_counts: dict[str, int],
+    n_merges: int,
+    *,
+    suffix: str | None = None,
+    min_frequency: int = 1,
+    alphabet: list[str] | None = None,
+):
     """Oracle: recount every pair before each merge until ``n_merges`` new tokens exist.
 
     Returns (alphabet, merges as string pairs); a merge whose result string already exists
@@ -147,19 +153,40 @@ def train_merges_slow(word_counts: dict[str, int], n_merges: int, *, suffix: str
     return id_to_str, merges
 
 
-def train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
-                 min_frequency: int = 1, alphabet: list[str] | None = None, progress=None, log=None):
+def train_merges(
+    word_counts: dict[str, int],
+    n_merges: int,
+    *,
+    suffix: str | None = None,
+    min_frequency: int = 1,
+    alphabet: list[str] | None = None,
+    progress=None,
+    log=None,
+):
     """``_train_merges``; with ``log`` (a trainer's log callable) the merges' progress is shown on stderr
     (posttrain.progress: a bar on a terminal, a line every 10 % of the merges otherwise)."""
     with counter_progress(n_merges, "bpe: merges", unit="merge", enabled=log is not None) as report:
         if report is not None and progress is not None:
-            report = (lambda k, f=report, g=progress: (f(k), g(k)))
-        return _train_merges(word_counts, n_merges, suffix=suffix, min_frequency=min_frequency, alphabet=alphabet,
-                             progress=report if report is not None else progress)
+            report = lambda k, f=report, g=progress: (f(k), g(k))
+        return _train_merges(
+            word_counts,
+            n_merges,
+            suffix=suffix,
+            min_frequency=min_frequency,
+            alphabet=alphabet,
+            progress=report if report is not None else progress,
+        )
 
 
-def _train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | None = None,
-                  min_frequency: int = 1, alphabet: list[str] | None = None, progress=None):
+def _train_merges(
+    word_counts: dict[str, int],
+    n_merges: int,
+    *,
+    suffix: str | None = None,
+    min_frequency: int = 1,
+    alphabet: list[str] | None = None,
+    progress=None,
+):
     """Fast BPE trainer: incremental pair counts + pair->words index + lazy max-heap.
 
     Returns (alphabet sorted, merges as (left, right) string pairs), identical to ``train_merges_slow``.
@@ -226,15 +253,15 @@ def _train_merges(word_counts: dict[str, int], n_merges: int, *, suffix: str | N
     return alphabet_out, merges
 
 
-
-def build_vocab(specials: list[str], alphabet: list[str], merges: list[tuple[str, str]], vocab_size: int) -> dict[str, int]:
+def build_vocab(
+    specials: list[str], alphabet: list[str], merges: list[tuple[str, str]], vocab_size: int
+) -> dict[str, int]:
     """specials, then the alphabet, then merge results in merge order (a repeated string keeps its first id)."""
     vocab: dict[str, int] = {}
     for t in list(specials) + list(alphabet) + [a + b for a, b in merges]:
         if t not in vocab:
             vocab[t] = len(vocab)
     return vocab
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,9 +277,18 @@ class BPEModel:
 
     type = "BPE"
 
-    def __init__(self, vocab: dict[str, int], merges: list[tuple[str, str]], *, unk_token: str | None = None,
-                 end_of_word_suffix: str | None = None, continuing_subword_prefix: str | None = None,
-                 byte_fallback: bool = False, fuse_unk: bool = False, ignore_merges: bool = False):
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: list[tuple[str, str]],
+        *,
+        unk_token: str | None = None,
+        end_of_word_suffix: str | None = None,
+        continuing_subword_prefix: str | None = None,
+        byte_fallback: bool = False,
+        fuse_unk: bool = False,
+        ignore_merges: bool = False,
+    ):
         self.vocab = vocab
         self.merges = [tuple(m) for m in merges]
         self.unk_token, self.suffix, self.prefix = unk_token, end_of_word_suffix, continuing_subword_prefix
@@ -316,20 +352,34 @@ class BPEModel:
         return ids
 
     def to_json(self) -> dict:
-        return {"type": "BPE", "dropout": None, "unk_token": self.unk_token,
-                "continuing_subword_prefix": self.prefix, "end_of_word_suffix": self.suffix,
-                "fuse_unk": self.fuse_unk, "byte_fallback": self.byte_fallback, "ignore_merges": self.ignore_merges,
-                "vocab": self.vocab, "merges": [list(m) for m in self.merges]}
+        return {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": self.unk_token,
+            "continuing_subword_prefix": self.prefix,
+            "end_of_word_suffix": self.suffix,
+            "fuse_unk": self.fuse_unk,
+            "byte_fallback": self.byte_fallback,
+            "ignore_merges": self.ignore_merges,
+            "vocab": self.vocab,
+            "merges": [list(m) for m in self.merges],
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "BPEModel":
         if d.get("dropout") not in (None, 0, 0.0):
             raise UserError("BPE dropout is not supported (tokenizer.json has dropout set)")
         merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in d.get("merges", [])]
-        return cls(d["vocab"], merges, unk_token=d.get("unk_token"), end_of_word_suffix=d.get("end_of_word_suffix"),
-                   continuing_subword_prefix=d.get("continuing_subword_prefix"),
-                   byte_fallback=bool(d.get("byte_fallback", False)), fuse_unk=bool(d.get("fuse_unk", False)),
-                   ignore_merges=bool(d.get("ignore_merges", False)))
+        return cls(
+            d["vocab"],
+            merges,
+            unk_token=d.get("unk_token"),
+            end_of_word_suffix=d.get("end_of_word_suffix"),
+            continuing_subword_prefix=d.get("continuing_subword_prefix"),
+            byte_fallback=bool(d.get("byte_fallback", False)),
+            fuse_unk=bool(d.get("fuse_unk", False)),
+            ignore_merges=bool(d.get("ignore_merges", False)),
+        )
 
 
 @dataclass
@@ -373,15 +423,27 @@ class BPETrainer:
         extra = BYTE_TOKENS if self.byte_fallback else []
         alphabet = initial_alphabet(word_counts, self.end_of_word_suffix)
         n = check_vocab_size(self.vocab_size, len(specials) + len(extra), len(alphabet), "bpe")
-        alphabet, merges = train_merges(word_counts, n, suffix=self.end_of_word_suffix,
-                                        min_frequency=self.min_frequency, log=log)
+        alphabet, merges = train_merges(
+            word_counts, n, suffix=self.end_of_word_suffix, min_frequency=self.min_frequency, log=log
+        )
         vocab = build_vocab(specials + extra, alphabet, merges, self.vocab_size)
-        model = BPEModel(vocab, merges, unk_token=self.unk_token, end_of_word_suffix=self.end_of_word_suffix,
-                         byte_fallback=self.byte_fallback)
+        model = BPEModel(
+            vocab,
+            merges,
+            unk_token=self.unk_token,
+            end_of_word_suffix=self.end_of_word_suffix,
+            byte_fallback=self.byte_fallback,
+        )
         norm, pre, dec = self.components()
         if self.byte_fallback:
             dec = DecoderSequence([ByteFallbackDecoder(), dec])
         if log:
             log(f"bpe: {len(word_counts)} distinct words, {len(alphabet)} symbols, {len(merges)} merges")
-        return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
-                                added_tokens=special_added_tokens(specials), kind=self.kind)
+        return SubwordTokenizer(
+            model,
+            normalizer=norm,
+            pre_tokenizer=pre,
+            decoder=dec,
+            added_tokens=special_added_tokens(specials),
+            kind=self.kind,
+        )

@@ -37,8 +37,9 @@ def pre_tokenizer_for(pattern: str):
     if pattern == "gpt2":
         return ByteLevel(add_prefix_space=False)
     if pattern in PATTERNS:
-        return PreTokenizerSequence([Split(PATTERNS[pattern], True, "Isolated"),
-                                       ByteLevel(add_prefix_space=False, use_regex=False)])
+        return PreTokenizerSequence(
+            [Split(PATTERNS[pattern], True, "Isolated"), ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     raise UserError(f"unknown pre-tokenizer pattern {pattern!r}; choose from {', '.join(PATTERNS)}")
 
 
@@ -60,8 +61,9 @@ class ByteLevelBPETrainer:
         """Raw regex words (byte mapping is applied once per distinct word, after counting); for 'gpt2',
         batches of lines are split by one regex pass (``corpus.JoinedWords``)."""
         if self.pattern == "gpt2":
-            return JoinedWords(ByteLevel(add_prefix_space=False).split, regex_findall(GPT2_LINES_PATTERN),
-                               sep="", lines=True)
+            return JoinedWords(
+                ByteLevel(add_prefix_space=False).split, regex_findall(GPT2_LINES_PATTERN), sep="", lines=True
+            )
         return regex_findall(PATTERNS[self.pattern]) if self.pattern in PATTERNS else pre_tokenizer_for(self.pattern)
 
     def train(self, texts, log=None):
@@ -73,7 +75,9 @@ class ByteLevelBPETrainer:
         if not raw_word_counts:
             raise UserError("cannot train byte-level BPE on an empty corpus")
         t = LATIN1_TO_BL
-        wc = {w.encode("utf-8", "surrogateescape").decode("latin-1").translate(t): c for w, c in raw_word_counts.items()}
+        wc = {
+            w.encode("utf-8", "surrogateescape").decode("latin-1").translate(t): c for w, c in raw_word_counts.items()
+        }
         specials = list(self.special_tokens)
         alphabet = [BYTE_TO_UNICODE[b] for b in range(256)]
         n = check_vocab_size(self.vocab_size, len(specials), 256, "byte-bpe")
@@ -81,9 +85,13 @@ class ByteLevelBPETrainer:
         vocab = build_vocab(specials, alphabet, merges, self.vocab_size)
         if log:
             log(f"byte-bpe: {len(wc)} distinct words, {len(merges)} merges")
-        return SubwordTokenizer(BPEModel(vocab, merges), pre_tokenizer=pre_tokenizer_for(self.pattern),
-                                decoder=ByteLevelDecoder(), added_tokens=special_added_tokens(specials),
-                                kind=self.kind)
+        return SubwordTokenizer(
+            BPEModel(vocab, merges),
+            pre_tokenizer=pre_tokenizer_for(self.pattern),
+            decoder=ByteLevelDecoder(),
+            added_tokens=special_added_tokens(specials),
+            kind=self.kind,
+        )
 
 
 class regex_findall:

@@ -43,7 +43,7 @@ class CharTokenizer:
     unk_id = property(lambda self: 3)
 
     def encode(self, text: str) -> list[int]:
-        """"12+3" -> [5, 6, 14, 7] for alphabet "0123456789+-=" (digit d -> 4 + d)."""
+        """ "12+3" -> [5, 6, 14, 7] for alphabet "0123456789+-=" (digit d -> 4 + d)."""
         stoi, unk = self._stoi, self.unk_id
         if self.strict:
             bad = [c for c in text if c not in stoi or c in SPECIALS]

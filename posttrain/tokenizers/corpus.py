@@ -41,8 +41,14 @@ class ReadReport:
     bad_json_lines: int = 0
 
 
-def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, keep_bytes: bool = False,
-               report: ReadReport | None = None, keep_newlines: bool = False) -> Iterator[str]:
+def iter_texts(
+    paths: Iterable[str | Path],
+    *,
+    text_field: str | None = None,
+    keep_bytes: bool = False,
+    report: ReadReport | None = None,
+    keep_newlines: bool = False,
+) -> Iterator[str]:
     """Yield texts (lines, or ``record[text_field]`` for JSONL) from files; ``-`` reads stdin."""
     report = report if report is not None else ReadReport()
     errors = "surrogateescape" if keep_bytes else "replace"
@@ -80,8 +86,10 @@ def iter_texts(paths: Iterable[str | Path], *, text_field: str | None = None, ke
                         raise DataError(f"{path}:{line_no}: record has no field {text_field!r}")
                     line = rec[text_field]
                     if not isinstance(line, str):
-                        raise DataError(f"{path}:{line_no}: field {text_field!r} is {_json_type(line)}, expected a "
-                                        f"string (the text to train on)")
+                        raise DataError(
+                            f"{path}:{line_no}: field {text_field!r} is {_json_type(line)}, expected a "
+                            f"string (the text to train on)"
+                        )
                 elif not keep_newlines:
                     line = line.rstrip("\r\n")
                 report.chars += len(line)
@@ -97,7 +105,9 @@ def _json_type(v) -> str:
         return "null"
     if isinstance(v, bool):
         return "a boolean"
-    return {int: "a number", float: "a number", list: "an array", dict: "an object", str: "a string"}.get(type(v), type(v).__name__)
+    return {int: "a number", float: "a number", list: "an array", dict: "an object", str: "a string"}.get(
+        type(v), type(v).__name__
+    )
 
 
 def _batches(texts: Iterable[str], batch_chars: int) -> Iterator[list[str]]:
@@ -125,8 +135,15 @@ class JoinedWords:
     may hold newlines). ``joined`` may return the words or a ``Counter`` of them.
     """
 
-    def __init__(self, words: Callable[[str], list[str]], joined: Callable[[str], Iterable[str] | Counter], *,
-                 sep: str = "\n", lines: bool = False, sep_free: bool = False):
+    def __init__(
+        self,
+        words: Callable[[str], list[str]],
+        joined: Callable[[str], Iterable[str] | Counter],
+        *,
+        sep: str = "\n",
+        lines: bool = False,
+        sep_free: bool = False,
+    ):
         self.words, self.joined, self.sep, self.lines, self.sep_free = words, joined, sep, lines, sep_free
 
     def __call__(self, text: str) -> list[str]:
@@ -162,8 +179,13 @@ def _count_batch(batch: list[str]) -> Counter:
     return c
 
 
-def count_words(texts: Iterable[str], words_fn: Callable[[str], list[str]], *, workers: int | None = None,
-                batch_chars: int = BATCH_CHARS) -> dict[str, int]:
+def count_words(
+    texts: Iterable[str],
+    words_fn: Callable[[str], list[str]],
+    *,
+    workers: int | None = None,
+    batch_chars: int = BATCH_CHARS,
+) -> dict[str, int]:
     """{word: count} over ``texts`` split by ``words_fn``; ``workers`` processes (default: all cores)."""
     global _WORDS_FN
     workers = workers or os.cpu_count() or 1
@@ -188,6 +210,8 @@ def warn_report(report: ReadReport, warn: Callable[[str], None] | None, byte_lev
     if warn is None or not report.invalid_utf8_lines:
         return
     if byte_level:
-        warn(f"{report.invalid_utf8_lines} input line(s) were not valid UTF-8; byte-level BPE trains on their raw bytes")
+        warn(
+            f"{report.invalid_utf8_lines} input line(s) were not valid UTF-8; byte-level BPE trains on their raw bytes"
+        )
     else:
         warn(f"{report.invalid_utf8_lines} input line(s) were not valid UTF-8; invalid bytes were replaced with U+FFFD")

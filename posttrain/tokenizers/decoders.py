@@ -45,8 +45,19 @@ class BPEDecoder:
 
 
 def _wp_cleanup(s: str) -> str:
-    for a, b in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
-                 (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for a, b in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" do not", " don't"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         s = s.replace(a, b)
     return s
 
@@ -61,7 +72,7 @@ class WordPieceDecoder:
         out = []
         for i, t in enumerate(tokens):
             if i != 0:
-                t = t[len(self.prefix):] if t.startswith(self.prefix) else " " + t
+                t = t[len(self.prefix) :] if t.startswith(self.prefix) else " " + t
             out.append(_wp_cleanup(t) if self.cleanup else t)
         return out
 
@@ -86,8 +97,12 @@ class MetaspaceDecoder:
         return out
 
     def to_json(self) -> dict:
-        return {"type": "Metaspace", "replacement": self.replacement, "prepend_scheme": self.prepend_scheme,
-                "split": self.split}
+        return {
+            "type": "Metaspace",
+            "replacement": self.replacement,
+            "prepend_scheme": self.prepend_scheme,
+            "split": self.split,
+        }
 
 
 _BYTE_TOKEN = regex.compile(r"<0x([0-9A-F]{2})>")
@@ -178,7 +193,9 @@ DECODERS = {
     "ByteFallback": lambda d: ByteFallbackDecoder(),
     "Fuse": lambda d: FuseDecoder(),
     "Strip": lambda d: StripDecoder(d.get("content", " "), d.get("start", 0), d.get("stop", 0)),
-    "Replace": lambda d: ReplaceDecoder(*pattern_from_json(d["pattern"])[:1], d["content"], pattern_from_json(d["pattern"])[1]),
+    "Replace": lambda d: ReplaceDecoder(
+        *pattern_from_json(d["pattern"])[:1], d["content"], pattern_from_json(d["pattern"])[1]
+    ),
     "Sequence": lambda d: DecoderSequence([decoder_from_json(x) for x in d["decoders"]]),
 }
 

@@ -26,11 +26,7 @@ from posttrain.tokenizers.pre_tokenizers import ByteLevel, PreTokenizerSequence,
 from posttrain.tokenizers.unigram import UnigramModel
 from posttrain.tokenizers.wordpiece import WordPieceModel
 
-MODELS = {
-    "BPE": BPEModel.from_json,
-    "WordPiece": WordPieceModel.from_json,
-    "Unigram": UnigramModel.from_json,
-}
+MODELS = {"BPE": BPEModel.from_json, "WordPiece": WordPieceModel.from_json, "Unigram": UnigramModel.from_json}
 
 
 def _kind(model, pre_tokenizer) -> str:
@@ -59,7 +55,15 @@ def load_hf_json(data: dict, source: str | Path = "tokenizer.json") -> SubwordTo
         raise UserError(f"{source}: {e}") from None
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{source}: malformed tokenizer.json ({type(e).__name__}: {e})") from None
-    added = [{"id": int(t["id"]), "content": t["content"], "special": bool(t.get("special", False))}
-             for t in data.get("added_tokens") or []]
-    return SubwordTokenizer(model, normalizer=normalizer, pre_tokenizer=pre_tokenizer, decoder=decoder,
-                            added_tokens=added, kind=_kind(model, pre_tokenizer))
+    added = [
+        {"id": int(t["id"]), "content": t["content"], "special": bool(t.get("special", False))}
+        for t in data.get("added_tokens") or []
+    ]
+    return SubwordTokenizer(
+        model,
+        normalizer=normalizer,
+        pre_tokenizer=pre_tokenizer,
+        decoder=decoder,
+        added_tokens=added,
+        kind=_kind(model, pre_tokenizer),
+    )

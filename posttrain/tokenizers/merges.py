@@ -73,7 +73,7 @@ def merge_word(w: list[int], a: int, b: int, c: int):
                     last = q
             i = j + 2
         else:
-            out.extend(w[i:j + 1])
+            out.extend(w[i : j + 1])
             i = j + 1
     if not merged:
         return None
@@ -87,7 +87,6 @@ def merge_word(w: list[int], a: int, b: int, c: int):
                 added.append((out[q], out[q + 1]))
                 last = q
     return out, removed, added
-
 
 
 def count_pairs(words: list[str], counts: list[int]):
@@ -126,7 +125,7 @@ def count_pairs(words: list[str], counts: list[int]):
         p = chr(k >> 21) + chr(k & mask)
         pc[p] = totals[g]
         where[p] = ix = array("i")
-        ix.frombytes(wb[4 * bounds[g]:4 * bounds[g + 1]])
+        ix.frombytes(wb[4 * bounds[g] : 4 * bounds[g + 1]])
     return pc, where
 
 
@@ -148,7 +147,7 @@ def merge_string(s: str, ab: str, c: str):
         sites.append(j - len(sites))  # the merged symbol's position in the new word
         for q in (j - 1, j, j + 1):
             if q > last and 0 <= q < n - 1:
-                removed.append(s[q:q + 2])
+                removed.append(s[q : q + 2])
                 last = q
         j = s.find(ab, j + 2)
     ns = s.replace(ab, c)
@@ -158,10 +157,9 @@ def merge_string(s: str, ab: str, c: str):
     for k in sites:
         for q in (k - 1, k):
             if q > last and 0 <= q < m - 1:
-                added.append(ns[q:q + 2])
+                added.append(ns[q : q + 2])
                 last = q
     return ns, removed, added
-
 
 
 def merge_few(words: list[str], counts: list[int], touched, ab: str, c: str, where) -> dict[str, int]:
@@ -178,7 +176,7 @@ def merge_few(words: list[str], counts: list[int], touched, ab: str, c: str, whe
             continue
         n = counts[wi]
         if s.find(ab, j + 2) < 0:  # one occurrence: x a b y -> x c y
-            words[wi] = s[:j] + c + s[j + 2:]
+            words[wi] = s[:j] + c + s[j + 2 :]
             if j:
                 x = s[j - 1]
                 delta[x + a] -= n
@@ -211,7 +209,9 @@ def merge_many(words: list[str], counts_np, touched, ab: str, c: str, where) -> 
     one (``..a b a b..``), the pair between them is ``ba`` -> ``cc``, counted once, by the right site."""
     a, b, cc = ord(ab[0]), ord(ab[1]), ord(c)
     touched_np = np.sort(np.asarray(touched, dtype=np.int64))  # (T,) the index may repeat a word:
-    touched_np = touched_np[np.concatenate(([True], touched_np[1:] != touched_np[:-1]))]  # sort+dedup (numpy 2's np.unique hashes: ~25x slower)
+    touched_np = touched_np[
+        np.concatenate(([True], touched_np[1:] != touched_np[:-1]))
+    ]  # sort+dedup (numpy 2's np.unique hashes: ~25x slower)
     touched = touched_np.tolist()
     joined = SEP.join(itemgetter(*touched)(words) if len(touched) > 1 else [words[touched[0]]])
     list(map(words.__setitem__, touched, joined.replace(ab, c).split(SEP)))
@@ -247,7 +247,7 @@ def merge_many(words: list[str], counts_np, touched, ab: str, c: str, where) -> 
         bounds = starts.tolist() + [len(ks)]
         wb = add_word[order].astype(np.int32).tobytes()
         for g, k in enumerate(ks[starts].tolist()):
-            where[chr(k >> sh) + chr(k & mask)].frombytes(wb[4 * bounds[g]:4 * bounds[g + 1]])
+            where[chr(k >> sh) + chr(k & mask)].frombytes(wb[4 * bounds[g] : 4 * bounds[g + 1]])
     return delta
 
 
@@ -263,6 +263,8 @@ def check_vocab_size(vocab_size: int, n_specials: int, alphabet_size: int, what:
     """Number of merges to learn; errors when the vocabulary cannot even hold the alphabet."""
     need = n_specials + alphabet_size
     if vocab_size < need:
-        raise UserError(f"{what}: --vocab-size {vocab_size} is below the alphabet size ({alphabet_size} symbols "
-                        f"+ {n_specials} special tokens = {need}); raise it or lower the character coverage")
+        raise UserError(
+            f"{what}: --vocab-size {vocab_size} is below the alphabet size ({alphabet_size} symbols "
+            f"+ {n_specials} special tokens = {need}); raise it or lower the character coverage"
+        )
     return vocab_size - need

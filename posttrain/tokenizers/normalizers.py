@@ -114,16 +114,22 @@ class BertNormalizer:
         return text
 
     def to_json(self) -> dict:
-        return {"type": "BertNormalizer", "clean_text": self.clean_text, "handle_chinese_chars": self.handle_chinese_chars,
-                "strip_accents": self.strip_accents_opt, "lowercase": self.lowercase}
+        return {
+            "type": "BertNormalizer",
+            "clean_text": self.clean_text,
+            "handle_chinese_chars": self.handle_chinese_chars,
+            "strip_accents": self.strip_accents_opt,
+            "lowercase": self.lowercase,
+        }
 
 
 def _pad(m) -> str:
     return " " + m.group() + " "
 
 
-def bert_normalize_slow(text: str, clean_text=True, handle_chinese_chars=True, strip_accents=True,
-                        lowercase=True) -> str:
+def bert_normalize_slow(
+    text: str, clean_text=True, handle_chinese_chars=True, strip_accents=True, lowercase=True
+) -> str:
     """Per-character reference for ``BertNormalizer`` (test oracle)."""
     if clean_text or handle_chinese_chars:
         out = []
@@ -172,11 +178,14 @@ NORMALIZERS = {
     "NFKD": lambda d: UnicodeNormalizer("NFKD"),
     "Lowercase": lambda d: Lowercase(),
     "StripAccents": lambda d: StripAccents(),
-    "Replace": lambda d: Replace(*pattern_from_json(d["pattern"])[:1], d["content"], pattern_from_json(d["pattern"])[1]),
+    "Replace": lambda d: Replace(
+        *pattern_from_json(d["pattern"])[:1], d["content"], pattern_from_json(d["pattern"])[1]
+    ),
     "Prepend": lambda d: Prepend(d["prepend"]),
     "Strip": lambda d: Strip(d.get("strip_left", True), d.get("strip_right", True)),
-    "BertNormalizer": lambda d: BertNormalizer(d.get("clean_text", True), d.get("handle_chinese_chars", True),
-                                              d.get("strip_accents"), d.get("lowercase", True)),
+    "BertNormalizer": lambda d: BertNormalizer(
+        d.get("clean_text", True), d.get("handle_chinese_chars", True), d.get("strip_accents"), d.get("lowercase", True)
+    ),
     "Sequence": lambda d: NormalizerSequence([normalizer_from_json(x) for x in d["normalizers"]]),
 }
 

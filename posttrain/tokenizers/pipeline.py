@@ -47,8 +47,17 @@ class SubwordTokenizer:
     """A model (BPEModel, WordPieceModel, UnigramModel) wrapped with normaliser, pre-tokeniser, decoder
     and added tokens. ``kind`` names what trained it ("bpe", "byte-bpe", "wordpiece", "unigram")."""
 
-    def __init__(self, model, *, normalizer=None, pre_tokenizer=None, decoder=None,
-                 added_tokens: list[dict] | None = None, kind: str | None = None, roles: dict | None = None):
+    def __init__(
+        self,
+        model,
+        *,
+        normalizer=None,
+        pre_tokenizer=None,
+        decoder=None,
+        added_tokens: list[dict] | None = None,
+        kind: str | None = None,
+        roles: dict | None = None,
+    ):
         self.model, self.normalizer, self.pre_tokenizer, self.decoder = model, normalizer, pre_tokenizer, decoder
         self.kind = kind or model.type.lower()
         self.added_tokens = sorted(added_tokens or [], key=lambda t: t["id"])
@@ -96,7 +105,7 @@ class SubwordTokenizer:
         pos = 0
         for m in self._added_re.finditer(text):
             if m.start() > pos:
-                yield text[pos:m.start()], None
+                yield text[pos : m.start()], None
             yield None, self._added_ids[m.group()]
             pos = m.end()
         if pos < len(text):
@@ -173,8 +182,11 @@ class SubwordTokenizer:
         return self.encode(data.decode("utf-8", "surrogateescape"))
 
     def decode_bytes(self, ids, skip_special_tokens: bool = True) -> bytes:
-        tokens = [self._itos[int(i)] for i in ids
-                  if int(i) in self._itos and not (skip_special_tokens and int(i) in self._special_ids)]
+        tokens = [
+            self._itos[int(i)]
+            for i in ids
+            if int(i) in self._itos and not (skip_special_tokens and int(i) in self._special_ids)
+        ]
         return bl_to_bytes("".join(tokens))
 
     # --- files --------------------------------------------------------------------------------
@@ -186,8 +198,15 @@ class SubwordTokenizer:
             "truncation": None,
             "padding": None,
             "added_tokens": [
-                {"id": t["id"], "content": t["content"], "single_word": False, "lstrip": False, "rstrip": False,
-                 "normalized": False, "special": bool(t.get("special", True))}
+                {
+                    "id": t["id"],
+                    "content": t["content"],
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": bool(t.get("special", True)),
+                }
                 for t in self.added_tokens
             ],
             "normalizer": self.normalizer.to_json() if self.normalizer is not None else None,
@@ -231,4 +250,4 @@ _WORKER_TEXTS: list[str] | None = None
 
 def _encode_range_in_worker(span: tuple[int, int]) -> list[list[int]]:
     enc = _WORKER_TOK.encode  # type: ignore[union-attr]
-    return [enc(t) for t in _WORKER_TEXTS[span[0]:span[1]]]  # type: ignore[index]
+    return [enc(t) for t in _WORKER_TEXTS[span[0] : span[1]]]  # type: ignore[index]

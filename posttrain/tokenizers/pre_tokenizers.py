@@ -36,8 +36,10 @@ PATTERNS = {"gpt2": GPT2_PATTERN, "cl100k": CL100K_PATTERN}
 # at the end of a line: a run that reaches the "\n" takes it (`\s+(?!\S)` at the end of a string); a run
 # followed by \S in its line keeps all but its last character. Letters come first: no two alternatives
 # can match at the same position except the whitespace ones, so the order of the others is free.
-GPT2_LINES_PATTERN = (r""" ?\p{L}+|'s|'t|'re|'ve|'m|'ll|'d| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
-                      r"""|[^\S\n]*\n|[^\S\n]+(?!\S)|[^\S\n]+""")
+GPT2_LINES_PATTERN = (
+    r""" ?\p{L}+|'s|'t|'re|'ve|'m|'ll|'d| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+    r"""|[^\S\n]*\n|[^\S\n]+(?!\S)|[^\S\n]+"""
+)
 
 
 class ByteLevel:
@@ -46,8 +48,13 @@ class ByteLevel:
     "Hi there" -> ["Hi", "Ġthere"]; "é" -> ["Ã©"]. With add_prefix_space a leading space is added
     to text that does not start with one."""
 
-    def __init__(self, add_prefix_space: bool = False, use_regex: bool = True, pattern: str = GPT2_PATTERN,
-                 trim_offsets: bool = True):
+    def __init__(
+        self,
+        add_prefix_space: bool = False,
+        use_regex: bool = True,
+        pattern: str = GPT2_PATTERN,
+        trim_offsets: bool = True,
+    ):
         self.add_prefix_space, self.use_regex, self.trim_offsets = add_prefix_space, use_regex, trim_offsets
         self._re = regex.compile(pattern)
 
@@ -61,8 +68,12 @@ class ByteLevel:
         return [w.encode("utf-8", "surrogateescape").decode("latin-1").translate(t) for w in self.split(text)]
 
     def to_json(self) -> dict:
-        return {"type": "ByteLevel", "add_prefix_space": self.add_prefix_space, "trim_offsets": self.trim_offsets,
-                "use_regex": self.use_regex}
+        return {
+            "type": "ByteLevel",
+            "add_prefix_space": self.add_prefix_space,
+            "trim_offsets": self.trim_offsets,
+            "use_regex": self.use_regex,
+        }
 
 
 class Split:
@@ -82,7 +93,7 @@ class Split:
         out, pos = [], 0
         for m in self._re.finditer(text):
             if m.start() > pos:
-                out.append(text[pos:m.start()])
+                out.append(text[pos : m.start()])
             if m.end() > m.start():
                 out.append(m.group())
             pos = m.end()
@@ -170,8 +181,12 @@ class Metaspace:
         return out
 
     def to_json(self) -> dict:
-        return {"type": "Metaspace", "replacement": self.replacement, "prepend_scheme": self.prepend_scheme,
-                "split": self.split}
+        return {
+            "type": "Metaspace",
+            "replacement": self.replacement,
+            "prepend_scheme": self.prepend_scheme,
+            "split": self.split,
+        }
 
 
 class Digits:
@@ -187,7 +202,7 @@ class Digits:
         out, pos = [], 0
         for m in self._re.finditer(text):
             if m.start() > pos:
-                out.append(text[pos:m.start()])
+                out.append(text[pos : m.start()])
             out.append(m.group())
             pos = m.end()
         if pos < len(text):
@@ -220,14 +235,16 @@ def _split_from_json(d: dict) -> Split:
 
 
 PRE_TOKENIZERS = {
-    "ByteLevel": lambda d: ByteLevel(d.get("add_prefix_space", False), d.get("use_regex", True),
-                                     trim_offsets=d.get("trim_offsets", True)),
+    "ByteLevel": lambda d: ByteLevel(
+        d.get("add_prefix_space", False), d.get("use_regex", True), trim_offsets=d.get("trim_offsets", True)
+    ),
     "Split": _split_from_json,
     "Whitespace": lambda d: Whitespace(),
     "WhitespaceSplit": lambda d: WhitespaceSplit(),
     "BertPreTokenizer": lambda d: BertPreTokenizer(),
-    "Metaspace": lambda d: Metaspace(d.get("replacement", METASPACE), d.get("prepend_scheme", "always"),
-                                     d.get("split", True)),
+    "Metaspace": lambda d: Metaspace(
+        d.get("replacement", METASPACE), d.get("prepend_scheme", "always"), d.get("split", True)
+    ),
     "Digits": lambda d: Digits(bool(d.get("individual_digits", False))),
     "Sequence": lambda d: PreTokenizerSequence([pre_tokenizer_from_json(x) for x in d["pretokenizers"]]),
 }

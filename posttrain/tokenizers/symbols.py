@@ -24,8 +24,11 @@ METASPACE = "\u2581"  # ▁
 BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]  # byte fallback: byte b is the token BYTE_TOKENS[b]
 
 # Rust's char::is_whitespace (Unicode White_Space); Python's str.isspace also counts \x1c-\x1f.
-WHITESPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-                       "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+WHITESPACE = frozenset(
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
 
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
@@ -73,8 +76,16 @@ def is_bert_punctuation(c: str) -> bool:
     return unicodedata.category(c).startswith("P")
 
 
-CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-               (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B920, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 
 def is_chinese_char(c: str) -> bool:
@@ -86,8 +97,10 @@ def _class_of(member) -> str:
     """A ``re`` character class body holding exactly the code points ``cp`` with ``member[cp]`` true."""
     m = np.asarray(member, dtype=np.int8)  # (0x110000,)
     edges = np.flatnonzero(np.diff(np.concatenate(([0], m, [0]))))  # starts and ends (exclusive) of runs
-    return "".join(f"\\U{a:08x}" if a == b - 1 else f"\\U{a:08x}-\\U{b - 1:08x}"
-                   for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()))
+    return "".join(
+        f"\\U{a:08x}" if a == b - 1 else f"\\U{a:08x}-\\U{b - 1:08x}"
+        for a, b in zip(edges[::2].tolist(), edges[1::2].tolist())
+    )
 
 
 def _runs_of(member) -> str:
@@ -109,18 +122,25 @@ def bert_regexes() -> dict:
     per-character reference (``bert_normalize_slow``, ``bert_pre_tokenize_slow``), so they agree on
     every code point; ~0.3 s, once per process."""
     n = 0x110000
-    codes = {k: i for i, k in enumerate("Lu Ll Lt Lm Lo Mn Mc Me Nd Nl No Pc Pd Ps Pe Pi Pf Po Sm Sc Sk So Zs Zl Zp Cc Cf Cs Co Cn".split())}
+    codes = {
+        k: i
+        for i, k in enumerate(
+            "Lu Ll Lt Lm Lo Mn Mc Me Nd Nl No Pc Pd Ps Pe Pi Pf Po Sm Sc Sk So Zs Zl Zp Cc Cf Cs Co Cn".split()
+        )
+    }
     cat = np.fromiter(map(codes.__getitem__, map(unicodedata.category, map(chr, range(n)))), dtype=np.int16, count=n)
     in_cats = lambda pred: np.isin(cat, [i for k, i in codes.items() if pred(k)])  # noqa: E731
     cp = np.arange(n)
     is_ws = np.isin(cp, [ord(c) for c in WHITESPACE])
     ws = "".join(f"\\U{ord(c):08x}" for c in sorted(WHITESPACE))
     drop = _runs_of(~is_ws & ((cp == 0) | (cp == 0xFFFD) | in_cats(lambda k: k[0] == "C")))
-    ascii_punct = ((33 <= cp) & (cp <= 47)) | ((58 <= cp) & (cp <= 64)) | ((91 <= cp) & (cp <= 96)) | ((123 <= cp) & (cp <= 126))
+    ascii_punct = (
+        ((33 <= cp) & (cp <= 47)) | ((58 <= cp) & (cp <= 64)) | ((91 <= cp) & (cp <= 96)) | ((123 <= cp) & (cp <= 126))
+    )
     punct = _class_of(ascii_punct | in_cats(lambda k: k[0] == "P"))  # is_bert_punctuation
     cjk = np.zeros(n, dtype=bool)
     for a, b in CJK_RANGES:  # is_chinese_char
-        cjk[a:b + 1] = True
+        cjk[a : b + 1] = True
     mn = _runs_of(in_cats(lambda k: k == "Mn"))
     return {
         "space": re.compile(f"[{ws}]"),

@@ -47,13 +47,13 @@ PREFIX = "##"
 
 
 def word_symbols(word: str, prefix: str = PREFIX) -> list[str]:
-    """"low" -> ["l", "##o", "##w"]."""
+    """ "low" -> ["l", "##o", "##w"]."""
     return [c if i == 0 else prefix + c for i, c in enumerate(word)]
 
 
 def merged(a: str, b: str, prefix: str = PREFIX) -> str:
     """("un", "##aff") -> "unaff"; ("##aff", "##able") -> "##affable"."""
-    return a + (b[len(prefix):] if b.startswith(prefix) else b)
+    return a + (b[len(prefix) :] if b.startswith(prefix) else b)
 
 
 CRITERIA = ("score", "likelihood")
@@ -72,8 +72,9 @@ def _check_criterion(criterion: str) -> None:
         raise UserError(f"unknown WordPiece criterion {criterion!r}; expected one of {', '.join(CRITERIA)}")
 
 
-def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_frequency: int = 1,
-                                criterion: str = "score"):
+def train_wordpiece_merges_slow(
+    word_counts: dict[str, int], n_merges: int, min_frequency: int = 1, criterion: str = "score"
+):
     """Oracle: recount pair and symbol counts before each merge. Returns (alphabet, merged tokens)."""
     _check_criterion(criterion)
     words = [word_symbols(w) for w in word_counts if w]
@@ -94,9 +95,13 @@ def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_
         if not pc:
             break
         pairs = list(pc)
-        score = pair_scores(np.array([pc[p] for p in pairs], dtype=np.float64),
-                            np.array([sc[p[0]] for p in pairs], dtype=np.float64),
-                            np.array([sc[p[1]] for p in pairs], dtype=np.float64), criterion, n0).tolist()
+        score = pair_scores(
+            np.array([pc[p] for p in pairs], dtype=np.float64),
+            np.array([sc[p[0]] for p in pairs], dtype=np.float64),
+            np.array([sc[p[1]] for p in pairs], dtype=np.float64),
+            criterion,
+            n0,
+        ).tolist()
         best = min(zip(pairs, score), key=lambda t: (-t[1], t[0]))[0]
         a, b = best
         new = merged(a, b)
@@ -108,8 +113,9 @@ def train_wordpiece_merges_slow(word_counts: dict[str, int], n_merges: int, min_
     return alphabet, out
 
 
-def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequency: int = 1, progress=None,
-                           criterion: str = "score"):
+def train_wordpiece_merges(
+    word_counts: dict[str, int], n_merges: int, min_frequency: int = 1, progress=None, criterion: str = "score"
+):
     """Fast trainer; same result as ``train_wordpiece_merges_slow``. Returns (alphabet, [(a, b, merged)]).
 
     Words are strings of symbol characters and merges are applied by the engine BPE shares
@@ -152,8 +158,12 @@ def train_wordpiece_merges(word_counts: dict[str, int], n_merges: int, min_frequ
         changed = table.apply_delta(delta, best, where)
         # pairs whose count changed, and every pair holding a symbol whose count changed (a, b and c: c
         # may already have existed, spelt by another merge)
-        table.rescore(np.concatenate([changed, [best]] + [np.asarray(table.sym_pairs.get(x, ()), dtype=np.int64)
-                                                          for x in (a, b, c_id)]), symc)
+        table.rescore(
+            np.concatenate(
+                [changed, [best]] + [np.asarray(table.sym_pairs.get(x, ()), dtype=np.int64) for x in (a, b, c_id)]
+            ),
+            symc,
+        )
         if progress is not None:
             progress(len(out))
     return alphabet, out
@@ -191,7 +201,7 @@ def _merge_in_words(words, counts, counts_np, where, a: int, b: int, c_id: int, 
         before = [len(words[wi]) for wi in uniq]
     delta = apply_merge(words, counts, counts_np, touched, ab, c, where)
     # every occurrence of ab is merged: for a != b the merges are the pair's count
-    n_merged = (sum((n - len(words[wi])) * counts[wi] for wi, n in zip(uniq, before)) if a == b else pair_count)
+    n_merged = sum((n - len(words[wi])) * counts[wi] for wi, n in zip(uniq, before)) if a == b else pair_count
     return delta, n_merged
 
 
@@ -239,8 +249,8 @@ class _PairTable:
             self.pa_np = np.concatenate([self.pa_np, np.zeros(extra, dtype=np.int64)])
             self.pb_np = np.concatenate([self.pb_np, np.zeros(extra, dtype=np.int64)])
             self.cnt = np.concatenate([self.cnt, np.zeros(extra)])
-        self.pa_np[self.synced:n] = self.pa[self.synced:]
-        self.pb_np[self.synced:n] = self.pb[self.synced:]
+        self.pa_np[self.synced : n] = self.pa[self.synced :]
+        self.pb_np[self.synced : n] = self.pb[self.synced :]
         self.synced = n
 
     def rescore(self, idx: np.ndarray, symc: np.ndarray) -> None:
@@ -285,8 +295,13 @@ class WordPieceModel:
 
     type = "WordPiece"
 
-    def __init__(self, vocab: dict[str, int], unk_token: str = "[UNK]", continuing_subword_prefix: str = PREFIX,
-                 max_input_chars_per_word: int = 100):
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        unk_token: str = "[UNK]",
+        continuing_subword_prefix: str = PREFIX,
+        max_input_chars_per_word: int = 100,
+    ):
         self.vocab, self.unk_token, self.prefix = vocab, unk_token, continuing_subword_prefix
         self.max_chars = max_input_chars_per_word
         if unk_token not in vocab:
@@ -317,13 +332,22 @@ class WordPieceModel:
         return out
 
     def to_json(self) -> dict:
-        return {"type": "WordPiece", "unk_token": self.unk_token, "continuing_subword_prefix": self.prefix,
-                "max_input_chars_per_word": self.max_chars, "vocab": self.vocab}
+        return {
+            "type": "WordPiece",
+            "unk_token": self.unk_token,
+            "continuing_subword_prefix": self.prefix,
+            "max_input_chars_per_word": self.max_chars,
+            "vocab": self.vocab,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "WordPieceModel":
-        return cls(d["vocab"], d.get("unk_token", "[UNK]"), d.get("continuing_subword_prefix", PREFIX),
-                   int(d.get("max_input_chars_per_word", 100)))
+        return cls(
+            d["vocab"],
+            d.get("unk_token", "[UNK]"),
+            d.get("continuing_subword_prefix", PREFIX),
+            int(d.get("max_input_chars_per_word", 100)),
+        )
 
 
 @dataclass
@@ -371,10 +395,12 @@ class WordPieceTrainer:
         if not wc:
             if any(len(w) > self.max_input_chars_per_word for w in word_counts):
                 longest = max(map(len, word_counts))
-                raise UserError(f"cannot train WordPiece: every word is longer than max_input_chars_per_word="
-                                f"{self.max_input_chars_per_word} (the longest has {longest} characters), and such "
-                                f"words encode to {self.unk_token}; split the text into shorter words (the limit is "
-                                f"WordPieceTrainer(max_input_chars_per_word=...) in Python)")
+                raise UserError(
+                    f"cannot train WordPiece: every word is longer than max_input_chars_per_word="
+                    f"{self.max_input_chars_per_word} (the longest has {longest} characters), and such "
+                    f"words encode to {self.unk_token}; split the text into shorter words (the limit is "
+                    f"WordPieceTrainer(max_input_chars_per_word=...) in Python)"
+                )
             raise UserError("cannot train WordPiece on an empty corpus")
         if self.limit_alphabet is not None:
             cc: dict[str, int] = defaultdict(int)
@@ -393,5 +419,11 @@ class WordPieceTrainer:
             log(f"wordpiece: {len(wc)} distinct words, {len(alphabet)} symbols, {len(merges)} merges")
         norm, pre, dec = self.components()
         model = WordPieceModel(vocab, self.unk_token, PREFIX, self.max_input_chars_per_word)
-        return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
-                                added_tokens=special_added_tokens(specials), kind=self.kind)
+        return SubwordTokenizer(
+            model,
+            normalizer=norm,
+            pre_tokenizer=pre,
+            decoder=dec,
+            added_tokens=special_added_tokens(specials),
+            kind=self.kind,
+        )

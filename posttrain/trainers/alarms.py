@@ -43,22 +43,32 @@ log = logging.getLogger("posttrain.alarms")
 class AlarmConfig:
     reward_patience: int = knob(5, "steps in a row with identical rewards (or all groups uniform) before warning", ge=1)
     truncation_patience: int = knob(3, "steps in a row with every completion truncated before warning", ge=1)
-    ratio_max_bound: float = knob(10.0, "warn when the largest importance ratio pi/pi_old exceeds this (inf = never)",
-                                  gt=0, allow_inf=True)
-    approx_kl_bound: float = knob(0.5, "warn when approx-KL(pi_old -> pi) per token exceeds this (nats; inf = never)",
-                                  ge=0, allow_inf=True)
-    kl_bound: float = knob(1.0, "warn when the KL to the reference per token exceeds this (nats; inf = never)",
-                           ge=0, allow_inf=True)
+    ratio_max_bound: float = knob(
+        10.0, "warn when the largest importance ratio pi/pi_old exceeds this (inf = never)", gt=0, allow_inf=True
+    )
+    approx_kl_bound: float = knob(
+        0.5, "warn when approx-KL(pi_old -> pi) per token exceeds this (nats; inf = never)", ge=0, allow_inf=True
+    )
+    kl_bound: float = knob(
+        1.0, "warn when the KL to the reference per token exceeds this (nats; inf = never)", ge=0, allow_inf=True
+    )
     entropy_floor: float = knob(0.05, "warn when the mean token entropy falls below this (nats): collapse", ge=0)
     entropy_patience: int = knob(3, "steps in a row below the entropy floor before warning", ge=1)
     repeat_every: int = knob(50, "while a condition persists, repeat its warning every this many steps", ge=1)
-    collapse_fraction: float = knob(0.5, "reward collapse: restore the best weights when the smoothed reward stays below "
-                                         "this fraction of its best (0 = off)", ge=0, lt=1)
+    collapse_fraction: float = knob(
+        0.5,
+        "reward collapse: restore the best weights when the smoothed reward stays below "
+        "this fraction of its best (0 = off)",
+        ge=0,
+        lt=1,
+    )
     collapse_patience: int = knob(20, "reward collapse: steps in a row below that fraction before restoring", ge=1)
     collapse_smoothing: float = knob(0.95, "reward collapse: EMA factor of the smoothed reward", ge=0, lt=1)
     collapse_min_reward: float = knob(0.1, "reward collapse: only a best smoothed reward above this can collapse", ge=0)
     max_restores: int = knob(3, "reward collapse: restores per run at most (then only warn)", ge=0)
-    restore_lr_factor: float = knob(0.5, "reward collapse: multiply the learning rate by this at each restore", gt=0, le=1)
+    restore_lr_factor: float = knob(
+        0.5, "reward collapse: multiply the learning rate by this at each restore", gt=0, le=1
+    )
 
     def __post_init__(self):
         check_fields(self, "alarms.")
@@ -79,49 +89,77 @@ def _identical_rewards(m, c):
     if std is None or not _finite(std):
         return None
     what = "all zero" if mean == 0.0 else f"all identical (mean {mean:.4g})" if mean is not None else "all identical"
-    return std == 0.0, c.reward_patience, f"rewards {what}: advantages are zero, nothing is learned; check the reward function and the answer column"
+    return (
+        std == 0.0,
+        c.reward_patience,
+        f"rewards {what}: advantages are zero, nothing is learned; check the reward function and the answer column",
+    )
 
 
 def _uniform_groups(m, c):
     f = _get(m, "zero_std_frac")
     if f is None or _get(m, "reward_std") == 0.0:  # already reported as identical rewards
         return None
-    return f >= 1.0, c.reward_patience, "every group's rewards are uniform (zero_std_frac=1): the group baseline leaves no signal; the task may be too easy or too hard for G samples"
+    return (
+        f >= 1.0,
+        c.reward_patience,
+        "every group's rewards are uniform (zero_std_frac=1): the group baseline leaves no signal; the task may be too easy or too hard for G samples",
+    )
 
 
 def _truncation(m, c):
     f = _get(m, "truncated_frac")
     if f is None:
         return None
-    return f >= 1.0, c.truncation_patience, "every completion was truncated at the length limit: no EOS is produced; raise max_new_tokens or check the stop token"
+    return (
+        f >= 1.0,
+        c.truncation_patience,
+        "every completion was truncated at the length limit: no EOS is produced; raise max_new_tokens or check the stop token",
+    )
 
 
 def _ratio(m, c):
     r = _get(m, "ratio_max")
     if r is None or not _finite(r):
         return None
-    return r > c.ratio_max_bound, 1, f"importance ratio max {r:.4g} > {c.ratio_max_bound:g}: pi moved far from pi_old; lower the learning rate or the number of updates per batch"
+    return (
+        r > c.ratio_max_bound,
+        1,
+        f"importance ratio max {r:.4g} > {c.ratio_max_bound:g}: pi moved far from pi_old; lower the learning rate or the number of updates per batch",
+    )
 
 
 def _approx_kl(m, c):
     k = _get(m, "approx_kl")
     if k is None or not _finite(k):
         return None
-    return k > c.approx_kl_bound, 1, f"approx-KL(pi_old -> pi) {k:.4g} > {c.approx_kl_bound:g} per token: updates too large"
+    return (
+        k > c.approx_kl_bound,
+        1,
+        f"approx-KL(pi_old -> pi) {k:.4g} > {c.approx_kl_bound:g} per token: updates too large",
+    )
 
 
 def _kl(m, c):
     k = _get(m, "kl")
     if k is None or not _finite(k):
         return None
-    return k > c.kl_bound, 1, f"KL to the reference {k:.4g} > {c.kl_bound:g} per token: the policy is drifting; raise beta or use the adaptive controller"
+    return (
+        k > c.kl_bound,
+        1,
+        f"KL to the reference {k:.4g} > {c.kl_bound:g} per token: the policy is drifting; raise beta or use the adaptive controller",
+    )
 
 
 def _entropy(m, c):
     h = _get(m, "entropy")
     if h is None or not _finite(h):
         return None
-    return h < c.entropy_floor, c.entropy_patience, f"entropy collapse: mean token entropy {h:.4g} < {c.entropy_floor:g}; exploration has stopped"
+    return (
+        h < c.entropy_floor,
+        c.entropy_patience,
+        f"entropy collapse: mean token entropy {h:.4g} < {c.entropy_floor:g}; exploration has stopped",
+    )
 
 
 ALARM_CHECKS = {
@@ -191,8 +229,11 @@ class Alarms:
 
     def state_dict(self) -> dict:
         return {
-            "streaks": dict(self.streaks), "fired": dict(self.fired), "nan_streak": self.nan_streak,
-            "skipped_steps": self.skipped_steps, "should_stop": self.should_stop,
+            "streaks": dict(self.streaks),
+            "fired": dict(self.fired),
+            "nan_streak": self.nan_streak,
+            "skipped_steps": self.skipped_steps,
+            "should_stop": self.should_stop,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -228,7 +269,11 @@ class CollapseGuard:
         if self.best is None or self.ema > self.best:
             self.best, self.best_step, self.below = self.ema, step, 0
             return "snapshot"
-        collapsed = c.collapse_fraction > 0 and self.best >= c.collapse_min_reward and self.ema < c.collapse_fraction * self.best
+        collapsed = (
+            c.collapse_fraction > 0
+            and self.best >= c.collapse_min_reward
+            and self.ema < c.collapse_fraction * self.best
+        )
         self.below = self.below + 1 if collapsed else 0
         if self.below < c.collapse_patience:
             return None
@@ -241,23 +286,45 @@ class CollapseGuard:
         return "restore"
 
     def message(self, step: int, action: str) -> str:
-        what = (f"restored the weights and optimizer of step {self.best_step}, LR x{self.lr_scale:g} "
-                f"(restore {self.restores}/{self.config.max_restores})" if action == "restore" else
-                "restores used up; training on")
-        return (f"ALARM step {step}: reward collapse: smoothed reward below {self.config.collapse_fraction:g} x its best "
-                f"{self.best:.3f} for {self.config.collapse_patience} steps; {what}")
+        what = (
+            f"restored the weights and optimizer of step {self.best_step}, LR x{self.lr_scale:g} "
+            f"(restore {self.restores}/{self.config.max_restores})"
+            if action == "restore"
+            else "restores used up; training on"
+        )
+        return (
+            f"ALARM step {step}: reward collapse: smoothed reward below {self.config.collapse_fraction:g} x its best "
+            f"{self.best:.3f} for {self.config.collapse_patience} steps; {what}"
+        )
 
     def state_dict(self) -> dict:
-        return {"ema": self.ema, "best": self.best, "best_step": self.best_step, "below": self.below,
-                "restores": self.restores, "lr_scale": self.lr_scale, "m": self.m, "seen": self.seen}
+        return {
+            "ema": self.ema,
+            "best": self.best,
+            "best_step": self.best_step,
+            "below": self.below,
+            "restores": self.restores,
+            "lr_scale": self.lr_scale,
+            "m": self.m,
+            "seen": self.seen,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for k in ("ema", "best", "best_step", "below", "restores", "lr_scale", "m", "seen"):
             setattr(self, k, state[k])
 
 
-def watch_step(step: int, metrics: dict, alarms: Alarms, collapse: CollapseGuard, model, opt, snapshot: dict | None,
-               reward: float | None, critic=None) -> dict | None:
+def watch_step(
+    step: int,
+    metrics: dict,
+    alarms: Alarms,
+    collapse: CollapseGuard,
+    model,
+    opt,
+    snapshot: dict | None,
+    reward: float | None,
+    critic=None,
+) -> dict | None:
     """After an RL step: the alarms, then the collapse guard on ``reward`` (None: not judged this step) -- a new
     best takes a snapshot of weights and optimizer, a collapse restores it (``restored_from``). Each warning is
     printed once above the progress bar and listed in ``metrics["alarms"]``. ``critic`` = (module, optimizer):

@@ -135,7 +135,9 @@ REWARD_MODEL = ("reward_model",)
 def _reason(e: BaseException) -> str:
     """A short one-line reason for a failed read; never torch's advice to unpickle with weights_only=False."""
     if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
-        return "refused: it holds Python objects other than tensors and plain containers, which posttrain never unpickles"
+        return (
+            "refused: it holds Python objects other than tensors and plain containers, which posttrain never unpickles"
+        )
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
     text = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
     text = text.split(". ")[0].strip()
@@ -169,8 +171,10 @@ def check_checkpoint(p: Path, state: dict, expect_trainer=None, accept_kinds=Non
     kind = checkpoint_kind(p, state)
     if accept_kinds is not None and kind not in accept_kinds:
         if kind == "reward_model":
-            raise UserError(f"{p} is a reward-model checkpoint (from `posttrain rm`), not a policy: {role} needs a "
-                            f"language-model checkpoint such as an SFT run")
+            raise UserError(
+                f"{p} is a reward-model checkpoint (from `posttrain rm`), not a policy: {role} needs a "
+                f"language-model checkpoint such as an SFT run"
+            )
         raise UserError(f"{p} is not a reward-model checkpoint (no {REWARD_HEAD_FILE}); train one with `posttrain rm`")
     if expect_trainer is not None:
         expected = (expect_trainer,) if isinstance(expect_trainer, str) else tuple(expect_trainer)
@@ -178,8 +182,10 @@ def check_checkpoint(p: Path, state: dict, expect_trainer=None, accept_kinds=Non
         if got not in expected:
             saved = f"saved by `posttrain {command_of(got)}`" if got else f"without a trainer in its {STATE_FILE}"
             hint = f"; --init {p} starts a new run from its weights" if kind == "policy" and got else ""
-            raise UserError(f"{p} is a checkpoint {saved}: `posttrain {command_of(expected[0])} --resume` continues "
-                            f"only its own runs{hint}")
+            raise UserError(
+                f"{p} is a checkpoint {saved}: `posttrain {command_of(expected[0])} --resume` continues "
+                f"only its own runs{hint}"
+            )
 
 
 def resolve_checkpoint(path: str | Path, prefer_latest: bool = False) -> Path:
@@ -187,9 +193,17 @@ def resolve_checkpoint(path: str | Path, prefer_latest: bool = False) -> Path:
     return find_checkpoint(path, prefer_latest=prefer_latest)
 
 
-def load_checkpoint(path: str | Path, device="cpu", with_training_state: bool = False, prefer_latest: bool = False,
-                    *, expect_trainer: str | tuple | None = None, accept_kinds: tuple | None = None,
-                    role: str | None = None, **model_overrides) -> Checkpoint:
+def load_checkpoint(
+    path: str | Path,
+    device="cpu",
+    with_training_state: bool = False,
+    prefer_latest: bool = False,
+    *,
+    expect_trainer: str | tuple | None = None,
+    accept_kinds: tuple | None = None,
+    role: str | None = None,
+    **model_overrides,
+) -> Checkpoint:
     """Load a checkpoint (or a run directory's), checking its kind/trainer first; corrupt files -> UserError."""
     p = resolve_checkpoint(path, prefer_latest=prefer_latest)
     state = checkpoint_state(p)
@@ -244,8 +258,10 @@ def load_policy(path: str | Path, pad_token: str | None = None, role: str | None
     ckpt = load_checkpoint(p, device=device, accept_kinds=POLICY, role=role)
     if pad_token is not None:
         if not isinstance(ckpt.tokenizer, ModelTokenizer):
-            raise UserError(f"--pad-token applies to a Hugging Face model directory's tokenizer; {ckpt.path}'s has "
-                            f"its own pad token")
+            raise UserError(
+                f"--pad-token applies to a Hugging Face model directory's tokenizer; {ckpt.path}'s has "
+                f"its own pad token"
+            )
         ckpt.tokenizer = load_model_tokenizer(ckpt.path, pad_token=pad_token)
     return ckpt
 
@@ -298,8 +314,12 @@ def take_snapshot(model, opt, critic=None) -> dict:
     from posttrain.models.lora import has_lora
 
     lora = has_lora(model)  # LoRA: the adapters are all that trains (no copy of the frozen base)
-    snap = {"model": {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not lora or "lora_" in k},
-            "optimizer": copy.deepcopy(opt.state_dict())}
+    snap = {
+        "model": {
+            k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not lora or "lora_" in k
+        },
+        "optimizer": copy.deepcopy(opt.state_dict()),
+    }
     if critic is not None:
         snap["critic"] = {k: v.detach().clone().contiguous() for k, v in critic[0].state_dict().items()}
         snap["critic_optimizer"] = copy.deepcopy(critic[1].state_dict())
@@ -337,8 +357,10 @@ def restore_snapshot(model, opt, snapshot: dict, critic=None) -> None:
 def load_snapshot(path: Path) -> dict | None:
     if not (path / SNAPSHOT_WEIGHTS).is_file():
         return None
-    snap = {"model": load_file(str(path / SNAPSHOT_WEIGHTS)),
-            "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True)}
+    snap = {
+        "model": load_file(str(path / SNAPSHOT_WEIGHTS)),
+        "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True),
+    }
     if (path / SNAPSHOT_CRITIC).is_file():
         snap["critic"] = load_file(str(path / SNAPSHOT_CRITIC))
         snap["critic_optimizer"] = torch.load(path / SNAPSHOT_CRITIC_OPTIMIZER, weights_only=True)

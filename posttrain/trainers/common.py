@@ -60,8 +60,15 @@ def should_save(done: int, every: int, total: int) -> bool:
 def progress_bar(start: int, total: int, desc: str, enabled: bool):
     """The training loop's iterator: steps ``start..total-1`` with a bar (or a line every 10 % in a log)."""
     enabled = enabled and distributed.world().is_main  # under torchrun: rank 0's bar only
-    return tqdm(range(start, total), initial=start, total=total, desc=desc, disable=not enabled,
-                dynamic_ncols=True, mininterval=1.0)
+    return tqdm(
+        range(start, total),
+        initial=start,
+        total=total,
+        desc=desc,
+        disable=not enabled,
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
 
 
 def n_params(model: torch.nn.Module) -> int:
@@ -117,7 +124,11 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.exists():
-            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            kept = [
+                ln
+                for ln in self.path.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= resume_step
+            ]
             self.path.write_text("".join(ln + "\n" for ln in kept))
         elif resume_step is None and self.path.exists():
             self.path.unlink()  # a fresh run starts a fresh log

@@ -50,7 +50,9 @@ def world() -> World:
     """This process's place: from the initialised process group, else the torchrun environment, else (0, 1, 0)."""
     if dist.is_available() and dist.is_initialized():
         return World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank())))
-    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+    return World(
+        int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    )
 
 
 def init(backend: str | None = None) -> World:

@@ -88,10 +88,16 @@ EXTRA_INPUTS = {
 }
 """Per-sequence tensors named in LOSS_EXTRAS: fn(batch, token_logps (2B, C), B) -> (B,)."""
 
+
 def seq_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence completion log-probs (N,) and token log-probs (N, C) of a collated batch (one forward)."""
-    lp = completion_logps(model, batch["input_ids"], batch["attention_mask"], batch["completion_start"],
-                          completion_mask=batch["completion_mask"])  # (N, C)
+    lp = completion_logps(
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["completion_start"],
+        completion_mask=batch["completion_mask"],
+    )  # (N, C)
     return sequence_logps(lp, batch["completion_mask"]), lp
 
 
@@ -112,9 +118,12 @@ class PairedData:
         self.examples, self.tokenizer, self.cfg = examples, tokenizer, cfg
 
     def collate(self, idx: list[int]) -> dict:
-        return collate_preference([self.examples[i] for i in idx], self.tokenizer,
-                                  max_prompt_length=self.cfg.max_prompt_length,
-                                  max_completion_length=self.cfg.max_completion_length)
+        return collate_preference(
+            [self.examples[i] for i in idx],
+            self.tokenizer,
+            max_prompt_length=self.cfg.max_prompt_length,
+            max_completion_length=self.cfg.max_completion_length,
+        )
 
     def precompute(self, ref_model, chunk: int = 256) -> torch.Tensor:
         out = []
@@ -145,9 +154,12 @@ class UnpairedData:
         self.examples, self.tokenizer, self.cfg = examples, tokenizer, cfg
 
     def collate(self, idx: list[int]) -> dict:
-        return collate_kto([self.examples[i] for i in idx], self.tokenizer,
-                           max_prompt_length=self.cfg.max_prompt_length,
-                           max_completion_length=self.cfg.max_completion_length)
+        return collate_kto(
+            [self.examples[i] for i in idx],
+            self.tokenizer,
+            max_prompt_length=self.cfg.max_prompt_length,
+            max_completion_length=self.cfg.max_completion_length,
+        )
 
     def precompute(self, ref_model, chunk: int = 256) -> torch.Tensor:
         out = []
@@ -162,8 +174,13 @@ class UnpairedData:
             pol_kl, _ = seq_logps(policy, kl_batch)
             ref_kl = reference_logps(ref_model, [kl_batch])
         ref = ref_rows[:, 0] if ref_rows is not None else reference_logps(ref_model, [batch])
-        return {"policy_logps": pol, "ref_logps": ref, "labels": batch["labels"],
-                "policy_kl_logps": pol_kl, "ref_kl_logps": ref_kl}
+        return {
+            "policy_logps": pol,
+            "ref_logps": ref,
+            "labels": batch["labels"],
+            "policy_kl_logps": pol_kl,
+            "ref_kl_logps": ref_kl,
+        }
 
 
 def load_user_data(path: str, unpaired: bool, chat=None, on_bad_line: str = "error"):
@@ -226,27 +243,39 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     task = ArithmeticTask(cfg.task)
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
     if world.distributed and choice.batch_coupled:
-        raise ConfigError(f"loss={cfg.loss!r} couples the examples of a batch (batch statistics, sorting or a shared "
-                          f"state): split over {world.world_size} processes it would change; run it in one process")
+        raise ConfigError(
+            f"loss={cfg.loss!r} couples the examples of a batch (batch statistics, sorting or a shared "
+            f"state): split over {world.world_size} processes it would change; run it in one process"
+        )
     if world.distributed and cfg.batch_size < world.world_size:
         raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     unpaired = choice.unpaired
     beta = cfg.beta if cfg.beta is not None else choice.default_beta
-    evals = (load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line) if cfg.eval_data
-             else [(p.prompt, p.answer) for p in task.eval_problems()])
+    evals = (
+        load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line)
+        if cfg.eval_data
+        else [(p.prompt, p.answer) for p in task.eval_problems()]
+    )
     evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
     eval_window = prompt_window(init.model, cfg.max_new_tokens)
 
     def fit(examples):  # encode once, check unknown characters and lengths (--long)
-        return (fit_kto if unpaired else fit_pairs)(examples, tokenizer, window=model_window(init.model), long=cfg.long,
-                                                    max_prompt_length=cfg.max_prompt_length,
-                                                    max_completion_length=cfg.max_completion_length)
+        return (fit_kto if unpaired else fit_pairs)(
+            examples,
+            tokenizer,
+            window=model_window(init.model),
+            long=cfg.long,
+            max_prompt_length=cfg.max_prompt_length,
+            max_completion_length=cfg.max_completion_length,
+        )
 
     start_step, ckpt, loss_state = 0, None, None
     if resume:
-        ckpt = (sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="dpo")  # --fsdp: weights come below
-                if sharded.is_sharded_checkpoint(run.resume_from) else
-                load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo"))
+        ckpt = (
+            sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="dpo")  # --fsdp: weights come below
+            if sharded.is_sharded_checkpoint(run.resume_from)
+            else load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo")
+        )
         policy, start_step = ckpt.model, ckpt.step
         common.check_resume_step(ckpt.path, start_step, cfg.steps)
         if ckpt.state.get("loss_state") is not None:
@@ -260,11 +289,16 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     pair_info: dict = {}
     if examples is None:
-        meta = {"init": str(Path(cfg.init or cfg.model_path).resolve()), "pairs": dataclasses.asdict(cfg.pairs),
-                "task": dataclasses.asdict(cfg.task)}
+        meta = {
+            "init": str(Path(cfg.init or cfg.model_path).resolve()),
+            "pairs": dataclasses.asdict(cfg.pairs),
+            "task": dataclasses.asdict(cfg.task),
+        }
         print(f"sampling preference pairs from {cfg.init or cfg.model_path} ...")
         with distributed.main_first(world):  # rank 0 samples and caches them; the others read the cache
-            pairs, pair_info = cached_pairs(Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs))
+            pairs, pair_info = cached_pairs(
+                Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs)
+            )
         examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
     data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
 
@@ -289,11 +323,33 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state, {"loss": loss_gen})
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
-    s = DPOState(cfg, run, policy, tokenizer, choice, beta, data, pair_info, ref_model, ref_table, evals, eval_window,
-                 opt, loss_gen, loss_state, logger, CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step,
-                 NonFiniteGuard(cfg.nan_patience), world, policy if fsdp else distributed.wrap_ddp(policy, world))
-    print(f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
-          f"model {common.n_params(policy) / 1e6:.2f}M params, reference {s.reference}, steps {start_step}->{cfg.steps}")
+    s = DPOState(
+        cfg,
+        run,
+        policy,
+        tokenizer,
+        choice,
+        beta,
+        data,
+        pair_info,
+        ref_model,
+        ref_table,
+        evals,
+        eval_window,
+        opt,
+        loss_gen,
+        loss_state,
+        logger,
+        CheckpointManager(run.dir, keep=cfg.keep_checkpoints),
+        start_step,
+        NonFiniteGuard(cfg.nan_patience),
+        world,
+        policy if fsdp else distributed.wrap_ddp(policy, world),
+    )
+    print(
+        f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
+        f"model {common.n_params(policy) / 1e6:.2f}M params, reference {s.reference}, steps {start_step}->{cfg.steps}"
+    )
     return s
 
 
@@ -325,28 +381,54 @@ def train_step(s: DPOState, step: int) -> dict:
 
 def run_eval(s: DPOState):
     """Greedy accuracy of the policy on the held-out problems."""
-    return evaluate(s.policy, s.tokenizer, [p for p, _ in s.evals], [a for _, a in s.evals],
-                    max_new_tokens=s.cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=s.eval_window)
+    return evaluate(
+        s.policy,
+        s.tokenizer,
+        [p for p, _ in s.evals],
+        [a for _, a in s.evals],
+        max_new_tokens=s.cfg.max_new_tokens,
+        keep_samples=5,
+        max_prompt_tokens=s.eval_window,
+    )
 
 
 def _state(s: DPOState, step: int, extra: dict | None = None) -> dict:
-    return {"step": step, "trainer": "dpo", "run_id": s.run.run_id, "config": dataclasses.asdict(s.cfg),
-            "loss_state": list(s.loss_state) if s.loss_state is not None else None, **(extra or {})}
+    return {
+        "step": step,
+        "trainer": "dpo",
+        "run_id": s.run.run_id,
+        "config": dataclasses.asdict(s.cfg),
+        "loss_state": list(s.loss_state) if s.loss_state is not None else None,
+        **(extra or {}),
+    }
 
 
 def save(s: DPOState, done: int, metrics: dict) -> None:
     """A periodic checkpoint (with the loss's generator and state, for an exact resume); rank 0 writes it, or,
     under --fsdp, every rank its shards (trainers/sharded.py)."""
     if sharded.is_sharded(s.policy):
-        sharded.save_sharded_checkpoint(s.manager.root / f"step-{done:08d}", s.policy, s.opt, s.tokenizer,
-                                        _state(s, done, {"metrics": metrics}), rng_state({"loss": s.loss_gen}), s.world)
+        sharded.save_sharded_checkpoint(
+            s.manager.root / f"step-{done:08d}",
+            s.policy,
+            s.opt,
+            s.tokenizer,
+            _state(s, done, {"metrics": metrics}),
+            rng_state({"loss": s.loss_gen}),
+            s.world,
+        )
         if s.world.is_main:  # point checkpoints/latest at it and prune, as for a plain checkpoint
             s.manager.save(done, save_fn=lambda d, **kw: d)
         return
     if not s.world.is_main:
         return
-    s.manager.save(done, model=s.policy, tokenizer=s.tokenizer, state=_state(s, done, {"metrics": metrics}),
-                   optimizer=s.opt, rng_state=rng_state({"loss": s.loss_gen}))
+    s.manager.save(
+        done,
+        model=s.policy,
+        tokenizer=s.tokenizer,
+        state=_state(s, done, {"metrics": metrics}),
+        optimizer=s.opt,
+        rng_state=rng_state({"loss": s.loss_gen}),
+    )
 
 
 def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
@@ -361,16 +443,29 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
         full = sharded.full_model_state(model)
         model = sharded.plain_copy(model, full) if s.world.is_main else model
     if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
-        save_checkpoint(final, model=model, tokenizer=s.tokenizer,
-                        state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
-                        optimizer=None if fsdp else s.opt, rng_state=rng_state({"loss": s.loss_gen}))
+        save_checkpoint(
+            final,
+            model=model,
+            tokenizer=s.tokenizer,
+            state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
+            optimizer=None if fsdp else s.opt,
+            rng_state=rng_state({"loss": s.loss_gen}),
+        )
     distributed.barrier(s.world)
     summary = {
-        "trainer": "dpo", "loss": cfg.loss, "beta": s.beta, "steps": cfg.steps,
-        "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
+        "trainer": "dpo",
+        "loss": cfg.loss,
+        "beta": s.beta,
+        "steps": cfg.steps,
+        "heldout_accuracy": last_eval.accuracy,
+        "heldout_n": last_eval.n,
         **({"heldout_accuracy_init": init_eval.accuracy} if init_eval is not None else {}),
-        "num_examples": len(s.data.examples), "pairs": s.pair_info, "params": common.n_params(s.policy),
-        "reference": s.reference, "train_seconds": time.perf_counter() - t_start, "model_dir": str(final),
+        "num_examples": len(s.data.examples),
+        "pairs": s.pair_info,
+        "params": common.n_params(s.policy),
+        "reference": s.reference,
+        "train_seconds": time.perf_counter() - t_start,
+        "model_dir": str(final),
         "samples": last_eval.samples,
     }
     path = common.write_summary(out, summary)
@@ -401,8 +496,11 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
             metrics["heldout_accuracy"] = last_eval.accuracy
             s.policy.train()
         s.logger.log(done, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics.get('rewards/accuracies', 0.0):.2f}",
-                        **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+        bar.set_postfix(
+            loss=f"{metrics['loss']:.3f}",
+            acc=f"{metrics.get('rewards/accuracies', 0.0):.2f}",
+            **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}),
+        )
         if common.should_save(done, cfg.save_every, cfg.steps):
             save(s, done, metrics)
     bar.close()
@@ -413,6 +511,8 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
 def _build_pairs(init, task: ArithmeticTask, pcfg: PairDataConfig):
     pairs, stats = on_policy_pairs(init.model, init.tokenizer, task.rl_prompts(), pcfg)
     info = stats_dict(stats)
-    print(f"  {info['pairs']} pairs from {info['prompts_with_pairs']}/{info['prompts']} prompts "
-          f"(sample accuracy {info['sample_accuracy']:.3f})")
+    print(
+        f"  {info['pairs']} pairs from {info['prompts_with_pairs']}/{info['prompts']} prompts "
+        f"(sample accuracy {info['sample_accuracy']:.3f})"
+    )
     return pairs, info

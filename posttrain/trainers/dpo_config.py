@@ -22,10 +22,15 @@ from posttrain.trainers.trainer_config import TrainerConfig, override
 class DPOConfig(TrainerConfig):
     out: str = override("out", "runs/dpo")
     init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
-    loss: str = knob("rpo", f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}; or several joined by commas "
-                            "(weighted sum). Default rpo (DPO + NLL of the chosen answer): it beat SFT on every seed "
-                            "of docs/outcomes.md; plain DPO: --loss dpo")
-    loss_weights: str | None = knob(None, "weights of a combined --loss a,b,c, e.g. '0.8,0.2,1.0' (default 1 each; TRL's loss_weights)")
+    loss: str = knob(
+        "rpo",
+        f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}; or several joined by commas "
+        "(weighted sum). Default rpo (DPO + NLL of the chosen answer): it beat SFT on every seed "
+        "of docs/outcomes.md; plain DPO: --loss dpo",
+    )
+    loss_weights: str | None = knob(
+        None, "weights of a combined --loss a,b,c, e.g. '0.8,0.2,1.0' (default 1 each; TRL's loss_weights)"
+    )
     beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)", gt=0)
     loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
     steps: int = override("steps", 250)
@@ -34,14 +39,21 @@ class DPOConfig(TrainerConfig):
     precompute_ref: bool = knob(True, "compute reference log-probs once for the dataset (one forward pass per step)")
     save_every: int = override("save_every", 50)
     seed: int = override("seed", 0, "seed for data order and the loss's own sampling (beta-DPO filtering)")
-    data: str | None = knob(None, "JSONL of {prompt, chosen, rejected} pairs (KTO: {prompt, completion, label}); "
-                                  "default: on-policy pairs sampled from --init on the embedded task")
+    data: str | None = knob(
+        None,
+        "JSONL of {prompt, chosen, rejected} pairs (KTO: {prompt, completion, label}); "
+        "default: on-policy pairs sampled from --init on the embedded task",
+    )
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
     max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
-    long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
-                              "completions their start) | skip", choices=LONG_POLICIES)
+    long: str = knob(
+        "error",
+        "records longer than the model's window: error | truncate (prompt keeps its end, "
+        "completions their start) | skip",
+        choices=LONG_POLICIES,
+    )
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
@@ -62,9 +74,12 @@ class DPOConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
-    fsdp: bool = knob(False, "under torchrun: shard the policy's parameters, gradients and optimizer state over the "
-                             "processes (FSDP2; the reference, unless precomputed, stays whole on each); checkpoints are "
-                             "then sharded (DCP) and `posttrain export` consolidates them")
+    fsdp: bool = knob(
+        False,
+        "under torchrun: shard the policy's parameters, gradients and optimizer state over the "
+        "processes (FSDP2; the reference, unless precomputed, stays whole on each); checkpoints are "
+        "then sharded (DCP) and `posttrain export` consolidates them",
+    )
 
 
 PRESETS: dict[str, dict] = {
@@ -91,8 +106,9 @@ def check_loss_kwargs(loss: str, kwargs) -> None:
     options = resolve_loss(loss).options
     unknown = sorted(set(kwargs) - set(options))
     if unknown:
-        raise ConfigError(f"loss_kwargs {unknown} not accepted by loss {loss!r}; its options: "
-                          f"{', '.join(options) or '(none)'}")
+        raise ConfigError(
+            f"loss_kwargs {unknown} not accepted by loss {loss!r}; its options: {', '.join(options) or '(none)'}"
+        )
     for k, v in kwargs.items():
         name = f"loss_kwargs.{k}"
         if isinstance(v, bool) or not isinstance(v, (int, float)):

@@ -68,6 +68,11 @@ def merge_rows(parts: list[tuple[object, torch.Tensor]], pad_id: int, group_size
         lp[:, :t] = g.logps[rows]
         seqs.append(s), attn.append(a), cmask.append(c), logps.append(lp)
     n_rows = sum(len(r) for _, r in parts)
-    return {"sequences": torch.cat(seqs), "attention_mask": torch.cat(attn), "completion_mask": torch.cat(cmask),
-            "logps": torch.cat(logps), "prompt_length": P,
-            "prompt_index": torch.arange(n_rows // group_size).repeat_interleave(group_size)}
+    return {
+        "sequences": torch.cat(seqs),
+        "attention_mask": torch.cat(attn),
+        "completion_mask": torch.cat(cmask),
+        "logps": torch.cat(logps),
+        "prompt_length": P,
+        "prompt_index": torch.arange(n_rows // group_size).repeat_interleave(group_size),
+    }

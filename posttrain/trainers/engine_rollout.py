@@ -61,5 +61,10 @@ def correct_rollout(tr, ro):
 def ppo_is_weights(tr, old_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor):
     """PPO's TIS weights and their statistics (pi_old is recomputed by PPO's rollout in any case)."""
     cfg = tr.cfg
-    return truncated_is_weights(old_lp, old_lp if getattr(tr.engine, "matched", False) else sampler_lp, mask, cap=cfg.tis_cap,
-                                level=cfg.tis_level)
+    return truncated_is_weights(
+        old_lp,
+        old_lp if getattr(tr.engine, "matched", False) else sampler_lp,
+        mask,
+        cap=cfg.tis_cap,
+        level=cfg.tis_level,
+    )

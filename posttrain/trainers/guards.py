@@ -66,7 +66,9 @@ class NonFiniteGuard:
             return None
         self.streak += 1
         self.skipped += 1
-        msg = f"non-finite {', '.join(f'{k}={float(v)}' for k, v in bad.items())}: step skipped ({self.streak} in a row)"
+        msg = (
+            f"non-finite {', '.join(f'{k}={float(v)}' for k, v in bad.items())}: step skipped ({self.streak} in a row)"
+        )
         if self.streak >= self.patience:
             self.should_stop = True
             msg += f"; {self.patience} in a row: stopping, the last good checkpoint is kept"
@@ -85,9 +87,11 @@ class NonFiniteGuard:
 
     def stop_message(self, trainer: str, step: int, out) -> str:
         """The one line a trainer raises (as :class:`TrainingDiverged`) when it stops on the streak."""
-        return (f"{trainer} stopped at step {step}: {self.streak} steps in a row with a non-finite loss or gradient "
-                f"norm (each skipped); no final model was written, the last good checkpoint (if any) is in "
-                f"{out}/checkpoints; lower the learning rate or check the data")
+        return (
+            f"{trainer} stopped at step {step}: {self.streak} steps in a row with a non-finite loss or gradient "
+            f"norm (each skipped); no final model was written, the last good checkpoint (if any) is in "
+            f"{out}/checkpoints; lower the learning rate or check the data"
+        )
 
     def stop(self, trainer: str, step: int, metrics: dict, logger, bar, out) -> None:
         """End a run that hit the streak: log this step's metrics, close the bar and the log, raise
@@ -117,5 +121,7 @@ def require_finite_parameters(model: torch.nn.Module, where) -> None:
                 total += t.numel()
                 bad += int(t.numel() - torch.isfinite(t).sum())
     if bad:
-        raise UserError(f"refusing to save {where}: {bad} of {total} parameters are NaN/Inf "
-                        f"(the training diverged); the last good checkpoint is kept")
+        raise UserError(
+            f"refusing to save {where}: {bad} of {total} parameters are NaN/Inf "
+            f"(the training diverged); the last good checkpoint is kept"
+        )

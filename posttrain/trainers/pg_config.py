@@ -13,9 +13,7 @@ from posttrain.engines import engine_knob
 from posttrain.errors import ConfigError
 from posttrain.generate import SamplingConfig
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
-from posttrain.losses.kl import (
-    KL_ESTIMATORS,
-)
+from posttrain.losses.kl import KL_ESTIMATORS
 from posttrain.losses.policy import AGGREGATIONS
 from posttrain.losses.policy_objectives import POLICY_OBJECTIVES
 from posttrain.models.loading import model_path_knob, pad_token_knob
@@ -45,24 +43,35 @@ class PolicyGradientConfig(TrainerConfig):
     minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is split into this many minibatches", gt=0)
     grad_accum: int = knob(1, "micro-batches per minibatch (loss and gradients are identical for any value)", gt=0)
     clip_eps_low: float = knob(0.2, "PPO clip: ratio >= 1 - clip_eps_low", ge=0, le=1)
-    clip_eps_high: float | None = knob(None, "PPO clip: ratio <= 1 + clip_eps_high (None = clip_eps_low; DAPO uses 0.28)",
-                                       ge=0)
+    clip_eps_high: float | None = knob(
+        None, "PPO clip: ratio <= 1 + clip_eps_high (None = clip_eps_low; DAPO uses 0.28)", ge=0
+    )
     dual_clip: float | None = knob(None, "dual clip constant c > 1 for negative advantages (None = off)", gt=1)
-    ratio_level: str = knob("token", "importance ratio per token, or per sequence (GSPO)", choices=("token", "sequence"))
-    objective: str = knob("clip", "policy objective (TRL loss_type): clip (PPO/GRPO/DAPO/GSPO; LUSPO with loss_agg "
-                                  "seq_mean_token_sum) | cispo (ratio capped at 1 + clip_eps_high) | sapo | vespo",
-                          choices=tuple(POLICY_OBJECTIVES))
+    ratio_level: str = knob(
+        "token", "importance ratio per token, or per sequence (GSPO)", choices=("token", "sequence")
+    )
+    objective: str = knob(
+        "clip",
+        "policy objective (TRL loss_type): clip (PPO/GRPO/DAPO/GSPO; LUSPO with loss_agg "
+        "seq_mean_token_sum) | cispo (ratio capped at 1 + clip_eps_high) | sapo | vespo",
+        choices=tuple(POLICY_OBJECTIVES),
+    )
     sapo_temperature_pos: float = knob(1.0, "SAPO gate temperature where A > 0", gt=0)
     sapo_temperature_neg: float = knob(1.05, "SAPO gate temperature where A <= 0", gt=0)
     vespo_k_pos: float = knob(2.0, "VESPO power k where A >= 0", ge=0)
     vespo_lambda_pos: float = knob(3.0, "VESPO decay lambda where A >= 0", gt=0)
     vespo_k_neg: float = knob(3.0, "VESPO power k where A < 0", ge=0)
     vespo_lambda_neg: float = knob(2.0, "VESPO decay lambda where A < 0", gt=0)
-    kl_bias_correction: bool = knob(False, "KL term times the importance ratio (DeepSeek-V3.2; TRL's use_bias_correction_kl, "
-                                           "on by default there)")
+    kl_bias_correction: bool = knob(
+        False, "KL term times the importance ratio (DeepSeek-V3.2; TRL's use_bias_correction_kl, on by default there)"
+    )
     loss_agg: str = knob("seq_mean_token_mean", "loss aggregation", choices=tuple(AGGREGATIONS))
-    scale_rewards: str = knob("group", "GRPO std scaling: group | batch | none (Dr. GRPO)", choices=("group", "batch", "none"))
-    reinforce_baseline: str = knob("batch_mean", "REINFORCE baseline: none | batch_mean", choices=("none", "batch_mean"))
+    scale_rewards: str = knob(
+        "group", "GRPO std scaling: group | batch | none (Dr. GRPO)", choices=("group", "batch", "none")
+    )
+    reinforce_baseline: str = knob(
+        "batch_mean", "REINFORCE baseline: none | batch_mean", choices=("none", "batch_mean")
+    )
     beta: float = knob(0.0, "KL coefficient to the reference (initial) model; 0 = no reference model is built", ge=0)
     kl_estimator: str = knob("k3", "KL estimator: k1 | k2 | k3", choices=tuple(KL_ESTIMATORS))
     kl_in: str = knob("loss", "apply the KL in the loss or fold it into the reward", choices=("loss", "reward"))
@@ -70,45 +79,71 @@ class PolicyGradientConfig(TrainerConfig):
     kl_target: float = knob(0.05, "adaptive KL: target KL per token (nats)", gt=0)
     kl_horizon: float = knob(1000.0, "adaptive KL: horizon (in steps)", gt=0)
     entropy_coef: float = knob(0.0, "entropy bonus coefficient", ge=0)
-    dynamic_sampling: bool = knob(True, "DAPO dynamic sampling: train only on groups whose rewards are not all equal, "
-                                         "drawing more prompt batches to refill prompts_per_step groups")
-    max_sample_rounds: int = knob(4, "dynamic sampling: prompt batches drawn per step at most (the first is the usual one)",
-                                  ge=1)
-    share_prompt_prefix: bool = knob(True, "run each prompt once per update and share its keys/values across its G "
-                                           "samples (exact; posttrain GPT only, HF models use a full forward)")
-    reward: str = knob("exact_match:1.0,digits:0.5", "weighted reward spec, e.g. 'exact_match:1.0,format:0.1' "
-                       "(default: exact match plus partial credit for digits right; docs/outcomes.md)")
+    dynamic_sampling: bool = knob(
+        True,
+        "DAPO dynamic sampling: train only on groups whose rewards are not all equal, "
+        "drawing more prompt batches to refill prompts_per_step groups",
+    )
+    max_sample_rounds: int = knob(
+        4, "dynamic sampling: prompt batches drawn per step at most (the first is the usual one)", ge=1
+    )
+    share_prompt_prefix: bool = knob(
+        True,
+        "run each prompt once per update and share its keys/values across its G "
+        "samples (exact; posttrain GPT only, HF models use a full forward)",
+    )
+    reward: str = knob(
+        "exact_match:1.0,digits:0.5",
+        "weighted reward spec, e.g. 'exact_match:1.0,format:0.1' "
+        "(default: exact match plus partial credit for digits right; docs/outcomes.md)",
+    )
     seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
-    data: str | None = knob(None, "JSONL/Parquet of RL prompts, one per row; every other column goes to the reward "
-                                  "functions by name (default: the embedded task; docs/your_data.md)")
-    eval_data: str | None = knob(None, "held-out prompts (same format) for the greedy held-out accuracy (needed with data)")
+    data: str | None = knob(
+        None,
+        "JSONL/Parquet of RL prompts, one per row; every other column goes to the reward "
+        "functions by name (default: the embedded task; docs/your_data.md)",
+    )
+    eval_data: str | None = knob(
+        None, "held-out prompts (same format) for the greedy held-out accuracy (needed with data)"
+    )
     prompt_field: str = knob("prompt", "the data column holding the prompt: a string or a list of messages")
     answer_field: str = knob("answer", "the column the exact_match / digits / math rewards read as the reference")
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
-    reward_anneal: str = knob("", "comma-separated reward terms (of --reward) whose weight falls linearly to 0 "
-                                  "from step reward_anneal_start*steps to the end, e.g. 'digits' (shaping that "
-                                  "helps early and costs late); the logged reward_mean stays the full spec's")
-    reward_anneal_start: float = knob(0.5, "fraction of the steps after which the reward_anneal terms start to "
-                                           "fall", ge=0, lt=1)
-    reward_model: str | None = knob(None, "a `posttrain rm` checkpoint scored as the 'reward_model' reward (z-scored with "
-                                    "its saved stats; loaded once): alone it makes the reward 'reward_model:1.0', with "
-                                    "--reward the spec must name it, e.g. 'reward_model:1.0,format:0.1'")
+    reward_anneal: str = knob(
+        "",
+        "comma-separated reward terms (of --reward) whose weight falls linearly to 0 "
+        "from step reward_anneal_start*steps to the end, e.g. 'digits' (shaping that "
+        "helps early and costs late); the logged reward_mean stays the full spec's",
+    )
+    reward_anneal_start: float = knob(
+        0.5, "fraction of the steps after which the reward_anneal terms start to fall", ge=0, lt=1
+    )
+    reward_model: str | None = knob(
+        None,
+        "a `posttrain rm` checkpoint scored as the 'reward_model' reward (z-scored with "
+        "its saved stats; loaded once): alone it makes the reward 'reward_model:1.0', with "
+        "--reward the spec must name it, e.g. 'reward_model:1.0,format:0.1'",
+    )
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         self.reward = resolve_reward_spec(self.reward, self.reward_model, default=type(self).reward)
         unknown = sorted(set(self.anneal_names) - set(parse_reward_spec(self.reward)))
         if unknown:
-            raise ConfigError(f"reward_anneal={self.reward_anneal!r}: {', '.join(unknown)} not in reward={self.reward!r}")
+            raise ConfigError(
+                f"reward_anneal={self.reward_anneal!r}: {', '.join(unknown)} not in reward={self.reward!r}"
+            )
         if self.algo == "rloo" and self.num_generations < 2:
             raise ConfigError("algo=rloo needs num_generations >= 2")
         n = self.prompts_per_step * self.num_generations
         if n % self.minibatches or (n // self.minibatches) % self.grad_accum:
-            raise ConfigError(f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
-                              f"x grad_accum={self.grad_accum}")
+            raise ConfigError(
+                f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
+                f"x grad_accum={self.grad_accum}"
+            )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
 
@@ -124,8 +159,13 @@ class PolicyGradientConfig(TrainerConfig):
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, num_samples=self.num_generations)
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            num_samples=self.num_generations,
+        )
 
     # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
     model_path: str | None = model_path_knob()
@@ -135,7 +175,9 @@ class PolicyGradientConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
-    engine: str = engine_knob("engine")  # rollout engine and truncated IS (posttrain/engines/, trainers/engine_rollout.py)
+    engine: str = engine_knob(
+        "engine"
+    )  # rollout engine and truncated IS (posttrain/engines/, trainers/engine_rollout.py)
     tis_cap: float = engine_knob("tis_cap")
     tis_level: str = engine_knob("tis_level")
 
@@ -144,8 +186,13 @@ PRESETS: dict[str, dict] = {
     "tiny": {},
     # the defaults before the seed sweep of docs/outcomes.md: lr 1e-4, no dynamic sampling, no collapse restore,
     # exact-match reward only
-    "classic": {"steps": 500, "lr": 1e-4, "dynamic_sampling": False, "alarms": {"collapse_fraction": 0.0},
-                "reward": "exact_match:1.0"},
+    "classic": {
+        "steps": 500,
+        "lr": 1e-4,
+        "dynamic_sampling": False,
+        "alarms": {"collapse_fraction": 0.0},
+        "reward": "exact_match:1.0",
+    },
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},

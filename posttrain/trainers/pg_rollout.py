@@ -109,45 +109,77 @@ def rollout(tr, step: int) -> Rollout:
     t1 = time.perf_counter()
     gen, rewards, correct, base = first  # the round-0 batch: an unfiltered measure of the policy
     if len(parts) == 1 and len(parts[0][1]) == len(rewards):
-        batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
-                 "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
+        batch = {
+            "sequences": gen.sequences,
+            "attention_mask": gen.attention_mask,
+            "completion_mask": gen.completion_mask,
+            "logps": gen.logps,
+            "prompt_length": gen.prompt_length,
+            "prompt_index": gen.prompt_index,
+        }
     elif parts:
         batch = merge_rows(parts, tr.tokenizer.pad_id, G)
     else:  # no group with signal in any round: the step makes no update
         batch = None
     apply, groups_kept = batch is not None, sum(len(k) for k in kept) // G
     if batch is None:  # measured on round 0 (the one vocabulary of metrics), not applied
-        batch = {"sequences": gen.sequences, "attention_mask": gen.attention_mask, "completion_mask": gen.completion_mask,
-                 "logps": gen.logps, "prompt_length": gen.prompt_length, "prompt_index": gen.prompt_index}
+        batch = {
+            "sequences": gen.sequences,
+            "attention_mask": gen.attention_mask,
+            "completion_mask": gen.completion_mask,
+            "logps": gen.logps,
+            "prompt_length": gen.prompt_length,
+            "prompt_index": gen.prompt_index,
+        }
         kept = [rewards]
     t2 = time.perf_counter()
     ref_logps = None
     if tr.ref_model is not None:
         with torch.no_grad():
-            ref_logps = completion_logps(tr.ref_model, batch["sequences"], batch["attention_mask"],
-                                         batch["prompt_length"], temperature=cfg.temperature, top_k=cfg.top_k,
-                                         top_p=cfg.top_p, completion_mask=batch["completion_mask"])
+            ref_logps = completion_logps(
+                tr.ref_model,
+                batch["sequences"],
+                batch["attention_mask"],
+                batch["prompt_length"],
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                completion_mask=batch["completion_mask"],
+            )
     lengths = gen.completion_mask.sum(-1).float()
     metrics = {
-        "reward_mean": base.mean().item(), "reward_std": base.std().item() if base.numel() > 1 else 0.0,
-        "accuracy": correct.mean().item(), "completion_length": lengths.mean().item(),
+        "reward_mean": base.mean().item(),
+        "reward_std": base.std().item() if base.numel() > 1 else 0.0,
+        "accuracy": correct.mean().item(),
+        "completion_length": lengths.mean().item(),
         "truncated_frac": gen.truncated.float().mean().item(),
         "zero_std_frac": 1.0 - informative_groups(rewards, G).float().mean().item(),
-        "time_generate": t1 - t0, "time_score": t2 - t1,
+        "time_generate": t1 - t0,
+        "time_score": t2 - t1,
     }
     if cfg.anneal_names:
         metrics["reward_anneal_factor"] = cfg.anneal_factor(step)
         metrics["reward_optimised"] = rewards.mean().item()  # round 0 under the annealed weights
     if cfg.dynamic_sampling:
-        metrics.update(groups_drawn=drawn, groups_kept=groups_kept,
-                       no_signal_step=int(not apply))
+        metrics.update(groups_drawn=drawn, groups_kept=groups_kept, no_signal_step=int(not apply))
     shaped = torch.cat(kept)
     if ref_logps is not None and cfg.kl_in == "reward":
-        shaped = kl_penalized_rewards(shaped, batch["logps"], ref_logps, batch["completion_mask"], tr.kl_ctl.value,
-                                      cfg.kl_estimator)
+        shaped = kl_penalized_rewards(
+            shaped, batch["logps"], ref_logps, batch["completion_mask"], tr.kl_ctl.value, cfg.kl_estimator
+        )
     advantages, adv_metrics = ADVANTAGE_ESTIMATORS[cfg.algo](shaped, G, **ESTIMATOR_OPTIONS[cfg.algo](cfg))
     if cfg.dynamic_sampling:
         adv_metrics.pop("zero_std_frac", None)  # of the round-0 batch above (the kept groups have none)
     metrics.update(adv_metrics)
-    return Rollout(batch["sequences"], batch["attention_mask"], batch["completion_mask"], batch["logps"], ref_logps,
-                   advantages, batch["prompt_length"], batch["prompt_index"], metrics, apply)
+    return Rollout(
+        batch["sequences"],
+        batch["attention_mask"],
+        batch["completion_mask"],
+        batch["logps"],
+        ref_logps,
+        advantages,
+        batch["prompt_length"],
+        batch["prompt_index"],
+        metrics,
+        apply,
+    )

@@ -45,11 +45,7 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.data.prompts import rl_data
 from posttrain.engines import build_engine
 from posttrain.errors import ConfigError, UserError
-from posttrain.losses.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    kl_controller_from_state,
-)
+from posttrain.losses.kl import AdaptiveKLController, FixedKLController, kl_controller_from_state
 from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS
 from posttrain.models.gpt import GPT
@@ -82,19 +78,26 @@ class PolicyGradientTrainer:
 
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
         if not (cfg.init or cfg.model_path) and not resume:
-            raise UserError("RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
-                            "`posttrain sft`) or --model DIR")
+            raise UserError(
+                "RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
+                "`posttrain sft`) or --model DIR"
+            )
         self.cfg = cfg
         common.set_threads(cfg.threads)
         self.world = w = distributed.init()  # one process, or this rank under torchrun
         if w.distributed:  # groups stay whole on one rank; batch-wide statistics would differ per rank
             if cfg.prompts_per_step % w.world_size:
-                raise ConfigError(f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
-                                  f"processes ({w.world_size}): each rank samples whole groups")
-            if (cfg.algo == "grpo" and cfg.scale_rewards == "batch") or (cfg.algo == "reinforce"
-                                                                          and cfg.reinforce_baseline == "batch_mean"):
-                raise ConfigError("batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
-                                  "are per rank under several processes; use group statistics or one process")
+                raise ConfigError(
+                    f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
+                    f"processes ({w.world_size}): each rank samples whole groups"
+                )
+            if (cfg.algo == "grpo" and cfg.scale_rewards == "batch") or (
+                cfg.algo == "reinforce" and cfg.reinforce_baseline == "batch_mean"
+            ):
+                raise ConfigError(
+                    "batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
+                    "are per rank under several processes; use group statistics or one process"
+                )
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
@@ -111,9 +114,18 @@ class PolicyGradientTrainer:
         self.model, self.tokenizer = apply_lora(src.model, lora_config(cfg)), src.tokenizer
         self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
         self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
-        self.data = rl_data(task=self.task, data=cfg.data, eval_data=cfg.eval_data, reward_fn=self.reward_fn,
-                            tokenizer=self.tokenizer, model=self.model, max_new_tokens=cfg.max_new_tokens,
-                            prompt_field=cfg.prompt_field, chat=self.chat, on_bad_line=cfg.on_bad_line)
+        self.data = rl_data(
+            task=self.task,
+            data=cfg.data,
+            eval_data=cfg.eval_data,
+            reward_fn=self.reward_fn,
+            tokenizer=self.tokenizer,
+            model=self.model,
+            max_new_tokens=cfg.max_new_tokens,
+            prompt_field=cfg.prompt_field,
+            chat=self.chat,
+            on_bad_line=cfg.on_bad_line,
+        )
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
         self.engine = build_engine(cfg, self.model, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
         self.model.train()
@@ -121,9 +133,14 @@ class PolicyGradientTrainer:
         self.ref_model = None
         if cfg.beta > 0:
             # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
-            self.ref_model = reference_model(self.model, lambda: common.frozen(copy.deepcopy(initial_model(init, ckpt))))
-        self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
-                       else FixedKLController(cfg.beta))
+            self.ref_model = reference_model(
+                self.model, lambda: common.frozen(copy.deepcopy(initial_model(init, ckpt)))
+            )
+        self.kl_ctl = (
+            AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
+            if cfg.kl_control == "adaptive"
+            else FixedKLController(cfg.beta)
+        )
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
         self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
@@ -167,18 +184,46 @@ class PolicyGradientTrainer:
         seqs, attn = ro.sequences[rows, : P + width], ro.attention_mask[rows, : P + width]
         if cfg.share_prompt_prefix and isinstance(self.model, GPT):
             logps, entropy = prefix_shared_completion_logps(
-                self.model, seqs, attn, P, ro.prompt_index[rows], temperature=cfg.temperature, top_k=cfg.top_k,
-                top_p=cfg.top_p, completion_mask=mask[:, :width])
+                self.model,
+                seqs,
+                attn,
+                P,
+                ro.prompt_index[rows],
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                completion_mask=mask[:, :width],
+            )
         else:
-            logps, entropy = completion_logps(self.model, seqs, attn, P, temperature=cfg.temperature, top_k=cfg.top_k,
-                                              top_p=cfg.top_p, completion_mask=mask[:, :width], return_entropy=True)
+            logps, entropy = completion_logps(
+                self.model,
+                seqs,
+                attn,
+                P,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                completion_mask=mask[:, :width],
+                return_entropy=True,
+            )
         return policy_loss(
-            logps, ro.old_logps[rows, :width], ro.advantages[rows], mask[:, :width],
-            clip_eps_low=cfg.clip_eps_low, clip_eps_high=cfg.clip_eps_high, dual_clip=cfg.dual_clip,
-            ratio_level=cfg.ratio_level, agg=cfg.loss_agg, entropy=entropy, entropy_coef=cfg.entropy_coef,
+            logps,
+            ro.old_logps[rows, :width],
+            ro.advantages[rows],
+            mask[:, :width],
+            clip_eps_low=cfg.clip_eps_low,
+            clip_eps_high=cfg.clip_eps_high,
+            dual_clip=cfg.dual_clip,
+            ratio_level=cfg.ratio_level,
+            agg=cfg.loss_agg,
+            entropy=entropy,
+            entropy_coef=cfg.entropy_coef,
             ref_logps=ro.ref_logps[rows, :width] if ro.ref_logps is not None else None,
-            beta=self.kl_ctl.value if cfg.kl_in == "loss" else 0.0, kl_estimator=cfg.kl_estimator, **norms,
-            objective=cfg.objective, kl_bias_correction=cfg.kl_bias_correction,
+            beta=self.kl_ctl.value if cfg.kl_in == "loss" else 0.0,
+            kl_estimator=cfg.kl_estimator,
+            **norms,
+            objective=cfg.objective,
+            kl_bias_correction=cfg.kl_bias_correction,
             objective_kwargs={k: getattr(cfg, f"{cfg.objective}_{k}") for k in OBJECTIVE_OPTIONS[cfg.objective]},
             is_weights=ro.is_weights[rows, :width] if ro.is_weights is not None else None,
         )
@@ -189,15 +234,20 @@ class PolicyGradientTrainer:
         apply = ro.apply if not w.distributed else distributed.global_sum(int(ro.apply), w) > 0  # one decision
         if not apply:  # dynamic sampling found no group with signal: measure only (no Adam momentum step)
             with torch.no_grad():
-                _, met = self._micro_loss(ro, torch.arange(N), batch_normalizers(ro.completion_mask, max_len=cfg.max_new_tokens))
+                _, met = self._micro_loss(
+                    ro, torch.arange(N), batch_normalizers(ro.completion_mask, max_len=cfg.max_new_tokens)
+                )
             return {**met, "grad_norm": 0.0, "skipped_updates": 0}
         if not ro.apply:  # another rank has signal: this one takes part with no rows (zero gradient)
             N = 0
         parts, gnorms, skipped = [], [], 0
         offset, total = distributed.row_offsets(N, w)  # this rank's rows are [offset, offset + N) of the global batch
         for epoch in range(cfg.mu):
-            order = torch.randperm(total, generator=step_generator(cfg.seed, step, salt=1 + epoch)) \
-                if cfg.minibatches > 1 else torch.arange(total)
+            order = (
+                torch.randperm(total, generator=step_generator(cfg.seed, step, salt=1 + epoch))
+                if cfg.minibatches > 1
+                else torch.arange(total)
+            )
             # equal splits of the global batch (dynamic sampling keeps a varying number of rows: then as equal as
             # possible); each rank works on its own rows of each global minibatch, so the minibatches (and their
             # gradients) are those of one process, and every rank runs every split
@@ -238,18 +288,33 @@ class PolicyGradientTrainer:
     def train_step(self, step: int) -> dict:
         """One rollout batch and its updates, then the KL controller, the alarms and the collapse guard."""
         cfg, t0 = self.cfg, time.perf_counter()
-        common.set_lr(self.opt, self.collapse.lr_scale * common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
+        common.set_lr(
+            self.opt, self.collapse.lr_scale * common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+        )
         ro = self.rollout(step)
         t1 = time.perf_counter()
         upd = self.update(ro, step)
-        metrics = {**ro.metrics, **upd, "time_update": time.perf_counter() - t1,
-                   "step_time": time.perf_counter() - t0, "beta": self.kl_ctl.value}
+        metrics = {
+            **ro.metrics,
+            **upd,
+            "time_update": time.perf_counter() - t1,
+            "step_time": time.perf_counter() - t0,
+            "beta": self.kl_ctl.value,
+        }
         # under torchrun: rank means, so that the KL controller, the alarms and the collapse guard decide alike
         metrics = distributed.mean_metrics(metrics, self.world)
         if "kl" in upd:
             self.kl_ctl.update(upd["kl"], 1)
-        self.snapshot = watch_step(step + 1, metrics, self.alarms, self.collapse, self.model, self.opt, self.snapshot,
-                                   reward=metrics["reward_mean"])
+        self.snapshot = watch_step(
+            step + 1,
+            metrics,
+            self.alarms,
+            self.collapse,
+            self.model,
+            self.opt,
+            self.snapshot,
+            reward=metrics["reward_mean"],
+        )
         return metrics
 
     def run_eval(self):
@@ -258,16 +323,29 @@ class PolicyGradientTrainer:
         return r
 
     def _state(self, step: int, extra: dict | None = None) -> dict:
-        return {"step": step, "trainer": "policy_gradient", "run_id": self.run.run_id, "config": dataclasses.asdict(self.cfg),
-                "kl_controller": self.kl_ctl.state_dict(), "alarms": self.alarms.state_dict(), **(extra or {})}
+        return {
+            "step": step,
+            "trainer": "policy_gradient",
+            "run_id": self.run.run_id,
+            "config": dataclasses.asdict(self.cfg),
+            "kl_controller": self.kl_ctl.state_dict(),
+            "alarms": self.alarms.state_dict(),
+            **(extra or {}),
+        }
 
     def save(self, done: int, metrics: dict) -> None:
         """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume); rank 0 writes."""
         if not self.world.is_main:
             return
-        self.manager.save(done, save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw), model=self.model,
-                          tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
-                          optimizer=self.opt, rng_state=rng_state())
+        self.manager.save(
+            done,
+            save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw),
+            model=self.model,
+            tokenizer=self.tokenizer,
+            state=self._state(done, {"collapse": self.collapse.state_dict()}),
+            optimizer=self.opt,
+            rng_state=rng_state(),
+        )
 
     def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
         """``model/`` (unless the run stopped on non-finite updates), ``summary.json``; a stopped run then fails."""
@@ -280,15 +358,26 @@ class PolicyGradientTrainer:
                 self.model = merge_lora(self.model)
             final = Path(self.out) / "model"
             if self.world.is_main:
-                save_checkpoint(final, model=self.model, tokenizer=self.tokenizer,
-                                state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                                optimizer=self.opt, rng_state=rng_state())
+                save_checkpoint(
+                    final,
+                    model=self.model,
+                    tokenizer=self.tokenizer,
+                    state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
+                    optimizer=self.opt,
+                    rng_state=rng_state(),
+                )
             distributed.barrier(self.world)
         summary = {
-            "trainer": cfg.algo, "steps": final_step, "stopped_early": stopped,
-            "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
-            "heldout_n": last_eval.n, "train_seconds": time.perf_counter() - t_start,
-            "alarms": self.alarms.summary(), "restores": self.collapse.restores, "model_dir": str(final) if final else None,
+            "trainer": cfg.algo,
+            "steps": final_step,
+            "stopped_early": stopped,
+            "heldout_accuracy": last_eval.accuracy,
+            "heldout_accuracy_start": initial.accuracy if initial else None,
+            "heldout_n": last_eval.n,
+            "train_seconds": time.perf_counter() - t_start,
+            "alarms": self.alarms.summary(),
+            "restores": self.collapse.restores,
+            "model_dir": str(final) if final else None,
             "samples": last_eval.samples,
         }
         path = common.write_summary(self.out, summary)
@@ -296,14 +385,18 @@ class PolicyGradientTrainer:
             raise TrainingDiverged(self.alarms.nan.stop_message(cfg.algo, final_step, self.out))
         start = f"{initial.accuracy:.3f} -> " if initial else ""
         print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
-        print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))
+        print(
+            f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else "")
+        )
         return summary
 
     def train(self) -> dict:
         cfg = self.cfg
-        print(f"{cfg.algo.upper()}: {len(self.prompts)} training prompts, {cfg.prompts_per_step} x {cfg.num_generations} "
-              f"samples/step, model {common.n_params(self.model) / 1e6:.2f}M params, reference model: "
-              f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}")
+        print(
+            f"{cfg.algo.upper()}: {len(self.prompts)} training prompts, {cfg.prompts_per_step} x {cfg.num_generations} "
+            f"samples/step, model {common.n_params(self.model) / 1e6:.2f}M params, reference model: "
+            f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}"
+        )
         t_start = time.perf_counter()
         initial = self.run_eval() if self.start_step == 0 else None
         if initial is not None:
@@ -318,8 +411,9 @@ class PolicyGradientTrainer:
                 last_eval = self.run_eval()
                 metrics["heldout_accuracy"] = last_eval.accuracy
             self.logger.log(done, metrics)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}",
-                            **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+            bar.set_postfix(
+                reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {})
+            )
             if self.alarms.should_stop:
                 tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
                 stopped = True

@@ -43,12 +43,7 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.data.prompts import rl_data
 from posttrain.engines import build_engine
 from posttrain.errors import UserError
-from posttrain.losses.kl import (
-    AdaptiveKLController,
-    FixedKLController,
-    PPOKLController,
-    kl_controller_from_state,
-)
+from posttrain.losses.kl import AdaptiveKLController, FixedKLController, PPOKLController, kl_controller_from_state
 from posttrain.losses.policy import merge_metrics, policy_loss, value_loss
 from posttrain.losses.ppo import kl_penalty_policy_loss
 from posttrain.models.gpt import GPT
@@ -74,7 +69,12 @@ from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_batches
 
-CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"  # beside the policy in a PPO checkpoint
+CRITIC_FILE, CRITIC_OPTIMIZER_FILE = (
+    "critic.safetensors",
+    "critic_optimizer.pt",
+)  # beside the policy in a PPO checkpoint
+
+
 class PPOTrainer:
     """Thin loop: rollout (ppo_rollout.py) -> mu epochs of clipped actor + critic updates. State lives here."""
 
@@ -82,8 +82,10 @@ class PPOTrainer:
 
     def __init__(self, cfg: PPOConfig, resume: str | None = None, overwrite: bool = False):
         if not (cfg.init or cfg.model_path) and not resume:
-            raise UserError("PPO needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
-                            "`posttrain sft`) or --model DIR")
+            raise UserError(
+                "PPO needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
+                "`posttrain sft`) or --model DIR"
+            )
         self.cfg = cfg
         common.set_threads(cfg.threads)
         self.world = distributed.init()  # one process, or this rank under torchrun (ppo_distributed.py)
@@ -103,20 +105,36 @@ class PPOTrainer:
         self.model, self.tokenizer = apply_lora((ckpt or init).model, lora_config(cfg)), (ckpt or init).tokenizer
         self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
         self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
-        self.data = rl_data(task=self.task, data=cfg.data, eval_data=cfg.eval_data, reward_fn=self.reward_fn,
-                            tokenizer=self.tokenizer, model=self.model, max_new_tokens=cfg.max_new_tokens,
-                            prompt_field=cfg.prompt_field, chat=self.chat, on_bad_line=cfg.on_bad_line)
+        self.data = rl_data(
+            task=self.task,
+            data=cfg.data,
+            eval_data=cfg.eval_data,
+            reward_fn=self.reward_fn,
+            tokenizer=self.tokenizer,
+            model=self.model,
+            max_new_tokens=cfg.max_new_tokens,
+            prompt_field=cfg.prompt_field,
+            chat=self.chat,
+            on_bad_line=cfg.on_bad_line,
+        )
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
         self.engine = build_engine(cfg, self.model, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
         self.model.train()
         # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
-        self.ref_model = reference_model(self.model, lambda: common.frozen(copy.deepcopy(start))) if cfg.beta > 0 \
-            else None
-        self.share_prefix = cfg.share_prompt_prefix and isinstance(self.model, GPT) and (
-            self.critic is None or isinstance(self.critic.backbone.model, GPT))
+        self.ref_model = (
+            reference_model(self.model, lambda: common.frozen(copy.deepcopy(start))) if cfg.beta > 0 else None
+        )
+        self.share_prefix = (
+            cfg.share_prompt_prefix
+            and isinstance(self.model, GPT)
+            and (self.critic is None or isinstance(self.critic.backbone.model, GPT))
+        )
         critic_module = self.shared_head if self.shared_head is not None else self.critic
-        self.kl_ctl = (AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon) if cfg.kl_control == "adaptive"
-                       else FixedKLController(cfg.beta))
+        self.kl_ctl = (
+            AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
+            if cfg.kl_control == "adaptive"
+            else FixedKLController(cfg.beta)
+        )
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
@@ -152,8 +170,9 @@ class PPOTrainer:
             critic_module.load_state_dict(load_file(str(p / CRITIC_FILE)))
             self.critic_opt.load_state_dict(torch.load(p / CRITIC_OPTIMIZER_FILE, weights_only=True))
         except (OSError, RuntimeError, ValueError) as e:
-            raise UserError(f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}") \
-                from None
+            raise UserError(
+                f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}"
+            ) from None
         self.opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state)
@@ -168,22 +187,39 @@ class PPOTrainer:
     def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool):
         cfg = self.cfg
         P = ro.prompt_length
-        lp, ent, values = forward(self.model, self.critic, self.shared_head, ro.sequences[rows], ro.attention_mask[rows],
-                                  ro.completion_mask[rows], P, ro.prompt_index[rows] if self.share_prefix else None,
-                                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=True)
+        lp, ent, values = forward(
+            self.model,
+            self.critic,
+            self.shared_head,
+            ro.sequences[rows],
+            ro.attention_mask[rows],
+            ro.completion_mask[rows],
+            P,
+            ro.prompt_index[rows] if self.share_prefix else None,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            need_entropy=True,
+        )
         w = lp.shape[1]
         mask = ro.completion_mask[rows, :w]
         old, adv = ro.old_logps[rows, :w], ro.advantages[rows, :w]
-        kw = dict(agg="token_mean", entropy=ent, entropy_coef=cfg.entropy_coef, **norms,
-                  is_weights=None if ro.is_weights is None else ro.is_weights[rows, :w])
+        kw = dict(
+            agg="token_mean",
+            entropy=ent,
+            entropy_coef=cfg.entropy_coef,
+            **norms,
+            is_weights=None if ro.is_weights is None else ro.is_weights[rows, :w],
+        )
         if cfg.policy_objective == "clip":
             pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=cfg.clip_eps, dual_clip=cfg.dual_clip, **kw)
         elif cfg.policy_objective == "kl_penalty":
             pl, met = kl_penalty_policy_loss(lp, old, adv, mask, beta=self.kl_old_ctl.value, **kw)
         else:
             pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=None, **kw)
-        vl, vmet = value_loss(values, ro.old_values[rows, :w], ro.returns[rows, :w], mask, clip_eps=cfg.vf_clip,
-                              agg="token_mean", **norms)
+        vl, vmet = value_loss(
+            values, ro.old_values[rows, :w], ro.returns[rows, :w], mask, clip_eps=cfg.vf_clip, agg="token_mean", **norms
+        )
         loss = cfg.vf_coef * vl + (pl if train_policy else pl.detach())  # warm-up: the critic alone learns
         met = {**met, "loss": loss.item(), "value_loss": vl.item(), "value_clip_frac": vmet["value_clip_frac"]}
         return loss, met
@@ -203,9 +239,14 @@ class PPOTrainer:
         parts, gnorms, cnorms, skipped, stopped, last_epoch = [], [], [], 0, False, []
         for epoch in range(cfg.mu):
             order = epoch_order(cfg.seed, step, epoch, total, cfg.minibatches)
-            for mb in (micro_batches(order, cfg.minibatches, cfg.grad_accum) if not w.distributed else
-                       ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, N)):
-                norms = ppo_distributed.normalizers(ro.completion_mask[torch.cat(mb)] if mb else ro.completion_mask[:0], w)
+            for mb in (
+                micro_batches(order, cfg.minibatches, cfg.grad_accum)
+                if not w.distributed
+                else ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, N)
+            ):
+                norms = ppo_distributed.normalizers(
+                    ro.completion_mask[torch.cat(mb)] if mb else ro.completion_mask[:0], w
+                )
                 mb_parts = []
                 for rows in mb:
                     loss, met = self._micro_loss(ro, rows, norms, train_policy)
@@ -244,7 +285,9 @@ class PPOTrainer:
             if k in out:
                 out[k] /= n  # mean over optimizer steps
         out["num_tokens"] = distributed.global_sum(float(ro.completion_mask.sum()), w)
-        out["grad_norm"] = max(gnorms) if gnorms and all(map(math.isfinite, gnorms)) else (0.0 if not gnorms else math.nan)
+        out["grad_norm"] = (
+            max(gnorms) if gnorms and all(map(math.isfinite, gnorms)) else (0.0 if not gnorms else math.nan)
+        )
         out["critic_grad_norm"] = max(cnorms) if cnorms and all(map(math.isfinite, cnorms)) else math.nan
         out["skipped_updates"], out["optimizer_steps"] = skipped, len(parts)
         out["epochs_done"] = len(parts) / cfg.minibatches  # < mu when the target-KL stop fired
@@ -259,22 +302,46 @@ class PPOTrainer:
         """One rollout batch and its updates, then the KL controller, the alarms and the collapse guard."""
         cfg, t0 = self.cfg, time.perf_counter()
         warm = step < cfg.critic_warmup
-        lr = common.lr_at(max(0, step - cfg.critic_warmup), cfg.lr, cfg.warmup_steps, max(1, cfg.steps - cfg.critic_warmup),
-                          cfg.min_lr_ratio)
+        lr = common.lr_at(
+            max(0, step - cfg.critic_warmup),
+            cfg.lr,
+            cfg.warmup_steps,
+            max(1, cfg.steps - cfg.critic_warmup),
+            cfg.min_lr_ratio,
+        )
         common.set_lr(self.opt, self.collapse.lr_scale * lr)
         common.set_lr(self.critic_opt, common.lr_at(step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
         beta = self.kl_ctl.value  # the beta this rollout's rewards were shaped with
         ro = make_rollout(self, step)
         t1 = time.perf_counter()
         upd = self.update(ro, step, train_policy=not warm)
-        metrics = {**ro.metrics, **upd, "beta": beta, "critic_warmup": int(warm), "lr": lr,
-                   "time_update": time.perf_counter() - t1, "step_time": time.perf_counter() - t0}
+        metrics = {
+            **ro.metrics,
+            **upd,
+            "beta": beta,
+            "critic_warmup": int(warm),
+            "lr": lr,
+            "time_update": time.perf_counter() - t1,
+            "step_time": time.perf_counter() - t0,
+        }
         # Ziegler: n = sequences in the (global) batch; kl_per_seq is the global batch's, so beta is one on every rank
         self.kl_ctl.update(ro.metrics["kl_per_seq"], int(distributed.global_sum(ro.sequences.shape[0], self.world)))
-        metrics.update(distributed.mean_metrics({k: v for k, v in metrics.items() if k.startswith("time_") or k == "step_time"},
-                                                self.world))  # the rest is the global batch's already: the times, rank means
-        self.snapshot = watch_step(step + 1, metrics, self.alarms, self.collapse, self.model, self.opt, self.snapshot,
-                                   reward=None if warm else metrics["reward_mean"], critic=(self._critic(), self.critic_opt))
+        metrics.update(
+            distributed.mean_metrics(
+                {k: v for k, v in metrics.items() if k.startswith("time_") or k == "step_time"}, self.world
+            )
+        )  # the rest is the global batch's already: the times, rank means
+        self.snapshot = watch_step(
+            step + 1,
+            metrics,
+            self.alarms,
+            self.collapse,
+            self.model,
+            self.opt,
+            self.snapshot,
+            reward=None if warm else metrics["reward_mean"],
+            critic=(self._critic(), self.critic_opt),
+        )
         return metrics
 
     def run_eval(self):
@@ -283,13 +350,22 @@ class PPOTrainer:
         return r
 
     def _state(self, step: int, extra: dict | None = None) -> dict:
-        return {"step": step, "trainer": self.TRAINER, "run_id": self.run.run_id, "config": dataclasses.asdict(self.cfg),
-                "kl_controller": self.kl_ctl.state_dict(), "kl_old_controller": self.kl_old_ctl.state_dict(),
-                "alarms": self.alarms.state_dict(), **(extra or {})}
+        return {
+            "step": step,
+            "trainer": self.TRAINER,
+            "run_id": self.run.run_id,
+            "config": dataclasses.asdict(self.cfg),
+            "kl_controller": self.kl_ctl.state_dict(),
+            "kl_old_controller": self.kl_old_ctl.state_dict(),
+            "alarms": self.alarms.state_dict(),
+            **(extra or {}),
+        }
 
     def _extras(self, tmp: Path, with_snapshot: bool = True) -> None:
         """The critic (weights + optimizer) and the collapse guard's snapshot, inside the checkpoint being written."""
-        save_file({k: v.detach().clone().contiguous() for k, v in self._critic().state_dict().items()}, str(tmp / CRITIC_FILE))
+        save_file(
+            {k: v.detach().clone().contiguous() for k, v in self._critic().state_dict().items()}, str(tmp / CRITIC_FILE)
+        )
         torch.save(self.critic_opt.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
         if with_snapshot:
             write_snapshot(tmp, self.snapshot)
@@ -302,9 +378,15 @@ class PPOTrainer:
         """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes)."""
         if not self.world.is_main:
             return
-        self.manager.save(done, save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw), model=self.model,
-                          tokenizer=self.tokenizer, state=self._state(done, {"collapse": self.collapse.state_dict()}),
-                          optimizer=self.opt, rng_state=rng_state())
+        self.manager.save(
+            done,
+            save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw),
+            model=self.model,
+            tokenizer=self.tokenizer,
+            state=self._state(done, {"collapse": self.collapse.state_dict()}),
+            optimizer=self.opt,
+            rng_state=rng_state(),
+        )
 
     def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
         cfg = self.cfg
@@ -316,15 +398,29 @@ class PPOTrainer:
                 self.model = merge_lora(self.model)
             final = Path(self.out) / "model"
             if self.world.is_main:
-                save_with_extras(final, lambda tmp: self._extras(tmp, with_snapshot=False), model=self.model,
-                                 tokenizer=self.tokenizer, state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                                 optimizer=self.opt, rng_state=rng_state())
+                save_with_extras(
+                    final,
+                    lambda tmp: self._extras(tmp, with_snapshot=False),
+                    model=self.model,
+                    tokenizer=self.tokenizer,
+                    state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
+                    optimizer=self.opt,
+                    rng_state=rng_state(),
+                )
             distributed.barrier(self.world)
         summary = {
-            "trainer": self.TRAINER, "policy_objective": cfg.policy_objective, "steps": final_step, "stopped_early": stopped,
-            "heldout_accuracy": last_eval.accuracy, "heldout_accuracy_start": initial.accuracy if initial else None,
-            "heldout_n": last_eval.n, "train_seconds": time.perf_counter() - t_start, "beta": self.kl_ctl.value,
-            "alarms": self.alarms.summary(), "restores": self.collapse.restores, "model_dir": str(final) if final else None,
+            "trainer": self.TRAINER,
+            "policy_objective": cfg.policy_objective,
+            "steps": final_step,
+            "stopped_early": stopped,
+            "heldout_accuracy": last_eval.accuracy,
+            "heldout_accuracy_start": initial.accuracy if initial else None,
+            "heldout_n": last_eval.n,
+            "train_seconds": time.perf_counter() - t_start,
+            "beta": self.kl_ctl.value,
+            "alarms": self.alarms.summary(),
+            "restores": self.collapse.restores,
+            "model_dir": str(final) if final else None,
             "samples": last_eval.samples,
         }
         path = common.write_summary(self.out, summary)
@@ -332,16 +428,20 @@ class PPOTrainer:
             raise TrainingDiverged(self.alarms.nan.stop_message("ppo", final_step, self.out))
         start = f"{initial.accuracy:.3f} -> " if initial else ""
         print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
-        print(f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))
+        print(
+            f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else "")
+        )
         return summary
 
     def train(self) -> dict:
         cfg = self.cfg
         n_critic = sum(p.numel() for p in self._params("critic"))
-        print(f"PPO ({cfg.policy_objective}): {len(self.prompts)} training prompts, {cfg.prompts_per_step} x "
-              f"{cfg.num_generations} samples/step, policy {common.n_params(self.model) / 1e6:.2f}M params, critic "
-              f"{cfg.value_model} from {cfg.critic_source} ({n_critic / 1e6:.2f}M trained), reward {cfg.reward_spec}, "
-              f"reference model: {'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}")
+        print(
+            f"PPO ({cfg.policy_objective}): {len(self.prompts)} training prompts, {cfg.prompts_per_step} x "
+            f"{cfg.num_generations} samples/step, policy {common.n_params(self.model) / 1e6:.2f}M params, critic "
+            f"{cfg.value_model} from {cfg.critic_source} ({n_critic / 1e6:.2f}M trained), reward {cfg.reward_spec}, "
+            f"reference model: {'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}"
+        )
         t_start = time.perf_counter()
         initial = self.run_eval() if self.start_step == 0 else None
         if initial is not None:
@@ -356,7 +456,9 @@ class PPOTrainer:
                 last_eval = self.run_eval()
                 metrics["heldout_accuracy"] = last_eval.accuracy
             self.logger.log(done, metrics)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
+            bar.set_postfix(
+                reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {})
+            )
             if self.alarms.should_stop:
                 tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
                 stopped = True
@@ -370,4 +472,3 @@ class PPOTrainer:
 
 def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     return PPOTrainer(cfg, resume=resume, overwrite=overwrite).train()
-

@@ -11,9 +11,7 @@ from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.engines import engine_knob
 from posttrain.errors import ConfigError
 from posttrain.generate import SamplingConfig
-from posttrain.losses.kl import (
-    KL_ESTIMATORS,
-)
+from posttrain.losses.kl import KL_ESTIMATORS
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import lora_knob
 from posttrain.rewards.registry import parse_reward_spec
@@ -28,77 +26,145 @@ DEFAULT_REWARD = "exact_match:1.0,digits:0.5"
 class PPOConfig(TrainerConfig):
     out: str = override("out", "runs/ppo")
     init: str | None = knob(None, "SFT checkpoint (or run directory) to start the policy from; required")
-    reward_model: str | None = knob(None, "a `posttrain rm` checkpoint: the reward (z-scored with its saved statistics) "
-                                          "when --reward does not say otherwise, and the critic's initialisation")
-    reward: str | None = knob(None, "weighted reward spec as `posttrain grpo`'s, e.g. 'exact_match:1.0,format:0.1' or "
-                                    "'reward_model:1.0,format:0.1'; None = reward_model:1.0 with --reward-model, else "
-                                    f"{DEFAULT_REWARD}")
+    reward_model: str | None = knob(
+        None,
+        "a `posttrain rm` checkpoint: the reward (z-scored with its saved statistics) "
+        "when --reward does not say otherwise, and the critic's initialisation",
+    )
+    reward: str | None = knob(
+        None,
+        "weighted reward spec as `posttrain grpo`'s, e.g. 'exact_match:1.0,format:0.1' or "
+        "'reward_model:1.0,format:0.1'; None = reward_model:1.0 with --reward-model, else "
+        f"{DEFAULT_REWARD}",
+    )
     steps: int = override("steps", 300, "rollout batches (each followed by mu epochs of minibatch updates)")
     prompts_per_step: int = knob(64, "distinct prompts per rollout batch", gt=0)
-    num_generations: int = knob(4, "samples per prompt (PPO needs no groups; more samples = more rows per prompt)", gt=0)
+    num_generations: int = knob(
+        4, "samples per prompt (PPO needs no groups; more samples = more rows per prompt)", gt=0
+    )
     max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
     temperature: float = knob(1.0, "sampling temperature (the loss uses the same warped distribution)", gt=0)
     top_k: int | None = knob(None, "sampling top-k (None = off)", ge=1)
     top_p: float | None = knob(None, "sampling top-p (None = off)", gt=0, le=1)
     lr: float = override("lr", 3e-4, "policy learning rate (AdamW)")
     warmup_steps: int = override("warmup_steps", 10, "linear LR warmup steps (counted after the critic warm-up)")
-    critic_lr: float = knob(1e-3, "critic learning rate (AdamW; OpenRLHF uses ~18x the actor's, a fresh head needs more)",
-                            gt=0)
+    critic_lr: float = knob(
+        1e-3, "critic learning rate (AdamW; OpenRLHF uses ~18x the actor's, a fresh head needs more)", gt=0
+    )
     min_lr_ratio: float = override("min_lr_ratio", 1.0)
     grad_clip: float = override("grad_clip", 1.0, "max gradient norm, policy and critic each (0 = off)")
-    value_model: str = knob("separate", "critic layout: separate (own backbone) | shared (a value head on the policy's "
-                                        "backbone; the value loss then trains it too)", choices=("separate", "shared"))
-    value_init: str = knob("auto", "critic initialisation: reward_model (its backbone and head: N+ implementation "
-                                   "details, OpenRLHF) | policy (a copy of --init, head at 0) | auto (reward_model when "
-                                   "--reward-model is given)", choices=("auto", "reward_model", "policy"))
-    critic_warmup: int = knob(0, "steps of value-only updates before the policy moves (the policy samples, is not updated)",
-                              ge=0)
-    policy_objective: str = knob("clip", "clip (PPO, Schulman et al. 2017 sec. 3) | kl_penalty (unclipped ratio*A - "
-                                         "beta_old*KL(pi_old||pi), sec. 4) | pg (unclipped ratio*A; A2C with mu=1, "
-                                         "minibatches=1)", choices=("clip", "kl_penalty", "pg"))
+    value_model: str = knob(
+        "separate",
+        "critic layout: separate (own backbone) | shared (a value head on the policy's "
+        "backbone; the value loss then trains it too)",
+        choices=("separate", "shared"),
+    )
+    value_init: str = knob(
+        "auto",
+        "critic initialisation: reward_model (its backbone and head: N+ implementation "
+        "details, OpenRLHF) | policy (a copy of --init, head at 0) | auto (reward_model when "
+        "--reward-model is given)",
+        choices=("auto", "reward_model", "policy"),
+    )
+    critic_warmup: int = knob(
+        0, "steps of value-only updates before the policy moves (the policy samples, is not updated)", ge=0
+    )
+    policy_objective: str = knob(
+        "clip",
+        "clip (PPO, Schulman et al. 2017 sec. 3) | kl_penalty (unclipped ratio*A - "
+        "beta_old*KL(pi_old||pi), sec. 4) | pg (unclipped ratio*A; A2C with mu=1, "
+        "minibatches=1)",
+        choices=("clip", "kl_penalty", "pg"),
+    )
     clip_eps: float = knob(0.2, "PPO ratio clip epsilon (Schulman et al. 2017)", gt=0, le=1)
-    dual_clip: float | None = knob(None, "dual clip c > 1: loss of A < 0 tokens capped at -c*A (Ye et al. 2020 use 3)", gt=1)
-    vf_clip: float | None = knob(0.2, "value clip: V_old +- this around the rollout's values (TRL cliprange_value 0.2; "
-                                      "None = off)", gt=0)
+    dual_clip: float | None = knob(
+        None, "dual clip c > 1: loss of A < 0 tokens capped at -c*A (Ye et al. 2020 use 3)", gt=1
+    )
+    vf_clip: float | None = knob(
+        0.2, "value clip: V_old +- this around the rollout's values (TRL cliprange_value 0.2; None = off)", gt=0
+    )
     vf_coef: float = knob(0.1, "value loss coefficient c_v (TRL vf_coef 0.1)", ge=0)
     entropy_coef: float = knob(0.0, "entropy bonus coefficient", ge=0)
     gamma: float = knob(1.0, "discount (1: a completion is one episode; TRL, OpenRLHF)", ge=0, le=1)
     lam: float = knob(0.95, "GAE lambda of the actor's advantages (Schulman et al. 2015; TRL 0.95)", ge=0, le=1)
-    critic_lam: float | None = knob(None, "decoupled GAE lambda for the critic's returns (VC-PPO, Yuan et al. 2025: "
-                                          "1.0); None = lam", ge=0, le=1)
+    critic_lam: float | None = knob(
+        None, "decoupled GAE lambda for the critic's returns (VC-PPO, Yuan et al. 2025: 1.0); None = lam", ge=0, le=1
+    )
     whiten_advantages: bool = knob(True, "whiten advantages over the batch's real tokens (TRL, OpenRLHF)")
-    whiten_rewards: bool = knob(False, "scale sequence scores to unit std over the batch, mean kept (TRL whiten_rewards)")
-    reward_clip: float | None = knob(10.0, "clip sequence scores to +- this (OpenRLHF reward_clip_range 10; None = off)", gt=0)
-    missing_eos_penalty: float | None = knob(None, "score of a completion that hit max_new_tokens without EOS, in place "
-                                                   "of its reward (TRL missing_eos_penalty; None = off)")
-    beta: float = knob(0.05, "KL penalty coefficient in the reward (TRL kl_coef 0.05; 0 = no reference model); the "
-                             "initial value with kl_control=adaptive (Ziegler et al. 0.15)", ge=0)
-    kl_estimator: str = knob("k1", "per-token KL estimator in the reward: k1 (Ziegler et al., TRL) | k2 | k3",
-                             choices=tuple(KL_ESTIMATORS))
-    kl_control: str = knob("fixed", "beta fixed, or adaptive (Ziegler et al. 2019: e = clip(KL/target - 1, +-0.2), "
-                                    "beta <- beta (1 + e n / horizon), n = sequences per batch)", choices=("fixed", "adaptive"))
-    kl_target: float = knob(6.0, "adaptive KL target, in nats per SEQUENCE (sum over its tokens; metric kl_per_seq; "
-                                 "Ziegler et al. 6)", gt=0)
+    whiten_rewards: bool = knob(
+        False, "scale sequence scores to unit std over the batch, mean kept (TRL whiten_rewards)"
+    )
+    reward_clip: float | None = knob(
+        10.0, "clip sequence scores to +- this (OpenRLHF reward_clip_range 10; None = off)", gt=0
+    )
+    missing_eos_penalty: float | None = knob(
+        None,
+        "score of a completion that hit max_new_tokens without EOS, in place "
+        "of its reward (TRL missing_eos_penalty; None = off)",
+    )
+    beta: float = knob(
+        0.05,
+        "KL penalty coefficient in the reward (TRL kl_coef 0.05; 0 = no reference model); the "
+        "initial value with kl_control=adaptive (Ziegler et al. 0.15)",
+        ge=0,
+    )
+    kl_estimator: str = knob(
+        "k1", "per-token KL estimator in the reward: k1 (Ziegler et al., TRL) | k2 | k3", choices=tuple(KL_ESTIMATORS)
+    )
+    kl_control: str = knob(
+        "fixed",
+        "beta fixed, or adaptive (Ziegler et al. 2019: e = clip(KL/target - 1, +-0.2), "
+        "beta <- beta (1 + e n / horizon), n = sequences per batch)",
+        choices=("fixed", "adaptive"),
+    )
+    kl_target: float = knob(
+        6.0, "adaptive KL target, in nats per SEQUENCE (sum over its tokens; metric kl_per_seq; Ziegler et al. 6)", gt=0
+    )
     kl_horizon: float = knob(10000.0, "adaptive KL horizon, in sequences (Ziegler et al. 10000)", gt=0)
-    kl_penalty_beta: float = knob(1.0, "policy_objective=kl_penalty: initial beta_old of KL(pi_old||pi) (PPO sec. 4)",
-                                  gt=0)
-    kl_penalty_target: float = knob(0.01, "policy_objective=kl_penalty: target KL(pi_old||pi) per token; beta_old "
-                                          "halves below target/1.5, doubles above 1.5 target (PPO sec. 4)", gt=0)
-    mu: int = knob(2, "optimisation epochs over each rollout batch (TRL num_ppo_epochs 4; 2 measured better on the "
-                      "embedded task, docs/ppo.md)", gt=0)
-    minibatches: int = knob(1, "optimizer steps per epoch: the rollout batch is cut into this many minibatches (TRL 1 "
-                               "per epoch at its default batch; 4 x 4 at lr 3e-4 thrashed here, docs/ppo.md)", gt=0)
+    kl_penalty_beta: float = knob(
+        1.0, "policy_objective=kl_penalty: initial beta_old of KL(pi_old||pi) (PPO sec. 4)", gt=0
+    )
+    kl_penalty_target: float = knob(
+        0.01,
+        "policy_objective=kl_penalty: target KL(pi_old||pi) per token; beta_old "
+        "halves below target/1.5, doubles above 1.5 target (PPO sec. 4)",
+        gt=0,
+    )
+    mu: int = knob(
+        2,
+        "optimisation epochs over each rollout batch (TRL num_ppo_epochs 4; 2 measured better on the "
+        "embedded task, docs/ppo.md)",
+        gt=0,
+    )
+    minibatches: int = knob(
+        1,
+        "optimizer steps per epoch: the rollout batch is cut into this many minibatches (TRL 1 "
+        "per epoch at its default batch; 4 x 4 at lr 3e-4 thrashed here, docs/ppo.md)",
+        gt=0,
+    )
     grad_accum: int = knob(1, "micro-batches per minibatch (the update is the same for any value)", gt=0)
-    target_kl: float | None = knob(None, "stop the epochs of a rollout when a minibatch's approx-KL(pi_old -> pi) per "
-                                         "token exceeds this (Spinning Up uses 0.01; None = off)", gt=0)
+    target_kl: float | None = knob(
+        None,
+        "stop the epochs of a rollout when a minibatch's approx-KL(pi_old -> pi) per "
+        "token exceeds this (Spinning Up uses 0.01; None = off)",
+        gt=0,
+    )
     seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
-    share_prompt_prefix: bool = knob(True, "run each prompt once per forward and share its keys/values across its "
-                                           "samples, for the policy and the critic (exact; posttrain GPT only)")
-    data: str | None = knob(None, "JSONL/Parquet of RL prompts, one per row; every other column goes to the reward "
-                                  "functions by name (default: the embedded task's training prompts)")
-    eval_data: str | None = knob(None, "held-out prompts (same format) for the greedy held-out accuracy (needed with data)")
+    share_prompt_prefix: bool = knob(
+        True,
+        "run each prompt once per forward and share its keys/values across its "
+        "samples, for the policy and the critic (exact; posttrain GPT only)",
+    )
+    data: str | None = knob(
+        None,
+        "JSONL/Parquet of RL prompts, one per row; every other column goes to the reward "
+        "functions by name (default: the embedded task's training prompts)",
+    )
+    eval_data: str | None = knob(
+        None, "held-out prompts (same format) for the greedy held-out accuracy (needed with data)"
+    )
     prompt_field: str = knob("prompt", "the data column holding the prompt: a string or a list of messages")
     answer_field: str = knob("answer", "the column the exact_match / digits / math rewards read as the reference")
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
@@ -118,8 +184,10 @@ class PPOConfig(TrainerConfig):
         check_fields(self)
         n = self.prompts_per_step * self.num_generations
         if n % self.minibatches or (n // self.minibatches) % self.grad_accum:
-            raise ConfigError(f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
-                              f"x grad_accum={self.grad_accum}")
+            raise ConfigError(
+                f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
+                f"x grad_accum={self.grad_accum}"
+            )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
         names = parse_reward_spec(self.reward) if self.reward else {}
@@ -134,13 +202,21 @@ class PPOConfig(TrainerConfig):
 
     @property
     def critic_source(self) -> str:
-        return "reward_model" if self.value_init == "reward_model" or (self.value_init == "auto" and self.reward_model) \
+        return (
+            "reward_model"
+            if self.value_init == "reward_model" or (self.value_init == "auto" and self.reward_model)
             else "policy"
+        )
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, num_samples=self.num_generations)
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            num_samples=self.num_generations,
+        )
 
 
 PRESETS: dict[str, dict] = {

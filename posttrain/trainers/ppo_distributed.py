@@ -93,10 +93,14 @@ def rollout_metrics(w: World, *, rewards, scores, correct, mask, truncated, kl_t
     N = rewards.numel()
     if not w.distributed:
         out = {
-            "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
-            "score_mean": scores.mean().item(), "accuracy": correct.mean().item(),
-            "completion_length": mask.sum(-1).float().mean().item(), "truncated_frac": truncated.float().mean().item(),
-            "kl": (kl_tok.sum() / mask.sum().clamp_min(1)).item(), "kl_per_seq": kl_tok.sum(-1).mean().item(),
+            "reward_mean": rewards.mean().item(),
+            "reward_std": rewards.std().item() if N > 1 else 0.0,
+            "score_mean": scores.mean().item(),
+            "accuracy": correct.mean().item(),
+            "completion_length": mask.sum(-1).float().mean().item(),
+            "truncated_frac": truncated.float().mean().item(),
+            "kl": (kl_tok.sum() / mask.sum().clamp_min(1)).item(),
+            "kl_per_seq": kl_tok.sum(-1).mean().item(),
             "kl_penalty_mean": (beta * kl_tok.sum(-1)).mean().item(),
         }
         return {**out, **value_metrics(old_v, ret, mask), **advantage_metrics(adv, mask)}
@@ -105,24 +109,31 @@ def rollout_metrics(w: World, *, rewards, scores, correct, mask, truncated, kl_t
     out = {
         "reward_mean": global_mean(rewards, rows, w),
         "reward_std": math.sqrt(global_var(rewards, rows, w)) if n_glob > 1 else 0.0,
-        "score_mean": global_mean(scores, rows, w), "accuracy": global_mean(correct, rows, w),
+        "score_mean": global_mean(scores, rows, w),
+        "accuracy": global_mean(correct, rows, w),
         "completion_length": global_mean(mask.sum(-1).float(), rows, w),
         "truncated_frac": global_mean(truncated.float(), rows, w),
-        "kl": global_mean(kl_tok, mask, w), "kl_per_seq": global_mean(kl_tok.sum(-1), rows, w),
+        "kl": global_mean(kl_tok, mask, w),
+        "kl_per_seq": global_mean(kl_tok.sum(-1), rows, w),
     }
     out["kl_penalty_mean"] = beta * out["kl_per_seq"]
     m = mask.to(old_v.dtype)
     real = m > 0
     var_r = global_var(ret, m, w, unbiased=False)
     var_err = global_var(ret - old_v, m, w, unbiased=False)
-    out.update({
-        "explained_variance": 1.0 - var_err / var_r if var_r > 0 else float("nan"),
-        "value_mean": global_mean(old_v, m, w),
-        "value_min": global_extreme(old_v[real], w, "min"), "value_max": global_extreme(old_v[real], w, "max"),
-        "returns_mean": global_mean(ret, m, w), "returns_std": math.sqrt(global_var(ret, m, w)),
-        "advantage_mean": global_mean(adv, m, w), "advantage_std": math.sqrt(global_var(adv, m, w)),
-        "advantage_abs_max": max(global_extreme(adv[real].abs(), w, "max"), 0.0),
-    })
+    out.update(
+        {
+            "explained_variance": 1.0 - var_err / var_r if var_r > 0 else float("nan"),
+            "value_mean": global_mean(old_v, m, w),
+            "value_min": global_extreme(old_v[real], w, "min"),
+            "value_max": global_extreme(old_v[real], w, "max"),
+            "returns_mean": global_mean(ret, m, w),
+            "returns_std": math.sqrt(global_var(ret, m, w)),
+            "advantage_mean": global_mean(adv, m, w),
+            "advantage_std": math.sqrt(global_var(adv, m, w)),
+            "advantage_abs_max": max(global_extreme(adv[real].abs(), w, "max"), 0.0),
+        }
+    )
     return out
 
 

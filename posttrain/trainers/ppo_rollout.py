@@ -74,8 +74,11 @@ def epoch_order(seed: int, step: int, epoch: int, n: int, minibatches: int) -> t
 
 def micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int) -> list[list[torch.Tensor]]:
     """[[micro rows, ...] per minibatch]: the epoch's order cut into minibatches, each into grad_accum parts."""
-    return [[m for m in torch.tensor_split(rows, grad_accum) if len(m)]
-            for rows in torch.tensor_split(order, minibatches) if len(rows)]
+    return [
+        [m for m in torch.tensor_split(rows, grad_accum) if len(m)]
+        for rows in torch.tensor_split(order, minibatches)
+        if len(rows)
+    ]
 
 
 def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
@@ -86,19 +89,44 @@ def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
     first = torch.zeros(len(uniq), dtype=torch.long).scatter_(0, inv, torch.arange(len(inv)))  # a row per prompt
     pos = positions_from_mask(attn)
     cache = ConcatKVCache()
-    out = gpt(input_ids=seqs[first, :P], attention_mask=attn[first, :P], position_ids=pos[first, :P], cache=cache,
-              use_cache=True, output_hidden_states=True)
+    out = gpt(
+        input_ids=seqs[first, :P],
+        attention_mask=attn[first, :P],
+        position_ids=pos[first, :P],
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=True,
+    )
     first_logits, first_hidden = out.logits[:, -1][inv], out.hidden_states[:, -1][inv]  # (N, V), (N, D)
     cache.reorder(inv)
-    out = gpt(input_ids=seqs[:, P:], attention_mask=attn, position_ids=pos[:, P:], cache=cache, use_cache=True,
-              output_hidden_states=True)
+    out = gpt(
+        input_ids=seqs[:, P:],
+        attention_mask=attn,
+        position_ids=pos[:, P:],
+        cache=cache,
+        use_cache=True,
+        output_hidden_states=True,
+    )
     logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)
     hidden = torch.cat([first_hidden[:, None], out.hidden_states[:, :-1]], dim=1)
     return logits, hidden
 
 
-def forward(policy, critic, shared_head, seqs, attn, cmask, P: int, prompt_index=None, *, temperature, top_k, top_p,
-            need_entropy: bool):
+def forward(
+    policy,
+    critic,
+    shared_head,
+    seqs,
+    attn,
+    cmask,
+    P: int,
+    prompt_index=None,
+    *,
+    temperature,
+    top_k,
+    top_p,
+    need_entropy: bool,
+):
     """The one forward of rollout and update: -> (logps (B, W), entropy (B, W) | None, values (B, W)).
 
     Rows are trimmed to W = their longest completion (the padding all rows share is never run).
@@ -139,15 +167,25 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
     for mb in order_micro:
         for rows in mb:
             seqs, attn, cmask = gen.sequences[rows], gen.attention_mask[rows], gen.completion_mask[rows]
-            lp, _, v = forward(trainer.model, trainer.critic, trainer.shared_head, seqs, attn, cmask, P,
-                               gen.prompt_index[rows] if trainer.share_prefix else None, **kw)
+            lp, _, v = forward(
+                trainer.model,
+                trainer.critic,
+                trainer.shared_head,
+                seqs,
+                attn,
+                cmask,
+                P,
+                gen.prompt_index[rows] if trainer.share_prefix else None,
+                **kw,
+            )
             w = lp.shape[1]
             old_lp[rows, :w], old_v[rows, :w] = lp, v
             if ref_lp is not None:
                 ids, am = seqs[:, : P + w], attn[:, : P + w]
                 out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am)).logits
-                rlp, _ = completion_token_logps(out[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p,
-                                                cmask[:, :w])
+                rlp, _ = completion_token_logps(
+                    out[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p, cmask[:, :w]
+                )
                 ref_lp[rows, :w] = rlp
     return old_lp, old_v, ref_lp
 
@@ -216,9 +254,19 @@ def make_rollout(trainer, step: int) -> PPORollout:
         token_rewards = kl_penalized_token_rewards(scores, old_lp, old_lp, mask, 0.0, "k1")
         kl_tok = torch.zeros_like(old_lp)
     adv, ret = gae(token_rewards, old_v, mask, cfg.gamma, cfg.lam, cfg.critic_lam)
-    metrics = ppo_distributed.rollout_metrics(w, rewards=rewards, scores=scores, correct=correct, mask=mask,
-                                              truncated=gen.truncated, kl_tok=kl_tok, beta=beta, old_v=old_v, ret=ret,
-                                              adv=adv)  # advantages before whitening: the scale the critic leaves
+    metrics = ppo_distributed.rollout_metrics(
+        w,
+        rewards=rewards,
+        scores=scores,
+        correct=correct,
+        mask=mask,
+        truncated=gen.truncated,
+        kl_tok=kl_tok,
+        beta=beta,
+        old_v=old_v,
+        ret=ret,
+        adv=adv,
+    )  # advantages before whitening: the scale the critic leaves
     is_w, is_stats = engine_rollout.ppo_is_weights(trainer, old_lp, gen.logps, mask)
     if w.distributed:  # token-weighted means, min and max over every rank's tokens
         is_stats = ppo_distributed.minibatch_metrics([{**is_stats, "num_tokens": float(mask.sum())}], w)
@@ -227,5 +275,16 @@ def make_rollout(trainer, step: int) -> PPORollout:
     metrics.update(time_generate=t1 - t0, time_score=t2 - t1, time_recompute=time.perf_counter() - t2)
     if cfg.whiten_advantages:
         adv = ppo_distributed.whiten_advantages(adv, mask, w)
-    return PPORollout(gen.sequences, gen.attention_mask, mask, gen.prompt_length, gen.prompt_index, old_lp, old_v, adv, ret,
-                      metrics, is_w)
+    return PPORollout(
+        gen.sequences,
+        gen.attention_mask,
+        mask,
+        gen.prompt_length,
+        gen.prompt_index,
+        old_lp,
+        old_v,
+        adv,
+        ret,
+        metrics,
+        is_w,
+    )

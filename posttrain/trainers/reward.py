@@ -54,17 +54,8 @@ from posttrain.data.batches import batch_indices
 from posttrain.data.checks import LONG_POLICIES, model_window
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.io import atomic_dir
-from posttrain.data.preference import (
-    collate_preference,
-    fit_pairs,
-    load_preference_pairs,
-)
-from posttrain.data.preference_pairs import (
-    PairDataConfig,
-    cached_pairs,
-    stats_dict,
-    synthetic_pairs,
-)
+from posttrain.data.preference import collate_preference, fit_pairs, load_preference_pairs
+from posttrain.data.preference_pairs import PairDataConfig, cached_pairs, stats_dict, synthetic_pairs
 from posttrain.errors import ConfigError, UserError
 from posttrain.losses.ranking import bradley_terry_loss
 from posttrain.models.gpt import GPT, GPTConfig
@@ -94,8 +85,11 @@ from posttrain.trainers.trainer_config import TrainerConfig, override
 class RMConfig(TrainerConfig):
     out: str = override("out", "runs/rm")
     init: str | None = knob(None, "backbone from this (SFT) checkpoint; without it a fresh GPT of --model shape")
-    source: str = knob("auto", "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
-                       choices=("auto", "policy", "synthetic"))
+    source: str = knob(
+        "auto",
+        "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
+        choices=("auto", "policy", "synthetic"),
+    )
     steps: int = override("steps", 300)
     batch_size: int = knob(32, "pairs per optimizer step", gt=0)
     warmup_steps: int = override("warmup_steps", 20)
@@ -109,8 +103,11 @@ class RMConfig(TrainerConfig):
     eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
     max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
     max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
-    long: str = knob("error", "pairs longer than the model's window: error | truncate (prompt keeps its end, "
-                              "completions their start) | skip", choices=LONG_POLICIES)
+    long: str = knob(
+        "error",
+        "pairs longer than the model's window: error | truncate (prompt keeps its end, completions their start) | skip",
+        choices=LONG_POLICIES,
+    )
     pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
@@ -136,8 +133,14 @@ class RMConfig(TrainerConfig):
 # pairs are free, so sample the --init SFT model 16 times on every training prompt, keep up to 8 (correct, wrong)
 # pairs per prompt (the reference answer as chosen where no sample is right), and train 2000 steps of 64 pairs.
 # Held-out pairs: the same construction on every held-out prompt. Without --init: synthetic pairs, same steps.
-RECIPE: dict = {"steps": 2000, "batch_size": 64, "eval_every": 250, "save_every": 500, "eval_prompts": 1000,
-                "pairs": {"num_prompts": 9000, "samples_per_prompt": 16, "max_pairs_per_prompt": 8, "gold_chosen": True}}
+RECIPE: dict = {
+    "steps": 2000,
+    "batch_size": 64,
+    "eval_every": 250,
+    "save_every": 500,
+    "eval_prompts": 1000,
+    "pairs": {"num_prompts": 9000, "samples_per_prompt": 16, "max_pairs_per_prompt": 8, "gold_chosen": True},
+}
 
 PRESETS: dict[str, dict] = {
     "tiny": RECIPE,
@@ -150,16 +153,29 @@ PRESETS: dict[str, dict] = {
 # checkpoints and loading
 
 
-def save_reward_checkpoint(directory: str | Path, rm: RewardModel, tokenizer, state: dict, optimizer=None,
-                           rng: dict | None = None, stats: RewardStats | None = None) -> Path:
+def save_reward_checkpoint(
+    directory: str | Path,
+    rm: RewardModel,
+    tokenizer,
+    state: dict,
+    optimizer=None,
+    rng: dict | None = None,
+    stats: RewardStats | None = None,
+) -> Path:
     """Backbone LM checkpoint + ``reward_head.safetensors`` (+ ``reward_stats.json``), as one atomic directory."""
     directory = Path(directory)
     require_finite_parameters(rm, directory)  # backbone and head: never write a diverged model
     if stats is not None and not (math.isfinite(stats.mean) and math.isfinite(stats.std)):
         raise UserError(f"refusing to save {directory}: the reward mean/std are not finite ({stats.mean}, {stats.std})")
     with atomic_dir(directory) as tmp:
-        save_checkpoint(tmp, model=rm.backbone.model, tokenizer=tokenizer, state={**state, "reward_model": True},
-                        optimizer=optimizer, rng_state=rng)
+        save_checkpoint(
+            tmp,
+            model=rm.backbone.model,
+            tokenizer=tokenizer,
+            state={**state, "reward_model": True},
+            optimizer=optimizer,
+            rng_state=rng,
+        )
         with writing(directory):
             save_file({k: v.detach().contiguous() for k, v in rm.head.state_dict().items()}, str(tmp / HEAD_FILE))
         if stats is not None:
@@ -182,8 +198,13 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     rng_problems = random.Random(f"rm-prompts:{cfg.pairs.seed}")
     train_p = rng_problems.sample(task.train_problems, min(cfg.pairs.num_prompts, len(task.train_problems)))
     held_p = rng_problems.sample(task.heldout_problems, min(cfg.eval_prompts, len(task.heldout_problems)))
-    meta = {"source": source, "init": str(Path(cfg.init).resolve()) if cfg.init else None,
-            "pairs": dataclasses.asdict(cfg.pairs), "task": dataclasses.asdict(cfg.task), "eval_prompts": cfg.eval_prompts}
+    meta = {
+        "source": source,
+        "init": str(Path(cfg.init).resolve()) if cfg.init else None,
+        "pairs": dataclasses.asdict(cfg.pairs),
+        "task": dataclasses.asdict(cfg.task),
+        "eval_prompts": cfg.eval_prompts,
+    }
 
     def build(problems):
         if source == "synthetic":
@@ -236,7 +257,13 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     if resume:
         ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
         loaded = load_reward_model(ck.path)
-        rm, tokenizer, start_step, opt_state, rng = loaded.model, loaded.tokenizer, ck.step, ck.optimizer_state, ck.rng_state
+        rm, tokenizer, start_step, opt_state, rng = (
+            loaded.model,
+            loaded.tokenizer,
+            ck.step,
+            ck.optimizer_state,
+            ck.rng_state,
+        )
         common.check_resume_step(loaded.path, start_step, cfg.steps)
     elif init is not None:
         tokenizer = init.tokenizer
@@ -252,14 +279,25 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
             raise UserError("pass both --data and --eval-data (held-out pairs), or neither for the embedded task")
         chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(init, "path", None)])
         tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
-        train, held = (load_preference_pairs(x, chat=chat, on_bad_line=cfg.on_bad_line) for x in (cfg.data, cfg.eval_data))
+        train, held = (
+            load_preference_pairs(x, chat=chat, on_bad_line=cfg.on_bad_line) for x in (cfg.data, cfg.eval_data)
+        )
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if not (cfg.data or cfg.eval_data):
         with distributed.main_first(world):  # rank 0 samples and caches the pairs; the others read the cache
             train, held, pair_info = _embedded_pairs(cfg, task, init, Path(run.dir))
-    train, held = (fit_pairs(x, tokenizer, window=model_window(rm), long=cfg.long, what=what,
-                             max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
-                   for x, what in ((train, "training"), (held, "held-out")))
+    train, held = (
+        fit_pairs(
+            x,
+            tokenizer,
+            window=model_window(rm),
+            long=cfg.long,
+            what=what,
+            max_prompt_length=cfg.max_prompt_length,
+            max_completion_length=cfg.max_completion_length,
+        )
+        for x, what in ((train, "training"), (held, "held-out"))
+    )
 
     opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
     if opt_state is not None:
@@ -267,11 +305,26 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         if rng is not None:
             restore_rng(rng)
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
-    print(f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(rm) / 1e6:.2f}M params, "
-          f"steps {start_step}->{cfg.steps}")
-    return RMState(cfg, run, rm, tokenizer, train, held, pair_info, opt, logger,
-                   CheckpointManager(run.dir, keep=cfg.keep_checkpoints), start_step, NonFiniteGuard(cfg.nan_patience),
-                   world, distributed.wrap_ddp(rm, world))
+    print(
+        f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(rm) / 1e6:.2f}M params, "
+        f"steps {start_step}->{cfg.steps}"
+    )
+    return RMState(
+        cfg,
+        run,
+        rm,
+        tokenizer,
+        train,
+        held,
+        pair_info,
+        opt,
+        logger,
+        CheckpointManager(run.dir, keep=cfg.keep_checkpoints),
+        start_step,
+        NonFiniteGuard(cfg.nan_patience),
+        world,
+        distributed.wrap_ddp(rm, world),
+    )
 
 
 def train_step(s: RMState, step: int) -> dict:
@@ -282,8 +335,12 @@ def train_step(s: RMState, step: int) -> dict:
     idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()  # the global batch
     idx = distributed.shard(idx, s.world)  # this rank's pairs: the BT loss is a mean over pairs, so each rank's
     share = len(idx) / cfg.batch_size  # mean counts by its share of the global batch
-    batch = collate_preference([s.train[i] for i in idx], s.tokenizer, max_prompt_length=cfg.max_prompt_length,
-                               max_completion_length=cfg.max_completion_length)
+    batch = collate_preference(
+        [s.train[i] for i in idx],
+        s.tokenizer,
+        max_prompt_length=cfg.max_prompt_length,
+        max_completion_length=cfg.max_completion_length,
+    )
     r = (s.train_model or s.rm)(batch["input_ids"], batch["attention_mask"])  # (2B,)
     chosen, rejected = r.chunk(2)
     margin = batch.get("margin") if cfg.use_margin else None
@@ -311,8 +368,15 @@ def save(s: RMState, done: int, metrics: dict) -> None:
     """A periodic checkpoint through the run's one :class:`CheckpointManager` (rank 0 writes it)."""
     if not s.world.is_main:
         return
-    s.manager.save(done, save_fn=save_reward_checkpoint, rm=s.rm, tokenizer=s.tokenizer,
-                   state=_state(s, done, {"metrics": metrics}), optimizer=s.opt, rng=rng_state())
+    s.manager.save(
+        done,
+        save_fn=save_reward_checkpoint,
+        rm=s.rm,
+        tokenizer=s.tokenizer,
+        state=_state(s, done, {"metrics": metrics}),
+        optimizer=s.opt,
+        rng=rng_state(),
+    )
 
 
 def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
@@ -326,14 +390,28 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
         s.rm.backbone.model = merge_lora(s.rm.backbone.model)
     final = Path(out) / "model"
     if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
-        save_reward_checkpoint(final, s.rm, s.tokenizer, _state(s, cfg.steps, {"heldout": last_eval}),
-                               optimizer=s.opt, rng=rng_state(), stats=stats)
+        save_reward_checkpoint(
+            final,
+            s.rm,
+            s.tokenizer,
+            _state(s, cfg.steps, {"heldout": last_eval}),
+            optimizer=s.opt,
+            rng=rng_state(),
+            stats=stats,
+        )
     distributed.barrier(s.world)
     summary = {
-        "trainer": "rm", "steps": cfg.steps, "heldout_pairwise_accuracy": last_eval["heldout/accuracy"],
-        "heldout_pairs": len(s.held), "train_pairs": len(s.train), **last_eval,
-        "reward_stats": dataclasses.asdict(stats), "pairs": s.pair_info, "params": common.n_params(s.rm),
-        "train_seconds": time.perf_counter() - t_start, "model_dir": str(final),
+        "trainer": "rm",
+        "steps": cfg.steps,
+        "heldout_pairwise_accuracy": last_eval["heldout/accuracy"],
+        "heldout_pairs": len(s.held),
+        "train_pairs": len(s.train),
+        **last_eval,
+        "reward_stats": dataclasses.asdict(stats),
+        "pairs": s.pair_info,
+        "params": common.n_params(s.rm),
+        "train_seconds": time.perf_counter() - t_start,
+        "model_dir": str(final),
     }
     path = common.write_summary(out, summary)
     print(f"held-out pairwise accuracy: {last_eval['heldout/accuracy']:.3f} on {len(s.held)} pairs")
@@ -361,8 +439,11 @@ def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool
             last_eval = run_eval(s)
             metrics.update(last_eval)
         s.logger.log(done, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.2f}",
-                        **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}))
+        bar.set_postfix(
+            loss=f"{metrics['loss']:.3f}",
+            acc=f"{metrics['accuracy']:.2f}",
+            **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}),
+        )
         if common.should_save(done, cfg.save_every, cfg.steps):
             save(s, done, metrics)
     bar.close()

@@ -39,8 +39,12 @@ def pair_rewards(rm: RewardModel, pairs: Sequence[PreferencePair], tokenizer, cf
     rm.eval()
     ch, rj = [], []
     for s in range(0, len(pairs), chunk):
-        b = collate_preference(pairs[s : s + chunk], tokenizer, max_prompt_length=cfg.max_prompt_length,
-                               max_completion_length=cfg.max_completion_length)
+        b = collate_preference(
+            pairs[s : s + chunk],
+            tokenizer,
+            max_prompt_length=cfg.max_prompt_length,
+            max_completion_length=cfg.max_completion_length,
+        )
         r = rm(b["input_ids"], b["attention_mask"])  # (2n,)
         c, x = r.chunk(2)
         ch.append(c)
@@ -70,15 +74,27 @@ def eval_reward_model(cfg, overwrite: bool = False) -> dict:
     common.set_threads(cfg.threads)
     run = common.open_run(cfg, "rm_eval", overwrite=overwrite)
     loaded = load_reward_model(cfg.init)  # a policy (no reward head) -> UserError naming the checkpoint
-    pairs = fit_pairs(load_preference_pairs(cfg.eval_data), loaded.tokenizer, window=model_window(loaded.model),
-                      long=cfg.long, what="evaluation", max_prompt_length=cfg.max_prompt_length,
-                      max_completion_length=cfg.max_completion_length)
+    pairs = fit_pairs(
+        load_preference_pairs(cfg.eval_data),
+        loaded.tokenizer,
+        window=model_window(loaded.model),
+        long=cfg.long,
+        what="evaluation",
+        max_prompt_length=cfg.max_prompt_length,
+        max_completion_length=cfg.max_completion_length,
+    )
     if not pairs:
         raise UserError(f"{cfg.eval_data}: no pairs to evaluate")
     common.begin_run(run, cfg)
     m = {k.removeprefix("heldout/"): v for k, v in evaluate_pairs(loaded.model, pairs, loaded.tokenizer, cfg).items()}
-    summary = {"trainer": "rm_eval", "pairwise_accuracy": m["accuracy"], "n": len(pairs), **m,
-               "checkpoint": str(loaded.path), "eval_data": str(cfg.eval_data)}
+    summary = {
+        "trainer": "rm_eval",
+        "pairwise_accuracy": m["accuracy"],
+        "n": len(pairs),
+        **m,
+        "checkpoint": str(loaded.path),
+        "eval_data": str(cfg.eval_data),
+    }
     path = common.write_summary(run.dir, summary)
     print(f"pairwise accuracy: {m['accuracy']:.4f} on {len(pairs)} pairs of {cfg.eval_data} with {loaded.path}")
     print(f"summary: {path}")

@@ -58,7 +58,17 @@ REWARD_HEAD_FILE = "reward_head.safetensors"
 STEP_NAME = re.compile(r"step-\d{8}")
 COMMANDS = {"sft": "sft", "sft_restarts": "sft --restarts", "dpo": "dpo", "rm": "rm", "policy_gradient": "grpo"}
 """trainer name (as stored in run.json / trainer_state.json) -> the CLI command that runs it."""
-RESUME_MAY_CHANGE = ("out", "progress", "threads", "logger", "steps", "eval_every", "save_every", "keep_checkpoints", "fsdp")
+RESUME_MAY_CHANGE = (
+    "out",
+    "progress",
+    "threads",
+    "logger",
+    "steps",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "fsdp",
+)
 """Config fields that may differ on resume without a warning (outputs, logging, length, checkpoint cadence, sharding: the same update)."""
 
 
@@ -130,8 +140,11 @@ def latest_checkpoint(root: Path) -> Path | None:
             target = None
         if target is not None:
             return target
-    steps = sorted(d for d in root.glob("step-*") if STEP_NAME.fullmatch(d.name) and not d.is_symlink()
-                   and is_checkpoint(recover_dir(d)))
+    steps = sorted(
+        d
+        for d in root.glob("step-*")
+        if STEP_NAME.fullmatch(d.name) and not d.is_symlink() and is_checkpoint(recover_dir(d))
+    )
     return steps[-1] if steps else None
 
 
@@ -177,15 +190,19 @@ def find_checkpoint(path: str | Path, prefer_latest: bool = False, run_id: str |
                 warn(f"ignoring {c}: saved by run {ids[c] or '(none recorded)'}, not by this directory's run {run_id}")
         candidates = [c for c in candidates if ids[c] == run_id]
         if not candidates and ids:
-            raise UserError(f"{p} holds no checkpoint of its run {run_id} (only of other runs: "
-                            f"{', '.join(str(c) for c in ids)})")
+            raise UserError(
+                f"{p} holds no checkpoint of its run {run_id} (only of other runs: {', '.join(str(c) for c in ids)})"
+            )
     elif len(set(ids.values())) > 1:
         raise UserError(f"{p} holds checkpoints of different runs and no {RUN_FILE}: name one, e.g. {candidates[-1]}")
     if not candidates and info is not None:
-        raise UserError(f"{p} holds no checkpoint yet (its run stopped before the first save): start it again with "
-                        f"--overwrite")
+        raise UserError(
+            f"{p} holds no checkpoint yet (its run stopped before the first save): start it again with --overwrite"
+        )
     if not candidates:
-        raise UserError(f"{p} holds no checkpoint (expected model.safetensors + config.json, model/ or checkpoints/latest)")
+        raise UserError(
+            f"{p} holds no checkpoint (expected model.safetensors + config.json, model/ or checkpoints/latest)"
+        )
     if not prefer_latest:
         return candidates[0]
     return max(candidates, key=lambda c: checkpoint_state(c).get("step", 0))
@@ -206,8 +223,10 @@ def run_root(resume: str | Path) -> Path:
         return p.parent.parent
     if p.name == "model":
         return p.parent
-    raise UserError(f"--resume {p}: a checkpoint outside a run directory; --resume takes a run directory (or a "
-                    f"checkpoint inside one), --init {p} starts a new run from its weights")
+    raise UserError(
+        f"--resume {p}: a checkpoint outside a run directory; --resume takes a run directory (or a "
+        f"checkpoint inside one), --init {p} starts a new run from its weights"
+    )
 
 
 def resume_out(args) -> dict:
@@ -258,20 +277,25 @@ def open_run(cfg, trainer: str, resume: str | Path | None = None, overwrite: boo
 def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> Run:
     out = Path(cfg.out)
     if resume is not None and overwrite:
-        raise UserError("--resume and --overwrite exclude each other: --resume continues a run, --overwrite "
-                        "replaces it with a new one")
+        raise UserError(
+            "--resume and --overwrite exclude each other: --resume continues a run, --overwrite "
+            "replaces it with a new one"
+        )
     if resume is not None:
         root = run_root(resume)
         info = read_run(root)
         if info is not None and info.get("trainer") != trainer:
-            raise UserError(f"{root} is a `posttrain {command_of(info.get('trainer'))}` run: `posttrain "
-                            f"{command_of(trainer)} --resume` continues only its own runs")
+            raise UserError(
+                f"{root} is a `posttrain {command_of(info.get('trainer'))}` run: `posttrain "
+                f"{command_of(trainer)} --resume` continues only its own runs"
+            )
         for d in (root, root / "checkpoints"):
             clean_stale_temps(d)
         ckpt = find_checkpoint(resume, prefer_latest=True, run_id=info["run_id"] if info else None)
         if not _same(out, root):
-            raise UserError(f"--resume {resume} continues the run in {root} and writes there, not to --out {out}: "
-                            f"drop --out")
+            raise UserError(
+                f"--resume {resume} continues the run in {root} and writes there, not to --out {out}: drop --out"
+            )
         state = checkpoint_state(ckpt)
         run_id = info["run_id"] if info else state.get("run_id") or new_run_id()
         return Run(dir=root, run_id=run_id, trainer=trainer, resume_from=ckpt, resume_state=state, info=info)
@@ -280,17 +304,23 @@ def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> 
     entries = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
     if entries and not overwrite:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
-        raise UserError(f"--out {out} is not empty (it holds {shown}): pass --overwrite to delete it and start a "
-                        f"new run there, or --resume {out} to continue the run in it")
+        raise UserError(
+            f"--out {out} is not empty (it holds {shown}): pass --overwrite to delete it and start a "
+            f"new run there, or --resume {out} to continue the run in it"
+        )
     if entries:
         if not ((out / RUN_FILE).is_file() or (out / "config.resolved.json").is_file()):
-            raise UserError(f"--overwrite refuses to clear {out}: it is not a posttrain run directory (no {RUN_FILE}); "
-                            f"empty it yourself or choose another --out")
+            raise UserError(
+                f"--overwrite refuses to clear {out}: it is not a posttrain run directory (no {RUN_FILE}); "
+                f"empty it yourself or choose another --out"
+            )
         for name in ("init", "data", "eval_data"):
             value = getattr(cfg, name, None)
             if value and Path(value).exists() and _inside(Path(value), out):
-                raise UserError(f"--{name.replace('_', '-')} {value} lies inside --out {out}, which --overwrite "
-                                f"clears: choose another --out")
+                raise UserError(
+                    f"--{name.replace('_', '-')} {value} lies inside --out {out}, which --overwrite "
+                    f"clears: choose another --out"
+                )
     return Run(dir=out, run_id=new_run_id(), trainer=trainer, clear=bool(entries))
 
 
@@ -352,15 +382,23 @@ def _begin_run(run: Run, cfg) -> Path:
             old = read_json_file(out / "config.resolved.json", "config file")
         changes = changed_settings(old, cfg) if isinstance(old, dict) else []
         if changes:
-            warn(f"resuming {run.resume_from} with changed settings: {'; '.join(changes)} "
-                 f"(the result will differ from an uninterrupted run)")
+            warn(
+                f"resuming {run.resume_from} with changed settings: {'; '.join(changes)} "
+                f"(the result will differ from an uninterrupted run)"
+            )
     if run.resume_from is not None and run.info is None and "run_id" not in run.resume_state:
         # an older layout: the checkpoint resumed from joins the run id this directory now gets
         atomic_write_json(run.resume_from / STATE_FILE, {**run.resume_state, "run_id": run.run_id})
     if run.info is None:
-        atomic_write_json(out / RUN_FILE, {"run_id": run.run_id, "trainer": run.trainer,
-                                           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                           "posttrain_version": __version__})
+        atomic_write_json(
+            out / RUN_FILE,
+            {
+                "run_id": run.run_id,
+                "trainer": run.trainer,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "posttrain_version": __version__,
+            },
+        )
     atomic_write_text(out / "config.resolved.yaml", C.dump_yaml(cfg))
     atomic_write_json(out / "config.resolved.json", new)
     return out

@@ -30,8 +30,10 @@ def split_validation(demos, fraction: float) -> tuple[list[int], list[int]]:
     """Indices of (training, validation) demonstrations; no validation when fewer than 2 demos would remain."""
     val = [i for i, (p, _) in enumerate(demos) if fraction > 0 and is_validation(p, fraction)]
     if len(demos) - len(val) < 2:
-        raise ConfigError(f"val_fraction={fraction} leaves {len(demos) - len(val)} of {len(demos)} demonstrations "
-                          f"to train on; lower it")
+        raise ConfigError(
+            f"val_fraction={fraction} leaves {len(demos) - len(val)} of {len(demos)} demonstrations "
+            f"to train on; lower it"
+        )
     chosen = set(val)
     return [i for i in range(len(demos)) if i not in chosen], val
 
@@ -57,15 +59,17 @@ class BestKeeper:
         self.step, self.score, self.since = state["step"], state["val_accuracy"], int(state["since"])
         if self.step is not None:
             if not (path / BEST_FILE).is_file():
-                raise UserError(f"{path}: checkpoint has no {BEST_FILE} (the best weights so far); cannot resume exactly")
+                raise UserError(
+                    f"{path}: checkpoint has no {BEST_FILE} (the best weights so far); cannot resume exactly"
+                )
             self.weights = load_file(str(path / BEST_FILE))
 
 
 def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:
     """:func:`save_checkpoint` plus ``best.safetensors`` (the best-so-far weights), one atomic directory."""
+
     def extras(tmp):
         if best.weights is not None:
             save_file(best.weights, str(tmp / BEST_FILE))
+
     return save_with_extras(directory, extras, **kwargs)
-
-

@@ -79,41 +79,70 @@ class SFTConfig(TrainerConfig):
     lr: float = override("lr", 3e-3)
     warmup_steps: int = override("warmup_steps", 30)
     weight_decay: float = override("weight_decay", 0.1)
-    eval_every: int = override("eval_every", 200, "steps between validation (and held-out) evaluations (0 = only at "
-                                                      "the end; use ~25 with val_fraction)")
-    val_fraction: float = knob(0.0, "fraction of the training demonstrations held out (stable hash of the prompt) to "
-                                     "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step)",
-                               ge=0, lt=1)
-    patience: int = knob(0, "stop after this many evaluations in a row without a new best validation accuracy "
-                            "(0 = never stop early)", ge=0)
+    eval_every: int = override(
+        "eval_every",
+        200,
+        "steps between validation (and held-out) evaluations (0 = only at the end; use ~25 with val_fraction)",
+    )
+    val_fraction: float = knob(
+        0.0,
+        "fraction of the training demonstrations held out (stable hash of the prompt) to "
+        "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step)",
+        ge=0,
+        lt=1,
+    )
+    patience: int = knob(
+        0,
+        "stop after this many evaluations in a row without a new best validation accuracy (0 = never stop early)",
+        ge=0,
+    )
     save_every: int = override("save_every", 200)
     init: str | None = knob(None, "start from this checkpoint's weights and tokenizer instead of a fresh model")
     data: str | None = knob(None, "JSONL of {prompt, answer} demonstrations (default: the embedded task's)")
     eval_data: str | None = knob(None, "JSONL of {prompt, answer} for evaluation (default: the task's held-out set)")
     max_new_tokens: int = knob(8, "generation length for evaluation", gt=0)
-    long: str = knob("error", "records longer than the model's window: error | truncate (prompt keeps its end, "
-                              "answer its start) | skip", choices=LONG_POLICIES)
+    long: str = knob(
+        "error",
+        "records longer than the model's window: error | truncate (prompt keeps its end, answer its start) | skip",
+        choices=LONG_POLICIES,
+    )
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
     task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
-    fsdp: bool = knob(False, "under torchrun: shard parameters, gradients and optimizer state over the processes "
-                             "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them")
-    tokenizer: str | None = knob(None, "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
-                                       "default: the task's characters; ignored with init)")
-    restarts: int = knob(1, "SFT runs from different initialisations (seed, then hashes of it); model/ = the one "
-                            "with the best validation accuracy (trainers/sft_restarts.py); 1 = one plain run", ge=1)
-    val_problems: int = knob(1024, "restarts on the embedded task: training-split problems that are not "
-                                   "demonstrations, scored greedily to rank the restarts (256 mis-ranked runs "
-                                   "1.5 points apart: docs/outcomes.md)", gt=0)
+    fsdp: bool = knob(
+        False,
+        "under torchrun: shard parameters, gradients and optimizer state over the processes "
+        "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
+    )
+    tokenizer: str | None = knob(
+        None,
+        "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
+        "default: the task's characters; ignored with init)",
+    )
+    restarts: int = knob(
+        1,
+        "SFT runs from different initialisations (seed, then hashes of it); model/ = the one "
+        "with the best validation accuracy (trainers/sft_restarts.py); 1 = one plain run",
+        ge=1,
+    )
+    val_problems: int = knob(
+        1024,
+        "restarts on the embedded task: training-split problems that are not "
+        "demonstrations, scored greedily to rank the restarts (256 mis-ranked runs "
+        "1.5 points apart: docs/outcomes.md)",
+        gt=0,
+    )
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
         if self.fsdp and self.val_fraction > 0:
-            raise ConfigError("fsdp with val_fraction > 0 is not supported yet (the best-so-far weights would be "
-                              "sharded); use one or the other")
+            raise ConfigError(
+                "fsdp with val_fraction > 0 is not supported yet (the best-so-far weights would be "
+                "sharded); use one or the other"
+            )
         if self.restarts > 1 and self.fsdp:
             raise ConfigError("restarts > 1 with fsdp is not supported (restarts run one after another in one process)")
         if self.batch_size % self.grad_accum:
@@ -182,7 +211,11 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     world = distributed.init()  # one process, or this rank under torchrun
     run = common.open_run(cfg, "sft", resume=resume, overwrite=overwrite)
     task = ArithmeticTask(cfg.task)
-    demos = load_sft_data(cfg.data, on_bad_line=cfg.on_bad_line) if cfg.data else [(p.prompt, p.answer) for p in task.demonstrations()]
+    demos = (
+        load_sft_data(cfg.data, on_bad_line=cfg.on_bad_line)
+        if cfg.data
+        else [(p.prompt, p.answer) for p in task.demonstrations()]
+    )
 
     common.seed_everything(cfg.seed)
     start_step, ckpt, init = 0, None, None
@@ -205,8 +238,11 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     model = apply_lora(model, lora_config(cfg))  # lora_r > 0: adapters on a frozen base (a resumed one has them)
     chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
     tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
-    evals = (load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line) if cfg.eval_data
-             else [(p.prompt, p.answer) for p in task.eval_problems()])
+    evals = (
+        load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line)
+        if cfg.eval_data
+        else [(p.prompt, p.answer) for p in task.eval_problems()]
+    )
     demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long, chat)
     train_idx, val_idx = split_validation(demos, cfg.val_fraction)
     vals = [demos[i] for i in val_idx]
@@ -233,14 +269,34 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
             restore_rng(ckpt.rng_state)
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
     manager = CheckpointManager(run.dir, keep=cfg.keep_checkpoints)
-    print(f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model "
-          f"{common.n_params(model) / 1e6:.2f}M params, steps {start_step}->{cfg.steps}")
+    print(
+        f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model "
+        f"{common.n_params(model) / 1e6:.2f}M params, steps {start_step}->{cfg.steps}"
+    )
     if world.distributed and cfg.batch_size < world.world_size * cfg.grad_accum:
-        raise ConfigError(f"batch_size={cfg.batch_size} must be >= processes x grad_accum = "
-                          f"{world.world_size} x {cfg.grad_accum}")
-    return SFTState(cfg, run, model, tokenizer, demos, ids, loss_mask, vals, evals, eval_window, opt, logger, manager,
-                    start_step, best, NonFiniteGuard(cfg.nan_patience), world=world,
-                    train_model=model if fsdp else distributed.wrap_ddp(model, world))
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} must be >= processes x grad_accum = {world.world_size} x {cfg.grad_accum}"
+        )
+    return SFTState(
+        cfg,
+        run,
+        model,
+        tokenizer,
+        demos,
+        ids,
+        loss_mask,
+        vals,
+        evals,
+        eval_window,
+        opt,
+        logger,
+        manager,
+        start_step,
+        best,
+        NonFiniteGuard(cfg.nan_patience),
+        world=world,
+        train_model=model if fsdp else distributed.wrap_ddp(model, world),
+    )
 
 
 def train_step(s: SFTState, step: int) -> dict:
@@ -270,34 +326,66 @@ def train_step(s: SFTState, step: int) -> dict:
 
 def run_eval(s: SFTState):
     """Greedy accuracy on the held-out problems (logged for the curve; selection never looks at it)."""
-    return evaluate(s.model, s.tokenizer, [p for p, _ in s.evals], [a for _, a in s.evals],
-                    max_new_tokens=s.cfg.max_new_tokens, keep_samples=5, max_prompt_tokens=s.eval_window)
+    return evaluate(
+        s.model,
+        s.tokenizer,
+        [p for p, _ in s.evals],
+        [a for _, a in s.evals],
+        max_new_tokens=s.cfg.max_new_tokens,
+        keep_samples=5,
+        max_prompt_tokens=s.eval_window,
+    )
 
 
 def run_val(s: SFTState) -> float:
     """Greedy accuracy on the validation demonstrations: what model selection looks at."""
-    return evaluate(s.model, s.tokenizer, [p for p, _ in s.vals], [a for _, a in s.vals],
-                    max_new_tokens=s.cfg.max_new_tokens, max_prompt_tokens=s.eval_window).accuracy
+    return evaluate(
+        s.model,
+        s.tokenizer,
+        [p for p, _ in s.vals],
+        [a for _, a in s.vals],
+        max_new_tokens=s.cfg.max_new_tokens,
+        max_prompt_tokens=s.eval_window,
+    ).accuracy
 
 
 def _state(s: SFTState, step: int, extra: dict | None = None) -> dict:
-    return {"step": step, "trainer": "sft", "run_id": s.run.run_id, "config": dataclasses.asdict(s.cfg), **(extra or {})}
+    return {
+        "step": step,
+        "trainer": "sft",
+        "run_id": s.run.run_id,
+        "config": dataclasses.asdict(s.cfg),
+        **(extra or {}),
+    }
 
 
 def save(s: SFTState, done: int, metrics: dict) -> None:
     """A periodic checkpoint (with the best-so-far weights, for an exact resume); rank 0 writes it, or, under
     --fsdp, every rank its shards (trainers/sharded.py)."""
     if sharded.is_sharded(s.model):
-        sharded.save_sharded_checkpoint(s.manager.root / f"step-{done:08d}", s.model, s.opt, s.tokenizer,
-                                        _state(s, done, {"metrics": metrics}), rng_state(), s.world)
+        sharded.save_sharded_checkpoint(
+            s.manager.root / f"step-{done:08d}",
+            s.model,
+            s.opt,
+            s.tokenizer,
+            _state(s, done, {"metrics": metrics}),
+            rng_state(),
+            s.world,
+        )
         if s.world.is_main:  # point checkpoints/latest at it and prune, as for a plain checkpoint
             s.manager.save(done, save_fn=lambda d, **kw: d)
         return
     if not s.world.is_main:
         return
-    s.manager.save(done, save_fn=lambda d, **kw: save_with_best(d, s.best, **kw), model=s.model, tokenizer=s.tokenizer,
-                   state=_state(s, done, {"metrics": metrics, "best": s.best.state_dict()}), optimizer=s.opt,
-                   rng_state=rng_state())
+    s.manager.save(
+        done,
+        save_fn=lambda d, **kw: save_with_best(d, s.best, **kw),
+        model=s.model,
+        tokenizer=s.tokenizer,
+        state=_state(s, done, {"metrics": metrics, "best": s.best.state_dict()}),
+        optimizer=s.opt,
+        rng_state=rng_state(),
+    )
 
 
 def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> dict:
@@ -316,17 +404,39 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
         full = sharded.full_model_state(model)
         model = sharded.plain_copy(model, full) if s.world.is_main else model
     if s.world.is_main:  # under torchrun rank 0 writes model/; the others wait so that it exists when they return
-        save_checkpoint(final, model=model, tokenizer=s.tokenizer,
-                        state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step,
-                                                    "selected_step": best.step if best.weights is not None else last_step}),
-                        optimizer=None if sharded.is_sharded(s.model) else s.opt, rng_state=rng_state())
+        save_checkpoint(
+            final,
+            model=model,
+            tokenizer=s.tokenizer,
+            state=_state(
+                s,
+                cfg.steps,
+                {
+                    "heldout_accuracy": last_eval.accuracy,
+                    "steps_trained": last_step,
+                    "selected_step": best.step if best.weights is not None else last_step,
+                },
+            ),
+            optimizer=None if sharded.is_sharded(s.model) else s.opt,
+            rng_state=rng_state(),
+        )
     distributed.barrier(s.world)
     summary = {
-        "trainer": "sft", "steps": cfg.steps, "steps_trained": last_step, "stopped_early": stopped_at is not None,
-        "best_step": best.step if best.weights is not None else last_step, "best_val_accuracy": best.score,
-        "val_n": len(s.vals), "heldout_accuracy": last_eval.accuracy, "heldout_n": last_eval.n,
-        "num_demos": len(s.demos), "train_demos": len(s.ids), "params": common.n_params(s.model),
-        "train_seconds": time.perf_counter() - t_start, "tokens_seen": s.tokens_seen, "model_dir": str(final),
+        "trainer": "sft",
+        "steps": cfg.steps,
+        "steps_trained": last_step,
+        "stopped_early": stopped_at is not None,
+        "best_step": best.step if best.weights is not None else last_step,
+        "best_val_accuracy": best.score,
+        "val_n": len(s.vals),
+        "heldout_accuracy": last_eval.accuracy,
+        "heldout_n": last_eval.n,
+        "num_demos": len(s.demos),
+        "train_demos": len(s.ids),
+        "params": common.n_params(s.model),
+        "train_seconds": time.perf_counter() - t_start,
+        "tokens_seen": s.tokens_seen,
+        "model_dir": str(final),
         "samples": last_eval.samples,
     }
     path = common.write_summary(out, summary)
@@ -344,8 +454,10 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
     if resume and not resumes_restarts:  # --resume of one plain run continues that run
         cfg = dataclasses.replace(cfg, restarts=1)
     elif cfg.restarts > 1 and not resume and (cfg.init or cfg.model_path or (cfg.data and not cfg.val_fraction)):
-        print(f"restarts={cfg.restarts} applies to a fresh model on the embedded task (or --data with --val-fraction "
-              "to rank on): one run here")
+        print(
+            f"restarts={cfg.restarts} applies to a fresh model on the embedded task (or --data with --val-fraction "
+            "to rank on): one run here"
+        )
         cfg = dataclasses.replace(cfg, restarts=1)
     if cfg.restarts > 1 or resumes_restarts:
         if distributed.world().distributed:

@@ -74,8 +74,10 @@ def _open(cfg, resume, overwrite: bool) -> Path:
         now = json.loads(json.dumps(dataclasses.asdict(cfg)))
         changed = sorted(k for k in set(saved) | set(now) if k != "out" and saved.get(k) != now.get(k))
         if changed:
-            raise UserError(f"--resume {resume}: the configuration differs from the run's in {', '.join(changed)}; "
-                            f"start a new run (--out) or --overwrite")
+            raise UserError(
+                f"--resume {resume}: the configuration differs from the run's in {', '.join(changed)}; "
+                f"start a new run (--out) or --overwrite"
+            )
         return root
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
@@ -85,8 +87,15 @@ def _open(cfg, resume, overwrite: bool) -> Path:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "config.resolved.json", dataclasses.asdict(cfg))
-    atomic_write_json(out / RUN_FILE, {"run_id": new_run_id(), "trainer": "sft_restarts", "restarts": cfg.restarts,
-                                       "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    atomic_write_json(
+        out / RUN_FILE,
+        {
+            "run_id": new_run_id(),
+            "trainer": "sft_restarts",
+            "restarts": cfg.restarts,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
     return out
 
 
@@ -113,12 +122,21 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
             score, n = s["best_val_accuracy"], s["val_n"]
         else:
             ck = load_checkpoint(Path(sub.out) / "model")
-            score = evaluate(ck.model, ck.tokenizer, [p for p, _ in val], [a for _, a in val],
-                             max_new_tokens=cfg.max_new_tokens).accuracy
+            score = evaluate(
+                ck.model, ck.tokenizer, [p for p, _ in val], [a for _, a in val], max_new_tokens=cfg.max_new_tokens
+            ).accuracy
             n = len(val)
-        candidates.append({"restart": k, "seed": sub.seed, "val_accuracy": score, "val_n": n,
-                           "heldout_accuracy": s["heldout_accuracy"], "train_seconds": s["train_seconds"],
-                           "dir": sub.out})
+        candidates.append(
+            {
+                "restart": k,
+                "seed": sub.seed,
+                "val_accuracy": score,
+                "val_n": n,
+                "heldout_accuracy": s["heldout_accuracy"],
+                "train_seconds": s["train_seconds"],
+                "dir": sub.out,
+            }
+        )
         print(f"  restart {k}: validation accuracy {score:.3f} ({n} problems)")
     best = max(candidates, key=lambda c: (c["val_accuracy"], -c["restart"]))  # the earliest on ties
     with atomic_dir(out / "model") as tmp:  # the kept restart's model/, as a checkpoint of this run
@@ -126,11 +144,21 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
         state = json.loads((tmp / STATE_FILE).read_text())
         atomic_write_json(tmp / STATE_FILE, {**state, "run_id": read_run(out)["run_id"], "restart": best["restart"]})
     chosen = json.loads((Path(best["dir"]) / "summary.json").read_text())
-    summary = {**chosen, "restarts": cfg.restarts, "selected_restart": best["restart"], "selected_seed": best["seed"],
-               "restart_val_accuracy": best["val_accuracy"], "restart_val_n": best["val_n"],
-               "candidates": candidates, "model_dir": str(out / "model"),
-               "train_seconds": sum(c["train_seconds"] for c in candidates), "wall_seconds": time.perf_counter() - t0}
+    summary = {
+        **chosen,
+        "restarts": cfg.restarts,
+        "selected_restart": best["restart"],
+        "selected_seed": best["seed"],
+        "restart_val_accuracy": best["val_accuracy"],
+        "restart_val_n": best["val_n"],
+        "candidates": candidates,
+        "model_dir": str(out / "model"),
+        "train_seconds": sum(c["train_seconds"] for c in candidates),
+        "wall_seconds": time.perf_counter() - t0,
+    }
     path = common.write_summary(out, summary)
-    print(f"kept restart {best['restart']} (validation {best['val_accuracy']:.3f}): held-out accuracy "
-          f"{best['heldout_accuracy']:.3f}\nsummary: {path}\nmodel:   {out / 'model'}")
+    print(
+        f"kept restart {best['restart']} (validation {best['val_accuracy']:.3f}): held-out accuracy "
+        f"{best['heldout_accuracy']:.3f}\nsummary: {path}\nmodel:   {out / 'model'}"
+    )
     return summary

@@ -50,8 +50,10 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
             obj = getattr(obj, part, None)
         if isinstance(obj, torch.nn.ModuleList):
             return list(obj)
-    raise UserError(f"--fsdp: cannot find the transformer blocks of a {type(model).__name__} (looked for blocks, "
-                    f"model.layers, transformer.h)")
+    raise UserError(
+        f"--fsdp: cannot find the transformer blocks of a {type(model).__name__} (looked for blocks, "
+        f"model.layers, transformer.h)"
+    )
 
 
 def shard_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -70,6 +72,7 @@ def is_sharded(model: torch.nn.Module) -> bool:
 def no_sync(model: torch.nn.Module, last: bool):
     """Skip the gradient reduce-scatter on every micro-batch but the last (FSDP2's switch), else DDP's."""
     if is_sharded(model):
+
         @contextlib.contextmanager
         def ctx():
             model.set_requires_gradient_sync(last)
@@ -77,6 +80,7 @@ def no_sync(model: torch.nn.Module, last: bool):
                 yield
             finally:
                 model.set_requires_gradient_sync(True)
+
         return ctx()
     return distributed.no_sync(model, last)
 
@@ -87,8 +91,9 @@ def _state_dicts(model, optimizer, full: bool):
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=full, cpu_offload=full))
 
 
-def save_sharded_checkpoint(directory: str | Path, model, optimizer, tokenizer, state: dict, rng_state: dict | None,
-                            w: distributed.World) -> Path:
+def save_sharded_checkpoint(
+    directory: str | Path, model, optimizer, tokenizer, state: dict, rng_state: dict | None, w: distributed.World
+) -> Path:
     """Every rank writes its shards; rank 0 the rest; the directory replaces an older one by one rename."""
     import torch.distributed.checkpoint as dcp
 
@@ -105,8 +110,9 @@ def save_sharded_checkpoint(directory: str | Path, model, optimizer, tokenizer, 
 
         (tmp / "config.json").write_text(json.dumps(model_config_dict(model), indent=2) + "\n")
         tokenizer.save(tmp / "tokenizer.json")
-        (tmp / "trainer_state.json").write_text(json.dumps({**state, "sharded": True, "world_size": w.world_size},
-                                                           indent=2, default=str) + "\n")
+        (tmp / "trainer_state.json").write_text(
+            json.dumps({**state, "sharded": True, "world_size": w.world_size}, indent=2, default=str) + "\n"
+        )
         if rng_state is not None:
             torch.save(rng_state, tmp / "rng.pt")
         if directory.exists():
@@ -196,5 +202,9 @@ def consolidate(directory: str | Path, out: str | Path) -> Path:
     model.load_state_dict(sd["model"])
     state = json.loads((src / "trainer_state.json").read_text())
     state = {k: v for k, v in state.items() if k not in ("sharded", "world_size")}
-    return save_checkpoint(out, model=model, tokenizer=load_tokenizer(src / "tokenizer.json"),
-                           state={**state, "consolidated_from": str(src)})
+    return save_checkpoint(
+        out,
+        model=model,
+        tokenizer=load_tokenizer(src / "tokenizer.json"),
+        state={**state, "consolidated_from": str(src)},
+    )

@@ -30,12 +30,14 @@ from posttrain.config import check_fields, knob
 
 @dataclass
 class TrainerConfig:
-    out: str = knob("runs/train", "output directory (run.json, config.yaml, metrics.jsonl, summary.json, checkpoints/, "
-                                  "model/)")
+    out: str = knob(
+        "runs/train", "output directory (run.json, config.yaml, metrics.jsonl, summary.json, checkpoints/, model/)"
+    )
     steps: int = knob(100, "optimizer steps", gt=0)
     lr: float = knob(1e-3, "peak learning rate (AdamW): linear warmup, then cosine decay to min_lr_ratio x lr", gt=0)
-    min_lr_ratio: float = knob(0.1, "final LR as a fraction of the peak (cosine decay; 1 = constant after warmup)",
-                               ge=0, le=1)
+    min_lr_ratio: float = knob(
+        0.1, "final LR as a fraction of the peak (cosine decay; 1 = constant after warmup)", ge=0, le=1
+    )
     warmup_steps: int = knob(10, "linear LR warmup steps", ge=0)
     weight_decay: float = knob(0.0, "AdamW weight decay on matrices", ge=0)
     grad_clip: float = knob(1.0, "max global gradient norm (0 = no clipping)", ge=0)
@@ -44,9 +46,14 @@ class TrainerConfig:
     save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
     seed: int = knob(0, "seed for init, data order, sampling and dropout", ge=0, lt=2**32)
-    logger: str = knob("jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard"))
-    threads: int | None = knob(1, "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; "
-                                  "None = torch default)", ge=1)
+    logger: str = knob(
+        "jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard")
+    )
+    threads: int | None = knob(
+        1,
+        "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)",
+        ge=1,
+    )
     progress: bool = knob(True, "show a progress bar (plain lines every 10% when not a terminal)")
 
     def __post_init__(self):

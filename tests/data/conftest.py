@@ -16,8 +16,13 @@ CHATML_GENERATION = (
     "{% else %}{{ m['content'] }}<|im_end|>{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-CORPUS = ["What is 2+3? The answer is 5.", "Natalia sold 48 clips in April and half as many in May.",
-          "hello there, how are you today?", "system user assistant question answer #### 72", "0123456789 +-=*/"]
+CORPUS = [
+    "What is 2+3? The answer is 5.",
+    "Natalia sold 48 clips in April and half as many in May.",
+    "hello there, how are you today?",
+    "system user assistant question answer #### 72",
+    "0123456789 +-=*/",
+]
 
 
 def build_tokenizer(d: Path, vocab_size: int = 320, template: str | None = CHATML_GENERATION) -> Path:
@@ -27,15 +32,29 @@ def build_tokenizer(d: Path, vocab_size: int = 320, template: str | None = CHATM
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                              show_progress=False))
+    tok.train_from_iterator(
+        CORPUS * 20,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
     if template is not None:
-        (d / "tokenizer_config.json").write_text(json.dumps({
-            "chat_template": template, "bos_token": "<bos>", "eos_token": "<|im_end|>", "pad_token": "<pad>",
-            "tokenizer_class": "PreTrainedTokenizerFast"}))
+        (d / "tokenizer_config.json").write_text(
+            json.dumps(
+                {
+                    "chat_template": template,
+                    "bos_token": "<bos>",
+                    "eos_token": "<|im_end|>",
+                    "pad_token": "<pad>",
+                    "tokenizer_class": "PreTrainedTokenizerFast",
+                }
+            )
+        )
     return d
 
 
@@ -61,5 +80,6 @@ def init_checkpoint(d: Path, tok_dir: Path, max_seq_len: int = 128) -> str:
 @pytest.fixture(scope="session")
 def chat_helpers():
     """The builders above, for tests (conftest modules are not importable under --import-mode=importlib)."""
-    return SimpleNamespace(build_tokenizer=build_tokenizer, init_checkpoint=init_checkpoint,
-                           CHATML_GENERATION=CHATML_GENERATION)
+    return SimpleNamespace(
+        build_tokenizer=build_tokenizer, init_checkpoint=init_checkpoint, CHATML_GENERATION=CHATML_GENERATION
+    )

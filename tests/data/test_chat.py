@@ -12,11 +12,19 @@ from posttrain.tokenizers import load
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2+3?"}, {"role": "assistant", "content": "5"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"},
-     {"role": "assistant", "content": " hi, how are you?\n"}, {"role": "user", "content": "and 4+4?"},
-     {"role": "assistant", "content": "8 #### 8"}],
-    [{"role": "user", "content": "Ünïcode ✓ and\ttabs"}, {"role": "assistant", "content": ""},
-     {"role": "user", "content": "again"}, {"role": "assistant", "content": "  spaced  "}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello there"},
+        {"role": "assistant", "content": " hi, how are you?\n"},
+        {"role": "user", "content": "and 4+4?"},
+        {"role": "assistant", "content": "8 #### 8"},
+    ],
+    [
+        {"role": "user", "content": "Ünïcode ✓ and\ttabs"},
+        {"role": "assistant", "content": ""},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "  spaced  "},
+    ],
 ]
 
 
@@ -34,8 +42,9 @@ def tok(tok_dir):
 def hf_tok(tok_dir):
     transformers = pytest.importorskip("transformers")
     cfg = json.loads((tok_dir / "tokenizer_config.json").read_text())
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tok_dir / "tokenizer.json"),
-                                              **{k: v for k, v in cfg.items() if k.endswith("_token")})
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tok_dir / "tokenizer.json"), **{k: v for k, v in cfg.items() if k.endswith("_token")}
+    )
     hf.chat_template = cfg["chat_template"]
     return hf
 
@@ -60,8 +69,9 @@ def test_mask_honours_train_from_and_generation_prompt(tok):
     msgs = CONVERSATIONS[1]
     ids, mask = chat.encode(msgs, train_from=4)  # only the last reply carries the loss
     assert tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False) == "8 #### 8<|im_end|>"
-    assert chat.prompt_text(msgs[:2]) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello there"
-                                          "<|im_end|>\n<|im_start|>assistant\n")
+    assert chat.prompt_text(msgs[:2]) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert chat.prompt_text("2+3=") == "<|im_start|>user\n2+3=<|im_end|>\n<|im_start|>assistant\n"
     assert chat.completion_text("2+3=", "5") == "5"  # the end marker is the stop token: the encoder's EOS
     assert chat.completion_text([{"role": "user", "content": "q"}], [{"role": "assistant", "content": "a b"}]) == "a b"
@@ -93,21 +103,26 @@ def test_property_masked_tokens_decode_to_the_assistant_contents_and_end_markers
     assert runs == sum(m["role"] == "assistant" for m in msgs)
 
 
-@pytest.mark.parametrize("value, reason", [
-    ([], "field 'messages' is an empty conversation"),
-    ("hi", "field 'messages' must be a list of messages, got str"),
-    ([{"role": "robot", "content": "x"}], "messages[0]: role 'robot' is not one of system, user, assistant"),
-    ([{"role": "user"}], "messages[0] has no 'content'"),
-    ([{"role": "user", "content": 3}], "messages[0]: 'content' must be a string, got int"),
-    ([{"role": "user", "content": "x"}], "field 'messages' has no assistant message (nothing to train on)"),
-    (["x"], "messages[0] must be an object with 'role' and 'content', got str"),
-])
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ([], "field 'messages' is an empty conversation"),
+        ("hi", "field 'messages' must be a list of messages, got str"),
+        ([{"role": "robot", "content": "x"}], "messages[0]: role 'robot' is not one of system, user, assistant"),
+        ([{"role": "user"}], "messages[0] has no 'content'"),
+        ([{"role": "user", "content": 3}], "messages[0]: 'content' must be a string, got int"),
+        ([{"role": "user", "content": "x"}], "field 'messages' has no assistant message (nothing to train on)"),
+        (["x"], "messages[0] must be an object with 'role' and 'content', got str"),
+    ],
+)
 def test_bad_conversations_say_why(value, reason):
     assert check_messages(value, need_assistant=True) == (None, reason)
 
 
 def test_text_parts_are_joined():
-    msgs, _ = check_messages([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    msgs, _ = check_messages(
+        [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    )
     assert msgs == [{"role": "user", "content": "ab"}]
 
 
@@ -123,7 +138,9 @@ def test_template_resolution(tmp_path, tok, tok_dir, chat_helpers):
     jinja = tmp_path / "t.jinja"
     jinja.write_text(CHATML_GENERATION)
     by_file = resolve_chat(str(jinja), tok)
-    assert by_file.wrap_strings and by_file.encode(CONVERSATIONS[1]) == resolve_chat("chatml", tok).encode(CONVERSATIONS[1])
+    assert by_file.wrap_strings and by_file.encode(CONVERSATIONS[1]) == resolve_chat("chatml", tok).encode(
+        CONVERSATIONS[1]
+    )
     (tmp_path / "chat_template.jinja").write_text(CHATML_GENERATION)  # what transformers >= 4.43 saves
     assert resolve_chat("auto", plain, [tmp_path]).name.endswith("chat_template.jinja)")
 
@@ -137,8 +154,10 @@ def test_chatml_needs_its_tokens():
 
 def test_template_without_end_marker_gets_eos(tmp_path, tok):
     t = tmp_path / "plain.jinja"
-    t.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
+    t.write_text(
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     chat = resolve_chat(str(t), tok)
     assert chat.end_marker == "" and chat.stop_id is None and chat_tokenizer(tok, chat).eos_id == tok.eos_id
     ids, mask = chat.encode([{"role": "user", "content": "q"}, {"role": "assistant", "content": "yes"}])
@@ -148,8 +167,10 @@ def test_template_without_end_marker_gets_eos(tmp_path, tok):
 
 def test_template_that_rewrites_earlier_turns_is_refused(tmp_path, tok):
     t = tmp_path / "drop.jinja"  # shows only the last assistant reply (as reasoning templates drop old thoughts)
-    t.write_text("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}<|im_start|>{{ m['role'] }}\n"
-                 "{{ m['content'] }}<|im_end|>{% endif %}{% endfor %}")
+    t.write_text(
+        "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}<|im_start|>{{ m['role'] }}\n"
+        "{{ m['content'] }}<|im_end|>{% endif %}{% endfor %}"
+    )
     chat = resolve_chat(str(t), tok)
     with pytest.raises(DataError, match="does not render this conversation prefix by prefix"):
         chat.encode(CONVERSATIONS[1])

@@ -182,8 +182,13 @@ def test_clean_stale_temps_removes_only_what_killed_writers_leave(tmp_path):
         (tmp_path / name).write_text("user file")
     removed = clean_stale_temps(tmp_path)
     assert removed == [".latest.ab12cd34.tmp", ".link.abcdefgh.tmp", ".model.k2x_9abc.tmp", "step-00000002.old"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden.tmp", ".x.short.tmp", "notes.tmp",
-                                                          "step-00000002", "step-00000004.old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".hidden.tmp",
+        ".x.short.tmp",
+        "notes.tmp",
+        "step-00000002",
+        "step-00000004.old",
+    ]
     assert (outside / "keep").read_text() == "x"  # the link was removed, not followed
 
 

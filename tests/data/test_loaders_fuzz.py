@@ -24,8 +24,9 @@ from posttrain.tokenizers.char import CharTokenizer
 from posttrain.tokenizers.corpus import iter_texts
 
 TOK = CharTokenizer(ALPHABET)
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                     HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 
 class Window:
@@ -33,24 +34,38 @@ class Window:
         self.config = type("C", (), {"max_seq_len": n})()
 
 
-scalars = st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True) | st.text(max_size=6)
-values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
-                      max_leaves=6)
+scalars = st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.floats(allow_nan=True) | st.text(max_size=6)
+values = st.recursive(
+    scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3), max_leaves=6
+)
 texts = st.text(ALPHABET, max_size=12) | st.text(max_size=12) | st.text(ALPHABET, min_size=60, max_size=90)
 field = texts | values
-records = st.fixed_dictionaries({}, optional={
-    "prompt": field, "answer": field | st.integers(-999, 999), "chosen": field, "rejected": field,
-    "completion": field, "label": st.booleans() | st.sampled_from([0, 1, 2, "yes", None]),
-    # finite margins only: a NaN/inf margin is another branch's check, and the oracle must not depend on it
-    "margin": st.none() | st.floats(-1e6, 1e6) | st.integers(-99, 99) | st.text(max_size=2) | st.booleans(),
-    "text": field, "messages": values,
-})
+records = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt": field,
+        "answer": field | st.integers(-999, 999),
+        "chosen": field,
+        "rejected": field,
+        "completion": field,
+        "label": st.booleans() | st.sampled_from([0, 1, 2, "yes", None]),
+        # finite margins only: a NaN/inf margin is another branch's check, and the oracle must not depend on it
+        "margin": st.none() | st.floats(-1e6, 1e6) | st.integers(-99, 99) | st.text(max_size=2) | st.booleans(),
+        "text": field,
+        "messages": values,
+    },
+)
 # well-formed records of each format, mixed with arbitrary ones so that both the result and the errors are reached
-sft_records = st.fixed_dictionaries({"prompt": texts, "answer": texts | st.integers(-999, 999) | st.floats()},
-                                    optional={"extra": values})
-pair_records = st.builds(lambda p, c, r, m: {"prompt": p, "chosen": c, "rejected": r, **m}, texts, texts, texts,
-                         st.fixed_dictionaries({}, optional={"margin": st.floats(-1e6, 1e6) | st.integers(-99, 99)})
-                         ).filter(lambda r: r["chosen"] != r["rejected"])
+sft_records = st.fixed_dictionaries(
+    {"prompt": texts, "answer": texts | st.integers(-999, 999) | st.floats()}, optional={"extra": values}
+)
+pair_records = st.builds(
+    lambda p, c, r, m: {"prompt": p, "chosen": c, "rejected": r, **m},
+    texts,
+    texts,
+    texts,
+    st.fixed_dictionaries({}, optional={"margin": st.floats(-1e6, 1e6) | st.integers(-99, 99)}),
+).filter(lambda r: r["chosen"] != r["rejected"])
 kto_records = st.fixed_dictionaries({"prompt": texts, "completion": texts, "label": st.booleans()})
 text_records = st.fixed_dictionaries({"text": texts}, optional={"meta": values})
 
@@ -61,8 +76,11 @@ def mixed(good):
 
 
 json_lines = st.lists(records | values, max_size=6).map(lambda rs: [json.dumps(r).encode() for r in rs])
-byte_lines = st.lists(st.binary(max_size=24) | st.sampled_from([b"", b"  ", b'{"prompt": "1+1=", "answer": "2"}',
-                                                                b"\xff\xfe", b"[", b"1" * 4400]), max_size=6)
+byte_lines = st.lists(
+    st.binary(max_size=24)
+    | st.sampled_from([b"", b"  ", b'{"prompt": "1+1=", "answer": "2"}', b"\xff\xfe", b"[", b"1" * 4400]),
+    max_size=6,
+)
 
 
 def _write(tmp_path, lines, name="d.jsonl"):
@@ -83,8 +101,14 @@ def _clean(fn):
 def _expected_sft(recs):
     out = []
     for i, r in enumerate(recs, 1):
-        ok = (isinstance(r, dict) and "prompt" in r and "answer" in r and isinstance(r["prompt"], str)
-              and not isinstance(r["answer"], bool) and isinstance(r["answer"], (str, int, float)))
+        ok = (
+            isinstance(r, dict)
+            and "prompt" in r
+            and "answer" in r
+            and isinstance(r["prompt"], str)
+            and not isinstance(r["answer"], bool)
+            and isinstance(r["answer"], (str, int, float))
+        )
         if not ok:
             return i
         out.append((r["prompt"], str(r["answer"])))
@@ -179,8 +203,10 @@ def test_corpus_reader_text_field(tmp_path, recs):
 
 
 @FUZZ
-@given(lines=byte_lines | json_lines | mixed(text_records).map(lambda rs: [json.dumps(r).encode() for r in rs]),
-       on_bad=st.sampled_from(["error", "skip"]))
+@given(
+    lines=byte_lines | json_lines | mixed(text_records).map(lambda rs: [json.dumps(r).encode() for r in rs]),
+    on_bad=st.sampled_from(["error", "skip"]),
+)
 def test_dedup_reader(tmp_path, lines, on_bad):
     from posttrain.data.dedup.run import DedupConfig, dedup
 
@@ -195,9 +221,17 @@ def test_dedup_reader(tmp_path, lines, on_bad):
 
 
 @FUZZ
-@given(doc=st.dictionaries(st.sampled_from(["steps", "lr", "model", "task", "data", "progress", "nope", "long",
-                                            "threads", "max_new_tokens"]), values, max_size=4),
-       raw=st.binary(max_size=40), suffix=st.sampled_from([".yaml", ".toml"]))
+@given(
+    doc=st.dictionaries(
+        st.sampled_from(
+            ["steps", "lr", "model", "task", "data", "progress", "nope", "long", "threads", "max_new_tokens"]
+        ),
+        values,
+        max_size=4,
+    ),
+    raw=st.binary(max_size=40),
+    suffix=st.sampled_from([".yaml", ".toml"]),
+)
 def test_config_file_loader(tmp_path, doc, raw, suffix):
     from posttrain.config import build_config
     from posttrain.trainers.sft import SFTConfig

@@ -141,7 +141,9 @@ def test_collate_truncation_and_no_margin():
     b = collate_preference(pairs, TOK, max_prompt_length=4, max_completion_length=2)
     assert b["completion_start"] == 4
     ids = b["input_ids"][0, :4].tolist()  # BOS and the end of the prompt are kept (as in evaluation and RL)
-    assert (ids[0] == TOK.bos_id and TOK.decode(ids[1:]) == "89=") if TOK.bos_id is not None else TOK.decode(ids) == "789="
+    assert (
+        (ids[0] == TOK.bos_id and TOK.decode(ids[1:]) == "89=") if TOK.bos_id is not None else TOK.decode(ids) == "789="
+    )
     assert TOK.decode(b["input_ids"][0, 4:].tolist()) == "12"  # the start of the completion is kept
     assert "margin" not in b
     with pytest.raises(DataError, match="empty"):
@@ -169,11 +171,15 @@ def test_sequence_logps_over_the_batch_match_unpadded_per_sequence_forward():
     from posttrain.scoring import completion_logps
 
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=TOK.vocab_size, n_positions=32)).eval()
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=TOK.vocab_size, n_positions=32)
+    ).eval()
     pairs = [PreferencePair("12+3=", "15", "106"), PreferencePair("1+1=", "2", "11"), PreferencePair("9-9=", "0", "9")]
     b = collate_preference(pairs, TOK)
     with torch.no_grad():
-        lp = completion_logps(model, b["input_ids"], b["attention_mask"], b["completion_start"], completion_mask=b["completion_mask"])
+        lp = completion_logps(
+            model, b["input_ids"], b["attention_mask"], b["completion_start"], completion_mask=b["completion_mask"]
+        )
         seq = sequence_logps(lp, b["completion_mask"])  # (2B,)
         expected = []
         for resp_of in ("chosen", "rejected"):

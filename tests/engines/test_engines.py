@@ -23,8 +23,14 @@ def _model(seed=0):
 
 
 def _trainer_logps(model, gen, temperature):
-    return completion_logps(model, gen.sequences, gen.attention_mask, gen.prompt_length, temperature=temperature,
-                            completion_mask=gen.completion_mask)
+    return completion_logps(
+        model,
+        gen.sequences,
+        gen.attention_mask,
+        gen.prompt_length,
+        temperature=temperature,
+        completion_mask=gen.completion_mask,
+    )
 
 
 def test_native_engine_logps_equal_the_trainers_so_weights_are_one():
@@ -45,8 +51,9 @@ def test_skewed_engine_reweighted_estimates_the_trainers_distribution():
     with torch.no_grad():
         model.ln_f.weight.mul_(12.0)  # a peaked next-token distribution, so that the skew matters
     skew, n = 1.6, 6000
-    gen = SkewedEngine(model, PAD, EOS, skew=skew).generate([[1, 4]], n, SamplingConfig(max_new_tokens=1),
-                                                           torch.Generator().manual_seed(3))
+    gen = SkewedEngine(model, PAD, EOS, skew=skew).generate(
+        [[1, 4]], n, SamplingConfig(max_new_tokens=1), torch.Generator().manual_seed(3)
+    )
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[1, 4]])).logits[0, -1]
     p, q = torch.softmax(logits, -1), torch.softmax(logits / skew, -1)
@@ -64,8 +71,9 @@ def test_skewed_engine_reweighted_estimates_the_trainers_distribution():
 
 def test_assemble_rebuilds_our_samplers_layout_from_lists():
     model = _model(2)
-    gen = NativeEngine(model, PAD, EOS).generate([[1, 5, 6], [1]], 3, SamplingConfig(max_new_tokens=4),
-                                                 torch.Generator().manual_seed(5))
+    gen = NativeEngine(model, PAD, EOS).generate(
+        [[1, 5, 6], [1]], 3, SamplingConfig(max_new_tokens=4), torch.Generator().manual_seed(5)
+    )
     rows = [[t for t, k in zip(r, m) if k] for r, m in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())]
     lps = [[v for v, k in zip(r, m) if k] for r, m in zip(gen.logps.tolist(), gen.completion_mask.tolist())]
     T = gen.completion_ids.shape[1]

@@ -30,11 +30,18 @@ def quick_all(tmp_path_factory):
 
 
 def test_list_names_fourteen_labs_without_torch():
-    code = ("import sys\nfrom posttrain.cli import main\nrc = main(['lab', '--list'])\n"
-            "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'lab --list imported torch'\n"
-            "raise SystemExit(rc)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys\nfrom posttrain.cli import main\nrc = main(['lab', '--list'])\n"
+        "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules, 'lab --list imported torch'\n"
+        "raise SystemExit(rc)"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert p.returncode == 0, p.stderr
     names = [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
     assert names == list(LABS) and len(names) == 14

@@ -61,7 +61,9 @@ def test_lambda_zero_is_the_td_error():
     r, v, mask = random_batch(1, holes=False)
     a, _ = gae(r, v, mask, gamma=0.9, lam=0.0)
     nxt = torch.cat([v[:, 1:], torch.zeros(v.shape[0], 1, dtype=v.dtype)], 1)
-    nxt = torch.where(torch.cat([mask[:, 1:], torch.zeros(v.shape[0], 1, dtype=torch.bool)], 1), nxt, torch.zeros_like(nxt))
+    nxt = torch.where(
+        torch.cat([mask[:, 1:], torch.zeros(v.shape[0], 1, dtype=torch.bool)], 1), nxt, torch.zeros_like(nxt)
+    )
     delta = (r + 0.9 * nxt - v) * mask
     torch.testing.assert_close(a, delta, atol=1e-12, rtol=0)
 
@@ -97,8 +99,14 @@ def test_garbage_in_masked_slots_and_extra_padding_change_nothing():
     junk_r[~mask], junk_v[~mask] = float("nan"), 1e6
     a2, ret2 = gae(junk_r, junk_v, mask, 0.95, 0.9)
     assert torch.equal(a, a2) and torch.equal(ret, ret2)
-    pad = lambda x, val: torch.cat([torch.full((x.shape[0], 1), val, dtype=x.dtype), x,  # noqa: E731
-                                    torch.full((x.shape[0], 3), val, dtype=x.dtype)], 1)
+    pad = lambda x, val: torch.cat(
+        [
+            torch.full((x.shape[0], 1), val, dtype=x.dtype),
+            x,  # noqa: E731
+            torch.full((x.shape[0], 3), val, dtype=x.dtype),
+        ],
+        1,
+    )
     a3, ret3 = gae(pad(r, 5.0), pad(v, -7.0), pad(mask, False), 0.95, 0.9)
     assert torch.equal(a3[:, 1:-3], a) and torch.equal(ret3[:, 1:-3], ret)
     assert torch.all(a3[:, 0] == 0) and torch.all(a3[:, -3:] == 0)

@@ -70,7 +70,9 @@ def test_kl_in_reward_hand_values():
 
 def test_kl_in_reward_empty_sequence_and_no_grad():
     lp = torch.zeros(2, 2, requires_grad=True)
-    tok = kl_penalized_token_rewards(torch.tensor([1.0, 5.0]), lp, torch.zeros(2, 2), torch.tensor([[1, 1], [0, 0]]), 0.1)
+    tok = kl_penalized_token_rewards(
+        torch.tensor([1.0, 5.0]), lp, torch.zeros(2, 2), torch.tensor([[1, 1], [0, 0]]), 0.1
+    )
     assert not tok.requires_grad
     assert torch.equal(tok[1], torch.zeros(2))  # no real token: nothing to credit
 

@@ -9,8 +9,21 @@ from posttrain.config import ConfigError
 from posttrain.losses.preference import LOSS_SPECS, resolve_loss
 from posttrain.trainers.dpo import check_loss_kwargs
 
-PROVIDED = {"policy_chosen_logps", "policy_rejected_logps", "ref_chosen_logps", "ref_rejected_logps", "policy_logps",
-            "ref_logps", "labels", "policy_kl_logps", "ref_kl_logps", "kl", "beta", "state", "generator"}
+PROVIDED = {
+    "policy_chosen_logps",
+    "policy_rejected_logps",
+    "ref_chosen_logps",
+    "ref_rejected_logps",
+    "policy_logps",
+    "ref_logps",
+    "labels",
+    "policy_kl_logps",
+    "ref_kl_logps",
+    "kl",
+    "beta",
+    "state",
+    "generator",
+}
 
 
 @pytest.mark.parametrize("name", sorted(LOSS_SPECS))
@@ -37,8 +50,14 @@ def test_combined_options_check_every_component_domain():
 def _paired_inputs(B, gen):
     r = lambda: -torch.rand(B, generator=gen, dtype=torch.float64) * 10  # noqa: E731
     lengths = torch.randint(1, 9, (B,), generator=gen).double()
-    kw = dict(policy_chosen_logps=r(), policy_rejected_logps=r(), ref_chosen_logps=r(), ref_rejected_logps=r(),
-              chosen_lengths=lengths, rejected_lengths=torch.randint(1, 9, (B,), generator=gen).double())
+    kw = dict(
+        policy_chosen_logps=r(),
+        policy_rejected_logps=r(),
+        ref_chosen_logps=r(),
+        ref_rejected_logps=r(),
+        chosen_lengths=lengths,
+        rejected_lengths=torch.randint(1, 9, (B,), generator=gen).double(),
+    )
     kw["chosen_nll"] = -kw["policy_chosen_logps"] / lengths
     return kw
 

@@ -111,7 +111,9 @@ def test_kl_and_entropy_terms():
     lp = torch.tensor([[-1.0, -2.0]])
     ref = torch.tensor([[-2.0, -2.0]])
     ent = torch.tensor([[0.5, 1.5]])
-    loss, m = policy_loss(lp, lp, torch.zeros(1), torch.ones(1, 2), ref_logps=ref, beta=0.1, entropy=ent, entropy_coef=0.01)
+    loss, m = policy_loss(
+        lp, lp, torch.zeros(1), torch.ones(1, 2), ref_logps=ref, beta=0.1, entropy=ent, entropy_coef=0.01
+    )
     k3 = (math.exp(-1) + 1 - 1 + 0.0) / 2  # tokens: e^-1 - (-1) - 1 = .3679, and 0
     assert m["kl"] == pytest.approx(k3)
     assert m["entropy"] == pytest.approx(1.0)
@@ -142,8 +144,15 @@ def test_micro_batch_invariance(agg, ratio_level, splits):
     right-trimmed to their own longest sequence (as a trainer's padding would be)."""
     base, old, ref, adv, ent, mask = _batch(1)
     kw = dict(
-        agg=agg, ratio_level=ratio_level, clip_eps_low=0.1, clip_eps_high=0.15, dual_clip=2.0,
-        ref_logps=None, beta=0.05, kl_estimator="k3", entropy_coef=0.01,
+        agg=agg,
+        ratio_level=ratio_level,
+        clip_eps_low=0.1,
+        clip_eps_high=0.15,
+        dual_clip=2.0,
+        ref_logps=None,
+        beta=0.05,
+        kl_estimator="k3",
+        entropy_coef=0.01,
     )
     norms = batch_normalizers(mask, max_len=8)
 
@@ -156,8 +165,13 @@ def test_micro_batch_invariance(agg, ratio_level, splits):
             start += n
             T = max(int(mask[sl].sum(-1).max().item()), 1)  # trim padding to this micro-batch's longest
             loss, m = policy_loss(
-                w[sl, :T], old[sl, :T], adv[sl], mask[sl, :T], entropy=ent[sl, :T],
-                **{**kw, "ref_logps": ref[sl, :T]}, **norms,
+                w[sl, :T],
+                old[sl, :T],
+                adv[sl],
+                mask[sl, :T],
+                entropy=ent[sl, :T],
+                **{**kw, "ref_logps": ref[sl, :T]},
+                **norms,
             )
             loss.backward()
             total += loss.item()
@@ -204,7 +218,9 @@ def test_value_loss_hand_values():
     loss.backward()
     assert loss.item() == pytest.approx(1.125) and v.grad.item() == 0.0 and m["value_clip_frac"] == 1.0
     # no clip: .5 * (2-3)^2
-    loss, _ = value_loss(torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[3.0]]), torch.ones(1, 1), clip_eps=None)
+    loss, _ = value_loss(
+        torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[3.0]]), torch.ones(1, 1), clip_eps=None
+    )
     assert loss.item() == pytest.approx(0.5)
 
 
@@ -216,7 +232,12 @@ def test_value_loss_hand_values():
 # (gradient_accumulation_steps=1): grpo -> seq_mean_token_mean, dapo and bnpo -> token_mean,
 # dr_grpo -> seq_mean_token_sum_norm with max_len = max_completion_length.
 
-TRL_TO_OURS = {"grpo": "seq_mean_token_mean", "dapo": "token_mean", "bnpo": "token_mean", "dr_grpo": "seq_mean_token_sum_norm"}
+TRL_TO_OURS = {
+    "grpo": "seq_mean_token_mean",
+    "dapo": "token_mean",
+    "bnpo": "token_mean",
+    "dr_grpo": "seq_mean_token_sum_norm",
+}
 
 
 def _trl_loss(loss_type, logps, inputs, *, beta, eps_low, eps_high, delta, level, max_len, bias_kl=False, **trl_args):
@@ -238,7 +259,9 @@ def _trl_loss(loss_type, logps, inputs, *, beta, eps_low, eps_high, delta, level
         model=types.SimpleNamespace(training=True),
         current_gradient_accumulation_steps=1,
         max_completion_length=max_len,
-        accelerator=types.SimpleNamespace(num_processes=1, gather=ident, reduce=ident, gather_for_metrics=ident, sync_gradients=True),
+        accelerator=types.SimpleNamespace(
+            num_processes=1, gather=ident, reduce=ident, gather_for_metrics=ident, sync_gradients=True
+        ),
         _metrics={"train": defaultdict(list)},
         _entropy_bonus_enabled=False,
         aux_loss_enabled=False,
@@ -267,19 +290,36 @@ def test_parity_with_trl_grpo_loss(loss_type, beta, eps_high, dual, level):
     adv = torch.randn(B)
     adv[1], base[1, 0] = -0.7, old[1, 0] + 1.5  # ratio e^1.5 = 4.5 > 3 with A < 0: the dual clip acts
     inputs = {
-        "prompt_ids": torch.zeros(B, 2, dtype=torch.long), "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-        "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref,
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
         "num_items_in_batch": mask.sum(),
     }
     trl_lp = base.clone().requires_grad_(True)
-    trl_loss, trl_m = _trl_loss(loss_type, trl_lp, inputs, beta=beta, eps_low=0.2, eps_high=eps_high, delta=dual, level=level, max_len=max_len)
+    trl_loss, trl_m = _trl_loss(
+        loss_type, trl_lp, inputs, beta=beta, eps_low=0.2, eps_high=eps_high, delta=dual, level=level, max_len=max_len
+    )
     trl_loss.backward()
 
     lp = base.clone().requires_grad_(True)
     loss, m = policy_loss(
-        lp, old, adv, mask, clip_eps_low=0.2, clip_eps_high=eps_high, dual_clip=dual, ratio_level=level,
-        agg=TRL_TO_OURS[loss_type], max_len=max_len, ref_logps=ref if beta else None, beta=beta, kl_estimator="k3",
+        lp,
+        old,
+        adv,
+        mask,
+        clip_eps_low=0.2,
+        clip_eps_high=eps_high,
+        dual_clip=dual,
+        ratio_level=level,
+        agg=TRL_TO_OURS[loss_type],
+        max_len=max_len,
+        ref_logps=ref if beta else None,
+        beta=beta,
+        kl_estimator="k3",
     )
     loss.backward()
     assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-6)
@@ -307,18 +347,28 @@ def _parity_inputs(seed=3):
     adv = torch.randn(B, dtype=torch.float64)
     adv[2] = 0.0  # A = 0: SAPO takes tau_neg, VESPO the (k, lambda)_pos pair
     inputs = {
-        "prompt_ids": torch.zeros(B, 2, dtype=torch.long), "prompt_mask": torch.ones(B, 2, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask,
-        "advantages": adv, "old_per_token_logps": old, "ref_per_token_logps": ref, "num_items_in_batch": mask.sum(),
+        "prompt_ids": torch.zeros(B, 2, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 2, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum(),
     }
     return base, old, ref, adv, mask, inputs
 
 
 # TRL loss_type -> (our objective, aggregation, TRL's epsilon_high for our clip_eps_high); two settings each.
 # (trl type, level, beta, bias-corrected KL, ours: objective, objective_kwargs, agg, clip_eps_high, TRL extra args)
-_SAPO = lambda p, n: ({"temperature_pos": p, "temperature_neg": n}, {"sapo_temperature_pos": p, "sapo_temperature_neg": n})  # noqa: E731
-_VESPO = lambda kp, lp, kn, ln: ({"k_pos": kp, "lambda_pos": lp, "k_neg": kn, "lambda_neg": ln},  # noqa: E731
-                                 {"vespo_k_pos": kp, "vespo_lambda_pos": lp, "vespo_k_neg": kn, "vespo_lambda_neg": ln})
+_SAPO = lambda p, n: (
+    {"temperature_pos": p, "temperature_neg": n},
+    {"sapo_temperature_pos": p, "sapo_temperature_neg": n},
+)  # noqa: E731
+_VESPO = lambda kp, lp, kn, ln: (
+    {"k_pos": kp, "lambda_pos": lp, "k_neg": kn, "lambda_neg": ln},  # noqa: E731
+    {"vespo_k_pos": kp, "vespo_lambda_pos": lp, "vespo_k_neg": kn, "vespo_lambda_neg": ln},
+)
 ZOO_POLICY_CASES = [
     ("cispo", "token", 0.0, False, "cispo", ({}, {}), "token_mean", 4.0),  # TRL epsilon_high = 5.0 (ScaleRL)
     ("cispo", "token", 0.04, True, "cispo", ({}, {}), "token_mean", 0.25),  # a cap of 1.25 that acts
@@ -335,13 +385,18 @@ ZOO_POLICY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("trl_type,level,beta,bias_kl,objective,opts,agg,eps_high", ZOO_POLICY_CASES,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(ZOO_POLICY_CASES)])
+@pytest.mark.parametrize(
+    "trl_type,level,beta,bias_kl,objective,opts,agg,eps_high",
+    ZOO_POLICY_CASES,
+    ids=[f"{c[0]}-{i}" for i, c in enumerate(ZOO_POLICY_CASES)],
+)
 def test_parity_with_trl_policy_zoo(trl_type, level, beta, bias_kl, objective, opts, agg, eps_high):
     ours_opts, trl_args = opts
     for seed in (3, 4):
         base, old, ref, adv, mask, inputs = _parity_inputs(seed)
-        trl_eps_high = 1.0 + eps_high if trl_type == "cispo" else eps_high  # TRL caps CISPO's ratio at epsilon_high itself
+        trl_eps_high = (
+            1.0 + eps_high if trl_type == "cispo" else eps_high
+        )  # TRL caps CISPO's ratio at epsilon_high itself
         trl_lp = base.clone().requires_grad_(True)
         trl_loss, trl_m = _trl_loss(trl_type, trl_lp, inputs, beta=beta, eps_low=0.2, eps_high=trl_eps_high, delta=None,
                                     level=level, max_len=7, bias_kl=bias_kl, **trl_args)  # fmt: skip
@@ -383,16 +438,25 @@ def test_new_objectives_hand_values():
     assert loss == pytest.approx(2 * s_, rel=1e-6) and grad == pytest.approx(4 * s_ * (1 - s_) * math.e, rel=1e-5)
     # VESPO on-policy: phi(1) = 1 -> loss = -A log pi = 0.5 for A = 1, log pi = -0.5 ... with old = log pi (w = 1)
     lp = torch.tensor([[-0.5]], dtype=torch.float64, requires_grad=True)
-    loss, m = policy_loss(lp, lp.detach(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), objective="vespo")
+    loss, m = policy_loss(
+        lp, lp.detach(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 1), objective="vespo"
+    )
     loss.backward()
-    assert loss.item() == pytest.approx(0.5) and lp.grad.item() == pytest.approx(-1.0) and m["vespo/phi_mean"] == pytest.approx(1.0)
+    assert (
+        loss.item() == pytest.approx(0.5)
+        and lp.grad.item() == pytest.approx(-1.0)
+        and m["vespo/phi_mean"] == pytest.approx(1.0)
+    )
     # VESPO weight: k = 2, lambda = 3, w = 0.5 -> e^(3 - 1.5) * 0.25 = 1.120422
     from posttrain.losses.policy_objectives import vespo_weight
 
     w = vespo_weight(torch.tensor([[math.log(0.5)]]), torch.ones(1, 1), torch.tensor([[1.0]]))
     assert w.item() == pytest.approx(math.exp(1.5) / 4, rel=1e-6)
     # LUSPO aggregation: per-sequence token sums over N: x=[[1,3],[5,7]], mask [[1,1],[1,0]] -> (4 + 5) / 2
-    assert aggregate(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]]), "seq_mean_token_sum").item() == 4.5
+    assert (
+        aggregate(torch.tensor([[1.0, 3.0], [5.0, 7.0]]), torch.tensor([[1, 1], [1, 0]]), "seq_mean_token_sum").item()
+        == 4.5
+    )
     with pytest.raises(ConfigError, match="objective='nope'"):
         one(0.0, 1.0, objective="nope")
     with pytest.raises(ConfigError, match="takes no option"):

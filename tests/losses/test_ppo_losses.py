@@ -13,14 +13,17 @@ from posttrain.losses.policy import batch_normalizers, policy_loss, value_loss
 from posttrain.losses.ppo import advantage_metrics, kl_old_k3, kl_penalty_policy_loss, value_metrics
 
 
-@pytest.mark.parametrize("v,v_old,ret,eps,loss,grad,clipped", [
-    (2.0, 1.0, 0.0, 0.5, 2.0, 2.0, 0.0),      # moved away from R beyond eps: unclipped error is the larger one
-    (2.0, 1.0, 3.0, 0.5, 1.125, 0.0, 1.0),    # moved toward R beyond eps: the clipped error wins, no gradient
-    (1.2, 1.0, 3.0, 0.5, 1.62, -1.8, 0.0),    # inside the clip range: plain squared error
-    (0.0, 1.0, 3.0, 0.5, 4.5, -3.0, 0.0),     # moved away below: unclipped (V - R)^2 = 9 > (0.5 - 3)^2
-    (0.0, 1.0, -3.0, 0.5, 6.125, 0.0, 1.0),   # moved toward R below: clipped (0.5 + 3)^2 = 12.25 > 9
-    (2.0, 1.0, 3.0, None, 0.5, -1.0, 0.0),    # no clip at all
-])
+@pytest.mark.parametrize(
+    "v,v_old,ret,eps,loss,grad,clipped",
+    [
+        (2.0, 1.0, 0.0, 0.5, 2.0, 2.0, 0.0),  # moved away from R beyond eps: unclipped error is the larger one
+        (2.0, 1.0, 3.0, 0.5, 1.125, 0.0, 1.0),  # moved toward R beyond eps: the clipped error wins, no gradient
+        (1.2, 1.0, 3.0, 0.5, 1.62, -1.8, 0.0),  # inside the clip range: plain squared error
+        (0.0, 1.0, 3.0, 0.5, 4.5, -3.0, 0.0),  # moved away below: unclipped (V - R)^2 = 9 > (0.5 - 3)^2
+        (0.0, 1.0, -3.0, 0.5, 6.125, 0.0, 1.0),  # moved toward R below: clipped (0.5 + 3)^2 = 12.25 > 9
+        (2.0, 1.0, 3.0, None, 0.5, -1.0, 0.0),  # no clip at all
+    ],
+)
 def test_value_clip_cases(v, v_old, ret, eps, loss, grad, clipped):
     V = torch.tensor([[v]], requires_grad=True)
     out, m = value_loss(V, torch.tensor([[v_old]]), torch.tensor([[ret]]), torch.ones(1, 1), clip_eps=eps)
@@ -35,8 +38,10 @@ def test_value_loss_is_token_mean_under_the_global_token_count():
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]])
     full, _ = value_loss(V, V.detach(), ret, mask, clip_eps=0.2)
     norms = batch_normalizers(mask)
-    parts = [value_loss(V[i:i + 1], V[i:i + 1].detach(), ret[i:i + 1], mask[i:i + 1], clip_eps=0.2, **norms)[0]
-             for i in range(4)]
+    parts = [
+        value_loss(V[i : i + 1], V[i : i + 1].detach(), ret[i : i + 1], mask[i : i + 1], clip_eps=0.2, **norms)[0]
+        for i in range(4)
+    ]
     torch.testing.assert_close(sum(parts), full)
     torch.testing.assert_close(full, 0.5 * ((V - ret) ** 2 * mask).sum() / mask.sum())
 
@@ -72,9 +77,11 @@ def test_a2c_gradient_is_the_policy_gradient_with_gae_advantages():
     ref = -(adv * logps() * mask).sum() / mask.sum()
     (g_ref,) = torch.autograd.grad(ref, logits)
     old = logps().detach()
-    for fn in (lambda lp: policy_loss(lp, old, adv, mask, agg="token_mean")[0],
-               lambda lp: policy_loss(lp, old, adv, mask, clip_eps_low=None, agg="token_mean")[0],
-               lambda lp: kl_penalty_policy_loss(lp, old, adv, mask, beta=0.3)[0]):
+    for fn in (
+        lambda lp: policy_loss(lp, old, adv, mask, agg="token_mean")[0],
+        lambda lp: policy_loss(lp, old, adv, mask, clip_eps_low=None, agg="token_mean")[0],
+        lambda lp: kl_penalty_policy_loss(lp, old, adv, mask, beta=0.3)[0],
+    ):
         (g,) = torch.autograd.grad(fn(logps()), logits)
         torch.testing.assert_close(g, g_ref, atol=1e-7, rtol=1e-6)
 
@@ -86,7 +93,9 @@ def test_value_metrics_explained_variance():
     m = value_metrics(torch.full_like(ret, 1.5), ret, mask)  # the mean of the real returns: explains nothing
     assert m["explained_variance"] == pytest.approx(0.0, abs=1e-6)
     assert m["value_min"] == m["value_max"] == 1.5 and m["returns_mean"] == pytest.approx(1.5)
-    assert math.isnan(value_metrics(torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2))["explained_variance"])  # Var(R)=0
+    assert math.isnan(
+        value_metrics(torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2))["explained_variance"]
+    )  # Var(R)=0
     a = advantage_metrics(torch.tensor([[1.0, -1.0, 50.0]]), torch.tensor([[1, 1, 0]]))
     assert a["advantage_mean"] == 0.0 and a["advantage_abs_max"] == 1.0
 

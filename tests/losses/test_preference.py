@@ -59,7 +59,9 @@ def t(*xs):
 
 
 def pair(pc, pr, rc, rr):
-    return dict(policy_chosen_logps=t(*pc), policy_rejected_logps=t(*pr), ref_chosen_logps=t(*rc), ref_rejected_logps=t(*rr))
+    return dict(
+        policy_chosen_logps=t(*pc), policy_rejected_logps=t(*pr), ref_chosen_logps=t(*rc), ref_rejected_logps=t(*rr)
+    )
 
 
 def softplus(x):  # -log sigma(x) = log(1 + e^-x), for the hand derivations
@@ -129,7 +131,12 @@ def test_simpo_hand_value_and_reference_free():
     # chosen -4 over 4 tokens = -1/token, rejected -6 over 3 tokens = -2/token
     # beta=2, gamma=0.5: z = 2 * (-1 - -2) - 0.5 = 1.5 -> log(1 + e^-1.5) = 0.201413
     loss, m = simpo_loss(
-        policy_chosen_logps=t(-4), policy_rejected_logps=t(-6), chosen_lengths=t(4), rejected_lengths=t(3), beta=2.0, gamma=0.5
+        policy_chosen_logps=t(-4),
+        policy_rejected_logps=t(-6),
+        chosen_lengths=t(4),
+        rejected_lengths=t(3),
+        beta=2.0,
+        gamma=0.5,
     )
     assert loss.item() == pytest.approx(softplus(1.5))
     assert loss.item() == pytest.approx(0.2014133, abs=1e-6)
@@ -155,12 +162,16 @@ def test_rdpo_hand_value_and_length_direction():
     assert m["rdpo/length_term"].item() == pytest.approx(0.2)
     # a longer chosen answer already "explains" part of the margin: less loss, smaller gradient than DPO
     pc = t(-1).requires_grad_()
-    rdpo_loss(**{**kw, "policy_chosen_logps": pc}, chosen_lengths=t(5), rejected_lengths=t(3), beta=1.0, alpha=0.1)[0].backward()
+    rdpo_loss(**{**kw, "policy_chosen_logps": pc}, chosen_lengths=t(5), rejected_lengths=t(3), beta=1.0, alpha=0.1)[
+        0
+    ].backward()
     pd = t(-1).requires_grad_()
     dpo_loss(**{**kw, "policy_chosen_logps": pd}, beta=1.0)[0].backward()
     assert 0 > pc.grad.item() > pd.grad.item()
     # alpha = 0 is DPO
-    assert rdpo_loss(**kw, chosen_lengths=t(5), rejected_lengths=t(3), beta=1.0, alpha=0.0)[0].item() == pytest.approx(LOG2)
+    assert rdpo_loss(**kw, chosen_lengths=t(5), rejected_lengths=t(3), beta=1.0, alpha=0.0)[0].item() == pytest.approx(
+        LOG2
+    )
 
 
 def test_kto_hand_value():
@@ -180,7 +191,9 @@ def test_kto_hand_value():
     assert m["rewards/chosen"].item() == pytest.approx(1.0)
     assert m["rewards/rejected"].item() == pytest.approx(-1.0)
     # a negative KL estimate is clamped to 0; an all-desirable batch has no rejected metrics
-    _, m2 = kto_loss(policy_logps=t(-1), ref_logps=t(-2), labels=torch.tensor([True]), policy_kl_logps=t(-3), ref_kl_logps=t(-2))
+    _, m2 = kto_loss(
+        policy_logps=t(-1), ref_logps=t(-2), labels=torch.tensor([True]), policy_kl_logps=t(-3), ref_kl_logps=t(-2)
+    )
     assert m2["kl"].item() == 0.0 and "rewards/rejected" not in m2
     with pytest.raises(ValueError, match="kl"):
         kto_loss(policy_logps=t(-1), ref_logps=t(-2), labels=torch.tensor([True]))
@@ -190,7 +203,13 @@ def test_kto_reference_point_gets_no_gradient():
     # z0 is a detached batch estimate (TRL and the paper): the KL pairs' log-probs receive no gradient
     pk = t(-1.0, -2.0).requires_grad_()
     pl = t(-1, -3).requires_grad_()
-    loss, _ = kto_loss(policy_logps=pl, ref_logps=t(-2, -2), labels=torch.tensor([True, False]), policy_kl_logps=pk, ref_kl_logps=t(-2, -3))
+    loss, _ = kto_loss(
+        policy_logps=pl,
+        ref_logps=t(-2, -2),
+        labels=torch.tensor([True, False]),
+        policy_kl_logps=pk,
+        ref_kl_logps=t(-2, -3),
+    )
     g_pl, g_pk = torch.autograd.grad(loss, [pl, pk], allow_unused=True)
     assert g_pk is None
     # desirable: d/dr (1 - sigma(r - z0)) / 2 < 0 (raise it); undesirable: d/dr (1 - sigma(z0 - r)) / 2 > 0 (lower it)
@@ -267,9 +286,14 @@ def test_beta_dpo_filter_prefers_pairs_near_the_running_mean():
 def test_dpo_gradient_is_sigma_minus_h_weighted():
     torch.manual_seed(0)
     B, beta = 6, 0.3
-    pc, pr = torch.randn(B, dtype=torch.float64, requires_grad=True), torch.randn(B, dtype=torch.float64, requires_grad=True)
+    pc, pr = (
+        torch.randn(B, dtype=torch.float64, requires_grad=True),
+        torch.randn(B, dtype=torch.float64, requires_grad=True),
+    )
     rc, rr = torch.randn(B, dtype=torch.float64), torch.randn(B, dtype=torch.float64)
-    loss, _ = dpo_loss(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=beta)
+    loss, _ = dpo_loss(
+        policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=beta
+    )
     loss.backward()
     h = (pc - rc) - (pr - rr)
     weight = beta * torch.sigmoid(-beta * h.detach()) / B
@@ -286,7 +310,12 @@ def test_every_paired_loss_pushes_chosen_up_rejected_down(name):
     B = 3
     pc, pr = torch.full((B,), -5.0, requires_grad=True), torch.full((B,), -5.0, requires_grad=True)
     extra = {"chosen_lengths": torch.full((B,), 4.0), "rejected_lengths": torch.full((B,), 4.0), "chosen_nll": -pc / 4}
-    kw = dict(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=torch.full((B,), -5.0), ref_rejected_logps=torch.full((B,), -5.0))
+    kw = dict(
+        policy_chosen_logps=pc,
+        policy_rejected_logps=pr,
+        ref_chosen_logps=torch.full((B,), -5.0),
+        ref_rejected_logps=torch.full((B,), -5.0),
+    )
     kw.update({k: extra[k] for k in LOSS_EXTRAS.get(name, ())})
     if name in REFERENCE_FREE_LOSSES:
         kw["ref_chosen_logps"] = kw["ref_rejected_logps"] = None
@@ -294,13 +323,22 @@ def test_every_paired_loss_pushes_chosen_up_rejected_down(name):
     loss.backward()
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert (pc.grad < 0).all() and (pr.grad > 0).all()
-    assert {"rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"} <= set(metrics)
+    assert {
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "rewards/accuracies",
+        "logps/chosen",
+        "logps/rejected",
+    } <= set(metrics)
 
 
 def test_dpo_implicit_reward_is_beta_log_ratio():
     torch.manual_seed(1)
     pc, pr, rc, rr = (torch.randn(5, dtype=torch.float64) for _ in range(4))
-    _, m = dpo_loss(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=0.7)
+    _, m = dpo_loss(
+        policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=0.7
+    )
     assert m["rewards/chosen"].item() == pytest.approx((0.7 * (pc - rc)).mean().item())
     assert m["rewards/rejected"].item() == pytest.approx((0.7 * (pr - rr)).mean().item())
     assert m["rewards/accuracies"].item() == pytest.approx((((pc - rc) > (pr - rr)).double()).mean().item())
@@ -315,8 +353,12 @@ def test_dpo_swap_symmetry(rows, beta):
     # swapping chosen and rejected negates h: loss(swapped) = mean softplus(beta h) = mean[-log sigma(-beta h)],
     # and loss(h) - loss(-h) = -mean(beta h) (since softplus(-x) - softplus(x) = -x)
     pc, pr, rc, rr = (t(*c) for c in zip(*rows))
-    a, ma = dpo_loss(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=beta)
-    b, mb = dpo_loss(policy_chosen_logps=pr, policy_rejected_logps=pc, ref_chosen_logps=rr, ref_rejected_logps=rc, beta=beta)
+    a, ma = dpo_loss(
+        policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr, beta=beta
+    )
+    b, mb = dpo_loss(
+        policy_chosen_logps=pr, policy_rejected_logps=pc, ref_chosen_logps=rr, ref_rejected_logps=rc, beta=beta
+    )
     h = (pc - rc) - (pr - rr)
     assert (a - b).item() == pytest.approx(-(beta * h).mean().item(), abs=1e-9)
     assert ma["rewards/margins"].item() == pytest.approx(-mb["rewards/margins"].item(), abs=1e-12)
@@ -339,14 +381,18 @@ def test_dpo_invariant_to_a_shared_shift_of_policy_logps(rows, shift):
     pc, pr = (t(*c) for c in zip(*rows))
     z = torch.zeros_like(pc)
     a, _ = dpo_loss(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=z, ref_rejected_logps=z)
-    b, _ = dpo_loss(policy_chosen_logps=pc + shift, policy_rejected_logps=pr + shift, ref_chosen_logps=z, ref_rejected_logps=z)
+    b, _ = dpo_loss(
+        policy_chosen_logps=pc + shift, policy_rejected_logps=pr + shift, ref_chosen_logps=z, ref_rejected_logps=z
+    )
     assert a.item() == pytest.approx(b.item(), abs=1e-9)
 
 
 def test_dpo_stays_finite_at_extreme_margins():
     pc = t(-1e4, 1e4).requires_grad_()
     z = t(0, 0)
-    loss, _ = dpo_loss(policy_chosen_logps=pc, policy_rejected_logps=z, ref_chosen_logps=z, ref_rejected_logps=z, beta=1.0)
+    loss, _ = dpo_loss(
+        policy_chosen_logps=pc, policy_rejected_logps=z, ref_chosen_logps=z, ref_rejected_logps=z, beta=1.0
+    )
     loss.backward()
     assert loss.item() == pytest.approx(1e4 / 2)  # softplus(-1e4)=0 ... softplus(1e4)=1e4 -> mean 5000
     assert torch.isfinite(pc.grad).all()
@@ -354,7 +400,12 @@ def test_dpo_stays_finite_at_extreme_margins():
 
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="equal length"):
-        dpo_loss(policy_chosen_logps=t(1, 2), policy_rejected_logps=t(1), ref_chosen_logps=t(1, 2), ref_rejected_logps=t(1, 2))
+        dpo_loss(
+            policy_chosen_logps=t(1, 2),
+            policy_rejected_logps=t(1),
+            ref_chosen_logps=t(1, 2),
+            ref_rejected_logps=t(1, 2),
+        )
     with pytest.raises(ValueError, match="beta"):
         dpo_loss(**pair([1], [1], [1], [1]), beta=0.0)
 
@@ -399,7 +450,9 @@ def test_plackett_luce_hand_value_brute_force_and_k2_is_bt():
     r = torch.randn(4, 5, dtype=torch.float64)
     assert plackett_luce_loss(r)[0].item() == pytest.approx(sum(_pl_brute_force(row.tolist()) for row in r) / 4)
     rw, rl = torch.randn(7, dtype=torch.float64), torch.randn(7, dtype=torch.float64)
-    assert plackett_luce_loss(torch.stack([rw, rl], -1))[0].item() == pytest.approx(bradley_terry_loss(rw, rl)[0].item())
+    assert plackett_luce_loss(torch.stack([rw, rl], -1))[0].item() == pytest.approx(
+        bradley_terry_loss(rw, rl)[0].item()
+    )
 
 
 def test_plackett_luce_mask_drops_entries_and_keeps_gradients_finite():
@@ -467,8 +520,19 @@ def _random_batch(B, T, seed, equal_chosen_lengths=False):
     return token_lp, completion_mask, ref
 
 
-def _trl_dpo(loss_types, loss_weights, beta, label_smoothing, token_lp, completion_mask, ref, *, f_divergence_type="reverse_kl",
-             f_alpha_divergence_coef=0.5, discopop_tau=0.05):
+def _trl_dpo(
+    loss_types,
+    loss_weights,
+    beta,
+    label_smoothing,
+    token_lp,
+    completion_mask,
+    ref,
+    *,
+    f_divergence_type="reverse_kl",
+    f_alpha_divergence_coef=0.5,
+    discopop_tau=0.05,
+):
     from trl.trainer.dpo_trainer import DPOTrainer
 
     B2, T = completion_mask.shape
@@ -493,7 +557,9 @@ def _ours(name, token_lp, completion_mask, ref, weights=None, **kw):
     seq = token_lp.sum(-1)  # (2B,) the stub's log-probs are already zero off the completion
     lengths = completion_mask.sum(-1).to(seq.dtype)
     extras = {"chosen_lengths": lengths[:B], "rejected_lengths": lengths[B:]}
-    args = dict(policy_chosen_logps=seq[:B], policy_rejected_logps=seq[B:], ref_chosen_logps=ref[:B], ref_rejected_logps=ref[B:])
+    args = dict(
+        policy_chosen_logps=seq[:B], policy_rejected_logps=seq[B:], ref_chosen_logps=ref[:B], ref_rejected_logps=ref[B:]
+    )
     choice = resolve_loss(name, weights)
     args.update({k: v for k, v in extras.items() if k in choice.extras})
     return choice.fn(**args, **kw)
@@ -515,7 +581,14 @@ def test_parity_with_trl_dpo_trainer(name, trl_type, kw):
         trl_loss, trl_m = _trl_dpo([trl_type], [1.0], kw["beta"], kw.get("label_smoothing", 0.0), token_lp, cmask, ref)
         loss, m = _ours(name, token_lp, cmask, ref, **kw)
         assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-6, rel=1e-9)
-        for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"):
+        for key in (
+            "rewards/chosen",
+            "rewards/rejected",
+            "rewards/margins",
+            "rewards/accuracies",
+            "logps/chosen",
+            "logps/rejected",
+        ):
             assert m[key].item() == pytest.approx(trl_m[key], abs=1e-6), key
 
 
@@ -536,7 +609,14 @@ def test_parity_with_trl_rpo_as_sigmoid_plus_weighted_sft():
 def _trl_cpo(loss_type, beta, label_smoothing, simpo_gamma, chosen, rejected):
     from trl.experimental.cpo.cpo_trainer import CPOTrainer
 
-    stub = SimpleNamespace(alpha=0.0, accelerator=_accel(), loss_type=loss_type, beta=beta, label_smoothing=label_smoothing, simpo_gamma=simpo_gamma)
+    stub = SimpleNamespace(
+        alpha=0.0,
+        accelerator=_accel(),
+        loss_type=loss_type,
+        beta=beta,
+        label_smoothing=label_smoothing,
+        simpo_gamma=simpo_gamma,
+    )
     losses, cr, rr = CPOTrainer.cpo_loss(stub, chosen, rejected)
     return losses.mean(), cr, rr
 
@@ -545,7 +625,10 @@ def _trl_cpo(loss_type, beta, label_smoothing, simpo_gamma, chosen, rejected):
 def test_parity_with_trl_simpo(beta, gamma, eps):
     g = torch.Generator().manual_seed(3)
     B = 9
-    chosen, rejected = -torch.rand(B, generator=g, dtype=torch.float64) * 40, -torch.rand(B, generator=g, dtype=torch.float64) * 40
+    chosen, rejected = (
+        -torch.rand(B, generator=g, dtype=torch.float64) * 40,
+        -torch.rand(B, generator=g, dtype=torch.float64) * 40,
+    )
     lc, lr = torch.randint(1, 20, (B,), generator=g).double(), torch.randint(1, 20, (B,), generator=g).double()
     # TRL's CPO trainer feeds SimPO length-averaged log-probs (average_log_prob=True)
     trl_loss, cr, rr = _trl_cpo("simpo", beta, eps, gamma, chosen / lc, rejected / lr)
@@ -613,11 +696,16 @@ def test_parity_with_trl_reward_trainer():
         model.training = True
         stub = SimpleNamespace(model=model, accelerator=_accel(), args=SimpleNamespace(center_rewards_coefficient=coef),
                                _metrics={"train": defaultdict(list)}, _total_train_tokens=0, _tp_size=1)  # fmt: skip
-        inputs = {"input_ids": torch.zeros(2 * B, 3, dtype=torch.long), "attention_mask": torch.ones(2 * B, 3, dtype=torch.long)}
+        inputs = {
+            "input_ids": torch.zeros(2 * B, 3, dtype=torch.long),
+            "attention_mask": torch.ones(2 * B, 3, dtype=torch.long),
+        }
         if use_margin:
             inputs["margin"] = margin
         trl_loss = RewardTrainer.compute_loss(stub, model, inputs)
-        loss, m = bradley_terry_loss(rewards[:B, 0], rewards[B:, 0], margin=margin if use_margin else None, center_coef=coef or 0.0)
+        loss, m = bradley_terry_loss(
+            rewards[:B, 0], rewards[B:, 0], margin=margin if use_margin else None, center_coef=coef or 0.0
+        )
         assert loss.item() == pytest.approx(trl_loss.item(), abs=1e-6, rel=1e-9)
         assert m["accuracy"].item() == pytest.approx(stub._metrics["train"]["accuracy"][-1])
         assert m["margin"].item() == pytest.approx(stub._metrics["train"]["margin"][-1])
@@ -653,17 +741,38 @@ ZOO_CASES = [
     ("forward_kl", ["sigmoid"], None, {"beta": 0.5}, 0.0, {"f_divergence_type": "forward_kl"}),
     ("js_divergence", ["sigmoid"], None, {"beta": 0.1}, 0.0, {"f_divergence_type": "js_divergence"}),
     ("js_divergence", ["sigmoid"], None, {"beta": 1.0}, 0.0, {"f_divergence_type": "js_divergence"}),
-    ("alpha_divergence", ["sigmoid"], None, {"beta": 0.1, "alpha": 0.5}, 0.0,
-     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5}),
-    ("alpha_divergence", ["sigmoid"], None, {"beta": 0.5, "alpha": 0.3}, 0.0,
-     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.3}),
-    ("dpo,bco_pair,sft", ["sigmoid", "bco_pair", "sft"], [0.8, 0.2, 1.0], {"beta": 0.1, "reward_shift": 0.0}, 0.0, {}),  # MPO
+    (
+        "alpha_divergence",
+        ["sigmoid"],
+        None,
+        {"beta": 0.1, "alpha": 0.5},
+        0.0,
+        {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5},
+    ),
+    (
+        "alpha_divergence",
+        ["sigmoid"],
+        None,
+        {"beta": 0.5, "alpha": 0.3},
+        0.0,
+        {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.3},
+    ),
+    (
+        "dpo,bco_pair,sft",
+        ["sigmoid", "bco_pair", "sft"],
+        [0.8, 0.2, 1.0],
+        {"beta": 0.1, "reward_shift": 0.0},
+        0.0,
+        {},
+    ),  # MPO
     ("dpo,bco_pair,sft", ["sigmoid", "bco_pair", "sft"], [0.3, 1.5, 0.25], {"beta": 0.4, "reward_shift": 0.0}, 0.0, {}),
     ("hinge,sft", ["hinge", "sft"], [1.0, 0.5], {"beta": 0.3}, 0.0, {}),
 ]
 
 
-@pytest.mark.parametrize("name,trl_types,weights,kw,eps,trl_attrs", ZOO_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ZOO_CASES)])
+@pytest.mark.parametrize(
+    "name,trl_types,weights,kw,eps,trl_attrs", ZOO_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(ZOO_CASES)]
+)
 def test_parity_with_trl_dpo_zoo(name, trl_types, weights, kw, eps, trl_attrs):
     # TRL's alpha-divergence clamps in a per-dtype table without float64 (KeyError): compare in float32 there
     dtype = torch.float32 if name == "alpha_divergence" else torch.float64
@@ -680,10 +789,21 @@ def test_parity_with_trl_dpo_zoo(name, trl_types, weights, kw, eps, trl_attrs):
         assert loss.item() == pytest.approx(trl_loss.item(), abs=tol, rel=1e-9)
         # gradient on the completion tokens (elsewhere the real log-probs are constants; the stub's zeros are not)
         on = cmask[:, 1:].to(dtype)
-        torch.testing.assert_close(lp.grad * on, trl_lp.grad * on, atol=tol, rtol=1e-9 if dtype == torch.float64 else 1e-5)
+        torch.testing.assert_close(
+            lp.grad * on, trl_lp.grad * on, atol=tol, rtol=1e-9 if dtype == torch.float64 else 1e-5
+        )
         assert (lp.grad * on).abs().sum() > 0  # the case has a gradient to compare
-        if name.split(",")[0] != "sft":  # TRL logs the DPO implicit rewards whatever the loss; so do we (sft: none without ref)
-            for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"):
+        if (
+            name.split(",")[0] != "sft"
+        ):  # TRL logs the DPO implicit rewards whatever the loss; so do we (sft: none without ref)
+            for key in (
+                "rewards/chosen",
+                "rewards/rejected",
+                "rewards/margins",
+                "rewards/accuracies",
+                "logps/chosen",
+                "logps/rejected",
+            ):
                 assert m[key].item() == pytest.approx(trl_m[key], abs=tol), key
 
 
@@ -692,10 +812,14 @@ def test_zoo_hand_values():
     L = lambda name, pc, pr, rc, rr, **kw: resolve_loss(name).fn(**pair(pc, pr, rc, rr), **kw)[0].item()  # noqa: E731
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     # sigmoid_norm: lr_w = 2 over 2 tokens, lr_l = -1 over 1 -> h = 1 + 1 = 2 -> log(1 + e^-2) = 0.126928
-    assert L("sigmoid_norm", [2], [-1], [0], [0], beta=1.0, chosen_lengths=t(2), rejected_lengths=t(1)) == pytest.approx(softplus(2))
+    assert L(
+        "sigmoid_norm", [2], [-1], [0], [0], beta=1.0, chosen_lengths=t(2), rejected_lengths=t(1)
+    ) == pytest.approx(softplus(2))
     # exo: h = 0 -> q = (1/2, 1/2) -> 1/2 (log 1/2 - log .999) + 1/2 (log 1/2 - log .001) = 2.761231
     exo = 0.5 * (math.log(0.5) - math.log(0.999)) + 0.5 * (math.log(0.5) - math.log(0.001))
-    assert L("exo_pair", [0], [0], [0], [0], beta=1.0) == pytest.approx(exo) and exo == pytest.approx(2.761231, abs=1e-6)
+    assert L("exo_pair", [0], [0], [0], [0], beta=1.0) == pytest.approx(exo) and exo == pytest.approx(
+        2.761231, abs=1e-6
+    )
     # discopop: h = 0 -> m = 1/2 -> log 2 / 2 + 1/2
     assert L("discopop", [0], [0], [0], [0], beta=1.0) == pytest.approx(LOG2 / 2 + 0.5)
     # nca: all 0 -> log 2 + log 2 / 2 + log 2 / 2
@@ -720,7 +844,9 @@ def test_zoo_hand_values():
     assert L("alpha_divergence", [lg4], [0], [0], [0], beta=1.0, alpha=0.5) == pytest.approx(softplus(1.0))
     # alpha -> 1 is DPO; reverse_kl through f_dpo_loss is DPO
     kw = pair([-1, -3], [-2, -1], [-2, -2], [-2, -2])
-    assert L("alpha_divergence", [-1, -3], [-2, -1], [-2, -2], [-2, -2], beta=0.3, alpha=1.0) == pytest.approx(dpo_loss(**kw, beta=0.3)[0].item())
+    assert L("alpha_divergence", [-1, -3], [-2, -1], [-2, -2], [-2, -2], beta=0.3, alpha=1.0) == pytest.approx(
+        dpo_loss(**kw, beta=0.3)[0].item()
+    )
     assert f_dpo_loss(**kw, beta=0.3)[0].item() == pytest.approx(dpo_loss(**kw, beta=0.3)[0].item())
 
 
@@ -754,16 +880,27 @@ def test_combination_weights_add_up_and_errors():
     torch.manual_seed(2)
     pc, pr, rc, rr = (-torch.rand(5, dtype=torch.float64) * 9 for _ in range(4))
     lengths = torch.randint(1, 6, (5,)).double()
-    kw = dict(policy_chosen_logps=pc, policy_rejected_logps=pr, ref_chosen_logps=rc, ref_rejected_logps=rr,
-              chosen_lengths=lengths, rejected_lengths=lengths, beta=0.2)
+    kw = dict(
+        policy_chosen_logps=pc,
+        policy_rejected_logps=pr,
+        ref_chosen_logps=rc,
+        ref_rejected_logps=rr,
+        chosen_lengths=lengths,
+        rejected_lengths=lengths,
+        beta=0.2,
+    )
     choice = resolve_loss("dpo, bco_pair,sft", "0.8,0.2,1.0")
     assert choice.components == ("dpo", "bco_pair", "sft") and choice.weights == (0.8, 0.2, 1.0)
     assert choice.state_type is BCOState and not choice.reference_free and not choice.unpaired
     loss, m = choice.fn(**kw)
     parts = {n: PREFERENCE_LOSSES[n](**{k: v for k, v in kw.items() if k in ("beta", *pair([0], [0], [0], [0]), *LOSS_EXTRAS.get(n, ()))})[0]
              for n in choice.components}  # fmt: skip
-    assert loss.item() == pytest.approx(0.8 * parts["dpo"].item() + 0.2 * parts["bco_pair"].item() + parts["sft"].item(), abs=1e-12)
-    assert loss.item() == pytest.approx(sum(w * m[f"loss/{n}"].item() for n, w in zip(choice.components, choice.weights)), abs=1e-12)
+    assert loss.item() == pytest.approx(
+        0.8 * parts["dpo"].item() + 0.2 * parts["bco_pair"].item() + parts["sft"].item(), abs=1e-12
+    )
+    assert loss.item() == pytest.approx(
+        sum(w * m[f"loss/{n}"].item() for n, w in zip(choice.components, choice.weights)), abs=1e-12
+    )
     assert "bco/delta" in m and m["rewards/chosen"].item() == pytest.approx((0.2 * (pc - rc)).mean().item())
     # default weights are 1; a single name is the dict's own function
     assert resolve_loss("dpo,sft").weights == (1.0, 1.0) and resolve_loss("dpo").fn is dpo_loss

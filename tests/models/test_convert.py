@@ -26,8 +26,14 @@ def _randomise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 @pytest.fixture(params=[(2, 2, 32, 4), (3, 4, 32, 2)], ids=["L2H2", "L3H4-mlp2"])
 def gpt(request):
     n_layer, n_head, d_model, mlp_ratio = request.param
-    return _randomise(GPT(GPTConfig(vocab_size=V, n_layer=n_layer, n_head=n_head, d_model=d_model,
-                                    mlp_ratio=mlp_ratio, max_seq_len=24)), seed=n_layer)
+    return _randomise(
+        GPT(
+            GPTConfig(
+                vocab_size=V, n_layer=n_layer, n_head=n_head, d_model=d_model, mlp_ratio=mlp_ratio, max_seq_len=24
+            )
+        ),
+        seed=n_layer,
+    )
 
 
 def _left_padded(batch=4, T=12, seed=0):
@@ -60,14 +66,19 @@ def test_logits_match_hf_left_padding(gpt, attn):
 def test_hf_to_gpt_matches(gpt):
     """The inverse direction from an independently initialised HF model (not one we converted)."""
     torch.manual_seed(0)
-    hf = _randomise(hf_model_from_config(tiny_hf_config("gpt2", vocab_size=V, n_layer=2, n_head=2, d_model=32,
-                                                        max_seq_len=24)), seed=5)
+    hf = _randomise(
+        hf_model_from_config(tiny_hf_config("gpt2", vocab_size=V, n_layer=2, n_head=2, d_model=32, max_seq_len=24)),
+        seed=5,
+    )
     ours = hf_gpt2_to_gpt(hf).eval()
     ids, mask, pos = _left_padded(seed=3)
     real = mask.bool()
-    torch.testing.assert_close(ours(ids, attention_mask=mask, position_ids=pos).logits[real],
-                               hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits[real],
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ours(ids, attention_mask=mask, position_ids=pos).logits[real],
+        hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits[real],
+        atol=1e-5,
+        rtol=1e-5,
+    )
     assert ours.lm_head.weight is ours.wte.weight
 
 

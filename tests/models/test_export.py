@@ -37,10 +37,18 @@ def test_export_gpt_as_gpt2_loads_in_transformers(kind, tmp_path, capsys):
     prompt = [tok.bos_id] + tok.encode(TEXTS[kind][0])
     x = torch.tensor([prompt])
     torch.testing.assert_close(hf(x).logits, model(x).logits, atol=1e-5, rtol=1e-5)
-    g = generate(model, [prompt], pad_id=tok.pad_id, eos_id=tok.eos_id, cfg=SamplingConfig(max_new_tokens=8, temperature=0))
-    ours = g.sequences[0, g.prompt_length:][g.completion_mask[0].bool()].tolist()
-    theirs = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=8, do_sample=False,
-                         eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)[0, len(prompt):].tolist()
+    g = generate(
+        model, [prompt], pad_id=tok.pad_id, eos_id=tok.eos_id, cfg=SamplingConfig(max_new_tokens=8, temperature=0)
+    )
+    ours = g.sequences[0, g.prompt_length :][g.completion_mask[0].bool()].tolist()
+    theirs = hf.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=tok.eos_id,
+        pad_token_id=tok.pad_id,
+    )[0, len(prompt) :].tolist()
     assert ours == theirs[: len(ours)] and (len(ours) == 8 or ours[-1] == tok.eos_id)
 
 
@@ -50,4 +58,7 @@ def test_export_refuses_a_non_empty_out(tmp_path, capsys):
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "x").write_text("keep")
     assert main(["export", str(tmp_path / "ck"), "--out", str(tmp_path / "hf")]) == 2
-    assert capsys.readouterr().err.strip() == f"posttrain export: error: --out {tmp_path / 'hf'} exists and is not an empty directory"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"posttrain export: error: --out {tmp_path / 'hf'} exists and is not an empty directory"
+    )

@@ -39,6 +39,7 @@ def test_sharded_checkpoint_exports_in_one_process_and_refuses_merge_lora(tmp_pa
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
     capsys.readouterr()
     assert main(["export", str(step), "--merge-lora", "--out", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err == (f"posttrain export: error: --merge-lora: {step} is a sharded checkpoint, and "
-                                       f"LoRA is not trained under --fsdp\n")
+    assert capsys.readouterr().err == (
+        f"posttrain export: error: --merge-lora: {step} is a sharded checkpoint, and LoRA is not trained under --fsdp\n"
+    )
     assert not (tmp_path / "x").exists()

@@ -52,7 +52,9 @@ def test_save_load_roundtrip(tmp_path, tiny_gpt):
     assert m.lm_head.weight is m.wte.weight
 
 
-@pytest.mark.parametrize("kw", [{"d_model": 30, "n_head": 4}, {"n_layer": 0}, {"n_head": 4, "n_kv_head": 3}, {"dropout": 1.0}])
+@pytest.mark.parametrize(
+    "kw", [{"d_model": 30, "n_head": 4}, {"n_layer": 0}, {"n_head": 4, "n_kv_head": 3}, {"dropout": 1.0}]
+)
 def test_bad_config(kw):
     with pytest.raises(ConfigError):
         GPTConfig(**kw)

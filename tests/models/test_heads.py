@@ -190,7 +190,9 @@ def test_reward_ensemble_matches_manual_combination():
 def test_hf_encoder_backbone_left_right_padding():
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
     rm = RewardModel(transformers.BertModel(cfg)).eval()
     assert rm.backbone.takes_position_ids
     with torch.no_grad():

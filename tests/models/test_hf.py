@@ -31,8 +31,16 @@ def test_hf_greedy_cache_equals_recompute(hf_model):
 def test_hf_sampling_logps_recompute(hf_model):
     cfg = SamplingConfig(max_new_tokens=6, temperature=0.8, top_k=8, top_p=0.9, num_samples=3)
     g = generate(hf_model, PROMPTS, pad_id=0, eos_id=2, cfg=cfg, generator=torch.Generator().manual_seed(0))
-    lp = completion_logps(hf_model, g.sequences, g.attention_mask, g.prompt_length, temperature=0.8, top_k=8,
-                          top_p=0.9, completion_mask=g.completion_mask)
+    lp = completion_logps(
+        hf_model,
+        g.sequences,
+        g.attention_mask,
+        g.prompt_length,
+        temperature=0.8,
+        top_k=8,
+        top_p=0.9,
+        completion_mask=g.completion_mask,
+    )
     torch.testing.assert_close(lp, g.logps, atol=1e-5, rtol=1e-5)
 
 

@@ -44,9 +44,15 @@ def test_model_dir_reads_as_transformers_does(model_dir):
 
 
 def _greedy_hf(model, prompt: list[int], n: int, eos: int, pad: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=pad)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pad,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def _until_eos(ids: list[int], eos: int) -> list[int]:
@@ -55,26 +61,48 @@ def _until_eos(ids: list[int], eos: int) -> list[int]:
 
 def test_sft_on_a_model_dir_saves_a_directory_transformers_loads(model_dir, tmp_path):
     out = tmp_path / "sft"
-    summary = train_sft(SFTConfig(out=str(out), model_path=str(model_dir), steps=4, batch_size=4, lr=2e-2,
-                                  warmup_steps=0, data=str(demos_file(tmp_path / "d.jsonl")),
-                                  eval_data=str(demos_file(tmp_path / "e.jsonl", 4)), max_new_tokens=3, progress=False,
-                                  eval_every=0, save_every=0))
+    summary = train_sft(
+        SFTConfig(
+            out=str(out),
+            model_path=str(model_dir),
+            steps=4,
+            batch_size=4,
+            lr=2e-2,
+            warmup_steps=0,
+            data=str(demos_file(tmp_path / "d.jsonl")),
+            eval_data=str(demos_file(tmp_path / "e.jsonl", 4)),
+            max_new_tokens=3,
+            progress=False,
+            eval_every=0,
+            save_every=0,
+        )
+    )
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert losses[-1] < losses[0]
     saved = out / "model"
     cfg = json.loads((saved / "config.json").read_text())
     assert cfg["model_type"] == json.loads((model_dir / "config.json").read_text())["model_type"]  # not wrapped
-    assert {"generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "trainer_state.json"} <= {p.name for p in saved.iterdir()}
+    assert {
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "trainer_state.json",
+    } <= {p.name for p in saved.iterdir()}
     hf = tf.AutoModelForCausalLM.from_pretrained(saved).eval()
     ours = load_checkpoint(saved)  # posttrain still reads it (--init, --resume)
     assert summary["model_dir"] == str(saved) and isinstance(ours.tokenizer, ModelTokenizer)
     tok = ours.tokenizer
     for p in ("1+2=", "3+0=", "hello"):
         prompt = tok.encode(p)
-        g = generate(ours.model, [prompt], pad_id=tok.pad_id, eos_id=tok.eos_id,
-                     cfg=SamplingConfig(max_new_tokens=6, temperature=0))
-        mine = g.sequences[0, g.prompt_length:][g.completion_mask[0].bool()].tolist()
+        g = generate(
+            ours.model,
+            [prompt],
+            pad_id=tok.pad_id,
+            eos_id=tok.eos_id,
+            cfg=SamplingConfig(max_new_tokens=6, temperature=0),
+        )
+        mine = g.sequences[0, g.prompt_length :][g.completion_mask[0].bool()].tolist()
         assert _until_eos(mine, tok.eos_id) == _until_eos(_greedy_hf(hf, prompt, 6, tok.eos_id, tok.pad_id), tok.eos_id)
 
 
@@ -82,12 +110,33 @@ def test_a_tokenizer_without_pad_is_a_one_line_error(tmp_path, capsys):
     d = make_model_dir(tmp_path / "nopad", "qwen2", pad=False)
     data = demos_file(tmp_path / "d.jsonl")
     capsys.readouterr()
-    args = ["sft", "--model", str(d), "--data", str(data), "--eval-data", str(data), "--steps", "1",
-            "--batch-size", "4", "--eval-every", "0", "--save-every", "0", "--max-new-tokens", "2", "--progress", "false"]
+    args = [
+        "sft",
+        "--model",
+        str(d),
+        "--data",
+        str(data),
+        "--eval-data",
+        str(data),
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+        "--max-new-tokens",
+        "2",
+        "--progress",
+        "false",
+    ]
     assert main([*args, "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"posttrain sft: error: {d}: the tokenizer has no pad token (tokenizer_config.json pad_token): "
-                   f"pass --pad-token TOKEN, e.g. --pad-token '<|im_end|>'")
+    assert err == (
+        f"posttrain sft: error: {d}: the tokenizer has no pad token (tokenizer_config.json pad_token): "
+        f"pass --pad-token TOKEN, e.g. --pad-token '<|im_end|>'"
+    )
     assert not (tmp_path / "a").exists()
     assert main([*args, "--out", str(tmp_path / "b"), "--pad-token", "<|endoftext|>"]) == 0
     saved = tmp_path / "b" / "model"

@@ -18,14 +18,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from posttrain.cli import main  # noqa: E402
 from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
-from posttrain.models.lora import (  # noqa: E402
-    BaseModelView,
-    LoRAConfig,
-    apply_lora,
-    has_lora,
-    merge_lora,
-    reference_model,
-)
+from posttrain.models.lora import BaseModelView, LoRAConfig, apply_lora, has_lora, merge_lora, reference_model  # noqa: E402
 from posttrain.scoring import completion_logps  # noqa: E402
 from posttrain.trainers.checkpoint import load_checkpoint, load_policy  # noqa: E402
 
@@ -106,8 +99,20 @@ def test_dpo_with_lora_saves_base_plus_adapter_transformers_applies(dirs, tmp_pa
     from posttrain.trainers.dpo import DPOConfig, setup, train_dpo
 
     d, pairs, evals = dirs["qwen2"], pairs_file(tmp_path / "p.jsonl"), demos_file(tmp_path / "e.jsonl", 4)
-    cfg = dict(model_path=str(d), steps=3, batch_size=4, lr=5e-2, warmup_steps=0, data=str(pairs), eval_data=str(evals),
-               max_new_tokens=2, loss="dpo", lora_r=4, precompute_ref=False, **QUIET)
+    cfg = dict(
+        model_path=str(d),
+        steps=3,
+        batch_size=4,
+        lr=5e-2,
+        warmup_steps=0,
+        data=str(pairs),
+        eval_data=str(evals),
+        max_new_tokens=2,
+        loss="dpo",
+        lora_r=4,
+        precompute_ref=False,
+        **QUIET,
+    )
     s = setup(DPOConfig(out=str(tmp_path / "probe"), **cfg))
     assert isinstance(s.ref_model, BaseModelView) and s.ref_model.model is s.policy  # one model in memory
     out = tmp_path / "dpo"
@@ -116,7 +121,9 @@ def test_dpo_with_lora_saves_base_plus_adapter_transformers_applies(dirs, tmp_pa
     assert losses[0] == pytest.approx(0.6931472, abs=1e-5)  # policy = reference at the start
     assert abs(losses[-1] - losses[0]) > 1e-4
     saved = out / "model"
-    assert {"adapter_config.json", "adapter_model.safetensors", "model.safetensors"} <= {p.name for p in saved.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "model.safetensors"} <= {
+        p.name for p in saved.iterdir()
+    }
     base, kept = load_file(str(d / "model.safetensors")), load_file(str(saved / "model.safetensors"))
     assert base.keys() == kept.keys() and all(torch.equal(base[k], kept[k]) for k in base)  # frozen base, as it was
     ours = load_checkpoint(saved)
@@ -131,10 +138,24 @@ def test_grpo_with_lora_and_beta_keeps_one_model_and_merges(dirs, tmp_path):
     from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
 
     out = tmp_path / "grpo"
-    t = PolicyGradientTrainer(PolicyGradientConfig(
-        out=str(out), model_path=str(dirs["gpt2"]), steps=2, prompts_per_step=2, num_generations=2, max_new_tokens=3,
-        beta=0.1, entropy_coef=0.5, dynamic_sampling=False, lora_r=4, merge_lora=True, lr=5e-2, warmup_steps=0,
-        **QUIET))
+    t = PolicyGradientTrainer(
+        PolicyGradientConfig(
+            out=str(out),
+            model_path=str(dirs["gpt2"]),
+            steps=2,
+            prompts_per_step=2,
+            num_generations=2,
+            max_new_tokens=3,
+            beta=0.1,
+            entropy_coef=0.5,
+            dynamic_sampling=False,
+            lora_r=4,
+            merge_lora=True,
+            lr=5e-2,
+            warmup_steps=0,
+            **QUIET,
+        )
+    )
     assert isinstance(t.ref_model, BaseModelView) and t.ref_model.model is t.model
     t.train()
     saved = out / "model"
@@ -150,8 +171,20 @@ def test_rm_with_lora_trains_adapters_and_head(dirs, tmp_path):
     from posttrain.trainers.reward import RMConfig, train_reward_model
 
     pairs, out = pairs_file(tmp_path / "p.jsonl"), tmp_path / "rm"
-    train_reward_model(RMConfig(out=str(out), model_path=str(dirs["gpt2"]), steps=3, batch_size=4, lr=5e-2,
-                                warmup_steps=0, data=str(pairs), eval_data=str(pairs), lora_r=2, **QUIET))
+    train_reward_model(
+        RMConfig(
+            out=str(out),
+            model_path=str(dirs["gpt2"]),
+            steps=3,
+            batch_size=4,
+            lr=5e-2,
+            warmup_steps=0,
+            data=str(pairs),
+            eval_data=str(pairs),
+            lora_r=2,
+            **QUIET,
+        )
+    )
     losses = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert losses[-1] != pytest.approx(losses[0], abs=1e-4)
     rm = load_reward_model(out)
@@ -163,13 +196,23 @@ def test_rm_with_lora_trains_adapters_and_head(dirs, tmp_path):
 def test_export_of_a_gpt_lora_checkpoint_needs_merge(tmp_path, capsys):
     from posttrain.trainers.sft import SFTConfig, train_sft
 
-    train_sft(SFTConfig(out=str(tmp_path / "sft"), steps=2, batch_size=8, lora_r=2, model=GPTConfig(n_layer=1, d_model=32),
-                        max_new_tokens=2, **QUIET))
+    train_sft(
+        SFTConfig(
+            out=str(tmp_path / "sft"),
+            steps=2,
+            batch_size=8,
+            lora_r=2,
+            model=GPTConfig(n_layer=1, d_model=32),
+            max_new_tokens=2,
+            **QUIET,
+        )
+    )
     capsys.readouterr()
     assert main(["export", str(tmp_path / "sft"), "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.strip() == (
         f"posttrain export: error: {tmp_path / 'sft' / 'model'} holds a LoRA adapter on posttrain's GPT: pass "
-        f"--merge-lora (GPT-2 has no names for its adapted layers)")
+        f"--merge-lora (GPT-2 has no names for its adapted layers)"
+    )
     assert main(["export", str(tmp_path / "sft"), "--out", str(tmp_path / "x"), "--merge-lora"]) == 0
     ours = merge_lora(load_checkpoint(tmp_path / "sft").model)
     hf = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "x")
@@ -183,14 +226,38 @@ def test_a_lora_checkpoint_starts_a_new_run_merged(dirs, tmp_path):
     from posttrain.trainers.sft import SFTConfig, train_sft
 
     d, evals = dirs["qwen2"], demos_file(tmp_path / "e.jsonl", 4)
-    train_sft(SFTConfig(out=str(tmp_path / "sft"), model_path=str(d), steps=2, batch_size=4, lr=5e-2, warmup_steps=0,
-                        data=str(demos_file(tmp_path / "d.jsonl")), eval_data=str(evals), max_new_tokens=2, lora_r=4,
-                        **QUIET))
+    train_sft(
+        SFTConfig(
+            out=str(tmp_path / "sft"),
+            model_path=str(d),
+            steps=2,
+            batch_size=4,
+            lr=5e-2,
+            warmup_steps=0,
+            data=str(demos_file(tmp_path / "d.jsonl")),
+            eval_data=str(evals),
+            max_new_tokens=2,
+            lora_r=4,
+            **QUIET,
+        )
+    )
     sft = load_checkpoint(tmp_path / "sft")
     assert has_lora(sft.model)
-    s = setup(DPOConfig(out=str(tmp_path / "dpo"), model_path=str(tmp_path / "sft"), steps=1, batch_size=4,
-                        data=str(pairs_file(tmp_path / "p.jsonl")), eval_data=str(evals), max_new_tokens=2, loss="dpo",
-                        lora_r=4, precompute_ref=False, **QUIET))
+    s = setup(
+        DPOConfig(
+            out=str(tmp_path / "dpo"),
+            model_path=str(tmp_path / "sft"),
+            steps=1,
+            batch_size=4,
+            data=str(pairs_file(tmp_path / "p.jsonl")),
+            eval_data=str(evals),
+            max_new_tokens=2,
+            loss="dpo",
+            lora_r=4,
+            precompute_ref=False,
+            **QUIET,
+        )
+    )
     x = torch.tensor([sft.tokenizer.encode("1+2=3")])
     with torch.no_grad():
         want = sft.model.eval()(x).logits
@@ -205,9 +272,21 @@ def test_a_lora_run_resumed_ends_bitwise_equal(dirs, tmp_path):
     from posttrain.trainers.sft import SFTConfig, train_sft
 
     data = str(demos_file(tmp_path / "d.jsonl"))
-    cfg = SFTConfig(out=str(tmp_path / "a"), model_path=str(dirs["gpt2"]), steps=4, batch_size=4, lr=2e-2,
-                    warmup_steps=0, data=data, eval_data=data, max_new_tokens=2, lora_r=4, progress=False,
-                    eval_every=0, save_every=2)
+    cfg = SFTConfig(
+        out=str(tmp_path / "a"),
+        model_path=str(dirs["gpt2"]),
+        steps=4,
+        batch_size=4,
+        lr=2e-2,
+        warmup_steps=0,
+        data=data,
+        eval_data=data,
+        max_new_tokens=2,
+        lora_r=4,
+        progress=False,
+        eval_every=0,
+        save_every=2,
+    )
     train_sft(cfg)
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(a, b)  # as if killed after the step-2 checkpoint
@@ -228,16 +307,31 @@ def test_ppo_with_model_dir_lora_and_user_prompts(dirs, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "ppo_reward_mod.py").write_text(
         "SEEN = []\ndef reward(prompts, completions, level, **cols):\n"
-        "    SEEN.append(list(level))\n    return [float(len(c) % 2) for c in completions]\n")
+        "    SEEN.append(list(level))\n    return [float(len(c) % 2) for c in completions]\n"
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         import ppo_reward_mod
 
         out = tmp_path / "ppo"
-        t = PPOTrainer(PPOConfig(
-            out=str(out), model_path=str(dirs["gpt2"]), data=str(data), eval_data=str(data),
-            reward="ppo_reward_mod:reward", steps=2, prompts_per_step=4, num_generations=2, max_new_tokens=3,
-            beta=0.1, lora_r=4, lr=5e-2, warmup_steps=0, **QUIET))
+        t = PPOTrainer(
+            PPOConfig(
+                out=str(out),
+                model_path=str(dirs["gpt2"]),
+                data=str(data),
+                eval_data=str(data),
+                reward="ppo_reward_mod:reward",
+                steps=2,
+                prompts_per_step=4,
+                num_generations=2,
+                max_new_tokens=3,
+                beta=0.1,
+                lora_r=4,
+                lr=5e-2,
+                warmup_steps=0,
+                **QUIET,
+            )
+        )
         assert isinstance(t.ref_model, BaseModelView) and t.ref_model.model is t.model
         assert not any("lora_" in n for n, _ in t.critic.named_parameters())  # the critic copied the plain start
         t.train()

@@ -51,7 +51,9 @@ def test_extra_left_padding_changes_no_value():
     pad_ids = torch.cat([torch.zeros(2, 2, dtype=ids.dtype), ids], 1)
     pad_mask = torch.cat([torch.zeros(2, 2, dtype=mask.dtype), mask], 1)
     with torch.no_grad():
-        torch.testing.assert_close(critic(ids, mask, P, cmask), critic(pad_ids, pad_mask, P + 2, cmask), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            critic(ids, mask, P, cmask), critic(pad_ids, pad_mask, P + 2, cmask), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_from_policy_starts_at_zero_and_owns_its_weights():

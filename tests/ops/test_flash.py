@@ -115,7 +115,9 @@ def test_very_negative_logits_after_fully_masked_tiles():
     kpm[0, :17] = False  # the first two key tiles of sequence 0 are padding
     go = torch.randn(2, 2, 8, 4)
     got = grads(lambda q, k, v: flash_attention(q, k, v, False, kpm, block_q=4, block_k=8), q, k, v, go)
-    ref = grads(lambda q, k, v: reference_attention(q, k, v, False, kpm), q.double(), k.double(), v.double(), go.double())
+    ref = grads(
+        lambda q, k, v: reference_attention(q, k, v, False, kpm), q.double(), k.double(), v.double(), go.double()
+    )
     assert all(torch.isfinite(t).all() for t in got)
     torch.testing.assert_close(got[0], ref[0].float(), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got[3], ref[3].float(), atol=1e-4, rtol=1e-4)

@@ -15,8 +15,9 @@ from posttrain.ops.naive import reference_attention
 
 def _inputs(b, h, hkv, nq, nk, d, seed, padded):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, n_h, n, d, generator=g, dtype=torch.float64)
-               for n_h, n in ((h, nq), (hkv, nk), (hkv, nk)))
+    q, k, v = (
+        torch.randn(b, n_h, n, d, generator=g, dtype=torch.float64) for n_h, n in ((h, nq), (hkv, nk), (hkv, nk))
+    )
     kpm = None
     if padded:
         kpm = torch.rand(b, nk, generator=g) > 0.3
@@ -46,8 +47,17 @@ def test_worked_example_from_the_docstring():
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 1), (4, 2)]), st.integers(1, 23), st.integers(1, 23),
-       st.booleans(), st.booleans(), st.integers(1, 9), st.integers(1, 9), st.integers(0, 10**6))
+@given(
+    st.integers(1, 2),
+    st.sampled_from([(1, 1), (2, 1), (4, 2)]),
+    st.integers(1, 23),
+    st.integers(1, 23),
+    st.booleans(),
+    st.booleans(),
+    st.integers(1, 9),
+    st.integers(1, 9),
+    st.integers(0, 10**6),
+)
 def test_reference_equals_naive_attention(b, heads, nq, nk, causal, padded, block_q, block_k, seed):
     h, hkv = heads
     q, k, v, kpm = _inputs(b, h, hkv, nq, nk, 4, seed, padded)

@@ -15,17 +15,26 @@ def test_a_key_digests_bytes_not_paths(tmp_path):
     b.write_bytes(b'{"prompt": "1+1=", "answer": "3"}\n')
     fields = cache.key_fields("sft", SFTConfig(data=str(b)), {"data": b}, {}, 0)
     assert cache.key_of(fields) != ka
-    assert cache.changed_fields(cache.key_fields("sft", SFTConfig(), {"data": a}, {}, 0), fields) == ["inputs.data changed"]
+    assert cache.changed_fields(cache.key_fields("sft", SFTConfig(), {"data": a}, {}, 0), fields) == [
+        "inputs.data changed"
+    ]
 
 
 def test_excluded_fields_do_not_change_the_key_and_the_rest_do():
     base = cache.key_fields("sft", SFTConfig(), {}, {"tokenizer": "k1"}, 0)
-    same = cache.key_fields("sft", SFTConfig(out="x", threads=2, progress=False, logger="tensorboard",
-                                             keep_checkpoints=5), {}, {"tokenizer": "k1"}, 0)
+    same = cache.key_fields(
+        "sft",
+        SFTConfig(out="x", threads=2, progress=False, logger="tensorboard", keep_checkpoints=5),
+        {},
+        {"tokenizer": "k1"},
+        0,
+    )
     assert cache.key_of(base) == cache.key_of(same)
-    for other, why in ((cache.key_fields("sft", SFTConfig(steps=7), {}, {"tokenizer": "k1"}, 0), "config.steps 600 -> 7"),
-                       (cache.key_fields("sft", SFTConfig(), {}, {"tokenizer": "k2"}, 0), "deps.tokenizer changed"),
-                       (cache.key_fields("sft", SFTConfig(), {}, {"tokenizer": "k1"}, 1), "seed 0 -> 1")):
+    for other, why in (
+        (cache.key_fields("sft", SFTConfig(steps=7), {}, {"tokenizer": "k1"}, 0), "config.steps 600 -> 7"),
+        (cache.key_fields("sft", SFTConfig(), {}, {"tokenizer": "k2"}, 0), "deps.tokenizer changed"),
+        (cache.key_fields("sft", SFTConfig(), {}, {"tokenizer": "k1"}, 1), "seed 0 -> 1"),
+    ):
         assert cache.key_of(other) != cache.key_of(base)
         assert cache.changed_fields(base, other) == [why]
 

@@ -56,8 +56,15 @@ def test_every_stage_ran_and_the_report_has_every_section(run):
         assert "missing" not in md.split(f"Stage {stage.name}:")[1].split("## Stage")[0]
     assert "<img" in page and "src='data:image/png;base64," in page and "src='http" not in page
     figures = {p.name for p in (out / "report").glob("*.png")}
-    assert {"training_loss.png", "rl_curves.png", "dpo_logps.png", "rm.png", "lsh_s_curve.png", "tokens_per_word.png",
-            "heldout_accuracy.png"} <= figures
+    assert {
+        "training_loss.png",
+        "rl_curves.png",
+        "dpo_logps.png",
+        "rm.png",
+        "lsh_s_curve.png",
+        "tokens_per_word.png",
+        "heldout_accuracy.png",
+    } <= figures
 
 
 def test_summaries_agree(run):
@@ -136,7 +143,10 @@ def test_killed_sft_resumes_from_its_checkpoint_and_ends_as_uninterrupted(run, t
     assert got.keys() == want.keys()
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-7)
-    assert json.loads((part / "sft" / "DONE.json").read_text())["key"] == json.loads((out / "sft" / "DONE.json").read_text())["key"]
+    assert (
+        json.loads((part / "sft" / "DONE.json").read_text())["key"]
+        == json.loads((out / "sft" / "DONE.json").read_text())["key"]
+    )
 
 
 def test_cli_report_compares_two_runs_and_errors_are_one_line(run, tmp_path, capsys):
@@ -147,12 +157,16 @@ def test_cli_report_compares_two_runs_and_errors_are_one_line(run, tmp_path, cap
     text = capsys.readouterr().out
     assert "Held-out greedy accuracy" in text and "| SFT |" in text
     assert main(["report", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == f"posttrain report: error: {tmp_path / 'summary.json'}: no run summary " \
-                                              f"(is {tmp_path} a `posttrain pipeline` output directory?)"
+    assert (
+        capsys.readouterr().err.strip() == f"posttrain report: error: {tmp_path / 'summary.json'}: no run summary "
+        f"(is {tmp_path} a `posttrain pipeline` output directory?)"
+    )
     assert main(["pipeline", "--out", str(tmp_path / "x"), "--hf-model", "some/dir", "--explain"]) == 2
     err = capsys.readouterr().err
-    assert err == "posttrain pipeline: error: hf_model='some/dir': not a directory (a local Hugging Face model " \
-                  "directory, as save_pretrained writes it)\n"
+    assert (
+        err == "posttrain pipeline: error: hf_model='some/dir': not a directory (a local Hugging Face model "
+        "directory, as save_pretrained writes it)\n"
+    )
 
 
 def test_example_config_parses():
@@ -194,7 +208,10 @@ def test_jobs_run_training_stages_in_workers_with_the_same_results(run, tmp_path
     result = run_pipeline(micro(jobs=2), par, quiet=True)
     assert result["heldout"] == first["heldout"]  # the trainers are deterministic: jobs changes nothing
     for stage in ("sft", "dpo", "grpo"):
-        a, b = load_file(out / stage / "model" / "model.safetensors"), load_file(par / stage / "model" / "model.safetensors")
+        a, b = (
+            load_file(out / stage / "model" / "model.safetensors"),
+            load_file(par / stage / "model" / "model.safetensors"),
+        )
         assert all(torch.equal(a[k], b[k]) for k in a), stage
         assert (par / ".pipeline" / f"{stage}.log").read_text().strip()  # a worker's output went to its log
     again = run_pipeline(micro(jobs=2), par, quiet=True)  # and every stage is cached on a re-run

@@ -10,8 +10,14 @@ from posttrain.tokenizers.pre_tokenizers import Digits
 
 hf = pytest.importorskip("tokenizers")
 
-TEXTS = ["The farmers walked 12 miles in 1999, and 3 more later!", "Q: 37+48= A: 85", "Q: 9+0= A: 9",
-         "Every painter repainted the bridge near the harbor in 2024.", "unhelpful helpers helped", "numbers ²٣ ok"] * 20
+TEXTS = [
+    "The farmers walked 12 miles in 1999, and 3 more later!",
+    "Q: 37+48= A: 85",
+    "Q: 9+0= A: 9",
+    "Every painter repainted the bridge near the harbor in 2024.",
+    "unhelpful helpers helped",
+    "numbers ²٣ ok",
+] * 20
 
 
 @given(st.text(alphabet="ab 1234567890+=²٣\n", max_size=30), st.booleans())

@@ -24,13 +24,13 @@ from posttrain.errors import ConfigError  # noqa: E402
 from posttrain.pipeline.config import PRESETS, PipelineConfig  # noqa: E402
 from posttrain.pipeline.run import run_pipeline  # noqa: E402
 
-REWARD_MODULE = '''
+REWARD_MODULE = """
 CALLS = []
 
 def score(prompts, completions, answer=None, **columns):
     CALLS.append((list(prompts), sorted(columns)))
     return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
-'''
+"""
 
 
 def _jsonl(path: Path, rows) -> Path:
@@ -42,26 +42,54 @@ def _jsonl(path: Path, rows) -> Path:
 def user_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("user")
     model = make_model_dir(d / "hf", "gpt2")
-    prose = [{"text": f"the {w} fox number {i} jumps over the lazy dog"} for i, w in enumerate(["quick", "brown", "red"] * 8)]
+    prose = [
+        {"text": f"the {w} fox number {i} jumps over the lazy dog"} for i, w in enumerate(["quick", "brown", "red"] * 8)
+    ]
     demos = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(6) for b in range(6)]
     corpus = _jsonl(d / "corpus.jsonl", prose + demos)
     evals = _jsonl(d / "eval.jsonl", [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in (7, 8) for b in (1, 2, 3)])
-    prompts = _jsonl(d / "prompts.jsonl", [{"prompt": f"{a}+{b}=", "answer": str(a + b), "level": a % 3}
-                                           for a in range(10, 16) for b in range(4)])
-    prefs = _jsonl(d / "prefs.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)}
-                                       for a in range(4) for b in range(3)])
-    held_prefs = _jsonl(d / "prefs_heldout.jsonl", [{"prompt": f"{a}+{b}=", "chosen": str(a + b),
-                                                       "rejected": str(a + b - 1)} for a in (7, 8) for b in (1, 2)])
+    prompts = _jsonl(
+        d / "prompts.jsonl",
+        [{"prompt": f"{a}+{b}=", "answer": str(a + b), "level": a % 3} for a in range(10, 16) for b in range(4)],
+    )
+    prefs = _jsonl(
+        d / "prefs.jsonl",
+        [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)} for a in range(4) for b in range(3)],
+    )
+    held_prefs = _jsonl(
+        d / "prefs_heldout.jsonl",
+        [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b - 1)} for a in (7, 8) for b in (1, 2)],
+    )
     (d / "pipe_user_reward.py").write_text(REWARD_MODULE)
     sys.path.insert(0, str(d))
     import pipe_user_reward
 
-    cfg = build_config(PipelineConfig, PRESETS["micro"], overrides={
-        "hf_model": str(model), "corpus_file": str(corpus), "eval_file": str(evals), "prompts_file": str(prompts),
-        "preference_file": str(prefs), "preference_eval_file": str(held_prefs), "reward": "pipe_user_reward:score:1.0", "contamination_run": False})
+    cfg = build_config(
+        PipelineConfig,
+        PRESETS["micro"],
+        overrides={
+            "hf_model": str(model),
+            "corpus_file": str(corpus),
+            "eval_file": str(evals),
+            "prompts_file": str(prompts),
+            "preference_file": str(prefs),
+            "preference_eval_file": str(held_prefs),
+            "reward": "pipe_user_reward:score:1.0",
+            "contamination_run": False,
+        },
+    )
     result = run_pipeline(cfg, d / "run", quiet=True, skip=("report",))
-    yield {"d": d, "out": d / "run", "result": result, "cfg": cfg, "calls": pipe_user_reward.CALLS,
-           "prompts": prompts, "evals": evals, "prefs": prefs, "model": model}
+    yield {
+        "d": d,
+        "out": d / "run",
+        "result": result,
+        "cfg": cfg,
+        "calls": pipe_user_reward.CALLS,
+        "prompts": prompts,
+        "evals": evals,
+        "prefs": prefs,
+        "model": model,
+    }
     sys.path.remove(str(d))
 
 
@@ -71,10 +99,20 @@ def _lines(path: Path) -> list[dict]:
 
 def test_the_stages_start_from_the_hf_model_with_its_own_tokenizer(user_run):
     out, model, st = user_run["out"], user_run["model"], user_run["result"]["stages"]
-    assert {k for k, v in st.items() if v["status"] == "ran"} == {"dedup", "tokenizer", "sft", "rm", "dpo", "grpo",
-                                                                    "ppo", "eval"}
+    assert {k for k, v in st.items() if v["status"] == "ran"} == {
+        "dedup",
+        "tokenizer",
+        "sft",
+        "rm",
+        "dpo",
+        "grpo",
+        "ppo",
+        "eval",
+    }
     tok = json.loads((out / "tokenizer" / "DONE.json").read_text())["summary"]
-    assert tok["kind"] == "hf_model" and str(model) in tok["note"] and not (out / "tokenizer" / "tokenizer.json").exists()
+    assert (
+        tok["kind"] == "hf_model" and str(model) in tok["note"] and not (out / "tokenizer" / "tokenizer.json").exists()
+    )
     assert tok["vocab_size"] == len(tf.AutoTokenizer.from_pretrained(model))
     sft_cfg = json.loads((out / "sft" / "config.resolved.json").read_text())
     assert sft_cfg["model_path"] == str(model) and sft_cfg["tokenizer"] is None
@@ -91,7 +129,9 @@ def test_rl_stages_use_the_users_prompts_and_reward(user_run):
     held = {r["prompt"] for r in _lines(user_run["evals"])}
     seen = {p for prompts, _ in calls for p in prompts}
     assert seen <= train | held and seen & train  # no task prompt: training prompts come from the user's file
-    assert any("level" in cols for prompts, cols in calls if set(prompts) <= train)  # its other columns reach the reward
+    assert any(
+        "level" in cols for prompts, cols in calls if set(prompts) <= train
+    )  # its other columns reach the reward
     for stage in ("grpo", "ppo"):
         c = json.loads((out / stage / "config.resolved.json").read_text())
         assert c["reward"] == "pipe_user_reward:score:1.0" and c["data"] == str(user_run["prompts"]), stage
@@ -138,16 +178,27 @@ def test_a_changed_prompts_file_reruns_grpo_and_ppo_only(user_run, capsys):
     assert "grpo: run (inputs.data changed)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"hf_model": "no/such/dir"}, "hf_model='no/such/dir': not a directory (a local Hugging Face model directory, as "
-                                  "save_pretrained writes it)"),
-    ({"preference_file": "p.jsonl"}, "preference_file and preference_eval_file go together: the rm stage trains on "
-                                     "the first and measures held-out pairwise accuracy on the second"),
-    ({"pad_token": "<pad>"}, "pad_token is for an hf_model's tokenizer; set hf_model or remove pad_token"),
-    ({"reward": "exact_match:1.0", "grpo.reward": "digits:1.0"},
-     "reward='exact_match:1.0' and grpo.reward='digits:1.0': the top-level reward is the grpo and ppo stages' reward; "
-     "set one of them"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            {"hf_model": "no/such/dir"},
+            "hf_model='no/such/dir': not a directory (a local Hugging Face model directory, as "
+            "save_pretrained writes it)",
+        ),
+        (
+            {"preference_file": "p.jsonl"},
+            "preference_file and preference_eval_file go together: the rm stage trains on "
+            "the first and measures held-out pairwise accuracy on the second",
+        ),
+        ({"pad_token": "<pad>"}, "pad_token is for an hf_model's tokenizer; set hf_model or remove pad_token"),
+        (
+            {"reward": "exact_match:1.0", "grpo.reward": "digits:1.0"},
+            "reward='exact_match:1.0' and grpo.reward='digits:1.0': the top-level reward is the grpo and ppo stages' reward; "
+            "set one of them",
+        ),
+    ],
+)
 def test_config_mistakes_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError) as e:
         build_config(PipelineConfig, PRESETS["micro"], overrides=overrides)
@@ -158,8 +209,17 @@ def test_an_hf_model_on_the_embedded_default_runs_every_training_stage(user_run,
     cfg = build_config(PipelineConfig, PRESETS["micro"], overrides={"hf_model": str(user_run["model"])})
     result = run_pipeline(cfg, tmp_path / "run", quiet=True, skip=("sft_raw", "report"))
     assert {k for k, v in result["stages"].items() if v["status"] == "ran"} == {
-        "dedup", "tokenizer", "sft", "rm", "dpo", "grpo", "ppo", "eval"}
+        "dedup",
+        "tokenizer",
+        "sft",
+        "rm",
+        "dpo",
+        "grpo",
+        "ppo",
+        "eval",
+    }
     assert {m: r["n"] for m, r in result["heldout"].items()} == {
-        m: cfg.task.num_eval for m in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo")}
+        m: cfg.task.num_eval for m in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo")
+    }
     for stage in ("sft", "dpo", "grpo", "ppo"):  # each a Hugging Face directory transformers opens
         assert tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / stage / "model").config.n_embd == 32, stage

@@ -50,23 +50,23 @@ def _report():
 ATTACKS = {
     "shadow_exec": "exec = lambda *a, **k: None\neval = lambda *a, **k: 5\n",  # the issue's example
     "patch_builtins": "import builtins\nbuiltins.exec = lambda *a, **k: None\nbuiltins.eval = lambda *a, **k: 5\n"
-                      "builtins.compile = lambda *a, **k: None\nbuiltins.BaseException = type('E', (Exception,), {})\n",
+    "builtins.compile = lambda *a, **k: None\nbuiltins.BaseException = type('E', (Exception,), {})\n",
     "patch_os_sys": "import os, sys, json\nos.write = lambda fd, b: len(b)\nos._exit = lambda c: None\n"
-                    "sys.exit = lambda *a: None\njson.loads = lambda s: {}\n",
+    "sys.exit = lambda *a: None\njson.loads = lambda s: {}\n",
     "sys_exit": "import sys\nsys.exit(0)\n",
     "os_exit": "import os\nos._exit(0)\n",
     "raise_systemexit": "raise SystemExit(0)\n",
     "exit_inside_the_call": "def add(a, b):\n    import os\n    os._exit(0)\n",
     "print_fake_passes": "import sys\nfor i in range(3):\n    print('__posttrain_pass_' + str(i))\n"
-                         "    sys.__stdout__.write(f'{i} 0 v 5\\n')\n",
+    "    sys.__stdout__.write(f'{i} 0 v 5\\n')\n",
     "eq_always_true": "class A:\n    __eq__ = lambda s, o: True\n    __ne__ = lambda s, o: False\n"
-                      "def add(a, b):\n    return A()\n",
+    "def add(a, b):\n    return A()\n",
     "int_subclass_eq": "class I(int):\n    __eq__ = lambda s, o: True\ndef add(a, b):\n    return I(0)\n",
     "flood_every_fd": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'0 0 v 5\\n')\n    except OSError:\n        pass\n",
     # reads the nonce from the harness frame and reports values it chose: it does not know the expected ones
     "forge_with_the_harness_report": _FIND_REPORT + "def add(a, b):\n    report, steps, now = _report()\n"
-                                     "    for i in range(now, len(steps)):\n        report(f'{i} 0 v 7')\n"
-                                     "    import os\n    os._exit(0)\n",
+    "    for i in range(now, len(steps)):\n        report(f'{i} 0 v 7')\n"
+    "    import os\n    os._exit(0)\n",
 }
 
 
@@ -85,7 +85,9 @@ def test_correct_code_scores_one_and_partial_passes_the_fraction():
     assert score(RIGHT, SEALED + UNSEALED[:1]) == 1.0
     assert score("def add(a, b):\n    return a + b if a > 0 else 0\n", SEALED) == pytest.approx(2 / 3)
     # a raising test fails alone; a hanging one fails with those after it, not those before
-    assert score(RIGHT, ["assert add(1, 1) == 2", "assert undefined == 1", "assert add(0, 1) == 1"]) == pytest.approx(2 / 3)
+    assert score(RIGHT, ["assert add(1, 1) == 2", "assert undefined == 1", "assert add(0, 1) == 1"]) == pytest.approx(
+        2 / 3
+    )
     hang = ["assert add(1, 1) == 2", "while True:\n    pass", "assert add(0, 1) == 1"]
     assert score(RIGHT, hang, wall_timeout_s=1.0) == pytest.approx(1 / 3)
     assert score("def add(a, b):\n    raise ValueError\n", SEALED) == 0.0
@@ -111,30 +113,57 @@ def test_expected_values_never_enter_the_sandbox():
 
 
 def test_values_cross_as_exact_literals():
-    code = ("import numpy as np\ndef f(k):\n    return {'t1': (1,), 'empty': set(), 'nested': {1: [2.5, 'a', b'x']},"
-            " 'inf': float('inf'), 'neg0': -0.0, 'true': True, 'none': None, 'float5': 5.0, 'np': np.int64(5),"
-            " 'arr': np.array([1, 2]), 'fs': frozenset({3}), 'nan': float('nan'), 'obj': object()}[k]\n")
-    tests = ["assert f('t1') == (1,)", "assert f('empty') == set()", "assert f('nested') == {1: [2.5, 'a', b'x']}",
-             "assert f('inf') > 1e308", "assert f('neg0') == 0", "assert f('true') == 1", "assert f('none') is None",
-             "assert f('float5') == 5", "assert f('np') == 5", "assert f('arr') == [1, 2]", "assert f('fs') == {3}",
-             "assert f('nan') != 1", "assert f('obj') != 1"]
+    code = (
+        "import numpy as np\ndef f(k):\n    return {'t1': (1,), 'empty': set(), 'nested': {1: [2.5, 'a', b'x']},"
+        " 'inf': float('inf'), 'neg0': -0.0, 'true': True, 'none': None, 'float5': 5.0, 'np': np.int64(5),"
+        " 'arr': np.array([1, 2]), 'fs': frozenset({3}), 'nan': float('nan'), 'obj': object()}[k]\n"
+    )
+    tests = [
+        "assert f('t1') == (1,)",
+        "assert f('empty') == set()",
+        "assert f('nested') == {1: [2.5, 'a', b'x']}",
+        "assert f('inf') > 1e308",
+        "assert f('neg0') == 0",
+        "assert f('true') == 1",
+        "assert f('none') is None",
+        "assert f('float5') == 5",
+        "assert f('np') == 5",
+        "assert f('arr') == [1, 2]",
+        "assert f('fs') == {3}",
+        "assert f('nan') != 1",
+        "assert f('obj') != 1",
+    ]
     # all pass in Python; the last two fail by design (NaN and arbitrary objects are not sent)
     assert score(code, tests) == pytest.approx(11 / 13)
 
 
 def test_plan_seals_literal_comparisons_only():
-    steps = plan_tests(["x = add(1, 2)\nassert x == 3", "assert add(1, 2) == add(2, 1)", "assert add(1, 2)",
-                        "assert not add(0, 0) == 1 and add(1, 1) in (2, 3)", "assert add(0, 0) is 0"])
+    steps = plan_tests(
+        [
+            "x = add(1, 2)\nassert x == 3",
+            "assert add(1, 2) == add(2, 1)",
+            "assert add(1, 2)",
+            "assert not add(0, 0) == 1 and add(1, 1) in (2, 3)",
+            "assert add(0, 0) is 0",
+        ]
+    )
     assert [(t, kind, payload) for t, kind, payload, _ in steps] == [
-        (0, "exec", "x = add(1, 2)"), (0, "check", ["x"]),
-        (1, "exec", "assert add(1, 2) == add(2, 1)"), (2, "exec", "assert add(1, 2)"),
-        (3, "check", ["add(0, 0)", "add(1, 1)"]), (4, "exec", "assert add(0, 0) is 0")]
+        (0, "exec", "x = add(1, 2)"),
+        (0, "check", ["x"]),
+        (1, "exec", "assert add(1, 2) == add(2, 1)"),
+        (2, "exec", "assert add(1, 2)"),
+        (3, "check", ["add(0, 0)", "add(1, 1)"]),
+        (4, "exec", "assert add(0, 0) is 0"),
+    ]
     with pytest.raises(UserError, match=r"^code test 1 \('assert \('\) is not valid Python: "):
         plan_tests(["assert 1 == 1", "assert ("])
 
 
-_LITERALS = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-3, 3, allow_nan=False) | st.text("ab", max_size=2),
-                         lambda c: st.lists(c, max_size=3) | st.tuples(c, c), max_leaves=6)
+_LITERALS = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-3, 3, allow_nan=False) | st.text("ab", max_size=2),
+    lambda c: st.lists(c, max_size=3) | st.tuples(c, c),
+    max_leaves=6,
+)
 _OPS = ["==", "!=", "<", "<=", ">", ">=", "in", "not in"]
 
 
@@ -174,8 +203,14 @@ def test_report_parser_exact():
 
 def test_known_limit_an_introspecting_candidate_forges_unsealed_tests():
     """Documented in code_tests: tests the harness runs in the child are only as strong as that harness."""
-    forger = WRONG + _FIND_REPORT + ("def add(a, b):\n    report, steps, now = _report()\n"
-                                     "    for i in range(now, len(steps)):\n        report(f'{i} ok')\n"
-                                     "    import os\n    os._exit(0)\n")
+    forger = (
+        WRONG
+        + _FIND_REPORT
+        + (
+            "def add(a, b):\n    report, steps, now = _report()\n"
+            "    for i in range(now, len(steps)):\n        report(f'{i} ok')\n"
+            "    import os\n    os._exit(0)\n"
+        )
+    )
     assert score(WRONG, UNSEALED) == 0.0
     assert score(forger, UNSEALED[:1]) == 1.0

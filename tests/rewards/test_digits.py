@@ -11,10 +11,24 @@ from posttrain.rewards import build_reward, digits_reward
 @pytest.mark.parametrize(
     "completion,answer,value",
     [
-        ("85", "85", 1.0), (" 85\n", 85, 1.0), ("84", "85", 0.5), ("75", "85", 0.5), ("58", "85", 0.0),
-        ("085", "85", 0.0), ("8", "85", 0.0), ("-85", "85", 0.0), ("85.", "85", 0.0), ("", "85", 0.0),
-        ("8 5", "85", 0.0), ("x5", "85", 0.0), ("124", "134", 2 / 3), ("100", "199", 1 / 3), ("-13", "-12", 0.5),
-        ("12", "-12", 0.0), ("0", "0", 1.0), ("1", "0", 0.0),
+        ("85", "85", 1.0),
+        (" 85\n", 85, 1.0),
+        ("84", "85", 0.5),
+        ("75", "85", 0.5),
+        ("58", "85", 0.0),
+        ("085", "85", 0.0),
+        ("8", "85", 0.0),
+        ("-85", "85", 0.0),
+        ("85.", "85", 0.0),
+        ("", "85", 0.0),
+        ("8 5", "85", 0.0),
+        ("x5", "85", 0.0),
+        ("124", "134", 2 / 3),
+        ("100", "199", 1 / 3),
+        ("-13", "-12", 0.5),
+        ("12", "-12", 0.0),
+        ("0", "0", 1.0),
+        ("1", "0", 0.0),
     ],
 )
 def test_digits_hand_values(completion, answer, value):
@@ -42,6 +56,8 @@ def test_digits_errors_and_weighted_use():
     assert digits_reward(["p"] * 3, ["1/2", "1", "12"], answer=["1/2", "1/2", "x+1"]) == [0.0, 0.0, 0.0]
     with pytest.raises(UserError, match="answer"):
         digits_reward(["p"], ["1"])
-    total, parts = build_reward("exact_match:1.0,digits:0.5").components(["p"] * 3, ["85", "84", "9"], answer=["85"] * 3)
+    total, parts = build_reward("exact_match:1.0,digits:0.5").components(
+        ["p"] * 3, ["85", "84", "9"], answer=["85"] * 3
+    )
     assert parts == {"exact_match": [1.0, 0.0, 0.0], "digits": [1.0, 0.5, 0.0]}
     assert total == [1.5, 0.25, 0.0]

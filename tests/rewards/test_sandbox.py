@@ -61,7 +61,9 @@ def test_sleeping_program_is_killed(run_python):
     assert r.status == "timeout" and r.wall_s < 5.0
 
 
-@pytest.mark.parametrize("code", ["x = bytearray(8 * 1024**3)", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))"])
+@pytest.mark.parametrize(
+    "code", ["x = bytearray(8 * 1024**3)", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))"]
+)
 def test_memory_hog_hits_the_address_space_limit(run_python, code):
     r = run_python(code, wall_timeout_s=10.0, memory_mb=256)
     assert r.status == "memory", (r.status, r.stderr[-300:])
@@ -69,7 +71,9 @@ def test_memory_hog_hits_the_address_space_limit(run_python, code):
 
 
 def test_output_flood_is_capped(run_python):
-    r = run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 4096)", wall_timeout_s=5.0, max_output_bytes=10_000)
+    r = run_python(
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 4096)", wall_timeout_s=5.0, max_output_bytes=10_000
+    )
     assert r.status == "output_limit" and len(r.stdout) <= 10_000
 
 

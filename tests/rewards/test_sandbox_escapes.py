@@ -152,8 +152,12 @@ print(sorted(set(found)))
 def test_cannot_read_the_environment_of_the_trainer_or_other_processes(mode, victim, monkeypatch):
     proc, secret = victim
     monkeypatch.setenv("POSTTRAIN_TRAINER_SECRET", secret)
-    code = _FIND_SECRET.format(secret=secret, names=["POSTTRAIN_TRAINER_SECRET", "POSTTRAIN_VICTIM_SECRET"],
-                               victim_pid=str(proc.pid), trainer_pid=str(os.getpid()))
+    code = _FIND_SECRET.format(
+        secret=secret,
+        names=["POSTTRAIN_TRAINER_SECRET", "POSTTRAIN_VICTIM_SECRET"],
+        victim_pid=str(proc.pid),
+        trainer_pid=str(os.getpid()),
+    )
     # The same search run here, outside any sandbox, finds the victim: the probe itself works.
     found_here = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert str(proc.pid) in found_here and "POSTTRAIN_TRAINER_SECRET" in found_here
@@ -274,10 +278,12 @@ def no_bwrap(monkeypatch):
     isolation.bwrap_problem.cache_clear()
 
 
-REFUSAL = ("cannot sandbox untrusted code: bwrap is not installed (no 'bwrap' on PATH); install bubblewrap "
-           "(Debian/Ubuntu: apt-get install bubblewrap) or opt in to the weaker rlimit-only sandbox, which does not "
-           "keep the code away from your processes, files and network, with isolation='rlimit' "
-           "(CLI: POSTTRAIN_SANDBOX=rlimit)")
+REFUSAL = (
+    "cannot sandbox untrusted code: bwrap is not installed (no 'bwrap' on PATH); install bubblewrap "
+    "(Debian/Ubuntu: apt-get install bubblewrap) or opt in to the weaker rlimit-only sandbox, which does not "
+    "keep the code away from your processes, files and network, with isolation='rlimit' "
+    "(CLI: POSTTRAIN_SANDBOX=rlimit)"
+)
 
 
 def test_without_bwrap_the_code_reward_refuses_and_names_the_opt_in(no_bwrap):

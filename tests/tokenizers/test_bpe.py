@@ -52,8 +52,10 @@ def test_heap_trainer_matches_recount_oracle(seed, suffix, merge_path):
 
 @pytest.mark.parametrize("vector_min", [10**9, 1])
 @settings(max_examples=40, deadline=None)
-@given(st.dictionaries(st.text("xyz", min_size=1, max_size=7), st.integers(1, 5), min_size=1, max_size=15),
-       st.integers(1, 3))
+@given(
+    st.dictionaries(st.text("xyz", min_size=1, max_size=7), st.integers(1, 5), min_size=1, max_size=15),
+    st.integers(1, 3),
+)
 def test_heap_trainer_matches_oracle_property(vector_min, wc, min_freq):
     import posttrain.tokenizers.merges as merges
 
@@ -133,8 +135,7 @@ def test_merge_string_matches_merge_word(w, a, b):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text("abcé", max_size=6), st.integers(1, 9), max_size=12),
-       st.sampled_from([None, "</w>"]))
+@given(st.dictionaries(st.text("abcé", max_size=6), st.integers(1, 9), max_size=12), st.sampled_from([None, "</w>"]))
 def test_encode_words_and_count_pairs_match_brute_force(wc, suffix):
     from collections import Counter
 

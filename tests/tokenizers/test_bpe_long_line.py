@@ -16,7 +16,9 @@ def _long_word(n: int, seed: int) -> str:
     rng = random.Random(seed)
     parts = []
     while sum(map(len, parts)) < n:
-        parts.append(rng.choice(["the", "post", "train", "aaaa", "bb", "ab", rng.choice("abcdefg") * rng.randint(1, 5)]))
+        parts.append(
+            rng.choice(["the", "post", "train", "aaaa", "bb", "ab", rng.choice("abcdefg") * rng.randint(1, 5)])
+        )
     return "".join(parts)[:n]
 
 
@@ -57,8 +59,13 @@ def test_initial_alphabet_is_initial_symbols(suffix):
     assert initial_alphabet(wc, suffix) == want
 
 
-@pytest.mark.parametrize("trainer, desc", [(BPETrainer(vocab_size=120), "bpe"),  # desc: the log line
-                                           (ByteLevelBPETrainer(vocab_size=320), "byte-bpe")])
+@pytest.mark.parametrize(
+    "trainer, desc",
+    [
+        (BPETrainer(vocab_size=120), "bpe"),  # desc: the log line
+        (ByteLevelBPETrainer(vocab_size=320), "byte-bpe"),
+    ],
+)
 def test_merges_report_progress_every_ten_percent(capsys, trainer, desc):
     logged = []
     trainer.train([_long_word(20000, 5)], log=logged.append)

@@ -12,7 +12,9 @@ from posttrain.tokenizers import pre_tokenizers as P
 from posttrain.tokenizers.corpus import JoinedWords, count_words
 
 # whitespace of every kind the GPT-2 alternatives treat differently, letters, digits, contractions, punctuation
-_CHARS = st.sampled_from([" ", " ", "  ", "\t", "\r", "\x85", "\u3000", "a", "Σ", "é", "1", "'", "s", "t", ".", "!", "中"])
+_CHARS = st.sampled_from(
+    [" ", " ", "  ", "\t", "\r", "\x85", "\u3000", "a", "Σ", "é", "1", "'", "s", "t", ".", "!", "中"]
+)
 _LINE = st.lists(_CHARS, max_size=10).map("".join)
 
 
@@ -45,8 +47,10 @@ def test_byte_level_batch_count_equals_per_text_for_any_texts(texts):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(_CHARS | st.just("\n") | st.just("ς") | st.just("İ"), max_size=12).map("".join), max_size=8),
-       st.booleans())
+@given(
+    st.lists(st.lists(_CHARS | st.just("\n") | st.just("ς") | st.just("İ"), max_size=12).map("".join), max_size=8),
+    st.booleans(),
+)
 def test_whitespace_batch_count_equals_per_text(texts, lowercase):
     norm, pre, _ = BPETrainer(lowercase=lowercase).components()
     one = (lambda t: pre(norm(t))) if norm else pre
@@ -54,17 +58,34 @@ def test_whitespace_batch_count_equals_per_text(texts, lowercase):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(_CHARS | st.sampled_from(["\n", "ς", "İ", "\u0301", "\x00", ",", "中"]), max_size=12).map("".join),
-                max_size=8), st.booleans(), st.sampled_from([None, True, False]))
+@given(
+    st.lists(
+        st.lists(_CHARS | st.sampled_from(["\n", "ς", "İ", "\u0301", "\x00", ",", "中"]), max_size=12).map("".join),
+        max_size=8,
+    ),
+    st.booleans(),
+    st.sampled_from([None, True, False]),
+)
 def test_wordpiece_batch_count_equals_per_text(texts, lowercase, strip_accents):
     fn = WordPieceTrainer(lowercase=lowercase, strip_accents=strip_accents).words_fn()
     assert fn.count(texts) == _per_text(fn.words, texts)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.lists(_CHARS | st.sampled_from(["\n", "\u2581", "\u0301", "e\u0301", "ﬁ", "Ａ", "\u3000", "\x1c", "\u2028",
-                                                   "¹", "\u1100\u1161", "ｶﾞ"]), max_size=12).map("".join), max_size=8),
-       st.booleans(), st.booleans())
+@given(
+    st.lists(
+        st.lists(
+            _CHARS
+            | st.sampled_from(
+                ["\n", "\u2581", "\u0301", "e\u0301", "ﬁ", "Ａ", "\u3000", "\x1c", "\u2028", "¹", "\u1100\u1161", "ｶﾞ"]
+            ),
+            max_size=12,
+        ).map("".join),
+        max_size=8,
+    ),
+    st.booleans(),
+    st.booleans(),
+)
 def test_unigram_batch_count_equals_per_text(texts, nfkc, collapse):
     # NFKC (compatibility forms, compositions across what were line ends), whitespace of every kind, literal
     # '▁' characters, empty texts; texts holding newlines fall back to text-by-text splitting
@@ -73,8 +94,9 @@ def test_unigram_batch_count_equals_per_text(texts, nfkc, collapse):
     assert fn.count(texts) == _per_text(fn.words, texts)
 
 
-@pytest.mark.parametrize("trainer", [ByteLevelBPETrainer(), BPETrainer(lowercase=True), WordPieceTrainer(),
-                                     UnigramTrainer()])
+@pytest.mark.parametrize(
+    "trainer", [ByteLevelBPETrainer(), BPETrainer(lowercase=True), WordPieceTrainer(), UnigramTrainer()]
+)
 def test_count_words_same_for_any_batching_and_workers(trainer, train_texts):
     texts = [t + "\n" for t in train_texts] if trainer.keep_newlines else train_texts
     want = dict(_per_text(trainer.words_fn().words, texts))

@@ -16,8 +16,14 @@ def test_empty_corpus_is_an_error(kind):
         TRAINERS[kind](vocab_size=500, workers=1).train(["", ""])
 
 
-@pytest.mark.parametrize("trainer", [BPETrainer(vocab_size=5, workers=1), ByteLevelBPETrainer(vocab_size=100, workers=1),
-                                     WordPieceTrainer(vocab_size=8, workers=1)])
+@pytest.mark.parametrize(
+    "trainer",
+    [
+        BPETrainer(vocab_size=5, workers=1),
+        ByteLevelBPETrainer(vocab_size=100, workers=1),
+        WordPieceTrainer(vocab_size=8, workers=1),
+    ],
+)
 def test_vocab_below_alphabet_is_an_error(trainer, train_texts):
     with pytest.raises(UserError, match="below the alphabet size"):
         trainer.train(train_texts[:50])
@@ -28,8 +34,14 @@ def test_unsupported_tokenizer_json(tmp_path):
     p.write_text(json.dumps({"model": {"type": "WordLevel", "vocab": {"a": 0}}}))
     with pytest.raises(UserError, match="unsupported tokenizer model type 'WordLevel'"):
         load(p)
-    p.write_text(json.dumps({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
-                             "normalizer": {"type": "Precompiled", "precompiled_charsmap": ""}}))
+    p.write_text(
+        json.dumps(
+            {
+                "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                "normalizer": {"type": "Precompiled", "precompiled_charsmap": ""},
+            }
+        )
+    )
     with pytest.raises(UserError, match="unsupported normalizer 'Precompiled'"):
         load(p)
     p.write_text("not json")
@@ -63,8 +75,24 @@ def test_cli_train_encode_decode(tmp_path, train_texts, capsys):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in train_texts))
     out = tmp_path / "tok.json"
-    rc = main(["tokenizer", "train", "--model", "unigram", "--vocab-size", "500", "--byte-fallback",
-               "--text-field", "text", "--workers", "1", "-o", str(out), str(corpus)])
+    rc = main(
+        [
+            "tokenizer",
+            "train",
+            "--model",
+            "unigram",
+            "--vocab-size",
+            "500",
+            "--byte-fallback",
+            "--text-field",
+            "text",
+            "--workers",
+            "1",
+            "-o",
+            str(out),
+            str(corpus),
+        ]
+    )
     assert rc == 0 and out.is_file()
     assert "trained unigram tokenizer: vocab 500" in capsys.readouterr().out
     src = tmp_path / "in.txt"
@@ -83,11 +111,43 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"caf\xe9 au lait\nplain line\n")
     out = tmp_path / "t.json"
-    assert main(["tokenizer", "train", "--model", "wordpiece", "--vocab-size", "60", "--workers", "1",
-                 "-o", str(out), str(bad)]) == 0
+    assert (
+        main(
+            [
+                "tokenizer",
+                "train",
+                "--model",
+                "wordpiece",
+                "--vocab-size",
+                "60",
+                "--workers",
+                "1",
+                "-o",
+                str(out),
+                str(bad),
+            ]
+        )
+        == 0
+    )
     assert "1 input line(s) were not valid UTF-8" in capsys.readouterr().err
-    assert main(["tokenizer", "train", "--model", "wordpiece", "--pattern", "gpt2", "--vocab-size", "60",
-                 "-o", str(out), str(bad)]) == 2
+    assert (
+        main(
+            [
+                "tokenizer",
+                "train",
+                "--model",
+                "wordpiece",
+                "--pattern",
+                "gpt2",
+                "--vocab-size",
+                "60",
+                "-o",
+                str(out),
+                str(bad),
+            ]
+        )
+        == 2
+    )
     assert "--pattern does not apply to --model wordpiece" in capsys.readouterr().err
     (tmp_path / "ids.txt").write_text("1 99999\n")
     assert main(["tokenizer", "decode", "--tokenizer", str(out), str(tmp_path / "ids.txt")]) == 2

@@ -16,8 +16,10 @@ SETTINGS = {
     "wordpiece": dict(vocab_size=600),
     "unigram": dict(vocab_size=600, byte_fallback=True),
 }
-EXTRA = {"byte-bpe-cl100k": ("byte-bpe", dict(vocab_size=600, pattern="cl100k")),
-         "unigram-unk": ("unigram", dict(vocab_size=600))}
+EXTRA = {
+    "byte-bpe-cl100k": ("byte-bpe", dict(vocab_size=600, pattern="cl100k")),
+    "unigram-unk": ("unigram", dict(vocab_size=600)),
+}
 
 
 def _assert_same(ours, ref, texts):
@@ -53,8 +55,9 @@ def _hf_train(kind, texts):
         t = tokenizers.Tokenizer(models.BPE())
         t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         t.decoder = decoders.ByteLevel()
-        tr = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>"],
-                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tr = trainers.BpeTrainer(
+            vocab_size=600, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        )
     elif kind == "wordpiece":
         t = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]"))
         t.normalizer = normalizers.BertNormalizer(lowercase=False)

@@ -8,8 +8,10 @@ from posttrain.tokenizers import TRAINERS, pipeline
 
 @pytest.fixture(scope="module")
 def toks(train_texts):
-    return {kind: TRAINERS[kind](workers=1, **kw).train(train_texts[:800])
-            for kind, kw in (("unigram", dict(vocab_size=400)), ("byte-bpe", dict(vocab_size=400)))}
+    return {
+        kind: TRAINERS[kind](workers=1, **kw).train(train_texts[:800])
+        for kind, kw in (("unigram", dict(vocab_size=400)), ("byte-bpe", dict(vocab_size=400)))
+    }
 
 
 @pytest.mark.parametrize("kind", ["unigram", "byte-bpe"])

@@ -76,8 +76,9 @@ def test_digamma_matches_scipy():
 
 @pytest.fixture(scope="module")
 def bf_tok(train_texts):
-    return UnigramTrainer(vocab_size=700, byte_fallback=True, nfkc=False, collapse_whitespace=False,
-                          workers=1).train(train_texts)
+    return UnigramTrainer(vocab_size=700, byte_fallback=True, nfkc=False, collapse_whitespace=False, workers=1).train(
+        train_texts
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -146,8 +147,12 @@ def _enumerate_segmentations(word, ids):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.text("abc", min_size=1, max_size=7), min_size=1, max_size=6, unique=True),
-       st.randoms(use_true_random=False), st.booleans(), st.booleans())
+@given(
+    st.lists(st.text("abc", min_size=1, max_size=7), min_size=1, max_size=6, unique=True),
+    st.randoms(use_true_random=False),
+    st.booleans(),
+    st.booleans(),
+)
 def test_flat_lattice_equals_brute_force(words, rnd, compact, threaded):
     """The trainer's vectorised lattice (all words at once) against per-word enumeration: expected piece
     counts, log-likelihood and Viterbi paths (ties included: integer log-probs), before and after pieces die;
@@ -174,8 +179,13 @@ def _check_flat_lattice(words, rnd, compact, np, threads):
     lookup = _HashIndex.of_strings(pieces)
     # tiny chunks of rows: strings of one length are split over several chunks
     lat = _Lattice(words, 4, lookup, counts, chunk_cells=rnd.choice([1, 20, 1 << 20]), threads=threads)
-    want_edges = sorted((k, b, e, ids[w[b:e]]) for k, w in enumerate(words) for b in range(len(w))
-                        for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids)
+    want_edges = sorted(
+        (k, b, e, ids[w[b:e]])
+        for k, w in enumerate(words)
+        for b in range(len(w))
+        for e in range(b + 1, min(len(w), b + 4) + 1)
+        if w[b:e] in ids
+    )
     offset = {int(lat.pos_base[k] + lat.rank[s]): k for s, w in enumerate(words) for k in range(len(w) + 1)}
     assert len(offset) == sum(len(w) + 1 for w in words) == lat.npos  # one position per (string, offset)
     assert [offset[p] for p in lat.starts.tolist()] == [0] * len(words)
@@ -192,11 +202,23 @@ def _check_flat_lattice(words, rnd, compact, np, threads):
     # the pruning lattice: no whole-string edge, only live pieces (never the characters), forward order only
     some = np.array([i < 3 or rnd.random() < 0.7 for i in range(len(pieces))])
     multi = [w for w in words if len(w) > 1]
-    alt = _Lattice(multi, 4, lookup, counts[: len(multi)], exclude_full=True, alive=some, backward=False,
-                   chunk_cells=rnd.choice([1, 1 << 20]))
-    assert edges(alt) == sorted((k, b, e, ids[w[b:e]]) for k, w in enumerate(multi) for b in range(len(w))
-                                for e in range(b + 1, min(len(w), b + 4) + 1) if w[b:e] in ids and some[ids[w[b:e]]]
-                                and e - b < len(w))
+    alt = _Lattice(
+        multi,
+        4,
+        lookup,
+        counts[: len(multi)],
+        exclude_full=True,
+        alive=some,
+        backward=False,
+        chunk_cells=rnd.choice([1, 1 << 20]),
+    )
+    assert edges(alt) == sorted(
+        (k, b, e, ids[w[b:e]])
+        for k, w in enumerate(multi)
+        for b in range(len(w))
+        for e in range(b + 1, min(len(w), b + 4) + 1)
+        if w[b:e] in ids and some[ids[w[b:e]]] and e - b < len(w)
+    )
     with pytest.raises(ValueError, match="every character must be a piece"):
         _Lattice(words + ["d"], 4, lookup, counts + [1])
     logp = np.array([-float(rnd.randint(1, 4)) for _ in pieces])
@@ -228,8 +250,11 @@ def _check_flat_lattice(words, rnd, compact, np, threads):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), max_size=300, unique=True), st.lists(st.integers(0, 2**64 - 1), max_size=300),
-       st.integers(0, 12))
+@given(
+    st.lists(st.integers(0, 2**64 - 1), max_size=300, unique=True),
+    st.lists(st.integers(0, 2**64 - 1), max_size=300),
+    st.integers(0, 12),
+)
 def test_hash_index_equals_a_dict(keys, queries, crowd):
     """The open-addressing seed index against a dict, with keys crowded into few home slots (long probe
     runs, wrap-around at the table's end) and queries both present and absent."""
@@ -257,8 +282,13 @@ def test_hash_index_equals_a_dict(keys, queries, crowd):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.text("abcé", min_size=0, max_size=9), min_size=1, max_size=12), st.integers(1, 4),
-       st.integers(1, 5), st.sampled_from([None, 0, 3, 10]), st.integers(1, 1 << 20))
+@given(
+    st.lists(st.text("abcé", min_size=0, max_size=9), min_size=1, max_size=12),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.sampled_from([None, 0, 3, 10]),
+    st.integers(1, 1 << 20),
+)
 def test_count_substrings_equals_brute_force(words, threads, max_len, keep_top, min_reduce):
     """Hash-bucketed substring counting (one thread or several, each owning a range of buckets; reduced
     early or late) against a Counter over every substring, and its top-k filter against a sort."""
@@ -279,8 +309,9 @@ def test_count_substrings_equals_brute_force(words, threads, max_len, keep_top, 
         for b in range(len(w)):
             for e in range(b + 1, min(len(w), b + max_len) + 1):
                 want[w[b:e]] += int(c)
-    h1, h2, w, ln = count_substrings(words, counts, max_len, keep_top=keep_top, n_buckets=8, min_reduce=min_reduce,
-                                     threads=threads)
+    h1, h2, w, ln = count_substrings(
+        words, counts, max_len, keep_top=keep_top, n_buckets=8, min_reduce=min_reduce, threads=threads
+    )
     subs = sorted(want)
     ids = _HashIndex.of_strings(subs)(h1, h2.astype(np.uint64) << np.uint64(32))
     assert (ids >= 0).all()
@@ -315,13 +346,16 @@ def _split_uncovered_slow(word_counts, kept, max_len):
     for w, c in word_counts.items():
         for run in regex.split("[^" + "".join(regex.escape(ch) for ch in kept) + "]", w) if kept else [""]:
             for i in range(0, len(run), max_len):
-                out[run[i:i + max_len]] += c
+                out[run[i : i + max_len]] += c
     return dict(out)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.text("ab▁中\U0001F600\ud800é", max_size=9), st.integers(1, 50), max_size=12),
-       st.sampled_from([0.0, 0.5, 0.9, 0.9995, 1.0]), st.integers(1, 4))
+@given(
+    st.dictionaries(st.text("ab▁中\U0001f600\ud800é", max_size=9), st.integers(1, 50), max_size=12),
+    st.sampled_from([0.0, 0.5, 0.9, 0.9995, 1.0]),
+    st.integers(1, 4),
+)
 def test_character_coverage_and_splitting_equal_brute_force(word_counts, coverage, max_len):
     """Coverage by frequency (ties by code point; surrogates and astral characters included) and the
     cutting of words at uncovered characters into <= max_len chunks, against per-character loops."""
@@ -356,13 +390,29 @@ def test_script_classes_of_known_characters():
 
     c = script_classes("aЯ中カー1,\u0301▁")
     code = {k: _SCRIPT_CODES[v - 1] if v > 0 else v for k, v in c.items()}
-    assert code == {"a": "Latn", "Я": "Cyrl", "中": "Hani", "カ": "Hani", "ー": "Hani", "1": "Zyyy", ",": "Zyyy",
-                    "\u0301": -2, "▁": -1}
+    assert code == {
+        "a": "Latn",
+        "Я": "Cyrl",
+        "中": "Hani",
+        "カ": "Hani",
+        "ー": "Hani",
+        "1": "Zyyy",
+        ",": "Zyyy",
+        "\u0301": -2,
+        "▁": -1,
+    }
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(["a", "b", "Я", "中", "カ", "ー", "1", ",", "▁", "\u0301"]), min_size=1,
-                         max_size=8).map("".join), min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(["a", "b", "Я", "中", "カ", "ー", "1", ",", "▁", "\u0301"]), min_size=1, max_size=8
+        ).map("".join),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_script_split_substrings_equal_sentencepiece_rule(words):
     """The vectorised script filter of the seed substrings against a port of sentencepiece's piece
     check (substrings that start with a combining mark excluded: ours takes the script before it in the
@@ -373,6 +423,11 @@ def test_script_split_substrings_equal_sentencepiece_rule(words):
     got = set()
     for sid, beg, l, _, _ in iter_substrings(words, 5, script_breaks(words)):
         got |= {(k, b, l) for k, b in zip(sid.tolist(), beg.tolist())}
-    want = {(k, b, l) for k, w in enumerate(words) for l in range(1, 6) for b in range(len(w) - l + 1)
-            if l == 1 or _valid_piece_sentencepiece(w[b:b + l], classes)}
+    want = {
+        (k, b, l)
+        for k, w in enumerate(words)
+        for l in range(1, 6)
+        for b in range(len(w) - l + 1)
+        if l == 1 or _valid_piece_sentencepiece(w[b : b + l], classes)
+    }
     assert {t for t in got if words[t[0]][t[1]] != "\u0301"} == {t for t in want if words[t[0]][t[1]] != "\u0301"}

@@ -43,22 +43,31 @@ def test_fast_trainer_matches_recount_oracle(seed, criterion):
     for _ in range(80):
         w = "".join(rng.choice("abcdef") for _ in range(rng.randint(1, 8)))
         wc[w] = wc.get(w, 0) + rng.randint(1, 30)
-    assert train_wordpiece_merges(wc, 40, criterion=criterion) == train_wordpiece_merges_slow(wc, 40, criterion=criterion)
-    assert (train_wordpiece_merges(wc, 30, min_frequency=5, criterion=criterion)
-            == train_wordpiece_merges_slow(wc, 30, min_frequency=5, criterion=criterion))
+    assert train_wordpiece_merges(wc, 40, criterion=criterion) == train_wordpiece_merges_slow(
+        wc, 40, criterion=criterion
+    )
+    assert train_wordpiece_merges(wc, 30, min_frequency=5, criterion=criterion) == train_wordpiece_merges_slow(
+        wc, 30, min_frequency=5, criterion=criterion
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text("abcé", min_size=1, max_size=6), st.integers(1, 3), min_size=1, max_size=25),
-       st.integers(1, 2), st.sampled_from(["score", "likelihood"]))
+@given(
+    st.dictionaries(st.text("abcé", min_size=1, max_size=6), st.integers(1, 3), min_size=1, max_size=25),
+    st.integers(1, 2),
+    st.sampled_from(["score", "likelihood"]),
+)
 def test_fast_trainer_matches_oracle_with_many_ties(wc, min_freq, criterion):
     # counts of 1-3 over a tiny alphabet: many pairs share the top score, so the tie-break decides
-    assert (train_wordpiece_merges(wc, 30, min_freq, criterion=criterion)
-            == train_wordpiece_merges_slow(wc, 30, min_freq, criterion=criterion))
+    assert train_wordpiece_merges(wc, 30, min_freq, criterion=criterion) == train_wordpiece_merges_slow(
+        wc, 30, min_freq, criterion=criterion
+    )
 
 
 def test_greedy_longest_prefix_and_unk():
-    vocab = {t: i for i, t in enumerate(["[UNK]", "un", "##aff", "##able", "u", "##n", "##a", "##f", "##b", "##l", "##e"])}
+    vocab = {
+        t: i for i, t in enumerate(["[UNK]", "un", "##aff", "##able", "u", "##n", "##a", "##f", "##b", "##l", "##e"])
+    }
     m = WordPieceModel(vocab, max_input_chars_per_word=12)
     assert [m.vocab and k for k in m.tokenize("unaffable")] == [vocab["un"], vocab["##aff"], vocab["##able"]]
     assert m.tokenize("unz") == [vocab["[UNK]"]]  # one unmatchable piece -> the whole word is [UNK]
@@ -91,7 +100,9 @@ def test_minilm_bert_vocabulary_matches_tokenizers(minilm_tokenizer_json, heldou
         assert ours.decode(want) == ref.decode(want), text
 
 
-_BERT_CHARS = st.characters(codec=None) | st.sampled_from(list("\t\n\r\x00\ufffd\x85\u3000\u200b中文한é\u0301İΣς,.!?¿'\"-_"))
+_BERT_CHARS = st.characters(codec=None) | st.sampled_from(
+    list("\t\n\r\x00\ufffd\x85\u3000\u200b中文한é\u0301İΣς,.!?¿'\"-_")
+)
 
 
 @settings(max_examples=400, deadline=None)
@@ -108,8 +119,11 @@ def test_bert_character_classes_agree_with_predicates_on_every_code_point():
     assert "".join(r["cjk"].findall(every)) == "".join(filter(symbols.is_chinese_char, every))
     assert "".join(r["space"].findall(every)) == "".join(sorted(symbols.WHITESPACE))
     assert "".join(r["mn"].findall(every)) == "".join(c for c in every if unicodedata.category(c) == "Mn")
-    keep = "".join(c for c in every if not (c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C")
-                   or c in symbols.WHITESPACE)
+    keep = "".join(
+        c
+        for c in every
+        if not (c == "\x00" or c == "\ufffd" or unicodedata.category(c)[0] == "C") or c in symbols.WHITESPACE
+    )
     assert r["drop"].sub("", every) == keep
     punct = "".join(filter(symbols.is_bert_punctuation, every))
     assert [w for w in r["words"].findall(every) if len(w) == 1 and symbols.is_bert_punctuation(w)] == list(punct)

@@ -10,8 +10,16 @@ from posttrain.errors import ConfigError
 from posttrain.trainers.alarms import AlarmConfig, Alarms
 
 HEALTHY = {
-    "reward_mean": 0.4, "reward_std": 0.3, "zero_std_frac": 0.25, "truncated_frac": 0.1, "ratio_max": 1.3,
-    "approx_kl": 0.01, "kl": 0.05, "entropy": 0.8, "loss": 0.12, "grad_norm": 1.5,
+    "reward_mean": 0.4,
+    "reward_std": 0.3,
+    "zero_std_frac": 0.25,
+    "truncated_frac": 0.1,
+    "ratio_max": 1.3,
+    "approx_kl": 0.01,
+    "kl": 0.05,
+    "entropy": 0.8,
+    "loss": 0.12,
+    "grad_norm": 1.5,
 }
 
 
@@ -45,12 +53,15 @@ def test_uniform_groups():
 
 def test_all_truncated():
     a = Alarms(AlarmConfig(truncation_patience=2))
-    outs = _run(a, [{"truncated_frac": 1.0}, {"truncated_frac": 0.99}, {"truncated_frac": 1.0}, {"truncated_frac": 1.0}])
+    outs = _run(
+        a, [{"truncated_frac": 1.0}, {"truncated_frac": 0.99}, {"truncated_frac": 1.0}, {"truncated_frac": 1.0}]
+    )
     assert [bool(o) for o in outs] == [False, False, False, True] and "truncated" in outs[3][0]
 
 
 @pytest.mark.parametrize(
-    "key,value,word", [("ratio_max", 25.0, "importance ratio"), ("approx_kl", 0.9, "approx-KL"), ("kl", 3.0, "KL to the reference")]
+    "key,value,word",
+    [("ratio_max", 25.0, "importance ratio"), ("approx_kl", 0.9, "approx-KL"), ("kl", 3.0, "KL to the reference")],
 )
 def test_bounds_fire_immediately(key, value, word):
     a = Alarms()

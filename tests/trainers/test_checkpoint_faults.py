@@ -21,9 +21,32 @@ from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.sft import SFTConfig, train_sft
 
-TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false", "--restarts", "1",
-        "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.digits", "1",
-        "--task.num-demos", "20", "--task.num-eval", "8"]
+TINY = [
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "0",
+    "--save-every",
+    "2",
+    "--progress",
+    "false",
+    "--restarts",
+    "1",
+    "--model.n-layer",
+    "1",
+    "--model.d-model",
+    "32",
+    "--model.n-head",
+    "2",
+    "--task.digits",
+    "1",
+    "--task.num-demos",
+    "20",
+    "--task.num-eval",
+    "8",
+]
 MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
 
@@ -50,29 +73,67 @@ def _evil(f):
 CORRUPT = {  # file, how, the command that reads it, expected message after "FILE: " (None: a prefix, see below)
     "weights truncated": ("model.safetensors", _truncate, "eval", None),
     "weights empty": ("model.safetensors", lambda f: f.write_bytes(b""), "eval", None),
-    "config garbage": ("config.json", lambda f: f.write_text("{model_type: gpt"), "eval",
-                       "corrupt checkpoint file (not valid JSON: Expecting property name enclosed in double quotes "
-                       "at line 1 column 2)"),
-    "config a list": ("config.json", lambda f: f.write_text("[1, 2]"), "eval",
-                      "corrupt checkpoint file (expected a JSON object, got list)"),
+    "config garbage": (
+        "config.json",
+        lambda f: f.write_text("{model_type: gpt"),
+        "eval",
+        "corrupt checkpoint file (not valid JSON: Expecting property name enclosed in double quotes "
+        "at line 1 column 2)",
+    ),
+    "config a list": (
+        "config.json",
+        lambda f: f.write_text("[1, 2]"),
+        "eval",
+        "corrupt checkpoint file (expected a JSON object, got list)",
+    ),
     "config no type": ("config.json", lambda f: f.write_text("{}"), "eval", "corrupt checkpoint file (no model_type)"),
-    "config wrong shape": ("config.json", lambda f: f.write_text(json.dumps(
-        {"model_type": "posttrain-gpt", "config": {"n_layer": 1, "n_head": 2, "d_model": 48, "vocab_size": 20,
-                                                   "max_seq_len": 24}})), "eval", None),
+    "config wrong shape": (
+        "config.json",
+        lambda f: f.write_text(
+            json.dumps(
+                {
+                    "model_type": "posttrain-gpt",
+                    "config": {"n_layer": 1, "n_head": 2, "d_model": 48, "vocab_size": 20, "max_seq_len": 24},
+                }
+            )
+        ),
+        "eval",
+        None,
+    ),
     "state empty": ("trainer_state.json", lambda f: f.write_text(""), "eval", "corrupt checkpoint file (empty)"),
-    "state garbage": ("trainer_state.json", lambda f: f.write_bytes(b"\x89PNG\r\n"), "eval",
-                      "corrupt checkpoint file (not valid UTF-8 at byte 0)"),
-    "state bad step": ("trainer_state.json", lambda f: f.write_text('{"step": "many"}'), "eval",
-                       "corrupt checkpoint file ('step' is 'many', not an integer)"),
+    "state garbage": (
+        "trainer_state.json",
+        lambda f: f.write_bytes(b"\x89PNG\r\n"),
+        "eval",
+        "corrupt checkpoint file (not valid UTF-8 at byte 0)",
+    ),
+    "state bad step": (
+        "trainer_state.json",
+        lambda f: f.write_text('{"step": "many"}'),
+        "eval",
+        "corrupt checkpoint file ('step' is 'many', not an integer)",
+    ),
     "optimizer truncated": ("optimizer.pt", _truncate, "sft", None),
-    "optimizer not a state": ("optimizer.pt", lambda f: torch.save([1, 2], f), "sft",
-                              "corrupt checkpoint file (expected a dict, got list)"),
-    "optimizer pickle": ("optimizer.pt", _evil, "sft",
-                         "corrupt or unreadable checkpoint file (refused: it holds Python objects other than tensors "
-                         "and plain containers, which posttrain never unpickles)"),
-    "rng pickle": ("rng.pt", _evil, "sft",
-                   "corrupt or unreadable checkpoint file (refused: it holds Python objects other than tensors and "
-                   "plain containers, which posttrain never unpickles)"),
+    "optimizer not a state": (
+        "optimizer.pt",
+        lambda f: torch.save([1, 2], f),
+        "sft",
+        "corrupt checkpoint file (expected a dict, got list)",
+    ),
+    "optimizer pickle": (
+        "optimizer.pt",
+        _evil,
+        "sft",
+        "corrupt or unreadable checkpoint file (refused: it holds Python objects other than tensors "
+        "and plain containers, which posttrain never unpickles)",
+    ),
+    "rng pickle": (
+        "rng.pt",
+        _evil,
+        "sft",
+        "corrupt or unreadable checkpoint file (refused: it holds Python objects other than tensors and "
+        "plain containers, which posttrain never unpickles)",
+    ),
 }
 
 
@@ -99,16 +160,37 @@ def test_a_corrupt_checkpoint_file_is_one_line_naming_it(base, tmp_path, capsys,
 
 def test_a_corrupt_reward_head_names_the_file(tmp_path):
     out = tmp_path / "rm"
-    train_reward_model(RMConfig(out=str(out), steps=1, batch_size=4, eval_every=0, save_every=0, progress=False,
-                                eval_prompts=8, stats_pairs=8, model=MODEL, task=TASK))
+    train_reward_model(
+        RMConfig(
+            out=str(out),
+            steps=1,
+            batch_size=4,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            eval_prompts=8,
+            stats_pairs=8,
+            model=MODEL,
+            task=TASK,
+        )
+    )
     _truncate(out / "model" / HEAD_FILE)
     with pytest.raises(UserError, match=rf"^{out / 'model' / HEAD_FILE}: corrupt or unreadable checkpoint file \("):
         load_reward_model(out)
 
 
 def _sft(out, **kw):
-    base = dict(out=str(out), steps=4, batch_size=8, eval_every=0, save_every=1, warmup_steps=2, progress=False,
-                model=MODEL, task=TASK)
+    base = dict(
+        out=str(out),
+        steps=4,
+        batch_size=8,
+        eval_every=0,
+        save_every=1,
+        warmup_steps=2,
+        progress=False,
+        model=MODEL,
+        task=TASK,
+    )
     return train_sft(SFTConfig(**{**base, **kw}))
 
 
@@ -124,15 +206,23 @@ def _fail_once(monkeypatch, module, name, exc):
     monkeypatch.setattr(module, name, flaky)
 
 
-@pytest.mark.parametrize("where, exc, reason", [
-    ((posttrain.models, "_st_save_model"),  # how safetensors reports a full disk
-     SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
-     "cannot write (Error while serializing: I/O error: No space left on device (os error 28)) (RUN/checkpoints/"
-     "step-00000001)"),
-    ((torch, "save"), RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),
-     "cannot write ([enforce fail at inline_container.cc:672]) (RUN/checkpoints/step-00000001)"),  # torch.save's
-    ((torch, "save"), OSError(errno.EROFS, "Read-only file system"), "Read-only file system"),
-])
+@pytest.mark.parametrize(
+    "where, exc, reason",
+    [
+        (
+            (posttrain.models, "_st_save_model"),  # how safetensors reports a full disk
+            SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)"),
+            "cannot write (Error while serializing: I/O error: No space left on device (os error 28)) (RUN/checkpoints/"
+            "step-00000001)",
+        ),
+        (
+            (torch, "save"),
+            RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"),
+            "cannot write ([enforce fail at inline_container.cc:672]) (RUN/checkpoints/step-00000001)",
+        ),  # torch.save's
+        ((torch, "save"), OSError(errno.EROFS, "Read-only file system"), "Read-only file system"),
+    ],
+)
 def test_a_failed_periodic_checkpoint_warns_and_the_run_goes_on(tmp_path, capsys, monkeypatch, where, exc, reason):
     _sft(tmp_path / "full")
     capsys.readouterr()
@@ -140,8 +230,10 @@ def test_a_failed_periodic_checkpoint_warns_and_the_run_goes_on(tmp_path, capsys
     run = tmp_path / "run"
     _sft(run)
     err = capsys.readouterr().err
-    assert err == (f"warning: checkpoint step-00000001 not saved: {reason.replace('RUN', str(run))}; training goes "
-                   f"on, the next save retries\n")
+    assert err == (
+        f"warning: checkpoint step-00000001 not saved: {reason.replace('RUN', str(run))}; training goes "
+        f"on, the next save retries\n"
+    )
     ckpts = run / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step-00000002", "step-00000003"]
     assert (ckpts / "latest").read_text() == "step-00000003\n"
@@ -153,5 +245,9 @@ def test_a_failed_final_save_raises_and_leaves_no_temp(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
     with pytest.raises(OSError, match="full"):
         _sft(tmp_path / "run", save_every=0, steps=2)
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["config.resolved.json", "config.resolved.yaml",
-                                                                    "metrics.jsonl", "run.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "config.resolved.json",
+        "config.resolved.yaml",
+        "metrics.jsonl",
+        "run.json",
+    ]

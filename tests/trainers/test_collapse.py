@@ -17,8 +17,16 @@ TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
 
 
 def test_guard_on_a_scripted_trace():
-    g = CollapseGuard(AlarmConfig(collapse_fraction=0.5, collapse_patience=2, collapse_smoothing=0.0, max_restores=2,
-                                  restore_lr_factor=0.5, collapse_min_reward=0.1))
+    g = CollapseGuard(
+        AlarmConfig(
+            collapse_fraction=0.5,
+            collapse_patience=2,
+            collapse_smoothing=0.0,
+            max_restores=2,
+            restore_lr_factor=0.5,
+            collapse_min_reward=0.1,
+        )
+    )
     trace = [0.4, 0.6, 0.5, 0.2, 0.2, 0.6, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]
     actions = [g.update(i + 1, r) for i, r in enumerate(trace)]
     assert actions == ["snapshot", "snapshot", None, None, "restore", None, None, "restore", None, "warn", None, "warn"]
@@ -35,8 +43,19 @@ def test_guard_on_a_scripted_trace():
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft_collapse")
-    train_sft(SFTConfig(out=str(out), steps=10, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
-                        val_fraction=0, model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=10,
+            batch_size=16,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            val_fraction=0,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        )
+    )
     return out
 
 
@@ -47,6 +66,7 @@ def scripted():
     def fn(prompts, completions, **_):
         calls.append(1)
         return [float(i % 2 == 0) if len(calls) == 1 else 0.0 for i in range(len(completions))]
+
     return fn
 
 
@@ -56,9 +76,22 @@ def test_trainer_restores_the_snapshot(sft_dir, tmp_path):
     alarms = AlarmConfig(collapse_fraction=0.5, collapse_patience=2, collapse_smoothing=0.0, collapse_min_reward=0.1)
 
     def cfg(out, steps):
-        return PolicyGradientConfig(init=str(sft_dir), out=str(out), steps=steps, prompts_per_step=4, num_generations=4,
-                                    max_new_tokens=4, eval_every=0, save_every=0, progress=False, task=TASK,
-                                    warmup_steps=0, lr=1e-2, reward="collapse_script", alarms=alarms)
+        return PolicyGradientConfig(
+            init=str(sft_dir),
+            out=str(out),
+            steps=steps,
+            prompts_per_step=4,
+            num_generations=4,
+            max_new_tokens=4,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            warmup_steps=0,
+            lr=1e-2,
+            reward="collapse_script",
+            alarms=alarms,
+        )
 
     one = train_policy_gradient(cfg(tmp_path / "one", 1))
     s = train_policy_gradient(cfg(tmp_path / "three", 3))  # step 1 snapshot; steps 2, 3 collapsed -> restore at 3
@@ -76,19 +109,38 @@ def test_resume_is_exact_with_the_snapshot_in_the_checkpoint(sft_dir, tmp_path):
     import shutil
 
     if "parity" not in REWARD_FUNCTIONS:  # a function of the completion: both runs see the same rewards
-        register_reward("parity", lambda **_: (lambda prompts, completions, **c: [float(len(x) % 2) for x in completions]))
-    alarms = AlarmConfig(collapse_fraction=0.99, collapse_patience=1, collapse_smoothing=0.0, collapse_min_reward=0.0,
-                         max_restores=50)
+        register_reward(
+            "parity", lambda **_: lambda prompts, completions, **c: [float(len(x) % 2) for x in completions]
+        )
+    alarms = AlarmConfig(
+        collapse_fraction=0.99, collapse_patience=1, collapse_smoothing=0.0, collapse_min_reward=0.0, max_restores=50
+    )
 
     def cfg(out):
-        return PolicyGradientConfig(init=str(sft_dir), out=str(out), steps=8, prompts_per_step=4, num_generations=4,
-                                    max_new_tokens=4, eval_every=0, save_every=4, progress=False, task=TASK,
-                                    warmup_steps=0, lr=1e-2, temperature=2.0, reward="parity", alarms=alarms)
+        return PolicyGradientConfig(
+            init=str(sft_dir),
+            out=str(out),
+            steps=8,
+            prompts_per_step=4,
+            num_generations=4,
+            max_new_tokens=4,
+            eval_every=0,
+            save_every=4,
+            progress=False,
+            task=TASK,
+            warmup_steps=0,
+            lr=1e-2,
+            temperature=2.0,
+            reward="parity",
+            alarms=alarms,
+        )
 
     full = tmp_path / "full"
     train_policy_gradient(cfg(full))
     rows = [json.loads(ln) for ln in (full / "metrics.jsonl").read_text().splitlines()]
-    assert any(r["step"] > 4 and r.get("restored_from", 99) <= 4 for r in rows)  # a restore to a pre-checkpoint snapshot
+    assert any(
+        r["step"] > 4 and r.get("restored_from", 99) <= 4 for r in rows
+    )  # a restore to a pre-checkpoint snapshot
     resumed = tmp_path / "resumed"
     shutil.copytree(full / "checkpoints" / "step-00000004", resumed / "checkpoints" / "step-00000004")
     (resumed / "checkpoints" / "latest").write_text("step-00000004\n")
@@ -108,9 +160,22 @@ def test_ppo_restore_puts_the_critic_back_too(sft_dir, tmp_path):
     alarms = AlarmConfig(collapse_fraction=0.5, collapse_patience=2, collapse_smoothing=0.0, collapse_min_reward=0.1)
 
     def cfg(out, steps):
-        return PPOConfig(init=str(sft_dir), out=str(out), steps=steps, prompts_per_step=4, num_generations=4,
-                         max_new_tokens=4, eval_every=0, save_every=0, progress=False, task=TASK, warmup_steps=0,
-                         lr=1e-2, reward="collapse_script_ppo", alarms=alarms)
+        return PPOConfig(
+            init=str(sft_dir),
+            out=str(out),
+            steps=steps,
+            prompts_per_step=4,
+            num_generations=4,
+            max_new_tokens=4,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            warmup_steps=0,
+            lr=1e-2,
+            reward="collapse_script_ppo",
+            alarms=alarms,
+        )
 
     one, two, three = (train_ppo(cfg(tmp_path / str(n), n)) for n in (1, 2, 3))
     assert one["restores"] == two["restores"] == 0 and three["restores"] == 1

@@ -62,8 +62,16 @@ def _run(tmp_path: Path, world: int, name: str) -> Path:
     out = tmp_path / name
     init = tmp_path / f"{name}.rendezvous"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(r), str(world), str(init), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(r), str(world), str(init), str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
@@ -94,17 +102,28 @@ def test_two_process_sft_equals_one_process_and_only_rank0_writes(tmp_path, one)
         assert abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5 * max(1.0, r1["grad_norm"])
 
 
-FSDP_SCRIPT = SCRIPT.replace("train_sft(cfg)", "import dataclasses\n"
-                             "cfg = dataclasses.replace(cfg, fsdp=len(sys.argv) > 5 and sys.argv[5] == 'fsdp')\n"
-                             "train_sft(cfg, resume=sys.argv[6] if len(sys.argv) > 6 else None)")
+FSDP_SCRIPT = SCRIPT.replace(
+    "train_sft(cfg)",
+    "import dataclasses\n"
+    "cfg = dataclasses.replace(cfg, fsdp=len(sys.argv) > 5 and sys.argv[5] == 'fsdp')\n"
+    "train_sft(cfg, resume=sys.argv[6] if len(sys.argv) > 6 else None)",
+)
 
 
 def _run_script(script, tmp_path, world, name, *extra):
     out = tmp_path / name
     init = tmp_path / f"{name}.{len(extra)}.rendezvous"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), str(world), str(init), str(out), *extra], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(r), str(world), str(init), str(out), *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
@@ -131,6 +150,7 @@ def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_
     # `posttrain export` of the shards (one process): the consolidated weights, as a plain checkpoint or as HF
     from posttrain.cli import main
     from posttrain.models.convert import gpt2_named_tensors
+
     assert main(["export", str(step2), "--out", str(tmp_path / "exported")]) == 0
     exported = load_file(tmp_path / "exported" / "model.safetensors")
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
@@ -141,6 +161,7 @@ def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_
     assert all(torch.equal(hf[k], named[k].contiguous()) for k in hf)
     # resumed at another world size (1 process, unsharded) from the 2-process shards: ends as the 1-process run
     import shutil
+
     resumed = tmp_path / "resumed"
     shutil.copytree(two, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step-00000004", ignore_errors=True)
@@ -208,10 +229,13 @@ def test_fsdp_dpo_two_processes_equal_one_and_resume_in_one_process(tmp_path, on
         assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
     # resumed in one process (unsharded) from the 2-process shards of step 2: ends as the uninterrupted run
     import shutil
+
     resumed = tmp_path / "resumed"
     shutil.copytree(two, resumed)
     shutil.rmtree(resumed / "model")  # written again by the resumed run
-    _run_script(DPO_SCRIPT, tmp_path, 1, "resumed", init, "rpo", "plain", str(resumed / "checkpoints" / "step-00000002"))
+    _run_script(
+        DPO_SCRIPT, tmp_path, 1, "resumed", init, "rpo", "plain", str(resumed / "checkpoints" / "step-00000002")
+    )
     wc = load_file(resumed / "model" / "model.safetensors")
     for k in wa:
         torch.testing.assert_close(wc[k], wa[k], atol=1e-5, rtol=1e-5, msg=k)
@@ -220,9 +244,16 @@ def test_fsdp_dpo_two_processes_equal_one_and_resume_in_one_process(tmp_path, on
 def test_batch_coupled_losses_refuse_several_processes(tmp_path, one):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     init = str(tmp_path / "x.rendezvous")
-    procs = [subprocess.Popen([sys.executable, "-c", DPO_SCRIPT, str(r), "2", init, str(tmp_path / "o"),
-                               str(one / "model"), "aot"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DPO_SCRIPT, str(r), "2", init, str(tmp_path / "o"), str(one / "model"), "aot"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     logs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode != 0 for p in procs)
     assert all("couples the examples of a batch" in log for log in logs)

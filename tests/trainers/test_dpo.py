@@ -7,13 +7,7 @@ import pytest
 import torch
 
 from posttrain.data.preference import PreferencePair, collate_preference
-from posttrain.data.preference_pairs import (
-    PairDataConfig,
-    answer_distance,
-    cached_pairs,
-    label_pairs,
-    synthetic_pairs,
-)
+from posttrain.data.preference_pairs import PairDataConfig, answer_distance, cached_pairs, label_pairs, synthetic_pairs
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPTConfig
@@ -30,8 +24,18 @@ TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
 @pytest.fixture(scope="module")
 def sft_ckpt(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft")
-    train_sft(SFTConfig(out=str(out), steps=8, batch_size=8, eval_every=0, save_every=0, progress=False,
-                        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24), task=TASK))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=8,
+            batch_size=8,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+            task=TASK,
+        )
+    )
     return str(out)
 
 
@@ -48,8 +52,19 @@ def pair_file(tmp_path_factory):
 
 
 def cfg(out, init, **kw):
-    base = dict(out=str(out), init=init, loss="dpo", steps=3, batch_size=4, eval_every=0, save_every=0, warmup_steps=1,
-                progress=False, task=TASK, pairs=PairDataConfig(num_prompts=16, samples_per_prompt=4, gold_chosen=True))
+    base = dict(
+        out=str(out),
+        init=init,
+        loss="dpo",
+        steps=3,
+        batch_size=4,
+        eval_every=0,
+        save_every=0,
+        warmup_steps=1,
+        progress=False,
+        task=TASK,
+        pairs=PairDataConfig(num_prompts=16, samples_per_prompt=4, gold_chosen=True),
+    )
     base.update(kw)
     return DPOConfig(**base)
 
@@ -130,10 +145,13 @@ def test_dpo_moves_the_margin(tmp_path, sft_ckpt, pair_file):
     assert rows[-1]["loss"] < rows[0]["loss"]
 
 
-@pytest.mark.parametrize("loss,extra,key", [
-    ("beta_dpo", {"loss_kwargs": {"filter_ratio": 0.5}}, "beta_dpo/beta"),
-    ("dpo,bco_pair,sft", {"loss_weights": "0.8,0.2,1.0"}, "bco/delta"),  # BCO's running shift, inside a combination
-])
+@pytest.mark.parametrize(
+    "loss,extra,key",
+    [
+        ("beta_dpo", {"loss_kwargs": {"filter_ratio": 0.5}}, "beta_dpo/beta"),
+        ("dpo,bco_pair,sft", {"loss_weights": "0.8,0.2,1.0"}, "bco/delta"),  # BCO's running shift, inside a combination
+    ],
+)
 def test_resume_is_bitwise_with_loss_state(tmp_path, sft_ckpt, pair_file, loss, extra, key):
     # beta-DPO carries running statistics and samples its filter, BCO a running reward mean: restored exactly
     kw = dict(loss=loss, data=pair_file, steps=4, **extra)
@@ -169,8 +187,12 @@ def test_embedded_on_policy_pairs_are_cached(tmp_path, sft_ckpt):
 
 def test_kto_reads_labelled_files(tmp_path, sft_ckpt):
     f = tmp_path / "kto.jsonl"
-    f.write_text("".join(json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1 + (a % 2)), "label": a % 2 == 0})
-                         + "\n" for a in range(6)))
+    f.write_text(
+        "".join(
+            json.dumps({"prompt": f"{a}+1=", "completion": str(a + 1 + (a % 2)), "label": a % 2 == 0}) + "\n"
+            for a in range(6)
+        )
+    )
     s = train_dpo(cfg(tmp_path / "o", sft_ckpt, loss="kto", data=str(f), steps=2))
     assert s["num_examples"] == 6
 

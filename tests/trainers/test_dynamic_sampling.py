@@ -21,15 +21,39 @@ TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft_ds")
-    train_sft(SFTConfig(out=str(out), steps=20, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
-                        val_fraction=0, model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=20,
+            batch_size=16,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            val_fraction=0,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        )
+    )
     return out
 
 
 def cfg(sft_dir, out, **kw):
-    base = dict(init=str(sft_dir), out=str(out), steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0, dynamic_sampling=True,
-                max_sample_rounds=3, lr=1e-2)
+    base = dict(
+        init=str(sft_dir),
+        out=str(out),
+        steps=4,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=2,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+        dynamic_sampling=True,
+        max_sample_rounds=3,
+        lr=1e-2,
+    )
     base.update(kw)
     return PolicyGradientConfig(**base)
 
@@ -47,19 +71,29 @@ def test_informative_groups_and_rows():
 
 def test_merged_rows_keep_their_own_log_probs(tiny_gpt):
     cfgs = SamplingConfig(max_new_tokens=5, temperature=1.0, num_samples=2)
-    g1 = generate(tiny_gpt, [[1, 4, 5], [1, 6]], pad_id=0, eos_id=2, cfg=cfgs, generator=torch.Generator().manual_seed(1))
-    g2 = generate(tiny_gpt, [[1, 4, 5, 7, 8]], pad_id=0, eos_id=2, cfg=SamplingConfig(max_new_tokens=3, num_samples=2),
-                  generator=torch.Generator().manual_seed(2))
+    g1 = generate(
+        tiny_gpt, [[1, 4, 5], [1, 6]], pad_id=0, eos_id=2, cfg=cfgs, generator=torch.Generator().manual_seed(1)
+    )
+    g2 = generate(
+        tiny_gpt,
+        [[1, 4, 5, 7, 8]],
+        pad_id=0,
+        eos_id=2,
+        cfg=SamplingConfig(max_new_tokens=3, num_samples=2),
+        generator=torch.Generator().manual_seed(2),
+    )
     parts = [(g1, group_rows(torch.tensor([1]), 2)), (g2, group_rows(torch.tensor([0]), 2))]
     m = merge_rows(parts, pad_id=0, group_size=2)
     assert m["prompt_index"].tolist() == [0, 0, 1, 1]
     with torch.no_grad():
-        merged = completion_logps(tiny_gpt, m["sequences"], m["attention_mask"], m["prompt_length"],
-                                  completion_mask=m["completion_mask"])
+        merged = completion_logps(
+            tiny_gpt, m["sequences"], m["attention_mask"], m["prompt_length"], completion_mask=m["completion_mask"]
+        )
         row = 0
         for g, rows in parts:
-            own = completion_logps(tiny_gpt, g.sequences, g.attention_mask, g.prompt_length,
-                                   completion_mask=g.completion_mask)[rows]
+            own = completion_logps(
+                tiny_gpt, g.sequences, g.attention_mask, g.prompt_length, completion_mask=g.completion_mask
+            )[rows]
             t = own.shape[1]
             torch.testing.assert_close(merged[row : row + len(rows), :t], own, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(m["logps"][row : row + len(rows), :t], g.logps[rows])
@@ -96,7 +130,7 @@ def test_resume_is_bitwise_with_dynamic_sampling(sft_dir, tmp_path):
 
 def test_all_uniform_groups_make_no_update(sft_dir, tmp_path):
     if "always_zero" not in REWARD_FUNCTIONS:
-        register_reward("always_zero", lambda **_: (lambda prompts, completions, **c: [0.0] * len(completions)))
+        register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
     out = tmp_path / "z"
     s = train_policy_gradient(cfg(sft_dir, out, steps=2, save_every=0, reward="always_zero"))
     assert s["heldout_accuracy"] >= 0

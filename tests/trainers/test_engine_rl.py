@@ -25,21 +25,60 @@ IS_KEYS = ("sampling_logp_difference", "is_weight_mean", "is_weight_min", "is_we
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft")
-    train_sft(SFTConfig(out=str(out), steps=20, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
-                        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=20,
+            batch_size=16,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        )
+    )
     return out
 
 
 def _grpo(sft_dir, out, **kw):
-    base = dict(init=str(sft_dir), out=str(out), steps=2, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=0, progress=False, task=TASK, warmup_steps=0, mu=2, minibatches=2, beta=0.05,
-                dynamic_sampling=False, lr=1e-3)
+    base = dict(
+        init=str(sft_dir),
+        out=str(out),
+        steps=2,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+        mu=2,
+        minibatches=2,
+        beta=0.05,
+        dynamic_sampling=False,
+        lr=1e-3,
+    )
     return PolicyGradientConfig(**{**base, **kw})
 
 
 def _ppo(sft_dir, out, **kw):
-    base = dict(init=str(sft_dir), out=str(out), steps=2, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=0, progress=False, task=TASK, warmup_steps=0, lr=1e-3, mu=2, minibatches=2)
+    base = dict(
+        init=str(sft_dir),
+        out=str(out),
+        steps=2,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+        lr=1e-3,
+        mu=2,
+        minibatches=2,
+    )
     return PPOConfig(**{**base, **kw})
 
 
@@ -76,8 +115,14 @@ def test_skewed_engine_grpo_rollout_gets_the_reference_tis_weights(sft_dir, tmp_
     ro = engine_rollout.correct_rollout(tr, raw)
     m = raw.completion_mask.float()
     with torch.no_grad():  # pi_old by an independent path: a plain full forward (the trainer shares prompt prefixes)
-        want_old = completion_logps(tr.model, raw.sequences, raw.attention_mask, raw.prompt_length,
-                                    temperature=cfg.temperature, completion_mask=raw.completion_mask)
+        want_old = completion_logps(
+            tr.model,
+            raw.sequences,
+            raw.attention_mask,
+            raw.prompt_length,
+            temperature=cfg.temperature,
+            completion_mask=raw.completion_mask,
+        )
     torch.testing.assert_close(ro.old_logps, want_old * m, atol=1e-5, rtol=0)
     want_w = torch.exp(ro.old_logps - raw.old_logps).clamp(max=1.05) * m
     torch.testing.assert_close(ro.is_weights, want_w, atol=1e-6, rtol=1e-6)
@@ -103,15 +148,21 @@ def test_skewed_engine_weights_multiply_the_policy_loss(sft_dir, tmp_path, kind)
     if kind == "grpo":
         tr = PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "g", engine="skewed", beta=0.0, loss_agg="token_mean"))
         ro = tr.rollout(0)  # advantages of both signs (the SFT start may give a group equal rewards)
-        ro = dataclasses.replace(ro, advantages=torch.randn(ro.sequences.shape[0], generator=torch.Generator().manual_seed(0)))
+        ro = dataclasses.replace(
+            ro, advantages=torch.randn(ro.sequences.shape[0], generator=torch.Generator().manual_seed(0))
+        )
         adv = ro.advantages[:, None]
         loss = lambda r: tr._micro_loss(r, torch.arange(r.sequences.shape[0]), batch_normalizers(r.completion_mask))  # noqa: E731
     else:
         tr = PPOTrainer(_ppo(sft_dir, tmp_path / "p", engine="skewed", minibatches=1))
         ro = make_rollout(tr, 0)
         adv = ro.advantages
-        loss = lambda r: tr._micro_loss(r, torch.arange(r.sequences.shape[0]), batch_normalizers(r.completion_mask),  # noqa: E731
-                                        train_policy=True)
+        loss = lambda r: tr._micro_loss(
+            r,
+            torch.arange(r.sequences.shape[0]),
+            batch_normalizers(r.completion_mask),  # noqa: E731
+            train_policy=True,
+        )
     m = ro.metrics
     assert m["sampling_logp_difference"] > 0.01 and m["is_weight_min"] < 1.0 < m["is_weight_max"] <= 2.0
     mask = ro.completion_mask.float()

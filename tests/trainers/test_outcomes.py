@@ -11,7 +11,15 @@ def test_describe_names_the_worst_and_best_seed():
     d = describe({0: 0.5, 1: 0.2, 2: 0.8})
     assert d["mean"] == pytest.approx(0.5) and d["sd"] == pytest.approx(0.3)  # sample sd (n - 1)
     assert (d["worst_seed"], d["min"], d["best_seed"], d["max"]) == (1, 0.2, 2, 0.8)
-    assert describe({3: 0.4}) == {"n": 1, "mean": 0.4, "sd": 0.0, "min": 0.4, "worst_seed": 3, "max": 0.4, "best_seed": 3}
+    assert describe({3: 0.4}) == {
+        "n": 1,
+        "mean": 0.4,
+        "sd": 0.0,
+        "min": 0.4,
+        "worst_seed": 3,
+        "max": 0.4,
+        "best_seed": 3,
+    }
     assert describe({1: 0.3, 0: 0.3})["worst_seed"] == 0  # ties: the lowest seed, deterministically
 
 
@@ -25,7 +33,10 @@ def test_gain_is_per_seed_against_its_own_sft_and_failures_are_listed():
     assert list(agg) == ["sft", "grpo", "dpo"]
     g = agg["grpo"]["gain"]
     assert g["mean"] == pytest.approx(statistics.fmean([0.4, 0.2, 0.15]))
-    assert (g["worst_seed"], g["min"]) == (2, pytest.approx(0.15))  # seed 1 has the lowest accuracy, not the lowest gain
+    assert (g["worst_seed"], g["min"]) == (
+        2,
+        pytest.approx(0.15),
+    )  # seed 1 has the lowest accuracy, not the lowest gain
     assert agg["grpo"]["accuracy"]["worst_seed"] == 1
     assert agg["dpo"]["failed_seeds"] == [1] and agg["dpo"]["accuracy"]["n"] == 2
     assert agg["dpo"]["gain"]["worst_seed"] == 2 and agg["dpo"]["gain"]["min"] == pytest.approx(-0.01)

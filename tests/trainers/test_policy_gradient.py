@@ -18,14 +18,35 @@ TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft")
-    train_sft(SFTConfig(out=str(out), steps=30, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
-                        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=30,
+            batch_size=16,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        )
+    )
     return out
 
 
 def cfg(sft_dir, out, **kw):
-    base = dict(init=str(sft_dir), out=str(out), steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0)
+    base = dict(
+        init=str(sft_dir),
+        out=str(out),
+        steps=4,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=2,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+    )
     base.update(kw)
     return PolicyGradientConfig(**base)
 
@@ -36,9 +57,24 @@ def test_each_algorithm_runs_and_logs_one_vocabulary(sft_dir, tmp_path, algo):
     assert 0 <= s["heldout_accuracy"] <= 1
     rows = [json.loads(ln) for ln in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
     step_rows = [r for r in rows if r["step"] > 0]
-    for key in ("reward_mean", "reward_std", "accuracy", "advantage_mean", "approx_kl", "clip_frac_low",
-                "clip_frac_high", "ratio_mean", "ratio_max", "entropy", "completion_length", "truncated_frac",
-                "zero_std_frac", "time_generate", "time_score", "time_update"):
+    for key in (
+        "reward_mean",
+        "reward_std",
+        "accuracy",
+        "advantage_mean",
+        "approx_kl",
+        "clip_frac_low",
+        "clip_frac_high",
+        "ratio_mean",
+        "ratio_max",
+        "entropy",
+        "completion_length",
+        "truncated_frac",
+        "zero_std_frac",
+        "time_generate",
+        "time_score",
+        "time_update",
+    ):
         assert key in step_rows[0], key
 
 
@@ -54,7 +90,9 @@ def test_beta_zero_never_builds_a_reference(sft_dir, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kl_in,estimator", [("loss", "k3"), ("reward", "k1"), ("loss", "k2")])
 def test_kl_to_reference(sft_dir, tmp_path, kl_in, estimator):
-    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path / "kl", steps=3, beta=0.1, kl_in=kl_in, kl_estimator=estimator, lr=1e-2))
+    t = PolicyGradientTrainer(
+        cfg(sft_dir, tmp_path / "kl", steps=3, beta=0.1, kl_in=kl_in, kl_estimator=estimator, lr=1e-2)
+    )
     assert t.ref_model is not None and not any(p.requires_grad for p in t.ref_model.parameters())
     t.train()
     rows = [json.loads(ln) for ln in (tmp_path / "kl" / "metrics.jsonl").read_text().splitlines()]
@@ -64,8 +102,11 @@ def test_kl_to_reference(sft_dir, tmp_path, kl_in, estimator):
 
 def test_adaptive_kl_state_is_checkpointed(sft_dir, tmp_path):
     out = tmp_path / "ad"
-    train_policy_gradient(cfg(sft_dir, out, steps=2, save_every=1, beta=0.1, kl_control="adaptive", kl_target=1e-6,
-                              kl_horizon=10, lr=1e-2))
+    train_policy_gradient(
+        cfg(
+            sft_dir, out, steps=2, save_every=1, beta=0.1, kl_control="adaptive", kl_target=1e-6, kl_horizon=10, lr=1e-2
+        )
+    )
     state = json.loads((out / "checkpoints" / "step-00000001" / "trainer_state.json").read_text())
     assert state["kl_controller"]["kind"] == "adaptive" and state["kl_controller"]["value"] != 0.1
 
@@ -97,7 +138,7 @@ def test_grad_accum_and_prefix_sharing_do_not_change_the_update(sft_dir, tmp_pat
 
 def test_alarm_on_identical_rewards(sft_dir, tmp_path, capsys):
     if "always_zero" not in REWARD_FUNCTIONS:
-        register_reward("always_zero", lambda **_: (lambda prompts, completions, **c: [0.0] * len(completions)))
+        register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
     c = cfg(sft_dir, tmp_path / "z", steps=3, save_every=0, reward="always_zero")
     c.alarms.reward_patience = 2
     train_policy_gradient(c)

@@ -26,21 +26,52 @@ TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft")
-    train_sft(SFTConfig(out=str(out), steps=30, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
-                        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=30,
+            batch_size=16,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        )
+    )
     return out
 
 
 def cfg(sft_dir, out, preset=None, **kw):
-    base = dict(init=str(sft_dir), out=str(out), steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=2, progress=False, task=TASK, warmup_steps=0, lr=1e-2, mu=2, minibatches=2)
+    base = dict(
+        init=str(sft_dir),
+        out=str(out),
+        steps=4,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=2,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+        lr=1e-2,
+        mu=2,
+        minibatches=2,
+    )
     base.update(PRESETS.get(preset, {}))
     base.update(kw)
     return PPOConfig(**base)
 
 
-@pytest.mark.parametrize("kw", [{}, {"value_model": "shared", "grad_accum": 2}, {"minibatches": 1, "grad_accum": 4},
-                                {"policy_objective": "kl_penalty"}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"value_model": "shared", "grad_accum": 2},
+        {"minibatches": 1, "grad_accum": 4},
+        {"policy_objective": "kl_penalty"},
+    ],
+)
 def test_first_minibatch_ratio_is_exactly_one(sft_dir, tmp_path, kw):
     t = PPOTrainer(cfg(sft_dir, tmp_path / "r", **kw))
     t.update(make_rollout(t, 0), 0, train_policy=True)
@@ -60,7 +91,9 @@ def test_a2c_gradient_is_the_policy_gradient_with_gae_advantages(sft_dir, tmp_pa
 
     loss, _ = t._micro_loss(ro, rows, batch_normalizers(ro.completion_mask), train_policy=True)
     got = torch.autograd.grad(loss, list(t.model.parameters()), allow_unused=True)
-    lp = completion_logps(t.model, ro.sequences, ro.attention_mask, ro.prompt_length, completion_mask=ro.completion_mask)
+    lp = completion_logps(
+        t.model, ro.sequences, ro.attention_mask, ro.prompt_length, completion_mask=ro.completion_mask
+    )
     m = ro.completion_mask.float()
     ref = -(ro.advantages * lp * m).sum() / m.sum()
     want = torch.autograd.grad(ref, list(t.model.parameters()), allow_unused=True)
@@ -92,8 +125,10 @@ def test_resume_ends_bitwise_equal_to_an_uninterrupted_run(sft_dir, tmp_path):
 
         ca, cb = load_file(str(a.path / name)), load_file(str(b.path / name))
         assert ca.keys() == cb.keys() and all(torch.equal(ca[k], cb[k]) for k in ca)
-    for oa, ob in ((a.optimizer_state, b.optimizer_state),
-                   (torch.load(a.path / CRITIC_OPTIMIZER_FILE), torch.load(b.path / CRITIC_OPTIMIZER_FILE))):
+    for oa, ob in (
+        (a.optimizer_state, b.optimizer_state),
+        (torch.load(a.path / CRITIC_OPTIMIZER_FILE), torch.load(b.path / CRITIC_OPTIMIZER_FILE)),
+    ):
         for pid, st in oa["state"].items():
             for key, val in st.items():
                 assert torch.equal(val, ob["state"][pid][key]), (pid, key)
@@ -155,8 +190,9 @@ def test_reward_model_scores_and_initialises_the_critic(sft_dir, tmp_path):
     ck = load_checkpoint(sft_dir)
     rm = RewardModel(ck.model)
     torch.nn.init.normal_(rm.head.proj.weight)
-    rm_dir = save_reward_checkpoint(tmp_path / "rm", rm, ck.tokenizer, {"trainer": "rm", "step": 0},
-                                    stats=RewardStats(0.5, 2.0, 10))
+    rm_dir = save_reward_checkpoint(
+        tmp_path / "rm", rm, ck.tokenizer, {"trainer": "rm", "step": 0}, stats=RewardStats(0.5, 2.0, 10)
+    )
     t = PPOTrainer(cfg(sft_dir, tmp_path / "p", reward_model=str(rm_dir), steps=1))
     assert t.cfg.reward_spec == "reward_model:1.0" and t.cfg.critic_source == "reward_model"
     assert torch.equal(t.critic.head.proj.weight, rm.head.proj.weight)
@@ -176,7 +212,10 @@ def test_config_errors(sft_dir, tmp_path):
 
 
 def test_cli_bad_flag_is_one_line_exit_2(sft_dir, tmp_path, capsys):
-    assert main(["ppo", "--init", str(sft_dir), "--out", str(tmp_path / "o"), "--kl-horizon", "0", "--progress", "false"]) == 2
+    assert (
+        main(["ppo", "--init", str(sft_dir), "--out", str(tmp_path / "o"), "--kl-horizon", "0", "--progress", "false"])
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "kl_horizon=0" in err and "Traceback" not in err and len(err.splitlines()) == 1
 

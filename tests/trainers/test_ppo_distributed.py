@@ -86,8 +86,16 @@ def _run(tmp_path: Path, world: int, *extra, out: Path | None = None) -> Path:
     out = out or tmp_path / f"w{world}"
     init = tmp_path / f"{out.name}.rendezvous"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, str(r), str(world), str(init), str(out), *extra], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, str(r), str(world), str(init), str(out), *extra],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     logs = [p.communicate(timeout=240)[0] for p in procs]
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
@@ -145,8 +153,18 @@ def test_two_process_ppo_ends_with_the_one_process_policy_critic_and_beta(runs, 
     m1, m2 = _metrics(one), _metrics(two)
     assert [r["step"] for r in m2] == [r["step"] for r in m1]  # one log, written by rank 0
     for r1, r2 in zip(m1[1:], m2[1:]):  # Adam hides a gradient off by a constant factor; the global norms show it
-        for k in ("loss", "value_loss", "grad_norm", "critic_grad_norm", "kl_per_seq", "reward_std", "advantage_std",
-                  "explained_variance", "value_max", "approx_kl"):
+        for k in (
+            "loss",
+            "value_loss",
+            "grad_norm",
+            "critic_grad_norm",
+            "kl_per_seq",
+            "reward_std",
+            "advantage_std",
+            "explained_variance",
+            "value_max",
+            "approx_kl",
+        ):
             assert abs(r1[k] - r2[k]) <= 5e-5 * max(1.0, abs(r1[k])), (k, r1[k], r2[k])
         for k in ("optimizer_steps", "early_stopped", "beta"):
             assert r1[k] == pytest.approx(r2[k], rel=1e-12, abs=0), k

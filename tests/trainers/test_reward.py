@@ -21,8 +21,19 @@ MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)
 
 
 def cfg(out, **kw):
-    base = dict(out=str(out), steps=4, batch_size=8, eval_every=0, save_every=0, warmup_steps=1, progress=False,
-                eval_prompts=8, stats_pairs=16, model=MODEL, task=TASK)
+    base = dict(
+        out=str(out),
+        steps=4,
+        batch_size=8,
+        eval_every=0,
+        save_every=0,
+        warmup_steps=1,
+        progress=False,
+        eval_prompts=8,
+        stats_pairs=16,
+        model=MODEL,
+        task=TASK,
+    )
     base.update(kw)
     return RMConfig(**base)
 
@@ -96,7 +107,9 @@ def test_resume_is_bitwise(tmp_path):
 
 def test_learns_a_separable_preference(tmp_path):
     # chosen answers end in "1", rejected in "2": a linear head on the EOS state separates them
-    lines = [json.dumps({"prompt": f"{a}+{b}=", "chosen": f"{a}1", "rejected": f"{b}2"}) for a in range(10) for b in range(3)]
+    lines = [
+        json.dumps({"prompt": f"{a}+{b}=", "chosen": f"{a}1", "rejected": f"{b}2"}) for a in range(10) for b in range(3)
+    ]
     data = tmp_path / "p.jsonl"
     data.write_text("\n".join(lines[:24]) + "\n")
     held = tmp_path / "h.jsonl"
@@ -109,10 +122,19 @@ def test_init_from_sft_samples_the_policy(tmp_path):
     from posttrain.trainers.sft import SFTConfig, train_sft
 
     sft = tmp_path / "sft"
-    train_sft(SFTConfig(out=str(sft), steps=4, batch_size=8, eval_every=0, save_every=0, progress=False,
-                        model=MODEL, task=TASK))
-    s = train_reward_model(cfg(tmp_path / "rm", init=str(sft), steps=2,
-                               pairs=PairDataConfig(num_prompts=16, samples_per_prompt=4, gold_chosen=True)))
+    train_sft(
+        SFTConfig(
+            out=str(sft), steps=4, batch_size=8, eval_every=0, save_every=0, progress=False, model=MODEL, task=TASK
+        )
+    )
+    s = train_reward_model(
+        cfg(
+            tmp_path / "rm",
+            init=str(sft),
+            steps=2,
+            pairs=PairDataConfig(num_prompts=16, samples_per_prompt=4, gold_chosen=True),
+        )
+    )
     assert s["pairs"]["train"]["source"] == "policy" and s["train_pairs"] > 0
     from posttrain.tasks.arithmetic import ArithmeticTask
 
@@ -129,8 +151,18 @@ def test_user_errors(tmp_path):
     with pytest.raises(UserError, match="not a reward-model checkpoint"):
         from posttrain.trainers.sft import SFTConfig, train_sft
 
-        train_sft(SFTConfig(out=str(tmp_path / "s"), steps=1, batch_size=4, eval_every=0, save_every=0,
-                            progress=False, model=MODEL, task=TASK))
+        train_sft(
+            SFTConfig(
+                out=str(tmp_path / "s"),
+                steps=1,
+                batch_size=4,
+                eval_every=0,
+                save_every=0,
+                progress=False,
+                model=MODEL,
+                task=TASK,
+            )
+        )
         load_reward_model(tmp_path / "s")
 
 
@@ -158,8 +190,11 @@ def test_eval_only_errors(rm_run, tmp_path):
     with pytest.raises(UserError, match="--eval-only needs --init RM_CHECKPOINT and --eval-data"):
         eval_reward_model(cfg(tmp_path / "a", init=str(out)))
     sft = tmp_path / "sft"
-    train_sft(SFTConfig(out=str(sft), steps=1, batch_size=4, eval_every=0, save_every=0, progress=False,
-                        model=MODEL, task=TASK))
+    train_sft(
+        SFTConfig(
+            out=str(sft), steps=1, batch_size=4, eval_every=0, save_every=0, progress=False, model=MODEL, task=TASK
+        )
+    )
     with pytest.raises(UserError, match=r"is not a reward-model checkpoint \(no reward_head.safetensors\)"):
         eval_reward_model(cfg(tmp_path / "b", init=str(sft), eval_data=str(out / "eval_pairs.jsonl")))
     assert not (tmp_path / "b").exists()  # nothing written before the inputs are checked

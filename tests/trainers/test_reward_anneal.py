@@ -18,15 +18,38 @@ TASK = ArithmeticConfig(digits=2, num_demos=30, num_eval=8)
 @pytest.fixture(scope="module")
 def sft_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft_anneal")
-    train_sft(SFTConfig(out=str(out), steps=20, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
-                        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
+    train_sft(
+        SFTConfig(
+            out=str(out),
+            steps=20,
+            batch_size=16,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            task=TASK,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        )
+    )
     return out
 
 
 def cfg(sft_dir, out, **kw):
-    base = dict(init=str(sft_dir), out=str(out), steps=10, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=0, progress=False, task=TASK, warmup_steps=0, temperature=2.0,
-                reward_anneal="digits", reward_anneal_start=0.4)
+    base = dict(
+        init=str(sft_dir),
+        out=str(out),
+        steps=10,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+        temperature=2.0,
+        reward_anneal="digits",
+        reward_anneal_start=0.4,
+    )
     base.update(kw)
     return PolicyGradientConfig(**base)
 

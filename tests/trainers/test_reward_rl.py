@@ -22,17 +22,52 @@ MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("rmrl")
-    train_sft(SFTConfig(out=str(root / "sft"), steps=4, batch_size=8, eval_every=0, save_every=0, progress=False,
-                        model=MODEL, task=TASK))
-    train_reward_model(RMConfig(out=str(root / "rm"), steps=3, batch_size=8, eval_every=0, save_every=0, warmup_steps=1,
-                                progress=False, eval_prompts=8, stats_pairs=16, model=MODEL, task=TASK))
+    train_sft(
+        SFTConfig(
+            out=str(root / "sft"),
+            steps=4,
+            batch_size=8,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            model=MODEL,
+            task=TASK,
+        )
+    )
+    train_reward_model(
+        RMConfig(
+            out=str(root / "rm"),
+            steps=3,
+            batch_size=8,
+            eval_every=0,
+            save_every=0,
+            warmup_steps=1,
+            progress=False,
+            eval_prompts=8,
+            stats_pairs=16,
+            model=MODEL,
+            task=TASK,
+        )
+    )
     return root / "sft", root / "rm"
 
 
 def pg_cfg(dirs, out, **kw):
     sft, rm = dirs
-    base = dict(init=str(sft), out=str(out), steps=2, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                eval_every=0, save_every=0, progress=False, task=TASK, warmup_steps=0, reward_model=str(rm))
+    base = dict(
+        init=str(sft),
+        out=str(out),
+        steps=2,
+        prompts_per_step=4,
+        num_generations=4,
+        max_new_tokens=4,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        task=TASK,
+        warmup_steps=0,
+        reward_model=str(rm),
+    )
     return PolicyGradientConfig(**{**base, **kw})
 
 
@@ -63,15 +98,43 @@ def test_reward_model_alone_is_the_reward(dirs, tmp_path):
 def test_grpo_cli_with_reward_model(dirs, tmp_path, capsys):
     sft, rm = dirs
     out = tmp_path / "cli"
-    common = ["--init", str(sft), "--out", str(out), "--steps", "1", "--prompts-per-step", "2", "--num-generations", "2",
-              "--max-new-tokens", "3", "--eval-every", "0", "--save-every", "0", "--progress", "false",
-              "--task.digits", "1", "--task.num-demos", "20", "--task.num-eval", "8"]
+    common = [
+        "--init",
+        str(sft),
+        "--out",
+        str(out),
+        "--steps",
+        "1",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "2",
+        "--max-new-tokens",
+        "3",
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+        "--progress",
+        "false",
+        "--task.digits",
+        "1",
+        "--task.num-demos",
+        "20",
+        "--task.num-eval",
+        "8",
+    ]
     assert main(["grpo", *common, "--reward-model", str(rm), "--reward", "reward_model:1.0,format:0.1"]) == 0
     assert json.loads((out / "config.resolved.json").read_text())["reward"] == "reward_model:1.0,format:0.1"
     capsys.readouterr()
     assert main(["grpo", *common, "--overwrite", "--reward", "reward_model"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("--reward 'reward_model' uses reward_model: pass --reward-model RM_CHECKPOINT (a `posttrain rm` "
-                        "output directory)") and "\n" not in err
+    assert (
+        err.endswith(
+            "--reward 'reward_model' uses reward_model: pass --reward-model RM_CHECKPOINT (a `posttrain rm` "
+            "output directory)"
+        )
+        and "\n" not in err
+    )
     assert main(["grpo", *common, "--overwrite", "--reward-model", str(sft)]) == 2  # a policy is not an RM
     assert "is not a reward-model checkpoint" in capsys.readouterr().err

@@ -17,9 +17,32 @@ from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.run_dir import checkpoint_state, find_checkpoint, latest_checkpoint
 
-TINY = ["--steps", "4", "--batch-size", "8", "--eval-every", "0", "--save-every", "2", "--progress", "false", "--restarts", "1",
-        "--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2", "--task.digits", "1",
-        "--task.num-demos", "20", "--task.num-eval", "8"]
+TINY = [
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+    "--eval-every",
+    "0",
+    "--save-every",
+    "2",
+    "--progress",
+    "false",
+    "--restarts",
+    "1",
+    "--model.n-layer",
+    "1",
+    "--model.d-model",
+    "32",
+    "--model.n-head",
+    "2",
+    "--task.digits",
+    "1",
+    "--task.num-demos",
+    "20",
+    "--task.num-eval",
+    "8",
+]
 
 
 def sft(capsys, *argv):
@@ -53,9 +76,11 @@ def test_new_run_into_a_non_empty_dir_refuses_and_changes_nothing(base, tmp_path
     before = snapshot(run)
     rc, err = sft(capsys, "--out", run)
     assert rc == 2
-    assert err == (f"posttrain sft: error: --out {run} is not empty (it holds checkpoints, config.resolved.json, "
-                   f"config.resolved.yaml, ...): pass --overwrite to delete it and start a new run there, or "
-                   f"--resume {run} to continue the run in it")
+    assert err == (
+        f"posttrain sft: error: --out {run} is not empty (it holds checkpoints, config.resolved.json, "
+        f"config.resolved.yaml, ...): pass --overwrite to delete it and start a new run there, or "
+        f"--resume {run} to continue the run in it"
+    )
     assert snapshot(run) == before
     (tmp_path / "empty").mkdir()  # an existing empty directory is fine
     assert sft(capsys, "--out", tmp_path / "empty")[0] == 0
@@ -86,15 +111,19 @@ def test_overwrite_refuses_what_is_not_a_run_dir_and_inputs_inside_it(base, tmp_
     home.mkdir()
     (home / "thesis.tex").write_text("years of work")
     rc, err = sft(capsys, "--out", home, "--overwrite")
-    assert rc == 2 and err == (f"posttrain sft: error: --overwrite refuses to clear {home}: it is not a posttrain run "
-                               f"directory (no run.json); empty it yourself or choose another --out")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: --overwrite refuses to clear {home}: it is not a posttrain run "
+        f"directory (no run.json); empty it yourself or choose another --out"
+    )
     assert (home / "thesis.tex").read_text() == "years of work"
     run = tmp_path / "run"
     shutil.copytree(base, run)
     before = snapshot(run)
     rc, err = sft(capsys, "--out", run, "--overwrite", "--init", run / "model")
-    assert rc == 2 and err == (f"posttrain sft: error: --init {run / 'model'} lies inside --out {run}, which "
-                               f"--overwrite clears: choose another --out")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: --init {run / 'model'} lies inside --out {run}, which "
+        f"--overwrite clears: choose another --out"
+    )
     assert snapshot(run) == before
 
 
@@ -129,11 +158,15 @@ def test_resume_goes_to_its_own_run_dir(base, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(base, run)
     rc, err = sft(capsys, "--resume", run / "checkpoints" / "step-00000002", "--out", tmp_path / "other")
-    assert rc == 2 and err == (f"posttrain sft: error: --resume {run / 'checkpoints' / 'step-00000002'} continues the "
-                               f"run in {run} and writes there, not to --out {tmp_path / 'other'}: drop --out")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: --resume {run / 'checkpoints' / 'step-00000002'} continues the "
+        f"run in {run} and writes there, not to --out {tmp_path / 'other'}: drop --out"
+    )
     rc, err = sft(capsys, "--resume", run, "--overwrite")
-    assert rc == 2 and err == ("posttrain sft: error: --resume and --overwrite exclude each other: --resume continues "
-                               "a run, --overwrite replaces it with a new one")
+    assert rc == 2 and err == (
+        "posttrain sft: error: --resume and --overwrite exclude each other: --resume continues "
+        "a run, --overwrite replaces it with a new one"
+    )
     (run / "metrics.jsonl").write_text("")
     rc, err = sft(capsys, "--resume", run / "checkpoints" / "step-00000002")  # a checkpoint inside the run
     assert rc == 0 and err == ""
@@ -141,9 +174,11 @@ def test_resume_goes_to_its_own_run_dir(base, tmp_path, capsys):
     lone = tmp_path / "lone"
     shutil.copytree(run / "model", lone)
     rc, err = sft(capsys, "--resume", lone)
-    assert rc == 2 and err == (f"posttrain sft: error: --resume {lone}: a checkpoint outside a run directory; --resume "
-                               f"takes a run directory (or a checkpoint inside one), --init {lone} starts a new run "
-                               f"from its weights")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: --resume {lone}: a checkpoint outside a run directory; --resume "
+        f"takes a run directory (or a checkpoint inside one), --init {lone} starts a new run "
+        f"from its weights"
+    )
 
 
 def test_failed_start_leaves_the_run_dir_unchanged(base, tmp_path, capsys):
@@ -163,8 +198,10 @@ def test_resume_with_changed_settings_warns(base, tmp_path, capsys):
     shutil.copytree(base, run)
     rc, err = sft(capsys, "--resume", run, "--steps", "6", "--lr", "0.001", "--progress", "true")
     assert rc == 0
-    assert err.splitlines()[0] == (f"warning: resuming {run / 'model'} with changed settings: lr 0.003 -> 0.001 "
-                                   f"(the result will differ from an uninterrupted run)")
+    assert err.splitlines()[0] == (
+        f"warning: resuming {run / 'model'} with changed settings: lr 0.003 -> 0.001 "
+        f"(the result will differ from an uninterrupted run)"
+    )
     assert json.loads((run / "config.resolved.json").read_text())["lr"] == 0.001
 
 
@@ -178,8 +215,9 @@ def test_latest_outside_the_run_is_ignored(base, tmp_path, capsys, latest):
     (ckpts / "latest").write_text(latest)
     assert latest_checkpoint(ckpts) == ckpts / "step-00000002"
     got = latest.strip() if latest.isascii() else latest.encode().decode("ascii", errors="replace")
-    assert capsys.readouterr().err == (f"warning: ignoring {ckpts / 'latest'}: it must name a checkpoint beside it "
-                                       f"(step-NNNNNNNN), got {got!r}\n")
+    assert capsys.readouterr().err == (
+        f"warning: ignoring {ckpts / 'latest'}: it must name a checkpoint beside it (step-NNNNNNNN), got {got!r}\n"
+    )
     (ckpts / "latest").write_text("step-00000009\n")
     assert latest_checkpoint(ckpts) == ckpts / "step-00000002"
     assert "is a symlink" in capsys.readouterr().err
@@ -195,8 +233,10 @@ def test_checkpoints_of_two_runs_without_run_json_are_ambiguous(base, tmp_path, 
     state_file = run / "model" / "trainer_state.json"
     state_file.write_text(json.dumps({**json.loads(state_file.read_text()), "run_id": "someone-else"}))
     rc, err = sft(capsys, "--resume", run)
-    assert rc == 2 and err == (f"posttrain sft: error: {run} holds checkpoints of different runs and no run.json: "
-                               f"name one, e.g. {run / 'checkpoints' / 'step-00000002'}")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: {run} holds checkpoints of different runs and no run.json: "
+        f"name one, e.g. {run / 'checkpoints' / 'step-00000002'}"
+    )
     assert find_checkpoint(run / "checkpoints" / "step-00000002") == run / "checkpoints" / "step-00000002"
 
 
@@ -207,20 +247,33 @@ def test_checkpoints_of_two_runs_without_run_json_are_ambiguous(base, tmp_path, 
 @pytest.fixture(scope="module")
 def rm_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("rm")
-    train_reward_model(RMConfig(out=str(out), steps=1, batch_size=4, eval_every=0, save_every=0, progress=False,
-                                eval_prompts=8, stats_pairs=8, model=GPTConfig(n_layer=1, n_head=2, d_model=32,
-                                                                               max_seq_len=24),
-                                task=ArithmeticConfig(digits=1, num_demos=20, num_eval=8)))
+    train_reward_model(
+        RMConfig(
+            out=str(out),
+            steps=1,
+            batch_size=4,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+            eval_prompts=8,
+            stats_pairs=8,
+            model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+            task=ArithmeticConfig(digits=1, num_demos=20, num_eval=8),
+        )
+    )
     return out
 
 
-@pytest.mark.parametrize("argv, role", [
-    (["sft", "--init", "RM", *TINY], "sft --init"),
-    (["dpo", "--init", "RM", "--steps", "1"], "dpo --init"),
-    (["grpo", "--init", "RM", "--steps", "1"], "grpo --init"),
-    (["rm", "--init", "RM", "--steps", "1"], "rm --init"),
-    (["eval", "RM", "--data", "DATA"], "eval"),
-])
+@pytest.mark.parametrize(
+    "argv, role",
+    [
+        (["sft", "--init", "RM", *TINY], "sft --init"),
+        (["dpo", "--init", "RM", "--steps", "1"], "dpo --init"),
+        (["grpo", "--init", "RM", "--steps", "1"], "grpo --init"),
+        (["rm", "--init", "RM", "--steps", "1"], "rm --init"),
+        (["eval", "RM", "--data", "DATA"], "eval"),
+    ],
+)
 def test_a_reward_model_is_not_a_policy(rm_dir, tmp_path, capsys, argv, role):
     data = tmp_path / "e.jsonl"
     data.write_text('{"prompt": "1+2=", "answer": "3"}\n')
@@ -230,7 +283,8 @@ def test_a_reward_model_is_not_a_policy(rm_dir, tmp_path, capsys, argv, role):
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == (
         f"posttrain {argv[0]}: error: {rm_dir / 'model'} is a reward-model checkpoint (from `posttrain rm`), not a "
-        f"policy: {role} needs a language-model checkpoint such as an SFT run")
+        f"policy: {role} needs a language-model checkpoint such as an SFT run"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -242,9 +296,16 @@ def _relabel(run, trainer):
         f.write_text(json.dumps({**json.loads(f.read_text()), "trainer": trainer}))
 
 
-@pytest.mark.parametrize("cmd, trainer, command", [("sft", "policy_gradient", "grpo"), ("sft", "dpo", "dpo"),
-                                                   ("dpo", "sft", "sft"), ("grpo", "sft", "sft"),
-                                                   ("rm", "sft", "sft")])
+@pytest.mark.parametrize(
+    "cmd, trainer, command",
+    [
+        ("sft", "policy_gradient", "grpo"),
+        ("sft", "dpo", "dpo"),
+        ("dpo", "sft", "sft"),
+        ("grpo", "sft", "sft"),
+        ("rm", "sft", "sft"),
+    ],
+)
 def test_resume_only_continues_runs_of_the_same_trainer(base, tmp_path, capsys, cmd, trainer, command):
     run = tmp_path / "run"
     shutil.copytree(base, run)
@@ -253,13 +314,16 @@ def test_resume_only_continues_runs_of_the_same_trainer(base, tmp_path, capsys, 
     before = snapshot(run)
     argv = [cmd, "--resume", str(run), *(["--init", str(base)] if cmd == "dpo" else []), "--progress", "false"]
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == (f"posttrain {cmd}: error: {run} is a `posttrain {command}` run: "
-                                               f"`posttrain {cmd} --resume` continues only its own runs")
+    assert capsys.readouterr().err.strip() == (
+        f"posttrain {cmd}: error: {run} is a `posttrain {command}` run: "
+        f"`posttrain {cmd} --resume` continues only its own runs"
+    )
     (run / "run.json").unlink()  # no run.json (an older layout): the checkpoint's recorded trainer decides
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == (
         f"posttrain {cmd}: error: {run / 'model'} is a checkpoint saved by `posttrain {command}`: `posttrain {cmd} "
-        f"--resume` continues only its own runs; --init {run / 'model'} starts a new run from its weights")
+        f"--resume` continues only its own runs; --init {run / 'model'} starts a new run from its weights"
+    )
     del before["run.json"]
     assert snapshot(run) == before
 
@@ -277,8 +341,12 @@ def _fake_checkpoint(d, state=None):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=st.one_of(st.binary(max_size=80), st.sampled_from([b"step-00000002", b"step-00000003\n",
-                                                                   b"step-00000007", b"../step-00000002"])))
+@given(
+    content=st.one_of(
+        st.binary(max_size=80),
+        st.sampled_from([b"step-00000002", b"step-00000003\n", b"step-00000007", b"../step-00000002"]),
+    )
+)
 def test_latest_names_only_a_complete_checkpoint_beside_it(tmp_path_factory, content):
     ckpts = tmp_path_factory.mktemp("c") / "checkpoints"
     _fake_checkpoint(ckpts / "step-00000002")
@@ -291,10 +359,18 @@ def test_latest_names_only_a_complete_checkpoint_beside_it(tmp_path_factory, con
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=st.one_of(st.binary(max_size=60), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["step", "run_id", "x"]), c, max_size=3),
-    max_leaves=6).map(lambda o: json.dumps(o).encode())))
+@given(
+    content=st.one_of(
+        st.binary(max_size=60),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+            lambda c: (
+                st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["step", "run_id", "x"]), c, max_size=3)
+            ),
+            max_leaves=6,
+        ).map(lambda o: json.dumps(o).encode()),
+    )
+)
 def test_trainer_state_parses_or_names_the_file(tmp_path_factory, content):
     d = tmp_path_factory.mktemp("s")
     (d / "trainer_state.json").write_bytes(content)
@@ -312,8 +388,10 @@ def test_resume_of_a_run_that_never_saved_says_what_to_do(tmp_path, capsys):
     assert sft(capsys, "--out", run, "--save-every", "0", "--steps", "1")[0] == 0
     shutil.rmtree(run / "model")  # as if killed before its first save
     rc, err = sft(capsys, "--resume", run)
-    assert rc == 2 and err == (f"posttrain sft: error: {run} holds no checkpoint yet (its run stopped before the "
-                               f"first save): start it again with --overwrite")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: {run} holds no checkpoint yet (its run stopped before the "
+        f"first save): start it again with --overwrite"
+    )
     assert sft(capsys, "--out", run, "--overwrite", "--steps", "1")[0] == 0
 
 

@@ -12,9 +12,17 @@ from posttrain.trainers.sft import SFTConfig, batch_indices, sft_loss, train_sft
 
 
 def tiny_cfg(out, **kw):
-    base = dict(out=str(out), steps=6, batch_size=8, eval_every=0, save_every=3, warmup_steps=2, progress=False,
-                model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
-                task=ArithmeticConfig(digits=1, num_demos=20, num_eval=8))
+    base = dict(
+        out=str(out),
+        steps=6,
+        batch_size=8,
+        eval_every=0,
+        save_every=3,
+        warmup_steps=2,
+        progress=False,
+        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        task=ArithmeticConfig(digits=1, num_demos=20, num_eval=8),
+    )
     base.update(kw)
     return SFTConfig(**base)
 
@@ -87,8 +95,14 @@ def test_run_writes_outputs_and_resume_is_bitwise(tmp_path):
 def test_checkpoint_contents_and_safe_loading(tmp_path):
     train_sft(tiny_cfg(tmp_path / "r", steps=3, save_every=0))
     d = resolve_checkpoint(tmp_path / "r")
-    assert {p.name for p in d.iterdir()} >= {"model.safetensors", "config.json", "tokenizer.json",
-                                             "trainer_state.json", "optimizer.pt", "rng.pt"}
+    assert {p.name for p in d.iterdir()} >= {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "trainer_state.json",
+        "optimizer.pt",
+        "rng.pt",
+    }
     ck = load_checkpoint(d, with_training_state=True)
     assert ck.step == 3 and "state" in ck.optimizer_state
 
@@ -159,7 +173,13 @@ def test_model_is_the_best_validation_checkpoint_and_patience_stops(tmp_path, mo
     final = load_checkpoint(tmp_path / "r").model.state_dict()
     assert all(torch.equal(best[k], final[k]) for k in best)
     rows = [json.loads(ln) for ln in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and [r["val_accuracy"] for r in rows] == [0.2, 0.5, 0.4, 0.5, 0.3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and [r["val_accuracy"] for r in rows] == [
+        0.2,
+        0.5,
+        0.4,
+        0.5,
+        0.3,
+    ]
 
 
 def test_resume_restores_the_best_so_far(tmp_path, monkeypatch):

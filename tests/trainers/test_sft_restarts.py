@@ -20,9 +20,20 @@ TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
 
 
 def cfg(out, **kw):
-    base = dict(out=str(out), steps=6, batch_size=8, eval_every=0, save_every=3, warmup_steps=2, progress=False,
-                lr=1e-2, restarts=3, val_problems=24, model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
-                task=TASK)
+    base = dict(
+        out=str(out),
+        steps=6,
+        batch_size=8,
+        eval_every=0,
+        save_every=3,
+        warmup_steps=2,
+        progress=False,
+        lr=1e-2,
+        restarts=3,
+        val_problems=24,
+        model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24),
+        task=TASK,
+    )
     base.update(kw)
     return SFTConfig(**base)
 
@@ -94,9 +105,32 @@ def test_changed_config_is_refused_and_user_data_runs_once(tmp_path, capsys):
         train_sft(cfg(tmp_path / "r", restarts=2, steps=2, save_every=0, lr=2e-2), resume=str(tmp_path / "r"))
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(9)))
-    assert main(["sft", "--data", str(data), "--eval-data", str(data), "--restarts", "2", "--out", str(tmp_path / "u"),
-                 "--steps", "1", "--progress", "false", "--model.n-layer", "1", "--model.d-model", "32",
-                 "--model.n-head", "2"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--data",
+                str(data),
+                "--eval-data",
+                str(data),
+                "--restarts",
+                "2",
+                "--out",
+                str(tmp_path / "u"),
+                "--steps",
+                "1",
+                "--progress",
+                "false",
+                "--model.n-layer",
+                "1",
+                "--model.d-model",
+                "32",
+                "--model.n-head",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "restarts=2 applies to a fresh model on the embedded task" in capsys.readouterr().out
     summary = json.loads((tmp_path / "u" / "summary.json").read_text())
     assert not (tmp_path / "u" / "restarts").exists() and "restarts" not in summary  # one plain run

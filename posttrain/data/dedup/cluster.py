@@ -75,7 +75,10 @@ def _minhash_labels(sig: np.ndarray, empty: np.ndarray, cfg, stats: dict, reread
         for s0, s1 in pair_chunks(sub, EXACT_MAX_DOCS):  # one re-read per chunk bounds the shingle sets held
             exact[s0:s1] = exact_jaccard(_shingle_sets(reread, sub[s0:s1], cfg), sub[s0:s1])
         exact_ok = exact >= cfg.threshold
-        stats["exact_flipped"] = {"accepted": int((exact_ok & ~ok[recheck]).sum()), "rejected": int((~exact_ok & ok[recheck]).sum())}
+        stats["exact_flipped"] = {
+            "accepted": int((exact_ok & ~ok[recheck]).sum()),
+            "rejected": int((~exact_ok & ok[recheck]).sum()),
+        }
         ok[recheck] = exact_ok
     if cfg.verify != "estimate":
         stats["verified_pairs_exact"] = int(ok.sum())

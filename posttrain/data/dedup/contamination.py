@@ -36,8 +36,12 @@ class EvalIndex:
     too_short: list = field(default_factory=list)
 
 
-def build_eval_index(items: Sequence[tuple[str, object, str]], n: int = 13, min_words: int = 5,
-                     steps: Sequence[str] = CONTAMINATION_NORMALIZE) -> EvalIndex:
+def build_eval_index(
+    items: Sequence[tuple[str, object, str]],
+    n: int = 13,
+    min_words: int = 5,
+    steps: Sequence[str] = CONTAMINATION_NORMALIZE,
+) -> EvalIndex:
     """Index evaluation items given as (source name, item id, text)."""
     groups: dict[int, list[tuple[int, str]]] = defaultdict(list)
     ids, sources, too_short = [], [], []
@@ -59,7 +63,9 @@ def build_eval_index(items: Sequence[tuple[str, object, str]], n: int = 13, min_
     return EvalIndex(n, by_len, ids, sources, too_short)
 
 
-def check_batch(index: EvalIndex, texts: Sequence[str], steps: Sequence[str] = CONTAMINATION_NORMALIZE) -> list[list[int]]:
+def check_batch(
+    index: EvalIndex, texts: Sequence[str], steps: Sequence[str] = CONTAMINATION_NORMALIZE
+) -> list[list[int]]:
     """For each training text, the sorted eval item indices it shares an n-gram with ([] if none)."""
     norm = [normalize(t, steps) for t in texts]
     hits: list[set] = [set() for _ in texts]

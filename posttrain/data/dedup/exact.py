@@ -99,10 +99,7 @@ class BloomFilter:
 
 
 _PARA_RE = re.compile(r"\n\s*\n")
-UNIT_SPLITTERS = {
-    "line": lambda text: text.split("\n"),
-    "paragraph": lambda text: _PARA_RE.split(text),
-}
+UNIT_SPLITTERS = {"line": lambda text: text.split("\n"), "paragraph": lambda text: _PARA_RE.split(text)}
 UNIT_JOINERS = {"line": "\n", "paragraph": "\n\n"}
 
 

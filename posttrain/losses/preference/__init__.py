@@ -66,13 +66,50 @@ from posttrain.losses.preference.margin import (
 )
 
 __all__ = [
-    "LOSS_SPECS", "LossSpec", "PREFERENCE_LOSSES", "REFERENCE_FREE_LOSSES", "UNPAIRED_LOSSES", "LOSS_EXTRAS", "LOSS_STATES", "TRL_LOSS_TYPES",
-    "F_DIVERGENCES", "LossChoice", "resolve_loss", "parse_loss_weights", "combined_loss",
-    "BetaDPOState", "BCOState", "beta_dpo_filter", "beta_dpo_loss", "beta_dpo_update_state", "bco_update_state",
-    "check_same_shape", "conservative_dpo_loss", "dpo_loss", "hinge_loss", "ipo_loss", "kto_loss", "rdpo_loss",
-    "robust_dpo_loss", "rpo_loss", "simpo_loss", "sigmoid_norm_loss", "exo_pair_loss", "discopop_loss",
-    "nca_pair_loss", "bco_pair_loss", "sppo_hard_loss", "apo_zero_loss", "apo_down_loss", "aot_loss",
-    "aot_unpaired_loss", "sft_loss", "f_dpo_loss", "forward_kl_dpo_loss", "js_dpo_loss", "alpha_dpo_loss",
+    "LOSS_SPECS",
+    "LossSpec",
+    "PREFERENCE_LOSSES",
+    "REFERENCE_FREE_LOSSES",
+    "UNPAIRED_LOSSES",
+    "LOSS_EXTRAS",
+    "LOSS_STATES",
+    "TRL_LOSS_TYPES",
+    "F_DIVERGENCES",
+    "LossChoice",
+    "resolve_loss",
+    "parse_loss_weights",
+    "combined_loss",
+    "BetaDPOState",
+    "BCOState",
+    "beta_dpo_filter",
+    "beta_dpo_loss",
+    "beta_dpo_update_state",
+    "bco_update_state",
+    "check_same_shape",
+    "conservative_dpo_loss",
+    "dpo_loss",
+    "hinge_loss",
+    "ipo_loss",
+    "kto_loss",
+    "rdpo_loss",
+    "robust_dpo_loss",
+    "rpo_loss",
+    "simpo_loss",
+    "sigmoid_norm_loss",
+    "exo_pair_loss",
+    "discopop_loss",
+    "nca_pair_loss",
+    "bco_pair_loss",
+    "sppo_hard_loss",
+    "apo_zero_loss",
+    "apo_down_loss",
+    "aot_loss",
+    "aot_unpaired_loss",
+    "sft_loss",
+    "f_dpo_loss",
+    "forward_kl_dpo_loss",
+    "js_dpo_loss",
+    "alpha_dpo_loss",
 ]
 
 LENGTHS = ("chosen_lengths", "rejected_lengths")
@@ -108,21 +145,45 @@ LOSS_SPECS: dict[str, LossSpec] = {
     "hinge": LossSpec(hinge_loss, "hinge"),
     "robust": LossSpec(robust_dpo_loss, "robust", options={"label_smoothing": {"ge": 0, "lt": 0.5}}),  # / (1 - 2 eps)
     "cdpo": LossSpec(conservative_dpo_loss, "CPOTrainer sigmoid", options=SMOOTHING),
-    "kto": LossSpec(kto_loss, "KTOTrainer kto", unpaired=True, batch_coupled=True,
-                    options={"desirable_weight": {"ge": 0}, "undesirable_weight": {"ge": 0}}),
-    "simpo": LossSpec(simpo_loss, "CPOTrainer simpo", default_beta=2.0, extras=LENGTHS, reference_free=True,
-                      options={"gamma": {}, **SMOOTHING}),
+    "kto": LossSpec(
+        kto_loss,
+        "KTOTrainer kto",
+        unpaired=True,
+        batch_coupled=True,
+        options={"desirable_weight": {"ge": 0}, "undesirable_weight": {"ge": 0}},
+    ),
+    "simpo": LossSpec(
+        simpo_loss,
+        "CPOTrainer simpo",
+        default_beta=2.0,
+        extras=LENGTHS,
+        reference_free=True,
+        options={"gamma": {}, **SMOOTHING},
+    ),
     "rpo": LossSpec(rpo_loss, "sigmoid,sft", options={"alpha": {"ge": 0}}, extras=("chosen_nll",)),
     "rdpo": LossSpec(rdpo_loss, None, options={"alpha": {}}, extras=LENGTHS),
-    "beta_dpo": LossSpec(beta_dpo_loss, None, state=BetaDPOState, generator=True, batch_coupled=True,
-                         options={"alpha": {"ge": 0}, "filter_ratio": {"ge": 0, "lt": 1}, "momentum": {"ge": 0, "lt": 1},
-                                  "min_beta": {"gt": 0}}),
+    "beta_dpo": LossSpec(
+        beta_dpo_loss,
+        None,
+        state=BetaDPOState,
+        generator=True,
+        batch_coupled=True,
+        options={
+            "alpha": {"ge": 0},
+            "filter_ratio": {"ge": 0, "lt": 1},
+            "momentum": {"ge": 0, "lt": 1},
+            "min_beta": {"gt": 0},
+        },
+    ),
     "sigmoid_norm": LossSpec(sigmoid_norm_loss, "sigmoid_norm", extras=LENGTHS),
-    "exo_pair": LossSpec(exo_pair_loss, "exo_pair", options={"label_smoothing": {"gt": 0, "lt": 1}}),  # log eps, log(1-eps)
+    "exo_pair": LossSpec(
+        exo_pair_loss, "exo_pair", options={"label_smoothing": {"gt": 0, "lt": 1}}
+    ),  # log eps, log(1-eps)
     "discopop": LossSpec(discopop_loss, "discopop", options={"tau": {"gt": 0}}),
     "nca_pair": LossSpec(nca_pair_loss, "nca_pair"),
-    "bco_pair": LossSpec(bco_pair_loss, "bco_pair", state=BCOState, batch_coupled=True,
-                          options={"reward_shift": {"ge": 0, "le": 1}}),
+    "bco_pair": LossSpec(
+        bco_pair_loss, "bco_pair", state=BCOState, batch_coupled=True, options={"reward_shift": {"ge": 0, "le": 1}}
+    ),
     "sppo_hard": LossSpec(sppo_hard_loss, "sppo_hard"),
     "apo_zero": LossSpec(apo_zero_loss, "apo_zero"),
     "apo_down": LossSpec(apo_down_loss, "apo_down"),
@@ -191,14 +252,17 @@ def resolve_loss(spec: str, weights=None) -> LossChoice:
     names = tuple(n.strip() for n in str(spec).split(","))
     for n in names:
         if n not in PREFERENCE_LOSSES:
-            raise ConfigError(f"loss={n!r} is not valid; choose one of: {', '.join(PREFERENCE_LOSSES)} "
-                              "(or several joined by commas)")
+            raise ConfigError(
+                f"loss={n!r} is not valid; choose one of: {', '.join(PREFERENCE_LOSSES)} (or several joined by commas)"
+            )
     if len(set(names)) != len(names):
         raise ConfigError(f"loss={spec!r} names a loss twice")
     w = parse_loss_weights(weights, len(names))
     if len(names) > 1 and UNPAIRED_LOSSES & set(names):
-        raise ConfigError(f"loss={spec!r}: {', '.join(sorted(UNPAIRED_LOSSES & set(names)))} is unpaired and cannot be "
-                          "combined with other losses")
+        raise ConfigError(
+            f"loss={spec!r}: {', '.join(sorted(UNPAIRED_LOSSES & set(names)))} is unpaired and cannot be "
+            "combined with other losses"
+        )
     stateful = [n for n in names if n in LOSS_STATES]
     if len(stateful) > 1:
         raise ConfigError(f"loss={spec!r}: at most one stateful loss per combination (got {', '.join(stateful)})")
@@ -212,7 +276,17 @@ def resolve_loss(spec: str, weights=None) -> LossChoice:
     for n, spec in zip(names, specs):
         for opt, bounds in spec.options.items():
             options.setdefault(opt, {})[n] = bounds
-    return LossChoice(",".join(names), fn, names, w, extras, all(sp.reference_free for sp in specs),
-                      any(sp.unpaired for sp in specs), LOSS_STATES[stateful[0]] if stateful else None,
-                      any(sp.generator for sp in specs), options, specs[0].default_beta,
-                      any(sp.batch_coupled for sp in specs))
+    return LossChoice(
+        ",".join(names),
+        fn,
+        names,
+        w,
+        extras,
+        all(sp.reference_free for sp in specs),
+        any(sp.unpaired for sp in specs),
+        LOSS_STATES[stateful[0]] if stateful else None,
+        any(sp.generator for sp in specs),
+        options,
+        specs[0].default_beta,
+        any(sp.batch_coupled for sp in specs),
+    )

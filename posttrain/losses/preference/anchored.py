@@ -25,7 +25,9 @@ from posttrain.losses.preference.base import Tensor, _check_beta, _logratios, _p
 
 def _rewards(beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps):
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     return chosen_lr, rejected_lr, beta * chosen_lr, beta * rejected_lr
 
 
@@ -44,7 +46,9 @@ def nca_pair_loss(
     likelihood does not decrease the way it can under DPO.
     Example: all rewards 0 -> log 2 + 0.5 log 2 + 0.5 log 2 = 2 log 2 = 1.3863.
     """
-    lr_w, lr_l, r_w, r_l = _rewards(beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    lr_w, lr_l, r_w, r_l = _rewards(
+        beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = -F.logsigmoid(r_w) - 0.5 * F.logsigmoid(-r_w) - 0.5 * F.logsigmoid(-r_l)  # (B,)
     return losses.mean(), _pair_metrics(r_w, r_l, policy_chosen_logps, policy_rejected_logps)
 
@@ -97,7 +101,9 @@ def bco_pair_loss(
     Extra metrics ``bco/delta`` (the running mean, unscaled) and ``bco/count``.
     Example: r_w = 1, r_l = -1, no state -> delta = 0 -> 2 * -log sigma(1) = 0.6265.
     """
-    lr_w, lr_l, r_w, r_l = _rewards(beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    lr_w, lr_l, r_w, r_l = _rewards(
+        beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     new_state = bco_update_state(torch.cat([r_w, r_l]), state)
     delta = reward_shift * new_state.delta
     losses = -F.logsigmoid(r_w - delta) - F.logsigmoid(-(r_l - delta))  # (B,)
@@ -122,7 +128,9 @@ def sppo_hard_loss(
     from a preference model, outside the loss).
     Example: beta=0.5, lr_w = lr_l = 0 -> (0 - 1)^2 + (0 + 1)^2 = 2.
     """
-    lr_w, lr_l, r_w, r_l = _rewards(beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    lr_w, lr_l, r_w, r_l = _rewards(
+        beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = (lr_w - 0.5 / beta) ** 2 + (lr_l + 0.5 / beta) ** 2  # (B,)
     return losses.mean(), _pair_metrics(r_w, r_l, policy_chosen_logps, policy_rejected_logps)
 
@@ -140,7 +148,9 @@ def apo_zero_loss(
     For chosen answers better than the model's own: raise the chosen likelihood, lower the rejected one,
     each anchored at reward 0. Example: r_w = r_l = 0 -> 0.5 + 0.5 = 1.
     """
-    lr_w, lr_l, r_w, r_l = _rewards(beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    lr_w, lr_l, r_w, r_l = _rewards(
+        beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = (1 - torch.sigmoid(r_w)) + torch.sigmoid(r_l)  # (B,)
     return losses.mean(), _pair_metrics(r_w, r_l, policy_chosen_logps, policy_rejected_logps)
 
@@ -158,6 +168,8 @@ def apo_down_loss(
     For chosen answers worse than the model's own: lower the chosen likelihood, and the rejected one more.
     Example: r_w = 1, r_l = 0 -> sigma(1) + 1 - sigma(1) = 1 (and r_w = r_l = 0 -> 1 as well).
     """
-    lr_w, lr_l, r_w, r_l = _rewards(beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    lr_w, lr_l, r_w, r_l = _rewards(
+        beta, policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = torch.sigmoid(r_w) + (1 - torch.sigmoid(r_w - r_l))  # (B,)
     return losses.mean(), _pair_metrics(r_w, r_l, policy_chosen_logps, policy_rejected_logps)

@@ -39,7 +39,9 @@ def aot_loss(
     """
     _check_beta(beta)
     _check_eps(label_smoothing)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     policy_margin = (policy_chosen_logps - policy_rejected_logps).sort().values  # (B,)
     ref_margin = (ref_chosen_logps - ref_rejected_logps).sort().values
     losses = _smoothed_logistic(beta * (policy_margin - ref_margin), label_smoothing)
@@ -63,7 +65,9 @@ def aot_unpaired_loss(
     """
     _check_beta(beta)
     _check_eps(label_smoothing)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     delta = chosen_lr.sort().values - rejected_lr.sort().values  # (B,)
     losses = _smoothed_logistic(beta * delta, label_smoothing)
     metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)

@@ -44,7 +44,9 @@ def beta_dpo_update_state(gap: Tensor, state: BetaDPOState | None, momentum: flo
     std = float(gap.std()) if gap.numel() > 1 else 0.0
     if state is None:
         return BetaDPOState(mean, std)
-    return BetaDPOState(momentum * state.gap_mean + (1 - momentum) * mean, momentum * state.gap_std + (1 - momentum) * std)
+    return BetaDPOState(
+        momentum * state.gap_mean + (1 - momentum) * mean, momentum * state.gap_std + (1 - momentum) * std
+    )
 
 
 def beta_dpo_filter(
@@ -104,7 +106,9 @@ def beta_dpo_loss(
     Example (no filtering): beta=0.1, alpha=1, gaps [1, 3], state (0.5, 1), m=0.5 -> M_0 = 1.25, beta_b = 0.1 * 1.75.
     """
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     h = chosen_lr - rejected_lr  # (B,)
     new_state = beta_dpo_update_state(h, state, momentum)
     keep = beta_dpo_filter(h, new_state, filter_ratio, generator)  # (B,) bool

@@ -42,7 +42,9 @@ def combined_loss(components: Sequence[tuple[str, Callable, float]]) -> Callable
     for _, fn, _ in components:
         for p in inspect.signature(fn).parameters.values():
             params.setdefault(p.name, p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
-    loss_fn.__signature__ = inspect.Signature(sorted(params.values(), key=lambda p: p.default is not inspect.Parameter.empty))
+    loss_fn.__signature__ = inspect.Signature(
+        sorted(params.values(), key=lambda p: p.default is not inspect.Parameter.empty)
+    )
     loss_fn.__name__ = "combined_loss_" + "_".join(name for name, _, _ in components)
     loss_fn.__doc__ = "Weighted sum: " + " + ".join(f"{w:g} * {name}" for name, _, w in components)
     return loss_fn

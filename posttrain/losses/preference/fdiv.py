@@ -64,7 +64,9 @@ def f_dpo_loss(
     _check_beta(beta)
     if divergence not in F_DIVERGENCES:
         raise ValueError(f"divergence={divergence!r} is not valid; choose one of: {', '.join(F_DIVERGENCES)}")
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     score = F_DIVERGENCES[divergence]
     h = score(chosen_lr, alpha) - score(rejected_lr, alpha)  # (B,)
     losses = -F.logsigmoid(beta * h)
@@ -82,9 +84,14 @@ def forward_kl_dpo_loss(
     beta: float = 0.1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """f-DPO with the forward KL: f'(u) = 1 - 1/u (mass-covering). Example: beta=1, u_w=2, u_l=1 -> -log sigma(0.5) = 0.4741."""
-    return f_dpo_loss(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
-                      ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps,
-                      divergence="forward_kl", beta=beta)
+    return f_dpo_loss(
+        policy_chosen_logps=policy_chosen_logps,
+        policy_rejected_logps=policy_rejected_logps,
+        ref_chosen_logps=ref_chosen_logps,
+        ref_rejected_logps=ref_rejected_logps,
+        divergence="forward_kl",
+        beta=beta,
+    )
 
 
 def js_dpo_loss(
@@ -96,9 +103,14 @@ def js_dpo_loss(
     beta: float = 0.1,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """f-DPO with Jensen-Shannon: f'(u) = log(2u/(1+u)). Example: beta=1, u_w=2, u_l=1 -> h = log(4/3) -> 0.5596."""
-    return f_dpo_loss(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
-                      ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps,
-                      divergence="js_divergence", beta=beta)
+    return f_dpo_loss(
+        policy_chosen_logps=policy_chosen_logps,
+        policy_rejected_logps=policy_rejected_logps,
+        ref_chosen_logps=ref_chosen_logps,
+        ref_rejected_logps=ref_rejected_logps,
+        divergence="js_divergence",
+        beta=beta,
+    )
 
 
 def alpha_dpo_loss(
@@ -114,6 +126,12 @@ def alpha_dpo_loss(
 
     Example: alpha=0.5, beta=1, u_w=4, u_l=1 -> f'(4) = (0.5 - 1)/(-0.5) = 1 -> -log sigma(1) = 0.3133.
     """
-    return f_dpo_loss(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
-                      ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps,
-                      divergence="alpha_divergence", beta=beta, alpha=alpha)
+    return f_dpo_loss(
+        policy_chosen_logps=policy_chosen_logps,
+        policy_rejected_logps=policy_rejected_logps,
+        ref_chosen_logps=ref_chosen_logps,
+        ref_rejected_logps=ref_rejected_logps,
+        divergence="alpha_divergence",
+        beta=beta,
+        alpha=alpha,
+    )

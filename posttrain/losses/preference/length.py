@@ -106,7 +106,9 @@ def rdpo_loss(
     Example: beta=1, h=0, alpha=0.1, |y_w|=5, |y_l|=3 -> -log sigma(0.2) = 0.5981.
     """
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     check_same_shape(chosen_logratios=chosen_lr, chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)
     length_term = alpha * (chosen_lengths.to(chosen_lr.dtype) - rejected_lengths.to(chosen_lr.dtype))  # (B,)
     losses = -F.logsigmoid(beta * (chosen_lr - rejected_lr) + length_term)  # (B,)
@@ -141,7 +143,10 @@ def sft_loss(
     if ref_chosen_logps is not None and ref_rejected_logps is not None:
         cr, rr = beta * (policy_chosen_logps - ref_chosen_logps), beta * (rejected - ref_rejected_logps)
     else:
-        cr, rr = beta * policy_chosen_logps / chosen_lengths.clamp_min(1), beta * rejected / rejected_lengths.clamp_min(1)
+        cr, rr = (
+            beta * policy_chosen_logps / chosen_lengths.clamp_min(1),
+            beta * rejected / rejected_lengths.clamp_min(1),
+        )
     metrics = _pair_metrics(cr, rr, policy_chosen_logps, rejected)
     metrics["nll/chosen"] = nll.detach()
     return nll, metrics

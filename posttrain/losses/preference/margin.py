@@ -37,7 +37,9 @@ def dpo_loss(
     Example: beta=1, h=0 -> loss = log 2 = 0.6931.
     """
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = -F.logsigmoid(beta * (chosen_lr - rejected_lr))  # (B,)
     metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
     return losses.mean(), metrics
@@ -62,7 +64,9 @@ def ipo_loss(
     Example: beta=0.5, h=0 -> (0 - 1)^2 = 1.
     """
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     if (chosen_lengths is None) != (rejected_lengths is None):
         raise ValueError("ipo_loss: pass both chosen_lengths and rejected_lengths, or neither")
     h = chosen_lr - rejected_lr
@@ -88,7 +92,9 @@ def hinge_loss(
     Example: beta=0.5, h=1 -> max(0, 0.5) = 0.5; h=3 -> 0.
     """
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = torch.relu(1 - beta * (chosen_lr - rejected_lr))  # (B,)
     metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
     return losses.mean(), metrics
@@ -112,7 +118,9 @@ def conservative_dpo_loss(
     _check_beta(beta)
     if not 0.0 <= label_smoothing <= 0.5:
         raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 0.5]")
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     losses = _smoothed_logistic(beta * (chosen_lr - rejected_lr), label_smoothing)  # (B,)
     metrics = _pair_metrics(beta * chosen_lr, beta * rejected_lr, policy_chosen_logps, policy_rejected_logps)
     return losses.mean(), metrics
@@ -136,7 +144,9 @@ def robust_dpo_loss(
     _check_beta(beta)
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"label_smoothing={label_smoothing} must be in [0, 0.5) for robust DPO")
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     z = beta * (chosen_lr - rejected_lr)  # (B,)
     eps = label_smoothing
     losses = (-(1 - eps) * F.logsigmoid(z) + eps * F.logsigmoid(-z)) / (1 - 2 * eps)  # (B,)
@@ -162,7 +172,9 @@ def sigmoid_norm_loss(
     Example: beta=1, lr_w = 2 over 2 tokens, lr_l = -1 over 1 token -> -log sigma(1 + 1) = 0.1269.
     """
     _check_beta(beta)
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     check_same_shape(chosen_logratios=chosen_lr, chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)
     h = chosen_lr / chosen_lengths.clamp_min(1) - rejected_lr / rejected_lengths.clamp_min(1)  # (B,) per token
     losses = -F.logsigmoid(beta * h)
@@ -190,7 +202,9 @@ def exo_pair_loss(
     _check_beta(beta)
     if not 0.0 < label_smoothing < 1.0:
         raise ValueError(f"label_smoothing={label_smoothing} must be in (0, 1) for EXO (the paper uses 1e-3)")
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     z = beta * (chosen_lr - rejected_lr)  # (B,)
     log_qw, log_ql = F.logsigmoid(z), F.logsigmoid(-z)
     eps = label_smoothing
@@ -218,7 +232,9 @@ def discopop_loss(
     _check_beta(beta)
     if not tau > 0:
         raise ValueError(f"tau={tau} must be > 0")
-    chosen_lr, rejected_lr = _logratios(policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps)
+    chosen_lr, rejected_lr = _logratios(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
     z = beta * (chosen_lr - rejected_lr)  # (B,)
     m = torch.sigmoid(z / tau)
     losses = -F.logsigmoid(z) * (1 - m) + torch.exp(-z) * m  # (B,)

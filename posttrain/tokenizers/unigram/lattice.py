@@ -70,7 +70,7 @@ def _chunk_edges(idx, n, H1, H2, rank0, powers, max_len, lookup, exclude_full, a
             v = ids[hit]
             v[~alive[v]] = -1
             ids[hit] = v
-        fwd[l - 1:, :, lmax - l] = ids.T
+        fwd[l - 1 :, :, lmax - l] = ids.T
         if backward:
             bwd[: n + 1 - l, :, l - 1] = ids.T
     out = []
@@ -130,9 +130,19 @@ class Lattice:
     (the single-character edges are never dead, so no group is all ``-inf``).
     """
 
-    def __init__(self, strings: list[str], max_len: int, lookup, counts, *, exclude_full: bool = False,
-                 alive: np.ndarray | None = None, backward: bool = True, chunk_cells: int | None = None,
-                 threads: int = 2):
+    def __init__(
+        self,
+        strings: list[str],
+        max_len: int,
+        lookup,
+        counts,
+        *,
+        exclude_full: bool = False,
+        alive: np.ndarray | None = None,
+        backward: bool = True,
+        chunk_cells: int | None = None,
+        threads: int = 2,
+    ):
         """Edges = occurrences in ``strings`` of the pieces ``lookup(h1, h2) -> id`` knows (length <= max_len;
         not a whole string with ``exclude_full``; only pieces with ``alive[id]`` if given). Every single
         character of every string must be such a piece (so with ``exclude_full`` strings are >= 2 long)."""
@@ -175,7 +185,8 @@ class Lattice:
         self.src, self.ep, self.f_slices = self._assemble(parts, 0, [(k, k - 1) for k in range(1, span + 1)], "forward")
         if backward:
             self.b_src, self.b_ep, self.b_slices = self._assemble(
-                parts, 1, [(b, b) for b in range(span - 1, -1, -1)], "backward")
+                parts, 1, [(b, b) for b in range(span - 1, -1, -1)], "backward"
+            )
         else:
             self.b_src = self.b_ep = self.b_slices = None
 
@@ -245,7 +256,7 @@ class Lattice:
         kept = keep.view(np.int8) if keep.dtype == bool else keep.astype(np.int8)
         new, lo = [], 0
         for sl in slices:
-            sizes = np.add.reduceat(kept[sl.lo: sl.hi], sl.gs, dtype=np.int32) if sl.hi > sl.lo else sl.sizes
+            sizes = np.add.reduceat(kept[sl.lo : sl.hi], sl.gs, dtype=np.int32) if sl.hi > sl.lo else sl.sizes
             if sizes.size and sizes.min() == 0:
                 raise ValueError("unigram lattice: a position lost all its edges (a single-character piece died)")
             new.append(_Slice(sl.k, lo, sizes, sl.dest.start, sl.r0))
@@ -282,7 +293,7 @@ class Lattice:
                 if bad.size:  # a sum overflowed (or the shift was -inf): shift those groups by their maximum
                     mx = np.maximum.reduceat(x, gs)[bad]
                     for g, shift in zip(bad.tolist(), mx.tolist()):
-                        xs = x[gs[g]: gs[g] + sizes[g]]
+                        xs = x[gs[g] : gs[g] + sizes[g]]
                         s[g] = shift + math.log(float(np.exp(xs - shift).sum())) if shift > -math.inf else -math.inf
                 val[sl.dest] = s
             else:
@@ -328,7 +339,7 @@ class Lattice:
                 np.take(alpha, self.src[lo:hi], out=post, mode="clip")
                 post += np.take(logp, self.ep[lo:hi], out=tmp, mode="clip")
                 d = slice(sl.dest.start + g0, sl.dest.start + g1)
-                post += np.repeat(beta[d] + log_weight[sl.r0 + g0: sl.r0 + g1], sl.sizes[g0:g1])
+                post += np.repeat(beta[d] + log_weight[sl.r0 + g0 : sl.r0 + g1], sl.sizes[g0:g1])
                 np.exp(post, out=post)
                 return np.bincount(self.ep[lo:hi], weights=post, minlength=n_pieces)
 
@@ -338,7 +349,7 @@ class Lattice:
                 per = max(1, POSTERIOR_CHUNK * sl.sizes.size // max(1, sl.hi - sl.lo))
                 jobs += [(sl, g, min(g + per, sl.sizes.size)) for g in range(0, sl.sizes.size, per)]
             expected = np.zeros(n_pieces)
-            for c in (pool.map(part, jobs) if pool is not None else map(part, jobs)):
+            for c in pool.map(part, jobs) if pool is not None else map(part, jobs):
                 expected += c  # fixed order: the same sums whatever the thread count
         finally:
             if pool is not None:

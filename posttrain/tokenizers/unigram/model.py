@@ -207,8 +207,12 @@ class UnigramModel:
         return self._to_ids(segs)
 
     def to_json(self) -> dict:
-        return {"type": "Unigram", "unk_id": self.unk_id, "vocab": [[p, s] for p, s in self.pieces],
-                "byte_fallback": self.byte_fallback}
+        return {
+            "type": "Unigram",
+            "unk_id": self.unk_id,
+            "vocab": [[p, s] for p, s in self.pieces],
+            "byte_fallback": self.byte_fallback,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "UnigramModel":

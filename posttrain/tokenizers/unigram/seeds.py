@@ -42,8 +42,9 @@ def kept_characters(word_counts: dict[str, int], coverage: float) -> set[str]:
     ties by code point. Counted with one weighted ``bincount`` over the code points."""
     words = list(word_counts)
     codes, lengths = _code_points(words)
-    freq = np.bincount(codes, weights=np.repeat(np.fromiter(word_counts.values(), dtype=np.float64, count=len(words)),
-                                                 lengths))
+    freq = np.bincount(
+        codes, weights=np.repeat(np.fromiter(word_counts.values(), dtype=np.float64, count=len(words)), lengths)
+    )
     chars = np.flatnonzero(freq)
     chars = chars[np.argsort(-freq[chars], kind="stable")]  # by count descending, then code point
     before = np.concatenate([[0.0], np.cumsum(freq[chars])[:-1]])  # characters covered before each one
@@ -71,7 +72,7 @@ def split_uncovered(word_counts: dict[str, int], kept: set[str], max_len: int) -
     for k in np.flatnonzero(bad).tolist():
         for run in cut(words[k]) if cut else (words[k],):
             for i in range(0, len(run), max_len):
-                out[run[i:i + max_len]] = out.get(run[i:i + max_len], 0) + counts[k]
+                out[run[i : i + max_len]] = out.get(run[i : i + max_len], 0) + counts[k]
     return out
 
 
@@ -188,10 +189,11 @@ def length_groups(strings: list[str], max_len: int, max_cells: int | None = None
             continue
         step = len(idx) if max_cells is None else max(1, max_cells // (n * min(n, max_len)))
         for lo in range(0, len(idx), step):
-            part = idx[lo:lo + step]
+            part = idx[lo : lo + step]
             with np.errstate(over="ignore"):
-                codes = np.frombuffer("".join(strings[k] for k in part).encode("utf-32-le", "surrogatepass"),
-                                      dtype=np.uint32).reshape(len(part), n).astype(np.uint64) + np.uint64(1)
+                codes = np.frombuffer(
+                    "".join(strings[k] for k in part).encode("utf-32-le", "surrogatepass"), dtype=np.uint32
+                ).reshape(len(part), n).astype(np.uint64) + np.uint64(1)
                 H1 = np.zeros((len(part), n + 1), dtype=np.uint64)
                 H2 = np.zeros((len(part), n + 1), dtype=np.uint64)
                 for c in range(n):
@@ -233,7 +235,7 @@ def iter_substrings(strings: list[str], max_len: int, breaks: np.ndarray | None 
             h1, h2 = block_hashes(H1, H2, P1, P2, l)
             sid, beg = np.repeat(idx, m), np.tile(np.arange(m, dtype=np.int32), idx.size)
             if breaks is not None and l > 1:
-                ok = (brk[:, l - 1:] == brk[:, :m]).ravel()  # no script break inside the substring
+                ok = (brk[:, l - 1 :] == brk[:, :m]).ravel()  # no script break inside the substring
                 sid, beg, h1, h2 = sid[ok], beg[ok], h1[ok], h2[ok]
             yield sid, beg, l, h1, h2
 
@@ -252,9 +254,16 @@ def _reduce_sorted(h1, h2, w, ln):
     return h1[gstart], h2[gstart], np.add.reduceat(w[order], gstart), ln[order][gstart]
 
 
-def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_top: int | None = None,
-                     n_buckets: int = 64, min_reduce: int = 1 << 20, threads: int = 2,
-                     breaks: np.ndarray | None = None):
+def count_substrings(
+    strings: list[str],
+    counts: np.ndarray,
+    max_len: int,
+    keep_top: int | None = None,
+    n_buckets: int = 64,
+    min_reduce: int = 1 << 20,
+    threads: int = 2,
+    breaks: np.ndarray | None = None,
+):
     """Distinct substrings (length <= max_len) with their total count weighted by ``counts``: arrays
     (h1, top 32 bits of h2, count, length), in no particular order. With ``keep_top``, only single characters and the ``keep_top``
     multi-character substrings of count >= 2 with the largest count * length (plus ties) are returned.
@@ -287,8 +296,19 @@ def count_substrings(strings: list[str], counts: np.ndarray, max_len: int, keep_
     return res if keep_top is None else _top_substrings(*res, keep_top)
 
 
-def _count_buckets(strings, counts, max_len: int, breaks, keep_top, min_reduce: int, n_buckets: int, bits: int,
-                   threads: int, j_lo: int, j_hi: int) -> list[tuple]:
+def _count_buckets(
+    strings,
+    counts,
+    max_len: int,
+    breaks,
+    keep_top,
+    min_reduce: int,
+    n_buckets: int,
+    bits: int,
+    threads: int,
+    j_lo: int,
+    j_hi: int,
+) -> list[tuple]:
     """One thread's share of :func:`count_substrings`: the reduced (h1, h2, count, length) of buckets
     [j_lo, j_hi), each filtered to its top-k (+ ties) as it completes."""
     shift = np.uint64(64 - bits)
@@ -303,7 +323,9 @@ def _count_buckets(strings, counts, max_len: int, breaks, keep_top, min_reduce: 
 
     for sid, _, l, h1, h2 in iter_substrings(strings, max_len, breaks):
         with np.errstate(over="ignore"):
-            b = ((h1 * MIX) >> shift).astype(np.uint8 if bits <= 8 else np.uint16)  # mixed: short strings' hashes are small
+            b = ((h1 * MIX) >> shift).astype(
+                np.uint8 if bits <= 8 else np.uint16
+            )  # mixed: short strings' hashes are small
         if threads > 1:
             mine = np.flatnonzero((b >= j_lo) & (b < j_hi))
             sid, h1, h2, b = sid[mine], h1[mine], h2[mine], b[mine]
@@ -415,5 +437,7 @@ class HashIndex:
 
 
 def _check_collisions(h1_sorted: np.ndarray, h2_sorted: np.ndarray, gstart: np.ndarray) -> None:
-    if h1_sorted.size and not np.array_equal(np.minimum.reduceat(h2_sorted, gstart), np.maximum.reduceat(h2_sorted, gstart)):
+    if h1_sorted.size and not np.array_equal(
+        np.minimum.reduceat(h2_sorted, gstart), np.maximum.reduceat(h2_sorted, gstart)
+    ):
         raise RuntimeError("unigram seeding: 64-bit substring hash collision (please report this corpus)")

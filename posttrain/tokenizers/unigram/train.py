@@ -59,13 +59,29 @@ def digamma(x: np.ndarray) -> np.ndarray:
         x[small] += 1.0
     inv = 1.0 / x
     inv2 = inv * inv
-    return acc + np.log(x) - 0.5 * inv - inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (1.0 / 252 - inv2 * (1.0 / 240 - inv2 / 132))))
+    return (
+        acc
+        + np.log(x)
+        - 0.5 * inv
+        - inv2 * (1.0 / 12 - inv2 * (1.0 / 120 - inv2 * (1.0 / 252 - inv2 * (1.0 / 240 - inv2 / 132))))
+    )
 
 
-def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: int = 0,
-                  character_coverage: float = 0.9995, seed_size: int | None = None, max_piece_length: int = 16,
-                  shrinking_factor: float = 0.75, n_sub_iterations: int = 2, max_word_length: int = 32,
-                  split_by_script: bool = True, threads: int = 2, log=None) -> list[tuple[str, float]]:
+def train_unigram(
+    word_counts: dict[str, int],
+    vocab_size: int,
+    *,
+    n_reserved: int = 0,
+    character_coverage: float = 0.9995,
+    seed_size: int | None = None,
+    max_piece_length: int = 16,
+    shrinking_factor: float = 0.75,
+    n_sub_iterations: int = 2,
+    max_word_length: int = 32,
+    split_by_script: bool = True,
+    threads: int = 2,
+    log=None,
+) -> list[tuple[str, float]]:
     """Learn ``vocab_size - n_reserved`` pieces with log-probabilities, sorted by score (best first).
 
     ``word_counts`` holds Metaspace words ("▁hello"). ``n_reserved`` counts the special and byte
@@ -81,8 +97,9 @@ def train_unigram(word_counts: dict[str, int], vocab_size: int, *, n_reserved: i
     target = vocab_size - n_reserved
     words, counts, n_chars = _covered_words(word_counts, vocab_size, n_reserved, character_coverage, max_word_length)
     seed_size = seed_size or min(1_000_000, max(10 * target, 50_000))
-    logp, is_char, seed_len, lookup = _seeds(words, counts, n_chars, seed_size, max_piece_length, split_by_script,
-                                             threads)
+    logp, is_char, seed_len, lookup = _seeds(
+        words, counts, n_chars, seed_size, max_piece_length, split_by_script, threads
+    )
     corpus = Lattice(words, max_piece_length, lookup, counts, threads=threads)
     strs = _piece_strings(corpus, words, seed_len)
     prune = _Pruner(strs, max_piece_length, lookup, threads)
@@ -111,18 +128,33 @@ def _covered_words(word_counts: dict[str, int], vocab_size: int, n_reserved: int
     counts = np.array([wc[w] for w in words], dtype=np.float64)
     chars = sorted({ch for w in words for ch in w})
     if vocab_size - n_reserved < len(chars):
-        raise UserError(f"unigram: --vocab-size {vocab_size} is below the alphabet size ({len(chars)} characters at "
-                        f"character coverage {coverage} + {n_reserved} reserved pieces); raise the vocab "
-                        f"size or lower the character coverage")
+        raise UserError(
+            f"unigram: --vocab-size {vocab_size} is below the alphabet size ({len(chars)} characters at "
+            f"character coverage {coverage} + {n_reserved} reserved pieces); raise the vocab "
+            f"size or lower the character coverage"
+        )
     return words, counts, len(chars)
 
 
-def _seeds(words: list[str], counts: np.ndarray, n_chars: int, seed_size: int, max_len: int, split_by_script: bool,
-           threads: int):
+def _seeds(
+    words: list[str],
+    counts: np.ndarray,
+    n_chars: int,
+    seed_size: int,
+    max_len: int,
+    split_by_script: bool,
+    threads: int,
+):
     """All characters + the frequent substrings, scored count * length: (initial logp, is_char, length, lookup)."""
     n_multi = max(0, seed_size - n_chars)
-    uh1, uh2, ufreq, ulen = count_substrings(words, counts, max_len, keep_top=n_multi, threads=threads,
-                                             breaks=script_breaks(words) if split_by_script else None)
+    uh1, uh2, ufreq, ulen = count_substrings(
+        words,
+        counts,
+        max_len,
+        keep_top=n_multi,
+        threads=threads,
+        breaks=script_breaks(words) if split_by_script else None,
+    )
     ufreq = ufreq.astype(np.float64)
     char_u = np.flatnonzero(ulen == 1)
     char_u = char_u[np.argsort(uh1[char_u])]  # a character's hash is its code point + 1: by h1 = by character
@@ -130,7 +162,7 @@ def _seeds(words: list[str], counts: np.ndarray, n_chars: int, seed_size: int, m
     multi_u = multi_u[np.lexsort((uh1[multi_u], -(ufreq[multi_u] * ulen[multi_u])))][:n_multi]
     seed_u = np.concatenate([char_u, multi_u])
     is_char = np.zeros(seed_u.size, dtype=bool)
-    is_char[:char_u.size] = True
+    is_char[: char_u.size] = True
     seed_len = ulen[seed_u].astype(np.int64)
     freq0 = ufreq[seed_u] * np.where(is_char, 1, seed_len)
     logp = np.log(freq0) - np.log(freq0.sum())
@@ -145,7 +177,7 @@ def _piece_strings(corpus: Lattice, words: list[str], seed_len: np.ndarray) -> l
     where = np.zeros(seed_len.size, dtype=np.int64)
     where[corpus.ep] = np.arange(corpus.ep.size)  # some occurrence of every seed: its string
     sid, end = corpus.string_and_end(where)
-    strs = [words[k][e - n:e] for k, e, n in zip(sid.tolist(), end.tolist(), seed_len.tolist())]
+    strs = [words[k][e - n : e] for k, e, n in zip(sid.tolist(), end.tolist(), seed_len.tolist())]
     del where, sid, end
     release_memory()
     return strs
@@ -211,8 +243,16 @@ class _Pruner:
             return
         self.multi_ids = np.flatnonzero(alive & ~is_char)
         multi = [self.strs[i] for i in self.multi_ids.tolist()]
-        self.alt_lat = Lattice(multi, self.max_len, self.lookup, np.ones(len(multi)), exclude_full=True, alive=alive,
-                               backward=False, threads=self.threads)  # only Viterbi runs on it
+        self.alt_lat = Lattice(
+            multi,
+            self.max_len,
+            self.lookup,
+            np.ones(len(multi)),
+            exclude_full=True,
+            alive=alive,
+            backward=False,
+            threads=self.threads,
+        )  # only Viterbi runs on it
         self.lookup = None
         del multi
         release_memory()
@@ -283,12 +323,14 @@ class UnigramTrainer:
 
     def components(self):
         steps = ([UnicodeNormalizer("NFKC")] if self.nfkc else []) + (
-            [Replace(r"\s+", " ", True)] if self.collapse_whitespace else [])
+            [Replace(r"\s+", " ", True)] if self.collapse_whitespace else []
+        )
         norm = None if not steps else steps[0] if len(steps) == 1 else NormalizerSequence(steps)
         pre = Metaspace(METASPACE, "always", True)
         if self.byte_fallback:
-            dec = DecoderSequence([ReplaceDecoder(METASPACE, " "), ByteFallbackDecoder(), FuseDecoder(),
-                                     StripDecoder(" ", 1, 0)])
+            dec = DecoderSequence(
+                [ReplaceDecoder(METASPACE, " "), ByteFallbackDecoder(), FuseDecoder(), StripDecoder(" ", 1, 0)]
+            )
         else:
             dec = MetaspaceDecoder(METASPACE, "always", True)
         return norm, pre, dec
@@ -297,8 +339,12 @@ class UnigramTrainer:
         """Per text: NFKC, whitespace runs -> ' ', Metaspace words. A batch of texts without newlines is
         counted in one pass over the texts joined by newlines (:class:`_JoinedMetaspace`)."""
         norm, pre, _ = self.components()
-        return JoinedWords(TextToWords(norm, pre), _JoinedMetaspace(self.nfkc, self.collapse_whitespace, TextToWords(norm, pre)),
-                           sep="\n", sep_free=True)
+        return JoinedWords(
+            TextToWords(norm, pre),
+            _JoinedMetaspace(self.nfkc, self.collapse_whitespace, TextToWords(norm, pre)),
+            sep="\n",
+            sep_free=True,
+        )
 
     def train(self, texts, log=None):
         return self.train_from_counts(count_words(texts, self.words_fn(), workers=self.workers), log=log)
@@ -310,16 +356,30 @@ class UnigramTrainer:
         if self.unk_token not in specials:
             specials.insert(0, self.unk_token)
         reserved = specials + (BYTE_TOKENS if self.byte_fallback else [])
-        learned = train_unigram(word_counts, self.vocab_size, n_reserved=len(reserved),
-                                character_coverage=self.character_coverage, seed_size=self.seed_size,
-                                max_piece_length=self.max_piece_length, shrinking_factor=self.shrinking_factor,
-                                n_sub_iterations=self.n_sub_iterations, split_by_script=self.split_by_script,
-                                threads=min(2, self.workers or os.cpu_count() or 1), log=log)
+        learned = train_unigram(
+            word_counts,
+            self.vocab_size,
+            n_reserved=len(reserved),
+            character_coverage=self.character_coverage,
+            seed_size=self.seed_size,
+            max_piece_length=self.max_piece_length,
+            shrinking_factor=self.shrinking_factor,
+            n_sub_iterations=self.n_sub_iterations,
+            split_by_script=self.split_by_script,
+            threads=min(2, self.workers or os.cpu_count() or 1),
+            log=log,
+        )
         taken = set(reserved)
         # 12 significant digits: a JSON float that short parses exactly in every reader (serde_json's
         # default float parser is only "best effort" on 17-digit reprs, which flips Viterbi near-ties).
         pieces = [(t, 0.0) for t in reserved] + [(p, float(f"{s:.12g}")) for p, s in learned if p not in taken]
         model = UnigramModel(pieces, unk_id=specials.index(self.unk_token), byte_fallback=self.byte_fallback)
         norm, pre, dec = self.components()
-        return SubwordTokenizer(model, normalizer=norm, pre_tokenizer=pre, decoder=dec,
-                                added_tokens=special_added_tokens(specials), kind=self.kind)
+        return SubwordTokenizer(
+            model,
+            normalizer=norm,
+            pre_tokenizer=pre,
+            decoder=dec,
+            added_tokens=special_added_tokens(specials),
+            kind=self.kind,
+        )

@@ -36,7 +36,9 @@ def _run(tmp_path, inp, **kw):
     cfg = DedupConfig(id_field=kw.pop("id_field", "id"), progress=False, workers=kw.pop("workers", 1), **kw)
     out = tmp_path / "out.jsonl"
     stats = dedup([inp], out, cfg, clusters=tmp_path / "clusters.jsonl", stats_path=tmp_path / "stats.json")
-    clusters = {r["id"]: r["representative"] for r in map(json.loads, (tmp_path / "clusters.jsonl").read_text().splitlines())}
+    clusters = {
+        r["id"]: r["representative"] for r in map(json.loads, (tmp_path / "clusters.jsonl").read_text().splitlines())
+    }
     kept = [json.loads(x) for x in out.read_text().splitlines()]
     return stats, clusters, kept
 
@@ -113,7 +115,11 @@ def test_every_id_maps_to_a_kept_representative_and_idempotent(tmp_path, seed, m
     assert all(clusters[i] <= i for i in clusters)  # representative = first of its cluster
     # deduplicating the output again removes nothing
     again = _write(tmp_path / "again.jsonl", kept)
-    stats2 = dedup([again], tmp_path / "out2.jsonl", DedupConfig(id_field="id", method=method, threshold=0.7, progress=False, workers=1))
+    stats2 = dedup(
+        [again],
+        tmp_path / "out2.jsonl",
+        DedupConfig(id_field="id", method=method, threshold=0.7, progress=False, workers=1),
+    )
     assert stats2["kept"] == len(kept)
 
 
@@ -132,8 +138,12 @@ def test_parquet_in_and_out(tmp_path):
 
     recs = [{"id": f"p{i}", "text": t, "n": i} for i, t in enumerate(BASE + [BASE[3]])]
     pq.write_table(pa.Table.from_pylist(recs), tmp_path / "in.parquet")
-    stats = dedup([tmp_path / "in.parquet"], tmp_path / "out.parquet", DedupConfig(id_field="id", progress=False, workers=1),
-                  clusters=tmp_path / "c.jsonl")
+    stats = dedup(
+        [tmp_path / "in.parquet"],
+        tmp_path / "out.parquet",
+        DedupConfig(id_field="id", progress=False, workers=1),
+        clusters=tmp_path / "c.jsonl",
+    )
     out = pq.read_table(tmp_path / "out.parquet").to_pylist()
     assert out == recs[:4] and stats["kept"] == 4
 
@@ -141,8 +151,18 @@ def test_parquet_in_and_out(tmp_path):
 def test_chat_and_preference_keys(tmp_path):
     q = "What is the capital of France and why did it become the capital?"
     recs = [
-        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "Paris, for historical reasons."}]},
-        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "It is Paris; the kings lived there."}]},
+        {
+            "messages": [
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": "Paris, for historical reasons."},
+            ]
+        },
+        {
+            "messages": [
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": "It is Paris; the kings lived there."},
+            ]
+        },
         {"prompt": q, "chosen": "Paris, for historical reasons.", "rejected": "Lyon."},
     ]
     inp = _write(tmp_path / "chat.jsonl", recs)
@@ -156,9 +176,13 @@ def test_units_and_contamination_in_one_run(tmp_path):
     footer = "Subscribe to our newsletter for weekly updates on local news and events."
     recs = [{"id": i, "text": f"{t}\n\n{footer}"} for i, t in enumerate(BASE)]
     inp = _write(tmp_path / "in.jsonl", recs)
-    ev = _write(tmp_path / "eval.jsonl", [{"question": BASE[2]}, {"question": "an unrelated question about chemistry and physics today"}])
-    stats, clusters, kept = _run(tmp_path, inp, units="paragraph", contamination=(str(ev),), drop_contaminated=True,
-                                 contamination_ngram=8)
+    ev = _write(
+        tmp_path / "eval.jsonl",
+        [{"question": BASE[2]}, {"question": "an unrelated question about chemistry and physics today"}],
+    )
+    stats, clusters, kept = _run(
+        tmp_path, inp, units="paragraph", contamination=(str(ev),), drop_contaminated=True, contamination_ngram=8
+    )
     assert [r["id"] for r in kept] == [0, 1, 3]
     assert kept[0]["text"].endswith(footer) and footer not in kept[1]["text"]
     assert stats["units_removed"] == 2 and stats["removed"]["contamination"] == 1
@@ -182,8 +206,23 @@ def test_ray_backend_matches_local(tmp_path):
 
 def test_cli_smoke(tmp_path, capsys):
     inp = _corpus(tmp_path)
-    rc = cli_main(["dedup", str(inp), "--output", str(tmp_path / "o.jsonl"), "--id-field", "id", "--workers", "1",
-                   "--clusters", str(tmp_path / "c.jsonl"), "--normalize", "nfkc,lower,whitespace", "--no-progress"])
+    rc = cli_main(
+        [
+            "dedup",
+            str(inp),
+            "--output",
+            str(tmp_path / "o.jsonl"),
+            "--id-field",
+            "id",
+            "--workers",
+            "1",
+            "--clusters",
+            str(tmp_path / "c.jsonl"),
+            "--normalize",
+            "nfkc,lower,whitespace",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     assert "kept: 4" in out and "LSH: b=" in out

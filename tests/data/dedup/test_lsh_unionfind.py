@@ -36,7 +36,7 @@ def test_empirical_candidate_rate_follows_s_curve():
         docs = []
         for _ in range(n_pairs):
             u = rng.integers(0, 2**63, union, dtype=np.uint64)
-            docs += [u[: inter + (union - inter) // 2], np.concatenate([u[:inter], u[inter + (union - inter) // 2:]])]
+            docs += [u[: inter + (union - inter) // 2], np.concatenate([u[:inter], u[inter + (union - inter) // 2 :]])]
         off = np.cumsum([0] + [len(d) for d in docs])
         sig = oph_signatures(np.concatenate(docs), off, b * r, 2)
         keys = band_keys(sig, b, r)

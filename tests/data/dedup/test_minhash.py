@@ -40,8 +40,8 @@ def _pairs_with_jaccard(rng, n_pairs, union, j):
     docs = []
     for _ in range(n_pairs):
         u = rng.integers(0, 2**64 - 1, union, dtype=np.uint64, endpoint=True)
-        a = np.concatenate([u[:inter], u[inter:inter + rest // 2]])
-        b = np.concatenate([u[:inter], u[inter + rest // 2:]])
+        a = np.concatenate([u[:inter], u[inter : inter + rest // 2]])
+        b = np.concatenate([u[:inter], u[inter + rest // 2 :]])
         docs += [a, b]
     off = np.cumsum([0] + [len(d) for d in docs])
     return np.concatenate(docs), off, inter / union
@@ -83,7 +83,10 @@ def test_deterministic_across_processes():
         "h, o = char_shingles(['deterministic across processes', 'second doc'], 5);"
         "print(oph_signatures(h, o, 16, 7).tolist())"
     )
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    outs = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        for _ in range(2)
+    }
     assert len(outs) == 1
     from posttrain.data.dedup.shingles import char_shingles
 

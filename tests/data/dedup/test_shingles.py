@@ -17,7 +17,7 @@ from posttrain.data.dedup.shingles import (
 )
 from posttrain.errors import ConfigError
 
-texts = st.lists(st.text(alphabet=st.sampled_from("ab c\u00e9\u4e2d\n\U0001F600"), max_size=30), max_size=6)
+texts = st.lists(st.text(alphabet=st.sampled_from("ab c\u00e9\u4e2d\n\U0001f600"), max_size=30), max_size=6)
 
 
 def _word_hash(w: str) -> int:
@@ -31,7 +31,7 @@ def test_char_shingles_match_oracle(batch, k):
     assert off[0] == 0 and off[-1] == len(h)
     for i, t in enumerate(batch):
         ref = {substring_hash_int([ord(c) for c in s]) for s in shingle_strings(t, k, "char")}
-        assert set(h[off[i]:off[i + 1]].tolist()) == ref
+        assert set(h[off[i] : off[i + 1]].tolist()) == ref
 
 
 @settings(max_examples=150, deadline=None)
@@ -40,7 +40,7 @@ def test_word_shingles_match_oracle(batch, n):
     h, off = word_shingles(batch, n)
     for i, t in enumerate(batch):
         ref = {substring_hash_int([_word_hash(w) for w in s.split(" ")]) for s in shingle_strings(t, n, "word")}
-        assert set(h[off[i]:off[i + 1]].tolist()) == ref
+        assert set(h[off[i] : off[i + 1]].tolist()) == ref
 
 
 def test_hash_is_position_independent_and_distinguishes():

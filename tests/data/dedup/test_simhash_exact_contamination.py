@@ -61,7 +61,7 @@ def test_dedup_units_paragraphs():
 
 def _ngrams(text, n):
     w = normalize(text, ("nfkc", "lower", "punct", "whitespace")).split()
-    return {tuple(w[i:i + n]) for i in range(len(w) - n + 1)} if len(w) >= n else set()
+    return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)} if len(w) >= n else set()
 
 
 words = st.lists(st.sampled_from(["the", "cat", "sat", "on", "mat", "dog", "ran"]), min_size=0, max_size=25)

@@ -105,7 +105,9 @@ def test_borderline_fixes_estimates_on_the_wrong_side(tmp_path, exact_above):
         cfg = DedupConfig(verify=verify, bands=32, rows=4, workers=1, progress=False)
         stats = dedup([inp], tmp_path / f"{verify}.jsonl", cfg, clusters=tmp_path / f"{verify}.clusters.jsonl")
         assert stats["candidate_pairs"] == 1
-        reps[verify] = [json.loads(x)["representative"] for x in (tmp_path / f"{verify}.clusters.jsonl").read_text().splitlines()]
+        reps[verify] = [
+            json.loads(x)["representative"] for x in (tmp_path / f"{verify}.clusters.jsonl").read_text().splitlines()
+        ]
         if verify == "borderline":
             assert stats["exact_checked_pairs"] == 1
             assert stats["exact_flipped"] == {"accepted": int(exact_above), "rejected": int(not exact_above)}
@@ -154,7 +156,9 @@ def test_cli_verify_flags(tmp_path, capsys):
     common = ["dedup", str(inp), "--workers", "1", "--no-progress", "--bands", "32", "--rows", "4"]
     assert cli_main([*common, "--output", str(tmp_path / "e.jsonl"), "--verify", "estimate"]) == 0
     assert "kept: 2" in capsys.readouterr().out
-    assert cli_main([*common, "--output", str(tmp_path / "n.jsonl"), "--borderline-sd", "0"]) == 0  # band of width 0: estimate only
+    assert (
+        cli_main([*common, "--output", str(tmp_path / "n.jsonl"), "--borderline-sd", "0"]) == 0
+    )  # band of width 0: estimate only
     assert "kept: 2" in capsys.readouterr().out
     assert cli_main([*common, "--output", str(tmp_path / "b.jsonl")]) == 0  # default: borderline, 3 s.d.
     out = capsys.readouterr().out
