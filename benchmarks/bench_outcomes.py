@@ -18,7 +18,9 @@ to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is no
 
 ``--jobs`` runs that many CLI processes at once (each with ``--threads 1``); a stage starts as soon as its
 seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
-GRPO hyper-parameters then reuse the SFT runs). No number is hand-entered: every one is read from a run.
+GRPO hyper-parameters then reuse the SFT runs). ``{seed}``, ``{sft}`` (the seed's SFT run) and ``{work}`` in the
+extra flags are replaced per seed: ``--rm-args "--init {sft}"``, ``--ppo-args "--reward-model RMWORK/seed{seed}/rm"``.
+No number is hand-entered: every one is read from a run.
 
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
@@ -180,8 +182,11 @@ def command(stage: str, seed: int, work: Path, extra: str, sft_root: Path | None
         "false",
         "--overwrite",
     ]
+    sft = (sft_root or work) / f"seed{seed}" / "sft"
     if stage in DEPENDS_ON_SFT:
-        cmd += ["--init", str((sft_root or work) / f"seed{seed}" / "sft")]
+        cmd += ["--init", str(sft)]
+    # per-seed paths in the extra flags: {seed}, {sft} (this seed's SFT run), {work}; e.g. --rm-args "--init {sft}"
+    extra = extra.replace("{seed}", str(seed)).replace("{sft}", str(sft)).replace("{work}", str(work))
     return cmd + shlex.split(extra)
 
 

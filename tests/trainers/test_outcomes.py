@@ -4,6 +4,7 @@ import statistics
 
 import pytest
 
+import benchmarks.bench_outcomes as bo
 from benchmarks.bench_outcomes import aggregate, describe
 
 
@@ -41,3 +42,10 @@ def test_gain_is_per_seed_against_its_own_sft_and_failures_are_listed():
     assert agg["dpo"]["failed_seeds"] == [1] and agg["dpo"]["accuracy"]["n"] == 2
     assert agg["dpo"]["gain"]["worst_seed"] == 2 and agg["dpo"]["gain"]["min"] == pytest.approx(-0.01)
     assert "gain" not in agg["sft"]
+
+
+def test_extra_flags_take_per_seed_paths(tmp_path):
+    cmd = bo.command("rm", 3, tmp_path / "w", "--init {sft} --tag s{seed} --x {work}/y", sft_root=tmp_path / "s")
+    i = cmd.index("--init")
+    assert cmd[i + 1] == str(tmp_path / "s" / "seed3" / "sft") and "s3" in cmd and str(tmp_path / "w" / "y") in cmd
+    assert "--init" not in bo.command("rm", 0, tmp_path, "")  # rm has no SFT start unless asked
