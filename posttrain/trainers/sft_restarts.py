@@ -39,10 +39,11 @@ from posttrain.evaluation import evaluate
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.run_dir import RUN_FILE, new_run_id, read_run
+from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
 STATE_FILE = "trainer_state.json"  # in a checkpoint (trainers/checkpoint.py)
+RESUMABLE = ("out", "progress", "threads", "logger")  # what --resume of a restarts run may change
 
 
 def restart_seed(seed: int, k: int) -> int:
@@ -64,39 +65,23 @@ def validation_problems(cfg) -> list[tuple[str, str]]:
 
 
 def _open(cfg, resume, overwrite: bool) -> Path:
-    out = Path(cfg.out)
-    if resume is not None:
-        root = Path(resume)
-        info = read_run(root)
-        if info is None or info.get("trainer") != "sft_restarts":
-            raise UserError(f"--resume {resume}: not a `posttrain sft --restarts` run directory (no run.json of one)")
-        saved = json.loads((root / "config.resolved.json").read_text())
-        now = json.loads(json.dumps(dataclasses.asdict(cfg)))
-        changed = sorted(k for k in set(saved) | set(now) if k != "out" and saved.get(k) != now.get(k))
-        if changed:
-            raise UserError(
-                f"--resume {resume}: the configuration differs from the run's in {', '.join(changed)}; "
-                f"start a new run (--out) or --overwrite"
-            )
-        return root
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise UserError(f"--out {out} is not empty: pass --overwrite to replace it or --resume {out} to continue")
-        if read_run(out) is None:
-            raise UserError(f"--overwrite refuses to clear {out}: it is not a posttrain run directory (no run.json)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "config.resolved.json", dataclasses.asdict(cfg))
-    atomic_write_json(
-        out / RUN_FILE,
-        {
-            "run_id": new_run_id(),
-            "trainer": "sft_restarts",
-            "restarts": cfg.restarts,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        },
-    )
-    return out
+    """The restarts run's directory: a new one through the trainers' own ``open_run``/``begin_run`` (the same
+    non-empty / ``--overwrite`` rules, ``run.json``, ``config.resolved.*``), or ``resume``'s, whose saved config
+    must equal this one (a changed restart would rank unlike runs)."""
+    if resume is None:
+        run = common.open_run(cfg, "sft_restarts", overwrite=overwrite)
+        return begin_run(run, cfg)
+    root = Path(resume)
+    info = read_run(root)
+    if info is None or info.get("trainer") != "sft_restarts":
+        raise UserError(f"--resume {resume}: not a `posttrain sft --restarts` run directory (no run.json of one)")
+    changes = changed_settings(read_json_file(root / "config.resolved.json", "config file"), cfg, ignore=RESUMABLE)
+    if changes:
+        raise UserError(
+            f"--resume {resume}: the configuration differs from the run's in {'; '.join(changes)}; "
+            f"start a new run (--out) or --overwrite"
+        )
+    return root
 
 
 def _run_one(sub, train_sft) -> dict:
