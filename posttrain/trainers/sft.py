@@ -133,6 +133,12 @@ class SFTConfig(TrainerConfig):
         "1.5 points apart: docs/outcomes.md)",
         gt=0,
     )
+    val_data: str | None = knob(
+        None,
+        "restarts: JSONL/Parquet of {prompt, answer} problems (neither demonstrations nor the "
+        "evaluation set) to rank them on by greedy accuracy instead of the embedded task's "
+        "val_problems; makes restarts work with --data without --val-fraction",
+    )
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -453,10 +459,14 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
     resumes_restarts = resume and (read_run(run_root(resume)) or {}).get("trainer") == "sft_restarts"
     if resume and not resumes_restarts:  # --resume of one plain run continues that run
         cfg = dataclasses.replace(cfg, restarts=1)
-    elif cfg.restarts > 1 and not resume and (cfg.init or cfg.model_path or (cfg.data and not cfg.val_fraction)):
+    elif (
+        cfg.restarts > 1
+        and not resume
+        and (cfg.init or cfg.model_path or (cfg.data and not (cfg.val_fraction or cfg.val_data)))
+    ):
         print(
-            f"restarts={cfg.restarts} applies to a fresh model on the embedded task (or --data with --val-fraction "
-            "to rank on): one run here"
+            f"restarts={cfg.restarts} applies to a fresh model on the embedded task (or --data with --val-data or "
+            "--val-fraction to rank on): one run here"
         )
         cfg = dataclasses.replace(cfg, restarts=1)
     if cfg.restarts > 1 or resumes_restarts:

@@ -11,11 +11,12 @@ draw at R times the cost (R x ~30 s CPU on the tiny preset):
     val_k      = greedy accuracy of run k's model/ on the validation problems
     k*         = argmax_k val_k (the earliest on ties);  OUT/model/ = run k*'s model/
 
-Validation problems: on the embedded task, ``val_problems`` problems of the task's *training* split that are
-not demonstrations (a fixed sample, the same for every seed); the evaluation split is never looked at. With
-``--data`` (no such problems) each run's own ``val_fraction`` split of the demonstrations is used, so
-``val_fraction > 0`` is required (without it, and from ``--init`` / ``--model``, ``train_sft`` runs once and
-says so: restarts are for a fresh model). ``restarts = 1`` is exactly a plain run (seed_0 = seed).
+Validation problems: ``--val-data FILE`` ({prompt, answer} problems; a prompt that is also a demonstration is a
+``file:line`` error, since ranking on trained prompts keeps the best memoriser); else, on the embedded task,
+``val_problems`` problems of the task's *training* split that are not demonstrations (a fixed sample, the same
+for every seed); the evaluation split is never looked at. With ``--data`` and no ``--val-data`` each run's own
+``val_fraction`` split of the demonstrations is used, so ``val_fraction > 0`` is required (without either, and
+from ``--init`` / ``--model``, ``train_sft`` runs once and says so: restarts are for a fresh model). ``restarts = 1`` is exactly a plain run (seed_0 = seed).
 
 Resume: each restart is its own run directory; ``--resume OUT`` skips the finished ones (a ``summary.json``),
 resumes an interrupted one from its checkpoint, and starts the rest, so it ends as an uninterrupted run would.
@@ -33,8 +34,10 @@ import shutil
 import time
 from pathlib import Path
 
+from posttrain.data.conversations import load_sft_data
 from posttrain.data.io import atomic_dir, atomic_write_json
-from posttrain.errors import UserError
+from posttrain.data.pairs import load_pairs
+from posttrain.errors import DataError, UserError
 from posttrain.evaluation import evaluate
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.trainers import common
@@ -56,12 +59,30 @@ def restart_seed(seed: int, k: int) -> int:
 
 
 def validation_problems(cfg) -> list[tuple[str, str]]:
-    """The embedded task's training-split problems that are not demonstrations: a fixed sample of
-    ``cfg.val_problems`` of them (sorted pool, seeded sampler: the same on every seed and machine)."""
+    """The problems restarts are ranked on: ``cfg.val_data``'s, or the embedded task's training-split problems
+    that are not demonstrations, a fixed sample of ``cfg.val_problems`` of them (sorted pool, seeded sampler: the
+    same on every seed and machine)."""
     task = ArithmeticTask(cfg.task)
+    if cfg.val_data:
+        return _file_problems(cfg, task)
     demos = {p.prompt for p in task.demonstrations()}
     pool = sorted((p.prompt, p.answer) for p in task.train_problems if p.prompt not in demos)
     return random.Random(VAL_SAMPLE_SEED).sample(pool, min(cfg.val_problems, len(pool)))
+
+
+def _file_problems(cfg, task) -> list[tuple[str, str]]:
+    val = load_pairs(cfg.val_data, "validation", on_bad_line=cfg.on_bad_line)
+    if cfg.data:
+        trained = {d[0] for d in load_sft_data(cfg.data, on_bad_line=cfg.on_bad_line) if isinstance(d, tuple)}
+    else:
+        trained = {p.prompt for p in task.demonstrations()}
+    for i, (prompt, _) in enumerate(val):
+        if prompt in trained:
+            raise DataError(
+                f"{val.where(i)}: prompt {prompt!r} is also a training demonstration; restarts ranked on "
+                f"trained prompts keep the best memoriser, not the best generaliser"
+            )
+    return list(val)
 
 
 def _open(cfg, resume, overwrite: bool) -> Path:
@@ -96,8 +117,9 @@ def _run_one(sub, train_sft) -> dict:
 
 def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
     """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary."""
-    out, t0 = _open(cfg, resume, overwrite), time.perf_counter()
-    val = None if cfg.data else validation_problems(cfg)
+    t0 = time.perf_counter()
+    val = validation_problems(cfg) if cfg.val_data or not cfg.data else None  # None: each run's val_fraction split
+    out = _open(cfg, resume, overwrite)  # after the inputs are checked: a bad --val-data writes nothing
     candidates = []
     for k in range(cfg.restarts):
         sub = dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k), out=str(out / "restarts" / str(k)))

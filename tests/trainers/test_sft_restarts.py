@@ -134,3 +134,31 @@ def test_changed_config_is_refused_and_user_data_runs_once(tmp_path, capsys):
     assert "restarts=2 applies to a fresh model on the embedded task" in capsys.readouterr().out
     summary = json.loads((tmp_path / "u" / "summary.json").read_text())
     assert not (tmp_path / "u" / "restarts").exists() and "restarts" not in summary  # one plain run
+
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_val_data_ranks_restarts_of_a_data_run(tmp_path, capsys):
+    task = ArithmeticTask(TASK)
+    demos = [{"prompt": p.prompt, "answer": p.answer} for p in task.demonstrations()]
+    held = {p.prompt for p in task.heldout_problems}
+    extra = [{"prompt": p.prompt, "answer": p.answer} for p in task.train_problems if p.prompt not in held]
+    extra = [r for r in extra if r not in demos][:12]
+    data, val = _jsonl(tmp_path / "d.jsonl", demos), _jsonl(tmp_path / "v.jsonl", extra)
+    s = train_sft(cfg(tmp_path / "r", restarts=2, data=data, val_data=val))
+    assert [x["val_n"] for x in s["candidates"]] == [12, 12]
+    for x in s["candidates"]:  # ranked on the file's problems, recomputed independently
+        ck = load_checkpoint(f"{x['dir']}/model")
+        acc = evaluate(
+            ck.model, ck.tokenizer, [r["prompt"] for r in extra], [r["answer"] for r in extra], max_new_tokens=8
+        ).accuracy
+        assert acc == x["val_accuracy"]
+    bad = _jsonl(tmp_path / "bad.jsonl", extra[:2] + demos[:1])  # line 3 is a demonstration
+    args = ["sft", "--data", data, "--val-data", bad, "--restarts", "2", "--out", str(tmp_path / "b")]
+    assert main([*args, "--progress", "false"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: prompt {demos[0]['prompt']!r} is also a training demonstration" in err
+    assert not (tmp_path / "b").exists()  # checked before the run directory is written
