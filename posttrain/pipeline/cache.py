@@ -39,6 +39,7 @@ EXCLUDED = frozenset(
         "init",
         "data",
         "eval_data",
+        "val_data",
         "tokenizer",
         "logger",
         "threads",

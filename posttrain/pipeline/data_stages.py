@@ -19,6 +19,7 @@ always spelled digit by digit (the arithmetic answers stay learnable), and saves
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -35,7 +36,19 @@ def dedup_key_config(cfg) -> dict:
     key = {"dedup": cfg.dedup, "task": cfg.task}
     if not cfg.corpus_file:
         key["corpus"] = cfg.corpus
+        key["val_problems"] = cfg.sft.val_problems  # val.jsonl
     return key
+
+
+def write_validation(cfg, out: Path) -> int | None:
+    """``val.jsonl`` on the embedded corpus: the task's training-split problems that are not demonstrations,
+    which SFT restarts are ranked on (``trainers/sft_restarts.py``); never an evaluation item."""
+    if cfg.corpus_file:
+        return None
+    from posttrain.trainers.sft_restarts import validation_problems
+
+    probe = dataclasses.replace(cfg.sft, task=cfg.task, data=None, val_data=None)
+    return write_jsonl(out / "val.jsonl", [{"prompt": p, "answer": a} for p, a in validation_problems(probe)])
 
 
 def _user_records(path: str) -> list[dict]:
@@ -72,8 +85,6 @@ def run_dedup(ctx, out: Path) -> dict:
         evals = eval_records(task)
     write_jsonl(out / "eval.jsonl", evals)
     dcfg = cfg.dedup
-    import dataclasses
-
     dcfg = dataclasses.replace(dcfg, id_field="id", contamination=(str(out / "eval.jsonl"),), progress=not ctx.quiet)
     stats = dedup(
         [str(out / "raw.jsonl")],
@@ -155,6 +166,7 @@ def run_dedup(ctx, out: Path) -> dict:
         )
     summary["demos_kept"] = write_jsonl(out / "sft.jsonl", kept_demos)
     summary["demos_raw"] = write_jsonl(out / "sft_raw.jsonl", raw_demos)
+    summary["validation_problems"] = write_validation(cfg, out)
     atomic_write_json(out / "summary.json", summary)
     return summary
 

@@ -66,7 +66,10 @@ def header(cfg, preset: str | None) -> dict:
 
 
 def _has_checkpoint(d: Path) -> bool:
-    return (d / "checkpoints").is_dir() and any((d / "checkpoints").glob("step-*"))
+    """A trainer checkpoint in the stage directory; for SFT restarts, any restart's checkpoint or finished run."""
+    if (d / "checkpoints").is_dir() and any((d / "checkpoints").glob("step-*")):
+        return True
+    return any((d / "restarts").glob("*/checkpoints/step-*")) or any((d / "restarts").glob("*/summary.json"))
 
 
 def _say(ctx, msg: str) -> None:

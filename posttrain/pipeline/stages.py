@@ -89,6 +89,14 @@ def _hf(ctx) -> dict:
     return {"pad_token": ctx.cfg.pad_token} if ctx.cfg.hf_model else {}
 
 
+def _val_data(ctx) -> str | None:
+    """What SFT restarts are ranked on: the user's ``[sft] val_data``, else on the embedded corpus the dedup
+    stage's ``val.jsonl`` (training-split problems that are not demonstrations)."""
+    if ctx.cfg.sft.val_data or ctx.cfg.corpus_file:
+        return ctx.cfg.sft.val_data
+    return str(ctx.dir("dedup") / "val.jsonl")
+
+
 def _sft_config(data_name: str, stage: str):
     def config(ctx):
         start = {"model_path": ctx.cfg.hf_model} if ctx.cfg.hf_model else {}
@@ -99,6 +107,7 @@ def _sft_config(data_name: str, stage: str):
             data=str(ctx.dir("dedup") / data_name),
             tokenizer=_tokenizer_path(ctx),
             eval_data=_eval_file(ctx),
+            val_data=_val_data(ctx),
             **start,
             **_hf(ctx),
         )
@@ -109,6 +118,8 @@ def _sft_config(data_name: str, stage: str):
 def _sft_inputs(data_name: str):
     def inputs(ctx):
         out = {"data": ctx.dir("dedup") / data_name}
+        if _val_data(ctx):
+            out["val_data"] = Path(_val_data(ctx))
         if _tokenizer_path(ctx):
             out["tokenizer"] = Path(_tokenizer_path(ctx))
         if ctx.cfg.eval_file:
@@ -167,9 +178,18 @@ def _from_sft_inputs(config_fn):
         for f in ("data", "eval_data"):
             if getattr(cfg, f, None):
                 out[f] = Path(getattr(cfg, f))
-        return out
+        return {**out, **_reward_sources(getattr(cfg, "reward", None))}
 
     return inputs
+
+
+def _reward_sources(spec) -> dict:
+    """The source files of the Python rewards a spec names, by content (an edited reward re-runs its stages)."""
+    if not isinstance(spec, str):
+        return {}
+    from posttrain.rewards.registry import python_reward_sources
+
+    return {f"reward.{name}": path for name, path in python_reward_sources(spec).items()}
 
 
 def _train_fn(module: str, fn: str):
@@ -236,7 +256,7 @@ def _eval_inputs(ctx):
     ins = {f"model.{s}": ctx.model(s) for s in POLICY_STAGES + ("rm",) if s in ctx.done and ctx.model(s).is_dir()}
     if ctx.cfg.eval_file:
         ins["eval_file"] = ctx.dir("dedup") / "eval.jsonl"
-    return ins
+    return {**ins, **_reward_sources(ctx.cfg.reward)}
 
 
 def _run_report(ctx, cfg, out, resume):

@@ -253,6 +253,29 @@ def parse_reward_spec(spec: str) -> dict[str, float]:
     return out
 
 
+def python_reward_sources(spec: str) -> dict[str, Path]:
+    """The source file of each Python reward a spec names (``name -> path``; found without importing it), so a
+    cache key can hold the code's bytes: an edited reward function is a changed input, not a cached stage. Only
+    the file that defines the function counts (not the modules it imports); one that cannot be found is left
+    out (loading it later raises the ConfigError)."""
+    out = {}
+    for name in parse_reward_spec(spec):
+        if not is_python_reward(name):
+            continue
+        mod_name = name.rpartition(":")[0]
+        if mod_name.endswith(".py"):
+            path = Path(mod_name)
+        else:
+            try:
+                found = importlib.util.find_spec(mod_name)
+            except (ImportError, ValueError):
+                found = None
+            path = Path(found.origin) if found is not None and found.origin else None
+        if path is not None and path.is_file():
+            out[name] = path
+    return out
+
+
 RM_REWARD = "reward_model"
 
 

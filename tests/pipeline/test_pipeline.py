@@ -133,7 +133,7 @@ def test_killed_sft_resumes_from_its_checkpoint_and_ends_as_uninterrupted(run, t
     monkeypatch.setattr(sft, "save", save_then_die)
     with pytest.raises(RuntimeError, match="killed"):
         run_pipeline(micro(), part, only=("dedup", "tokenizer", "sft"), quiet=True)
-    assert not (part / "sft" / "DONE.json").exists() and (part / "sft" / "checkpoints").is_dir()
+    assert not (part / "sft" / "DONE.json").exists() and (part / "sft" / "restarts" / "0" / "checkpoints").is_dir()
     monkeypatch.setattr(sft, "save", original)
     capsys.readouterr()
     assert run_pipeline(micro(), part, only=("sft",), quiet=True, explain=True)["explain"]["sft"] == "resumed"
@@ -230,3 +230,18 @@ def test_the_rm_stage_is_the_rm_commands_tiny_recipe_and_a_section_changes_only_
     assert cfg.rm == dataclasses.replace(recipe, steps=10)
     assert cfg.dedup == dataclasses.replace(PipelineConfig().dedup, num_perm=64) and cfg.dedup.threshold == 0.7
     assert micro().rm.steps <= 10 and micro().rm.pairs.num_prompts <= 64  # the CI preset stays seconds
+
+
+def test_sft_restarts_are_ranked_on_training_split_problems_only(run):
+    out, _ = run
+    rows = lambda name: [json.loads(ln) for ln in (out / "dedup" / name).read_text().splitlines()]  # noqa: E731
+    val = {r["prompt"] for r in rows("val.jsonl")}
+    assert len(val) == PRESETS["micro"]["sft"]["val_problems"]
+    assert not val & {r["prompt"] for r in rows("sft_raw.jsonl")} and not val & {
+        r["prompt"] for r in rows("eval.jsonl")
+    }
+    for stage in ("sft", "sft_raw"):  # both SFT runs: the same restarts, ranked on val.jsonl
+        s = json.loads((out / stage / "summary.json").read_text())
+        assert [c["val_n"] for c in s["candidates"]] == [len(val)] * PRESETS["micro"]["sft"]["restarts"]
+        best = max(s["candidates"], key=lambda c: (c["val_accuracy"], -c["restart"]))
+        assert s["selected_restart"] == best["restart"] and s["heldout_accuracy"] == best["heldout_accuracy"]

@@ -178,6 +178,18 @@ def test_a_changed_prompts_file_reruns_grpo_and_ppo_only(user_run, capsys):
     assert "grpo: run (inputs.data changed)" in capsys.readouterr().out
 
 
+def test_an_edited_reward_function_reruns_the_stages_that_use_it(user_run, capsys):
+    source = user_run["d"] / "pipe_user_reward.py"
+    original = source.read_text()
+    try:
+        source.write_text(original + "\n# an edit: the reward's code is part of the key, not its name\n")
+        plan = run_pipeline(user_run["cfg"], user_run["out"], quiet=True, explain=True, skip=("report",))["explain"]
+    finally:
+        source.write_text(original)
+    assert {k for k, v in plan.items() if v == "run"} == {"grpo", "ppo", "eval"}
+    assert "grpo: run (inputs.reward.pipe_user_reward:score changed)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "overrides, message",
     [
