@@ -139,6 +139,14 @@ class SFTConfig(TrainerConfig):
         "evaluation set) to rank them on by greedy accuracy instead of the embedded task's "
         "val_problems; makes restarts work with --data without --val-fraction",
     )
+    restart_probe_steps: int = knob(
+        0,
+        "restarts by successive halving: train every restart to this step, rank them there on "
+        "the validation problems, and finish only the best restart_keep (0 = every restart runs "
+        "all steps)",
+        ge=0,
+    )
+    restart_keep: int = knob(1, "with restart_probe_steps: how many restarts train past the probe", ge=1)
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -149,8 +157,7 @@ class SFTConfig(TrainerConfig):
                 "fsdp with val_fraction > 0 is not supported yet (the best-so-far weights would be "
                 "sharded); use one or the other"
             )
-        if self.restarts > 1 and self.fsdp:
-            raise ConfigError("restarts > 1 with fsdp is not supported (restarts run one after another in one process)")
+        sft_restarts.check_config(self)
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"batch_size={self.batch_size} must be divisible by grad_accum={self.grad_accum}")
 
@@ -453,9 +460,10 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
     return summary
 
 
-def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> dict:
+def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False, pause_at: int | None = None) -> dict:
     """Run SFT; returns the summary dict (also written to ``cfg.out/summary.json``). ``restarts`` > 1 (or a
-    resumed restarts run): that many runs, the best by validation kept (``trainers/sft_restarts.py``)."""
+    resumed restarts run): that many runs, the best by validation kept (``trainers/sft_restarts.py``).
+    ``pause_at``: stop after that step with a checkpoint there (resumable; returns ``{"paused_at", ...}``)."""
     resumes_restarts = resume and (read_run(run_root(resume)) or {}).get("trainer") == "sft_restarts"
     if resume and not resumes_restarts:  # --resume of one plain run continues that run
         cfg = dataclasses.replace(cfg, restarts=1)
@@ -475,6 +483,9 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         return sft_restarts.train_restarts(cfg, train_sft, resume=resume, overwrite=overwrite)
     s = setup(cfg, resume, overwrite)
     last_eval, t_start, stopped_at = None, time.perf_counter(), None
+    if pause_at is not None and s.start_step >= pause_at:  # a paused run, resumed with the same pause
+        s.logger.close()
+        return {"paused_at": s.start_step, "train_seconds": 0.0}
     bar = common.progress_bar(s.start_step, cfg.steps, "sft", cfg.progress)
     s.model.train()
     for step in bar:
@@ -495,8 +506,12 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
             tqdm.write(f"early stop at step {done}: no better validation accuracy in {s.best.since} evaluations")
             stopped_at = done
             break
-        if common.should_save(done, cfg.save_every, cfg.steps):
+        if common.should_save(done, cfg.save_every, cfg.steps) or done == pause_at:
             save(s, done, metrics)
+        if done == pause_at:
+            break
     bar.close()
     s.logger.close()
+    if pause_at is not None and stopped_at is None and pause_at < cfg.steps:
+        return {"paused_at": pause_at, "train_seconds": time.perf_counter() - t_start}
     return finish(s, last_eval, stopped_at, t_start)

@@ -18,6 +18,12 @@ for every seed); the evaluation split is never looked at. With ``--data`` and no
 ``val_fraction`` split of the demonstrations is used, so ``val_fraction > 0`` is required (without either, and
 from ``--init`` / ``--model``, ``train_sft`` runs once and says so: restarts are for a fresh model). ``restarts = 1`` is exactly a plain run (seed_0 = seed).
 
+Successive halving (``restart_probe_steps`` P, ``restart_keep`` K; Jamieson & Talwalkar 2016): every restart trains
+to step P only (a resumable checkpoint there, its score in ``restarts/k/probe.json``), the K best on the validation
+problems at P train on to the end (resumed, so each ends bitwise as an uninterrupted run), and the best of those at
+the end is kept: R candidates for R·P + K·(steps − P) steps instead of R·steps. A run's rank is mostly decided by
+mid-training (docs/outcomes.md), so P ~ half to two thirds of the steps loses little.
+
 Resume: each restart is its own run directory; ``--resume OUT`` skips the finished ones (a ``summary.json``),
 resumes an interrupted one from its checkpoint, and starts the rest, so it ends as an uninterrupted run would.
 
@@ -37,7 +43,7 @@ from pathlib import Path
 from posttrain.data.conversations import load_sft_data
 from posttrain.data.io import atomic_dir, atomic_write_json
 from posttrain.data.pairs import load_pairs
-from posttrain.errors import DataError, UserError
+from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.trainers import common
@@ -46,6 +52,7 @@ from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_fi
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
 STATE_FILE = "trainer_state.json"  # in a checkpoint (trainers/checkpoint.py)
+PROBE_FILE = "probe.json"  # a restart's score at restart_probe_steps
 RESUMABLE = ("out", "progress", "threads", "logger")  # what --resume of a restarts run may change
 
 
@@ -56,6 +63,16 @@ def restart_seed(seed: int, k: int) -> int:
         return seed
     h = hashlib.blake2b(f"sft-restart:{seed}:{k}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") % 2**31
+
+
+def check_config(cfg) -> None:
+    """The restarts fields of an SFTConfig (called by its ``__post_init__``)."""
+    if cfg.restarts > 1 and cfg.fsdp:
+        raise ConfigError("restarts > 1 with fsdp is not supported (restarts run one after another in one process)")
+    if cfg.restart_probe_steps and not 0 < cfg.restart_probe_steps < cfg.steps:
+        raise ConfigError(f"restart_probe_steps={cfg.restart_probe_steps} must be below steps={cfg.steps}")
+    if cfg.restart_probe_steps and cfg.restart_keep > cfg.restarts:
+        raise ConfigError(f"restart_keep={cfg.restart_keep} is more than restarts={cfg.restarts}")
 
 
 def validation_problems(cfg) -> list[tuple[str, str]]:
@@ -105,47 +122,84 @@ def _open(cfg, resume, overwrite: bool) -> Path:
     return root
 
 
-def _run_one(sub, train_sft) -> dict:
-    """One restart: done (its summary), interrupted (resume from its checkpoint) or new."""
+def _run_one(sub, train_sft, pause_at: int | None = None) -> dict:
+    """One restart: done (its summary), interrupted (resume from its checkpoint) or new; with ``pause_at``, trained
+    (or resumed) up to that step only and left resumable there."""
     d = Path(sub.out)
     if (d / "summary.json").is_file():
         return json.loads((d / "summary.json").read_text())
     if (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir()):
-        return train_sft(sub, resume=str(d))
-    return train_sft(sub, overwrite=d.exists())
+        return train_sft(sub, resume=str(d), pause_at=pause_at)
+    return train_sft(sub, overwrite=d.exists(), pause_at=pause_at)
+
+
+def _score(model_dir: Path, val, max_new_tokens: int) -> float:
+    ck = load_checkpoint(model_dir)
+    prompts, answers = [p for p, _ in val], [a for _, a in val]
+    return evaluate(ck.model, ck.tokenizer, prompts, answers, max_new_tokens=max_new_tokens).accuracy
+
+
+def _probe(sub, train_sft, cfg, val) -> dict:
+    """Successive halving's first rung: restart ``sub`` trained to ``restart_probe_steps`` and scored there
+    (``probe.json`` in its directory, so a resumed restarts run does not train or score it again)."""
+    path = Path(sub.out) / PROBE_FILE
+    if path.is_file():
+        return json.loads(path.read_text())
+    t0 = time.perf_counter()
+    s = _run_one(sub, train_sft, pause_at=cfg.restart_probe_steps)
+    step = cfg.restart_probe_steps
+    ck = Path(sub.out) / ("model" if "paused_at" not in s else f"checkpoints/step-{step:08d}")
+    probe = {
+        "step": step,
+        "val_accuracy": _score(ck, val, cfg.max_new_tokens),
+        "val_n": len(val),
+        "train_seconds": s.get("train_seconds", time.perf_counter() - t0),
+    }
+    atomic_write_json(path, probe)
+    return probe
 
 
 def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
-    """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary."""
+    """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary. With
+    ``restart_probe_steps``, every restart trains to that step, and only the best ``restart_keep`` finish."""
     t0 = time.perf_counter()
     val = validation_problems(cfg) if cfg.val_data or not cfg.data else None  # None: each run's val_fraction split
     out = _open(cfg, resume, overwrite)  # after the inputs are checked: a bad --val-data writes nothing
+    subs = [
+        dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k), out=str(out / "restarts" / str(k)))
+        for k in range(cfg.restarts)
+    ]
+    finalists, probes = range(cfg.restarts), {}
+    if cfg.restart_probe_steps and val is None:
+        print("restart_probe_steps ranks on problems (--val-data); with a val_fraction split every restart finishes")
+    if cfg.restart_probe_steps and val is not None:
+        for k, sub in enumerate(subs):
+            print(
+                f"SFT restart {k + 1}/{cfg.restarts} (seed {sub.seed}) to step {cfg.restart_probe_steps} -> {sub.out}"
+            )
+            probes[k] = _probe(sub, train_sft, cfg, val)
+            print(f"  restart {k}: validation accuracy {probes[k]['val_accuracy']:.3f} at step {probes[k]['step']}")
+        ranked = sorted(probes, key=lambda k: (-probes[k]["val_accuracy"], k))  # the earliest on ties
+        finalists = sorted(ranked[: cfg.restart_keep])
+        print(f"finishing restart{'s' if len(finalists) > 1 else ''} {', '.join(map(str, finalists))}")
     candidates = []
-    for k in range(cfg.restarts):
-        sub = dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k), out=str(out / "restarts" / str(k)))
+    for k, sub in enumerate(subs):
+        c = {"restart": k, "seed": sub.seed, "dir": sub.out, "probe": probes.get(k)}
+        if k not in finalists:
+            candidates.append({**c, "finished": False, "train_seconds": probes[k]["train_seconds"]})
+            continue
         print(f"SFT restart {k + 1}/{cfg.restarts} (seed {sub.seed}) -> {sub.out}")
         s = _run_one(sub, train_sft)
         if val is None:
             score, n = s["best_val_accuracy"], s["val_n"]
         else:
-            ck = load_checkpoint(Path(sub.out) / "model")
-            score = evaluate(
-                ck.model, ck.tokenizer, [p for p, _ in val], [a for _, a in val], max_new_tokens=cfg.max_new_tokens
-            ).accuracy
-            n = len(val)
-        candidates.append(
-            {
-                "restart": k,
-                "seed": sub.seed,
-                "val_accuracy": score,
-                "val_n": n,
-                "heldout_accuracy": s["heldout_accuracy"],
-                "train_seconds": s["train_seconds"],
-                "dir": sub.out,
-            }
-        )
+            score, n = _score(Path(sub.out) / "model", val, cfg.max_new_tokens), len(val)
+        seconds = s["train_seconds"] + (probes[k]["train_seconds"] if k in probes else 0.0)
+        c.update(val_accuracy=score, val_n=n, heldout_accuracy=s["heldout_accuracy"], train_seconds=seconds)
+        candidates.append({**c, "finished": True})
         print(f"  restart {k}: validation accuracy {score:.3f} ({n} problems)")
-    best = max(candidates, key=lambda c: (c["val_accuracy"], -c["restart"]))  # the earliest on ties
+    done = [c for c in candidates if c["finished"]]
+    best = max(done, key=lambda c: (c["val_accuracy"], -c["restart"]))  # the earliest on ties
     with atomic_dir(out / "model") as tmp:  # the kept restart's model/, as a checkpoint of this run
         shutil.copytree(Path(best["dir"]) / "model", tmp, dirs_exist_ok=True)
         state = json.loads((tmp / STATE_FILE).read_text())
@@ -154,6 +208,7 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
     summary = {
         **chosen,
         "restarts": cfg.restarts,
+        "restart_probe_steps": cfg.restart_probe_steps,
         "selected_restart": best["restart"],
         "selected_seed": best["seed"],
         "restart_val_accuracy": best["val_accuracy"],

@@ -162,3 +162,38 @@ def test_val_data_ranks_restarts_of_a_data_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}:3: prompt {demos[0]['prompt']!r} is also a training demonstration" in err
     assert not (tmp_path / "b").exists()  # checked before the run directory is written
+
+
+def test_successive_halving_finishes_the_best_probe_only(tmp_path):
+    c = cfg(tmp_path / "h", restart_probe_steps=3, restart_keep=1, keep_checkpoints=4)
+    s = train_sft(c)
+    val, cands = validation_problems(c), s["candidates"]
+    prompts, answers = [p for p, _ in val], [a for _, a in val]
+    scores = {}
+    for x in cands:  # each probe score, recomputed from the restart's step-3 checkpoint
+        ck = load_checkpoint(f"{x['dir']}/checkpoints/step-00000003")
+        scores[x["restart"]] = evaluate(ck.model, ck.tokenizer, prompts, answers, max_new_tokens=8).accuracy
+        assert x["probe"]["val_accuracy"] == scores[x["restart"]] and x["probe"]["step"] == 3
+    kept = max(scores, key=lambda k: (scores[k], -k))
+    assert [x["finished"] for x in cands] == [k == kept for k in range(3)] and s["selected_restart"] == kept
+    for x in cands:  # the others stopped at the probe: no model/, no summary
+        assert (tmp_path / "h" / "restarts" / str(x["restart"]) / "summary.json").is_file() == (x["restart"] == kept)
+    plain = train_sft(cfg(tmp_path / "plain", restarts=1, seed=restart_seed(0, kept)))  # paused + resumed = one run
+    a, b = weights(tmp_path / "plain"), weights(tmp_path / "h" / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a) and plain["heldout_accuracy"] == s["heldout_accuracy"]
+    again = train_sft(c, resume=str(tmp_path / "h"))  # a finished run resumes to the same result, training nothing
+    assert again["selected_restart"] == kept and again["candidates"] == cands
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"restart_probe_steps": 6}, "restart_probe_steps=6 must be below steps=6"),
+        ({"restart_probe_steps": 3, "restart_keep": 4}, "restart_keep=4 is more than restarts=3"),
+    ],
+)
+def test_bad_probe_settings_are_config_errors(tmp_path, kw, message):
+    from posttrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        cfg(tmp_path / "x", **kw)
