@@ -32,6 +32,7 @@ from posttrain.trainers.dpo import DPOConfig
 from posttrain.trainers.policy_gradient import PolicyGradientConfig
 from posttrain.trainers.reward import RECIPE as RM_RECIPE
 from posttrain.trainers.reward import RMConfig
+from posttrain.trainers.sft import PRESETS as SFT_PRESETS
 from posttrain.trainers.sft import SFTConfig
 
 
@@ -185,7 +186,7 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # The rm stage: the RM recipe at half its steps and on 4000 of its ~9000 prompts (~190 s instead of ~375 s of the
 # 10-minute demo; its job here is RM best-of-N over SFT samples). `posttrain rm --preset tiny` is the full recipe.
 RM_PIPELINE: dict = _merge(json.loads(json.dumps(RM_RECIPE)), {"steps": 1000, "pairs": {"num_prompts": 4000}})
-_TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": {"restarts": 3}}
+_TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": SFT_PRESETS["tiny"]}
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,  # every trainer's own tiny preset (the RM's recipe included): what `make demo` runs
     "micro": _merge(
@@ -202,6 +203,7 @@ PRESETS: dict[str, dict] = {
                 "warmup_steps": 2,
                 "model": _MICRO_MODEL,
                 "restarts": 2,
+                "restart_probe": 0.5,
                 "val_problems": 64,
             },
             "rm": {

@@ -139,14 +139,15 @@ class SFTConfig(TrainerConfig):
         "evaluation set) to rank them on by greedy accuracy instead of the embedded task's "
         "val_problems; makes restarts work with --data without --val-fraction",
     )
-    restart_probe_steps: int = knob(
-        0,
-        "restarts by successive halving: train every restart to this step, rank them there on "
-        "the validation problems, and finish only the best restart_keep (0 = every restart runs "
-        "all steps)",
+    restart_probe: float = knob(
+        0.0,
+        "restarts by successive halving: train every restart to this fraction of the steps, rank "
+        "them there on the validation problems, and finish only the best restart_keep (0 = every "
+        "restart runs all steps)",
         ge=0,
+        lt=1,
     )
-    restart_keep: int = knob(1, "with restart_probe_steps: how many restarts train past the probe", ge=1)
+    restart_keep: int = knob(1, "with restart_probe: how many restarts train past the probe", ge=1)
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
@@ -172,9 +173,10 @@ class SFTConfig(TrainerConfig):
 
 
 PRESETS: dict[str, dict] = {
-    # 3 restarts ranked on 256 training-split problems: the seed's lottery over initialisations, drawn 3 times
-    # (docs/outcomes.md); `--restarts 1` (or --preset single) is one plain run
-    "tiny": {"restarts": 3},
+    # 5 restarts by successive halving: each to step 400, the best on 1024 training-split problems there finishes
+    # (the seed's lottery over initialisations drawn 5 times for 3.67 runs' cost; docs/outcomes.md); `--restarts 1`
+    # (or --preset single) is one plain run
+    "tiny": {"restarts": 5, "restart_probe": 0.667},
     "single": {},
     "small": {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},
 }

@@ -18,7 +18,7 @@ for every seed); the evaluation split is never looked at. With ``--data`` and no
 ``val_fraction`` split of the demonstrations is used, so ``val_fraction > 0`` is required (without either, and
 from ``--init`` / ``--model``, ``train_sft`` runs once and says so: restarts are for a fresh model). ``restarts = 1`` is exactly a plain run (seed_0 = seed).
 
-Successive halving (``restart_probe_steps`` P, ``restart_keep`` K; Jamieson & Talwalkar 2016): every restart trains
+Successive halving (``restart_probe`` f, P = round(f · steps), ``restart_keep`` K; Jamieson & Talwalkar 2016): every restart trains
 to step P only (a resumable checkpoint there, its score in ``restarts/k/probe.json``), the K best on the validation
 problems at P train on to the end (resumed, so each ends bitwise as an uninterrupted run), and the best of those at
 the end is kept: R candidates for R·P + K·(steps − P) steps instead of R·steps. A run's rank is mostly decided by
@@ -52,7 +52,7 @@ from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_fi
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
 STATE_FILE = "trainer_state.json"  # in a checkpoint (trainers/checkpoint.py)
-PROBE_FILE = "probe.json"  # a restart's score at restart_probe_steps
+PROBE_FILE = "probe.json"  # a restart's score at the probe step
 RESUMABLE = ("out", "progress", "threads", "logger")  # what --resume of a restarts run may change
 
 
@@ -69,10 +69,14 @@ def check_config(cfg) -> None:
     """The restarts fields of an SFTConfig (called by its ``__post_init__``)."""
     if cfg.restarts > 1 and cfg.fsdp:
         raise ConfigError("restarts > 1 with fsdp is not supported (restarts run one after another in one process)")
-    if cfg.restart_probe_steps and not 0 < cfg.restart_probe_steps < cfg.steps:
-        raise ConfigError(f"restart_probe_steps={cfg.restart_probe_steps} must be below steps={cfg.steps}")
-    if cfg.restart_probe_steps and cfg.restart_keep > cfg.restarts:
+    if cfg.restart_probe and cfg.restart_keep > cfg.restarts:
         raise ConfigError(f"restart_keep={cfg.restart_keep} is more than restarts={cfg.restarts}")
+
+
+def probe_step(cfg) -> int:
+    """The step successive halving ranks restarts at (0 = no probe: too few steps, or ``restart_probe`` 0)."""
+    step = round(cfg.restart_probe * cfg.steps)
+    return step if 0 < step < cfg.steps else 0
 
 
 def validation_problems(cfg) -> list[tuple[str, str]]:
@@ -140,14 +144,14 @@ def _score(model_dir: Path, val, max_new_tokens: int) -> float:
 
 
 def _probe(sub, train_sft, cfg, val) -> dict:
-    """Successive halving's first rung: restart ``sub`` trained to ``restart_probe_steps`` and scored there
+    """Successive halving's first rung: restart ``sub`` trained to the probe step and scored there
     (``probe.json`` in its directory, so a resumed restarts run does not train or score it again)."""
     path = Path(sub.out) / PROBE_FILE
     if path.is_file():
         return json.loads(path.read_text())
     t0 = time.perf_counter()
-    s = _run_one(sub, train_sft, pause_at=cfg.restart_probe_steps)
-    step = cfg.restart_probe_steps
+    step = probe_step(cfg)
+    s = _run_one(sub, train_sft, pause_at=step)
     ck = Path(sub.out) / ("model" if "paused_at" not in s else f"checkpoints/step-{step:08d}")
     probe = {
         "step": step,
@@ -161,7 +165,7 @@ def _probe(sub, train_sft, cfg, val) -> dict:
 
 def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
     """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary. With
-    ``restart_probe_steps``, every restart trains to that step, and only the best ``restart_keep`` finish."""
+    ``restart_probe``, every restart trains to that fraction of the steps, and only the best ``restart_keep`` finish."""
     t0 = time.perf_counter()
     val = validation_problems(cfg) if cfg.val_data or not cfg.data else None  # None: each run's val_fraction split
     out = _open(cfg, resume, overwrite)  # after the inputs are checked: a bad --val-data writes nothing
@@ -169,14 +173,12 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
         dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k), out=str(out / "restarts" / str(k)))
         for k in range(cfg.restarts)
     ]
-    finalists, probes = range(cfg.restarts), {}
-    if cfg.restart_probe_steps and val is None:
-        print("restart_probe_steps ranks on problems (--val-data); with a val_fraction split every restart finishes")
-    if cfg.restart_probe_steps and val is not None:
+    finalists, probes, probe = range(cfg.restarts), {}, probe_step(cfg)
+    if probe and val is None:
+        print("restart_probe ranks on problems (--val-data); with a val_fraction split every restart finishes")
+    if probe and val is not None:
         for k, sub in enumerate(subs):
-            print(
-                f"SFT restart {k + 1}/{cfg.restarts} (seed {sub.seed}) to step {cfg.restart_probe_steps} -> {sub.out}"
-            )
+            print(f"SFT restart {k + 1}/{cfg.restarts} (seed {sub.seed}) to step {probe} -> {sub.out}")
             probes[k] = _probe(sub, train_sft, cfg, val)
             print(f"  restart {k}: validation accuracy {probes[k]['val_accuracy']:.3f} at step {probes[k]['step']}")
         ranked = sorted(probes, key=lambda k: (-probes[k]["val_accuracy"], k))  # the earliest on ties
@@ -208,7 +210,7 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
     summary = {
         **chosen,
         "restarts": cfg.restarts,
-        "restart_probe_steps": cfg.restart_probe_steps,
+        "restart_probe_step": probe,
         "selected_restart": best["restart"],
         "selected_seed": best["seed"],
         "restart_val_accuracy": best["val_accuracy"],

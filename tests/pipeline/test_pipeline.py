@@ -218,16 +218,19 @@ def test_jobs_run_training_stages_in_workers_with_the_same_results(run, tmp_path
     assert {v["status"] for v in again["stages"].values()} <= {"cached", "skipped"}
 
 
-def test_the_rm_stage_is_the_rm_commands_tiny_recipe_and_a_section_changes_only_its_fields(tmp_path):
+def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its_fields(tmp_path):
     import dataclasses
 
-    from posttrain.trainers import reward
+    from posttrain.trainers import reward, sft
 
     recipe = build_config(reward.RMConfig, reward.PRESETS["tiny"])  # what `posttrain rm --preset tiny` trains
-    assert build_config(PipelineConfig, PRESETS["tiny"]).rm == recipe == PipelineConfig().rm
+    short = dataclasses.replace(recipe, steps=1000, pairs=dataclasses.replace(recipe.pairs, num_prompts=4000))
+    tiny = build_config(PipelineConfig, PRESETS["tiny"])
+    assert tiny.rm == short == PipelineConfig().rm  # the recipe at half its steps, on 4000 prompts (demo time)
+    assert tiny.sft == build_config(sft.SFTConfig, sft.PRESETS["tiny"])  # `posttrain sft --preset tiny`'s restarts
     (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")
     cfg = build_config(PipelineConfig, PRESETS["tiny"], tmp_path / "p.toml")
-    assert cfg.rm == dataclasses.replace(recipe, steps=10)
+    assert cfg.rm == dataclasses.replace(short, steps=10)
     assert cfg.dedup == dataclasses.replace(PipelineConfig().dedup, num_perm=64) and cfg.dedup.threshold == 0.7
     assert micro().rm.steps <= 10 and micro().rm.pairs.num_prompts <= 64  # the CI preset stays seconds
 
@@ -242,6 +245,10 @@ def test_sft_restarts_are_ranked_on_training_split_problems_only(run):
     }
     for stage in ("sft", "sft_raw"):  # both SFT runs: the same restarts, ranked on val.jsonl
         s = json.loads((out / stage / "summary.json").read_text())
-        assert [c["val_n"] for c in s["candidates"]] == [len(val)] * PRESETS["micro"]["sft"]["restarts"]
-        best = max(s["candidates"], key=lambda c: (c["val_accuracy"], -c["restart"]))
+        probes = [c["probe"] for c in s["candidates"]]
+        assert [p["val_n"] for p in probes] == [len(val)] * PRESETS["micro"]["sft"]["restarts"]
+        assert [c["restart"] for c in s["candidates"] if c["finished"]] == [
+            max(range(len(probes)), key=lambda k: (probes[k]["val_accuracy"], -k))
+        ]  # successive halving: the best at the probe step finishes
+        best = next(c for c in s["candidates"] if c["finished"])
         assert s["selected_restart"] == best["restart"] and s["heldout_accuracy"] == best["heldout_accuracy"]

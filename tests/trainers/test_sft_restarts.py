@@ -165,7 +165,7 @@ def test_val_data_ranks_restarts_of_a_data_run(tmp_path, capsys):
 
 
 def test_successive_halving_finishes_the_best_probe_only(tmp_path):
-    c = cfg(tmp_path / "h", restart_probe_steps=3, restart_keep=1, keep_checkpoints=4)
+    c = cfg(tmp_path / "h", restart_probe=0.5, restart_keep=1, keep_checkpoints=4)
     s = train_sft(c)
     val, cands = validation_problems(c), s["candidates"]
     prompts, answers = [p for p, _ in val], [a for _, a in val]
@@ -188,8 +188,8 @@ def test_successive_halving_finishes_the_best_probe_only(tmp_path):
 @pytest.mark.parametrize(
     "kw, message",
     [
-        ({"restart_probe_steps": 6}, "restart_probe_steps=6 must be below steps=6"),
-        ({"restart_probe_steps": 3, "restart_keep": 4}, "restart_keep=4 is more than restarts=3"),
+        ({"restart_probe": 1.0}, "restart_probe=1.0"),
+        ({"restart_probe": 0.5, "restart_keep": 4}, "restart_keep=4 is more than restarts=3"),
     ],
 )
 def test_bad_probe_settings_are_config_errors(tmp_path, kw, message):
