@@ -332,19 +332,36 @@ RM_SCRIPT = textwrap.dedent("""
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
     # center_coef > 0: without it the BT loss ignores a shift of every reward, the head bias (and ln_f.bias along the
     # head) get a gradient of exactly 0, and Adam scales their float noise (summed in another order) to lr-sized steps
+    fsdp = len(sys.argv) > 6 and sys.argv[6] == "fsdp"
     train_reward_model(RMConfig(out=out, init=init, steps=3, batch_size=6, lr=1e-3, warmup_steps=1, eval_every=0,
-                                center_coef=0.1,
-                                save_every=0, progress=False, eval_prompts=16, stats_pairs=16,
-                                pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)))
+                                center_coef=0.1, fsdp=fsdp,
+                                save_every=2, progress=False, eval_prompts=16, stats_pairs=16,
+                                pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)),
+                       resume=sys.argv[7] if len(sys.argv) > 7 else None)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
 """)
 
 
-def test_two_process_reward_model_equals_one_process(tmp_path, one):
+@pytest.fixture(scope="module")
+def rm_one(tmp_path_factory, one):
+    """The RM oracle: 3 steps in one process (shared by the DDP and FSDP tests)."""
+    return _run_script(RM_SCRIPT, tmp_path_factory.mktemp("rm1"), 1, "rm1", str(one / "model"))
+
+
+def _same_rm(a: Path, b: Path) -> None:
+    """Backbone and head of two RM checkpoints, to 1e-5."""
+    for f in ("model.safetensors", "reward_head.safetensors"):
+        wa, wb = load_file(a / f), load_file(b / f)
+        assert wa.keys() == wb.keys(), f
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5, msg=f"{f}: {k}")
+
+
+def test_two_process_reward_model_equals_one_process(tmp_path, one, rm_one):
     init = str(one / "model")
-    a = _run_script(RM_SCRIPT, tmp_path, 1, "rm1", init)
+    a = rm_one
     b = _run_script(RM_SCRIPT, tmp_path, 2, "rm2", init)
     assert (a / "pairs.jsonl").read_bytes() == (b / "pairs.jsonl").read_bytes()  # sampled once, by rank 0
     for f in ("model.safetensors", "reward_head.safetensors"):
@@ -355,3 +372,35 @@ def test_two_process_reward_model_equals_one_process(tmp_path, one):
     mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
     for r1, r2 in zip(ma, mb):
         assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+
+
+def test_fsdp_reward_model_two_processes_equal_one_export_and_resume_in_one_process(tmp_path, one, rm_one):
+    """rm --fsdp on 2 processes: model/ (gathered) and the step-2 shards (exported by `posttrain export`, read by
+    load_reward_model) equal the 1-process run's; resumed in 1 process from the shards it ends as that run."""
+    import shutil
+
+    from posttrain.cli import main
+    from posttrain.rewards.reward_model import load_reward_model
+
+    init = str(one / "model")
+    two = _run_script(RM_SCRIPT, tmp_path, 2, "rm_fsdp", init, "fsdp")
+    _same_rm(rm_one / "model", two / "model")
+    ma, mb = ([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (rm_one, two))
+    for r1, r2 in zip(ma, mb):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+    s1, s2 = (json.loads((d / "model" / "reward_stats.json").read_text()) for d in (rm_one, two))
+    assert s1["count"] == s2["count"] and abs(s1["mean"] - s2["mean"]) < 1e-5 and abs(s1["std"] - s2["std"]) < 1e-5
+    step2 = two / "checkpoints" / "step-00000002"
+    assert (step2 / "dcp").is_dir() and not (step2 / "model.safetensors").exists()  # sharded, for resume only
+    assert main(["export", str(step2), "--out", str(tmp_path / "exported")]) == 0
+    _same_rm(rm_one / "checkpoints" / "step-00000002", tmp_path / "exported")
+    loaded = load_reward_model(tmp_path / "exported")  # what RL reads: backbone + head
+    ref = load_reward_model(rm_one / "checkpoints" / "step-00000002")
+    ids = torch.randint(1, 10, (3, 7))
+    mask = torch.ones_like(ids)
+    torch.testing.assert_close(loaded.model(ids, mask), ref.model(ids, mask), atol=1e-5, rtol=1e-5)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "model")  # written again by the resumed run
+    _run_script(RM_SCRIPT, tmp_path, 1, "resumed", init, "plain", str(resumed / "checkpoints" / "step-00000002"))
+    _same_rm(rm_one / "model", resumed / "model")
