@@ -28,8 +28,10 @@ from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 
 
 def sample(tr, prompt_ids: list[list[int]], sampling, generator: torch.Generator):
-    """The trainer's current weights into its engine, then ``engine.generate`` (rows prompt-major)."""
-    push_weights(tr.engine, tr.model)
+    """The trainer's current weights into its engine, then ``engine.generate`` (rows prompt-major). Under FSDP the
+    engine holds the trainer's replica (``trainers/sharded.py``), refreshed from the shards once per step."""
+    replica = getattr(tr, "replica", None)
+    push_weights(tr.engine, tr.model if replica is None else replica)
     return tr.engine.generate(prompt_ids, sampling.num_samples, sampling, generator)
 
 

@@ -310,7 +310,8 @@ def consolidate(directory: str | Path, out: str | Path) -> Path:
                 shutil.copyfile(src / REWARD_STATS_FILE, tmp / REWARD_STATS_FILE)
         for name, m in parts.items():
             m.load_state_dict(sd[name])
-            save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp / f"{name}.safetensors"))
+            own = {k: v.detach().clone().contiguous() for k, v in m.state_dict().items()}  # tied weights: each a copy
+            save_file(own, str(tmp / f"{name}.safetensors"))
 
     return save_with_extras(
         out,
