@@ -42,7 +42,7 @@ def _trainer_logps(tr, ro) -> torch.Tensor:
     width = int(mask.sum(-1).max()) if mask.any() else 1
     seqs, attn = ro.sequences[:, : P + width], ro.attention_mask[:, : P + width]
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, completion_mask=mask[:, :width])
-    if cfg.share_prompt_prefix and isinstance(tr.model, GPT):
+    if cfg.share_prompt_prefix and isinstance(tr.model, GPT) and not getattr(tr, "fsdp", False):
         lp, _ = prefix_shared_completion_logps(tr.model, seqs, attn, P, ro.prompt_index, **kw)
     else:
         lp = completion_logps(tr.model, seqs, attn, P, **kw)

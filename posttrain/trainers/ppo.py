@@ -25,10 +25,9 @@ both optimizers, beta and the RNG, so a resumed run ends bitwise equal to an uni
 Under ``torchrun`` each rank trains on its share of every rollout with the global batch's statistics, so N
 processes make 1's update (``ppo_distributed.py``, tested); rollouts come from ``--engine`` with TIS weights.
 
-``--fsdp`` (under torchrun) shards the policy and the critic with FSDP2 (``trainers/sharded.py``); the frozen
-reference stays whole on every rank (no gradient, no optimiser state: a quarter of what the policy holds in DDP,
-and no collective in its forward); rollouts and evaluation sample from a plain replica of the policy refreshed once
-per step. Checkpoints are then sharded (policy, critic, both optimizers), resumable at another world size.
+``--fsdp`` shards policy and critic (FSDP2, ``trainers/sharded.py``; sharded checkpoints of both and their
+optimizers); the frozen reference stays whole on each rank (no gradient or optimiser state, no collective);
+rollouts and evaluation sample from a replica of the policy refreshed once per step.
 
 Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer, FSDP
 with ``value_model=shared`` or LoRA, the collapse guard's snapshot in a sharded checkpoint (kept in memory only).
@@ -186,8 +185,7 @@ class PPOTrainer:
     def _restore(self, ckpt, critic_module) -> None:
         p = ckpt.path
         if sharded.is_sharded_checkpoint(p):  # any world size, sharded or not: policy, critic and both optimizers
-            parts = {CRITIC_FILE.split(".")[0]: (critic_module, self.critic_opt)}
-            sharded.load_sharded_checkpoint(p, self.model, self.opt, parts=parts)
+            sharded.load_sharded_checkpoint(p, self.model, self.opt, parts={"critic": (critic_module, self.critic_opt)})
         else:
             try:
                 critic_module.load_state_dict(load_file(str(p / CRITIC_FILE)))
@@ -416,15 +414,13 @@ class PPOTrainer:
         """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes;
         under --fsdp every rank its shards of policy, critic and optimizers, without the guard's snapshot)."""
         if sharded.is_sharded(self.model):
-            parts = {CRITIC_FILE.split(".")[0]: (self._critic(), self.critic_opt)}
-            state = self._state(done, {"collapse": self.collapse.state_dict()})
-            d = self.manager.root / f"step-{done:08d}"
-            sharded.save_sharded_checkpoint(
-                d, self.model, self.opt, self.tokenizer, state, rng_state(), self.world, parts
+            state, parts = (
+                self._state(done, {"collapse": self.collapse.state_dict()}),
+                {"critic": (self._critic(), self.critic_opt)},
             )
-            if self.world.is_main:  # point checkpoints/latest at it and prune, as for a plain checkpoint
-                self.manager.save(done, save_fn=lambda d, **kw: d)
-            return
+            return sharded.save_periodic(
+                self.manager, done, self.model, self.opt, self.tokenizer, state, rng_state(), self.world, parts
+            )
         if not self.world.is_main:
             return
         self.manager.save(
@@ -445,15 +441,12 @@ class PPOTrainer:
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
-            final, model, critic, fsdp = Path(self.out) / "model", self.model, None, sharded.is_sharded(self.model)
-            if fsdp:  # model/ is published whole: policy and critic gathered to rank 0 (on CPU)
-                full, full_critic = sharded.full_model_state(model), sharded.full_model_state(self._critic())
-                if self.world.is_main:
-                    model, critic = sharded.plain_copy(model, full), sharded.plain_copy(self._critic(), full_critic)
+            final, fsdp = Path(self.out) / "model", sharded.is_sharded(self.model)
+            model, critic = sharded.published(self.model, self.world), sharded.published(self._critic(), self.world)
             if self.world.is_main:
                 save_with_extras(
                     final,
-                    lambda tmp: self._extras(tmp, with_snapshot=False, critic=critic),
+                    lambda tmp: self._extras(tmp, with_snapshot=False, critic=critic if fsdp else None),
                     model=model,
                     tokenizer=self.tokenizer,
                     state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),

@@ -385,12 +385,7 @@ def save(s: RMState, done: int, metrics: dict) -> None:
     every rank its shards of backbone + head, trainers/sharded.py)."""
     if sharded.is_sharded(s.rm):
         state = {**_state(s, done, {"metrics": metrics}), "reward_model": True}
-        sharded.save_sharded_checkpoint(
-            s.manager.root / f"step-{done:08d}", s.rm, s.opt, s.tokenizer, state, rng_state(), s.world
-        )
-        if s.world.is_main:  # point checkpoints/latest at it and prune, as for a plain checkpoint
-            s.manager.save(done, save_fn=lambda d, **kw: d)
-        return
+        return sharded.save_periodic(s.manager, done, s.rm, s.opt, s.tokenizer, state, rng_state(), s.world)
     if not s.world.is_main:
         return
     s.manager.save(
@@ -413,10 +408,8 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
     stats = RewardStats.from_rewards(torch.cat([c, x]))
     if cfg.merge_lora:  # model/ with full weights, no adapter files
         s.rm.backbone.model = merge_lora(s.rm.backbone.model)
-    final, rm, fsdp = Path(out) / "model", s.rm, sharded.is_sharded(s.rm)
-    if fsdp:  # model/ is published whole: gathered to rank 0 (on CPU)
-        full = sharded.full_model_state(rm)
-        rm = sharded.plain_copy(rm, full) if s.world.is_main else rm
+    final, fsdp = Path(out) / "model", sharded.is_sharded(s.rm)
+    rm = sharded.published(s.rm, s.world)  # --fsdp: gathered whole to rank 0 (on CPU)
     if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
         save_reward_checkpoint(
             final,

@@ -320,3 +320,20 @@ def consolidate(directory: str | Path, out: str | Path) -> Path:
         tokenizer=load_tokenizer(src / "tokenizer.json"),
         state={**state, "consolidated_from": str(src)},
     )
+
+
+def save_periodic(manager, done: int, model, optimizer, tokenizer, state: dict, rng, w, parts=None) -> None:
+    """A trainer's periodic sharded checkpoint ``step-N`` (every rank), then ``checkpoints/latest`` and pruning
+    through its ``CheckpointManager`` (rank 0), as for a plain checkpoint."""
+    save_sharded_checkpoint(manager.root / f"step-{done:08d}", model, optimizer, tokenizer, state, rng, w, parts)
+    if w.is_main:
+        manager.save(done, save_fn=lambda d, **kw: d)
+
+
+def published(model: torch.nn.Module, w) -> torch.nn.Module:
+    """What ``model/`` holds: a sharded model gathered whole into a plain copy on rank 0 (a collective: every rank
+    calls it; the others get ``model`` back); an unsharded model itself."""
+    if not is_sharded(model):
+        return model
+    full = full_model_state(model)
+    return plain_copy(model, full) if w.is_main else model

@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent("""
     for name, kw in (runs.items() if resume is None and not fsdp else [("main", runs["main"])]):
         cfg = PPOConfig(init=sft, out=out + "." + name, steps=3, prompts_per_step=4, num_generations=3,
                         max_new_tokens=4, eval_every=0, progress=False, task=TASK, warmup_steps=0, lr=1e-3,
-                        minibatches=2, grad_accum=2, fsdp=fsdp, **kw)
+                        minibatches=2, grad_accum=6 if fsdp else 2, fsdp=fsdp, **kw)  # FSDP: dummy micro-batches
         tr = PPOTrainer(cfg, resume=resume)
         tr.engine = PerPrompt(tr.model if tr.replica is None else tr.replica, tr.tokenizer)  # FSDP: the replica
         tr.engine.calls = tr.start_step  # one call per step: a resumed run draws what the uninterrupted one drew
