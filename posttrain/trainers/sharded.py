@@ -261,10 +261,10 @@ def sync_replica(replica: torch.nn.Module | None, model: torch.nn.Module) -> Non
     rank (never inside sampling, whose length differs per rank). Nothing to do without a replica."""
     if replica is None:
         return
-    full = full_parameters(model)
+    own = dict(replica.named_parameters())
     with torch.no_grad():
-        for n, p in replica.named_parameters():
-            p.copy_(full[n])
+        for n, p in model.named_parameters():  # one parameter gathered at a time (no second whole copy)
+            own[n].copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
 
 
 def fixed_micro_batches(rows: torch.Tensor, grad_accum: int) -> list[tuple[torch.Tensor, bool]]:
