@@ -61,6 +61,24 @@ def command(module: str, nproc: int, config_file: Path, out: Path, resume: bool)
     return argv
 
 
+def _check_round_trip(module: str, cfg, config_file: Path) -> None:
+    """What the trainer will build from ``config_file`` (over its default ``tiny`` preset) is ``cfg``, field for
+    field; else a one-line error rather than a stage trained on another config than its key says."""
+    import importlib
+    import json
+
+    from posttrain.config import build_config, to_dict
+
+    rebuilt = build_config(type(cfg), importlib.import_module(module).PRESETS["tiny"], str(config_file))
+    same = json.dumps(to_dict(rebuilt), sort_keys=True, default=str) == json.dumps(
+        to_dict(cfg), sort_keys=True, default=str
+    )
+    if not same:
+        raise UserError(
+            f"{config_file}: the stage's config does not survive the file round trip; run it with nproc_per_stage = 1"
+        )
+
+
 def run_stage(ctx, module: str, cfg, out: Path, resume: bool) -> dict:
     """Train one stage as ``ctx.cfg.nproc_per_stage`` processes under torchrun; returns its summary."""
     from posttrain.config import dump_yaml
@@ -71,6 +89,7 @@ def run_stage(ctx, module: str, cfg, out: Path, resume: bool) -> dict:
     config_file = ctx.run_dir / ".pipeline" / f"{out.name}.config.yaml"
     config_file.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(config_file, dump_yaml(cfg))
+    _check_round_trip(module, cfg, config_file)
     argv = command(module, nproc, config_file, out, resume)
     root = str(Path(__file__).resolve().parents[2])  # the posttrain the runner imported, for every rank
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)}

@@ -318,6 +318,8 @@ PG_SCRIPT = textwrap.dedent("""
         dump(tr, out)
         if fsdp:
             tr.save(1, {})  # sharded, every rank its shards: loaded by one process below
+        del tr  # FSDP keeps its last collectives' work objects: freed now, not at interpreter exit (a gloo SIGABRT)
+        import gc; gc.collect()
     if world > 1:
         dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
