@@ -146,9 +146,17 @@ class PipelineConfig:
     grpo: PolicyGradientConfig = knob(factory=PolicyGradientConfig, help="GRPO stage")
     ppo: dict = knob(factory=dict, help="PPO stage: PPOConfig fields (posttrain.trainers.ppo), when installed")
     eval: EvalStageConfig = knob(factory=EvalStageConfig, help="evaluation stage")
+    nproc_per_stage: int = knob(
+        1,
+        "processes per training stage: N > 1 runs each under torchrun (pipeline/distributed.py; "
+        "grpo and ppo keys then include N, their sampling streams being per rank)",
+        ge=1,
+    )
 
     def __post_init__(self):
         check_fields(self)
+        if self.nproc_per_stage > 1 and self.jobs > 1:
+            raise ConfigError("nproc_per_stage > 1 runs one training stage at a time on N processes: set jobs = 1")
         if self.hf_model and not Path(self.hf_model).is_dir():
             raise ConfigError(
                 f"hf_model={self.hf_model!r}: not a directory (a local Hugging Face model directory, "

@@ -216,6 +216,9 @@ def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, 
         fields = cache.key_fields(
             name, scfg, {k: v for k, v in stage.inputs(ctx).items() if Path(v).exists()}, deps, cfg.seed
         )
+        from posttrain.pipeline.distributed import stage_fields  # nproc_per_stage > 1: world size in grpo/ppo keys
+
+        fields = stage_fields(name, fields, cfg)
         key = cache.key_of(fields)
         if done is not None and done.get("key") == key:
             ctx.done[name], ctx.statuses[name] = done, "cached"

@@ -194,6 +194,10 @@ def _reward_sources(spec) -> dict:
 
 def _train_fn(module: str, fn: str):
     def run(ctx, cfg, out, resume):
+        if getattr(ctx.cfg, "nproc_per_stage", 1) > 1:  # N processes under torchrun (pipeline/distributed.py)
+            from posttrain.pipeline import distributed
+
+            return distributed.run_stage(ctx, module, cfg, out, resume)
         train = getattr(importlib.import_module(module), fn)
         kwargs = {}
         params = inspect.signature(train).parameters

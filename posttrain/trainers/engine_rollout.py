@@ -28,8 +28,10 @@ from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 
 
 def sample(tr, prompt_ids: list[list[int]], sampling, generator: torch.Generator):
-    """The trainer's current weights into its engine, then ``engine.generate`` (rows prompt-major)."""
-    push_weights(tr.engine, tr.model)
+    """The trainer's current weights into its engine, then ``engine.generate`` (rows prompt-major). Under FSDP the
+    engine holds the trainer's replica (``trainers/sharded.py``), refreshed from the shards once per step."""
+    replica = getattr(tr, "replica", None)
+    push_weights(tr.engine, tr.model if replica is None else replica)
     return tr.engine.generate(prompt_ids, sampling.num_samples, sampling, generator)
 
 
@@ -40,7 +42,7 @@ def _trainer_logps(tr, ro) -> torch.Tensor:
     width = int(mask.sum(-1).max()) if mask.any() else 1
     seqs, attn = ro.sequences[:, : P + width], ro.attention_mask[:, : P + width]
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, completion_mask=mask[:, :width])
-    if cfg.share_prompt_prefix and isinstance(tr.model, GPT):
+    if cfg.share_prompt_prefix and isinstance(tr.model, GPT) and not getattr(tr, "fsdp", False):
         lp, _ = prefix_shared_completion_logps(tr.model, seqs, attn, P, ro.prompt_index, **kw)
     else:
         lp = completion_logps(tr.model, seqs, attn, P, **kw)

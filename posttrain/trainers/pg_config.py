@@ -146,6 +146,8 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
+        if self.fsdp and self.lora_r > 0:
+            raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 
     @property
     def anneal_names(self) -> list[str]:
@@ -180,6 +182,12 @@ class PolicyGradientConfig(TrainerConfig):
     )  # rollout engine and truncated IS (posttrain/engines/, trainers/engine_rollout.py)
     tis_cap: float = engine_knob("tis_cap")
     tis_level: str = engine_knob("tis_level")
+    fsdp: bool = knob(
+        False,
+        "under torchrun: shard the policy's parameters, gradients and optimizer state over the processes (FSDP2; "
+        "the frozen reference stays whole on each, rollouts sample from a replica refreshed each step); "
+        "checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
+    )
 
 
 PRESETS: dict[str, dict] = {

@@ -21,6 +21,11 @@ scaled down (bounded number of restores; logged as ``restores`` / ``restored_fro
 
 The rollout (sampling, rewards, dynamic sampling, advantages) is :mod:`posttrain.trainers.pg_rollout`.
 
+``--fsdp`` (under torchrun) shards the policy (FSDP2, ``trainers/sharded.py``: sharded checkpoints, resumable at
+another world size); the frozen reference stays whole on each rank; rollouts and evaluation sample from a replica
+of the policy refreshed once per step; every rank runs ``grad_accum`` micro-batches per minibatch. Not handled
+with it: LoRA, the collapse guard's snapshot in a sharded checkpoint (kept in memory), the shared-prefix forward.
+
 Shape (every trainer's, ``trainers/common.py``), as methods of :class:`PolicyGradientTrainer`, whose state
 lives on the instance: ``__init__`` is the set-up, ``train_step(step)`` (= ``rollout`` + ``update`` + KL
 controller, alarms, collapse guard), ``run_eval``, ``save``, ``finish``; ``train()`` is the loop over them.
@@ -54,7 +59,7 @@ from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.arithmetic import ArithmeticTask
-from posttrain.trainers import common, distributed, engine_rollout, pg_rollout
+from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
@@ -105,8 +110,11 @@ class PolicyGradientTrainer:
         common.seed_everything(cfg.seed)
         self.start_step = 0
         ckpt = None
-        if resume:
+        if resume and sharded.is_sharded_checkpoint(self.run.resume_from):  # --fsdp: weights come with the optimizer
+            ckpt = sharded.read_sharded_checkpoint(self.run.resume_from, expect_trainer="policy_gradient")
+        elif resume:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
+        if ckpt is not None:
             self.start_step = ckpt.step
             common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
         init = start_policy(cfg, "grpo")
@@ -127,7 +135,10 @@ class PolicyGradientTrainer:
             on_bad_line=cfg.on_bad_line,
         )
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-        self.engine = build_engine(cfg, self.model, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
+        self.fsdp = cfg.fsdp and w.distributed  # then rollouts sample from a replica (trainers/sharded.py)
+        self.replica = sharded.rollout_replica(self.model) if self.fsdp else None
+        sampler = self.replica if self.fsdp else self.model
+        self.engine = build_engine(cfg, sampler, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
         self.model.train()
         # the reference is the *initial* policy: from --init, or from the resumed run's own init
         self.ref_model = None
@@ -143,9 +154,14 @@ class PolicyGradientTrainer:
         )
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
+        if self.fsdp:
+            sharded.shard_model(self.model)  # in place, per block then the root; FSDP's hooks reduce the gradients
         self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
-        if ckpt is not None:
+        if ckpt is not None and ckpt.optimizer_state is None:  # sharded (any world size): weights and Adam state
+            sharded.load_sharded_checkpoint(ckpt.path, self.model, self.opt)
+        elif ckpt is not None:
             self.opt.load_state_dict(ckpt.optimizer_state)
+        if ckpt is not None:
             if ckpt.rng_state is not None:
                 restore_rng(ckpt.rng_state)
             self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
@@ -165,6 +181,7 @@ class PolicyGradientTrainer:
         return pg_rollout.draw(self, step, rnd)
 
     def rollout(self, step: int) -> Rollout:
+        sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
         return engine_rollout.correct_rollout(self, pg_rollout.rollout(self, step))  # pi_old and TIS weights
 
     def annealed_terms(self, step: int):
@@ -182,7 +199,7 @@ class PolicyGradientTrainer:
         width = int(mask.sum(-1).max()) if mask.any() else 1  # trim completion padding shared by all rows
         P = ro.prompt_length
         seqs, attn = ro.sequences[rows, : P + width], ro.attention_mask[rows, : P + width]
-        if cfg.share_prompt_prefix and isinstance(self.model, GPT):
+        if cfg.share_prompt_prefix and isinstance(self.model, GPT) and not self.fsdp:
             logps, entropy = prefix_shared_completion_logps(
                 self.model,
                 seqs,
@@ -255,11 +272,21 @@ class PolicyGradientTrainer:
                 rows = split[(split >= offset) & (split < offset + N)] - offset
                 norms = self._global_normalizers(ro.completion_mask[rows])
                 mb_parts = []
-                for micro in (m for m in torch.tensor_split(rows, cfg.grad_accum) if len(m)):
-                    loss, met = self._micro_loss(ro, micro, norms)
-                    loss.backward()
-                    mb_parts.append(met)
-                distributed.all_reduce_grads(self.model, w)  # the global minibatch's gradient on every rank
+                micros = (  # FSDP: grad_accum on every rank (each pass is a collective; a dummy has weight 0)
+                    sharded.fixed_micro_batches(rows, cfg.grad_accum)
+                    if self.fsdp
+                    else [(m, False) for m in torch.tensor_split(rows, cfg.grad_accum) if len(m)]
+                )
+                for k, (micro, dummy) in enumerate(micros):
+                    with sharded.no_sync(self.model, last=k == len(micros) - 1):
+                        loss, met = self._micro_loss(ro, micro, norms)
+                        if dummy or self.fsdp:  # FSDP averages over ranks: W x this rank's share sums to the total
+                            loss = loss * (0.0 if dummy else distributed.ddp_loss_scale(w))
+                        loss.backward()
+                    if not dummy:
+                        mb_parts.append(met)
+                if not self.fsdp:  # (FSDP has reduced them)
+                    distributed.all_reduce_grads(self.model, w)  # the global minibatch's gradient on every rank
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip)
                 met = merge_metrics(mb_parts) if mb_parts else {"loss": 0.0, "pg_loss": 0.0}
                 if w.distributed:  # the same skip decision on every rank: the global loss (a sum of the ranks')
@@ -318,7 +345,10 @@ class PolicyGradientTrainer:
         return metrics
 
     def run_eval(self):
-        r = self.data.evaluate(self.model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        sharded.sync_replica(self.replica, self.model)  # FSDP: greedy decoding on the replica (no collectives)
+        model = self.model if self.replica is None else self.replica
+        r = self.data.evaluate(model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        model.train()
         self.model.train()
         return r
 
@@ -334,7 +364,13 @@ class PolicyGradientTrainer:
         }
 
     def save(self, done: int, metrics: dict) -> None:
-        """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume); rank 0 writes."""
+        """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume); rank 0 writes;
+        under --fsdp every rank its shards (without the snapshot)."""
+        if self.fsdp:
+            state = self._state(done, {"collapse": self.collapse.state_dict()})
+            return sharded.save_periodic(
+                self.manager, done, self.model, self.opt, self.tokenizer, state, rng_state(), self.world
+            )
         if not self.world.is_main:
             return
         self.manager.save(
@@ -356,14 +392,14 @@ class PolicyGradientTrainer:
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
-            final = Path(self.out) / "model"
+            final, model = Path(self.out) / "model", sharded.published(self.model, self.world)  # FSDP: gathered
             if self.world.is_main:
                 save_checkpoint(
                     final,
-                    model=self.model,
+                    model=model,
                     tokenizer=self.tokenizer,
                     state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                    optimizer=self.opt,
+                    optimizer=None if self.fsdp else self.opt,
                     rng_state=rng_state(),
                 )
             distributed.barrier(self.world)

@@ -25,7 +25,12 @@ both optimizers, beta and the RNG, so a resumed run ends bitwise equal to an uni
 Under ``torchrun`` each rank trains on its share of every rollout with the global batch's statistics, so N
 processes make 1's update (``ppo_distributed.py``, tested); rollouts come from ``--engine`` with TIS weights.
 
-Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer, FSDP.
+``--fsdp`` shards policy and critic (FSDP2, ``trainers/sharded.py``; sharded checkpoints of both and their
+optimizers); the frozen reference stays whole on each rank (no gradient or optimiser state, no collective);
+rollouts and evaluation sample from a replica of the policy refreshed once per step.
+
+Not handled: dynamic sampling, HF models with ``value_model=shared``, a reward model on another tokenizer, FSDP
+with ``value_model=shared`` or LoRA, the collapse guard's snapshot in a sharded checkpoint (kept in memory only).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from posttrain.models.value import ValueHead, ValueModel
 from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticTask
-from posttrain.trainers import common, distributed, ppo_distributed
+from posttrain.trainers import common, distributed, ppo_distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
@@ -67,7 +72,7 @@ from posttrain.trainers.checkpoint import (
 )
 from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
-from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_batches
+from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 
 CRITIC_FILE, CRITIC_OPTIMIZER_FILE = (
     "critic.safetensors",
@@ -95,7 +100,11 @@ class PPOTrainer:
         self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
         common.seed_everything(cfg.seed)
         self.start_step, ckpt = 0, None
-        if resume:
+        if resume and sharded.is_sharded_checkpoint(self.run.resume_from):  # --fsdp: weights come in _restore
+            ckpt = sharded.read_sharded_checkpoint(self.run.resume_from, expect_trainer=self.TRAINER)
+            self.start_step = ckpt.step
+            common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
+        elif resume:
             ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer=self.TRAINER)
             self.start_step = ckpt.step
             common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
@@ -118,14 +127,18 @@ class PPOTrainer:
             on_bad_line=cfg.on_bad_line,
         )
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-        self.engine = build_engine(cfg, self.model, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
+        self.fsdp = cfg.fsdp and self.world.distributed  # then rollouts sample from a replica (trainers/sharded.py)
+        self.replica = sharded.rollout_replica(self.model) if self.fsdp else None
+        sampler = self.replica if self.fsdp else self.model
+        self.engine = build_engine(cfg, sampler, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
         self.model.train()
         # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
         self.ref_model = (
             reference_model(self.model, lambda: common.frozen(copy.deepcopy(start))) if cfg.beta > 0 else None
         )
-        self.share_prefix = (
+        self.share_prefix = (  # not under FSDP: the shared prefix runs each model twice per micro-batch
             cfg.share_prompt_prefix
+            and not self.fsdp
             and isinstance(self.model, GPT)
             and (self.critic is None or isinstance(self.critic.backbone.model, GPT))
         )
@@ -138,6 +151,11 @@ class PPOTrainer:
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
+        if self.fsdp:  # in place, per block then the root; FSDP's hooks reduce the gradients
+            sharded.shard_model(self.model)
+            sharded.shard_model(self.critic)
+        elif cfg.fsdp:
+            print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
         self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
         self.critic_opt = common.make_optimizer(critic_module, cfg.critic_lr, cfg.weight_decay)
         if ckpt is not None:
@@ -166,14 +184,17 @@ class PPOTrainer:
 
     def _restore(self, ckpt, critic_module) -> None:
         p = ckpt.path
-        try:
-            critic_module.load_state_dict(load_file(str(p / CRITIC_FILE)))
-            self.critic_opt.load_state_dict(torch.load(p / CRITIC_OPTIMIZER_FILE, weights_only=True))
-        except (OSError, RuntimeError, ValueError) as e:
-            raise UserError(
-                f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}"
-            ) from None
-        self.opt.load_state_dict(ckpt.optimizer_state)
+        if sharded.is_sharded_checkpoint(p):  # any world size, sharded or not: policy, critic and both optimizers
+            sharded.load_sharded_checkpoint(p, self.model, self.opt, parts={"critic": (critic_module, self.critic_opt)})
+        else:
+            try:
+                critic_module.load_state_dict(load_file(str(p / CRITIC_FILE)))
+                self.critic_opt.load_state_dict(torch.load(p / CRITIC_OPTIMIZER_FILE, weights_only=True))
+            except (OSError, RuntimeError, ValueError) as e:
+                raise UserError(
+                    f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}"
+                ) from None
+            self.opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state)
         self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
@@ -237,32 +258,40 @@ class PPOTrainer:
         N = ro.sequences.shape[0]
         offset, total = distributed.row_offsets(N, w)  # this rank's rows are [offset, offset + N) of the global batch
         parts, gnorms, cnorms, skipped, stopped, last_epoch = [], [], [], 0, False, []
+        critic = self._critic()
         for epoch in range(cfg.mu):
             order = epoch_order(cfg.seed, step, epoch, total, cfg.minibatches)
-            for mb in (
-                micro_batches(order, cfg.minibatches, cfg.grad_accum)
-                if not w.distributed
-                else ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, N)
-            ):
+            for mb in micro_schedule(order, cfg, offset, N, w, self.fsdp):  # [(rows, dummy), ...] per minibatch
+                real = [rows for rows, dummy in mb if not dummy]
                 norms = ppo_distributed.normalizers(
-                    ro.completion_mask[torch.cat(mb)] if mb else ro.completion_mask[:0], w
+                    ro.completion_mask[torch.cat(real)] if real else ro.completion_mask[:0], w
                 )
                 mb_parts = []
-                for rows in mb:
-                    loss, met = self._micro_loss(ro, rows, norms, train_policy)
-                    loss.backward()
-                    mb_parts.append(met)
+                for k, (rows, dummy) in enumerate(mb):
+                    last = k == len(mb) - 1  # FSDP reduces the gradients on the last micro-batch only
+                    with sharded.no_sync(self.model, last), sharded.no_sync(critic, last):
+                        loss, met = self._micro_loss(ro, rows, norms, train_policy)
+                        if dummy or self.fsdp:  # FSDP averages over ranks: W x this rank's share sums to the total
+                            loss = loss * (0.0 if dummy else distributed.ddp_loss_scale(w))
+                        loss.backward()
+                    if not dummy:
+                        mb_parts.append(met)
                 met = ppo_distributed.minibatch_metrics(mb_parts, w)  # the global minibatch's, on every rank
                 if cfg.target_kl is not None and train_policy and met["approx_kl"] > cfg.target_kl:
                     self.opt.zero_grad(set_to_none=True)
                     self.critic_opt.zero_grad(set_to_none=True)
                     stopped = True
                     break
-                if train_policy:
-                    ppo_distributed.all_reduce_grads(self.model, w)
-                ppo_distributed.all_reduce_grads(self.shared_head if self.shared_head is not None else self.critic, w)
+                if not self.fsdp:  # FSDP has reduced them already
+                    if train_policy:
+                        ppo_distributed.all_reduce_grads(self.model, w)
+                    ppo_distributed.all_reduce_grads(critic, w)
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip) if train_policy else 0.0
-                cnorm = ppo_distributed.clip_grad_norm(self._params("critic"), cfg.grad_clip)
+                cnorm = (
+                    common.grad_norm_and_clip(critic, cfg.grad_clip)  # DTensor gradients: the norm over all shards
+                    if self.fsdp
+                    else ppo_distributed.clip_grad_norm(self._params("critic"), cfg.grad_clip)
+                )
                 if math.isfinite(met["loss"]) and math.isfinite(gnorm) and math.isfinite(cnorm):
                     if train_policy:
                         self.opt.step()
@@ -312,6 +341,7 @@ class PPOTrainer:
         common.set_lr(self.opt, self.collapse.lr_scale * lr)
         common.set_lr(self.critic_opt, common.lr_at(step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
         beta = self.kl_ctl.value  # the beta this rollout's rewards were shaped with
+        sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
         ro = make_rollout(self, step)
         t1 = time.perf_counter()
         upd = self.update(ro, step, train_policy=not warm)
@@ -345,7 +375,10 @@ class PPOTrainer:
         return metrics
 
     def run_eval(self):
-        r = self.data.evaluate(self.model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        sharded.sync_replica(self.replica, self.model)  # FSDP: greedy decoding on the replica (no collectives)
+        model = self.model if self.replica is None else self.replica
+        r = self.data.evaluate(model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
+        model.train()
         self.model.train()
         return r
 
@@ -361,12 +394,15 @@ class PPOTrainer:
             **(extra or {}),
         }
 
-    def _extras(self, tmp: Path, with_snapshot: bool = True) -> None:
-        """The critic (weights + optimizer) and the collapse guard's snapshot, inside the checkpoint being written."""
+    def _extras(self, tmp: Path, with_snapshot: bool = True, critic=None) -> None:
+        """The critic (weights + optimizer; ``critic`` given: its weights alone) and the collapse guard's snapshot,
+        inside the checkpoint being written."""
         save_file(
-            {k: v.detach().clone().contiguous() for k, v in self._critic().state_dict().items()}, str(tmp / CRITIC_FILE)
+            {k: v.detach().clone().contiguous() for k, v in (critic or self._critic()).state_dict().items()},
+            str(tmp / CRITIC_FILE),
         )
-        torch.save(self.critic_opt.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
+        if critic is None:
+            torch.save(self.critic_opt.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
         if with_snapshot:
             write_snapshot(tmp, self.snapshot)
 
@@ -375,7 +411,16 @@ class PPOTrainer:
         return self.shared_head if self.shared_head is not None else self.critic
 
     def save(self, done: int, metrics: dict) -> None:
-        """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes)."""
+        """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes;
+        under --fsdp every rank its shards of policy, critic and optimizers, without the guard's snapshot)."""
+        if sharded.is_sharded(self.model):
+            state, parts = (
+                self._state(done, {"collapse": self.collapse.state_dict()}),
+                {"critic": (self._critic(), self.critic_opt)},
+            )
+            return sharded.save_periodic(
+                self.manager, done, self.model, self.opt, self.tokenizer, state, rng_state(), self.world, parts
+            )
         if not self.world.is_main:
             return
         self.manager.save(
@@ -396,15 +441,16 @@ class PPOTrainer:
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
-            final = Path(self.out) / "model"
+            final, fsdp = Path(self.out) / "model", sharded.is_sharded(self.model)
+            model, critic = sharded.published(self.model, self.world), sharded.published(self._critic(), self.world)
             if self.world.is_main:
                 save_with_extras(
                     final,
-                    lambda tmp: self._extras(tmp, with_snapshot=False),
-                    model=self.model,
+                    lambda tmp: self._extras(tmp, with_snapshot=False, critic=critic if fsdp else None),
+                    model=model,
                     tokenizer=self.tokenizer,
                     state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                    optimizer=self.opt,
+                    optimizer=None if fsdp else self.opt,
                     rng_state=rng_state(),
                 )
             distributed.barrier(self.world)

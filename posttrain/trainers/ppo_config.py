@@ -179,9 +179,20 @@ class PPOConfig(TrainerConfig):
     engine: str = engine_knob("engine")
     tis_cap: float = engine_knob("tis_cap")
     tis_level: str = engine_knob("tis_level")
+    fsdp: bool = knob(
+        False,
+        "under torchrun: shard the policy's and the critic's parameters, gradients and optimizer states over the "
+        "processes (FSDP2; the frozen reference stays whole on each, rollouts sample from a replica refreshed "
+        "each step); checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
+    )
 
     def __post_init__(self):
         check_fields(self)
+        if self.fsdp and (self.lora_r > 0 or self.value_model == "shared"):
+            raise ConfigError(
+                "fsdp supports value_model=separate without LoRA (lora_r = 0) only; the shared value head and "
+                "LoRA are not sharded yet"
+            )
         n = self.prompts_per_step * self.num_generations
         if n % self.minibatches or (n // self.minibatches) % self.grad_accum:
             raise ConfigError(

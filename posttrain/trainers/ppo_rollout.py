@@ -40,7 +40,7 @@ from posttrain.losses.logprobs import token_entropy
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
 from posttrain.scoring import ConcatKVCache, completion_token_logps
-from posttrain.trainers import distributed, engine_rollout, ppo_distributed
+from posttrain.trainers import distributed, engine_rollout, ppo_distributed, sharded
 from posttrain.trainers.distributed import World
 
 
@@ -165,7 +165,7 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=False)
     P = gen.prompt_length
     for mb in order_micro:
-        for rows in mb:
+        for rows, dummy in mb:  # a dummy (FSDP: this rank has no row there) runs for the collectives, kept nowhere
             seqs, attn, cmask = gen.sequences[rows], gen.attention_mask[rows], gen.completion_mask[rows]
             lp, _, v = forward(
                 trainer.model,
@@ -179,6 +179,8 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
                 **kw,
             )
             w = lp.shape[1]
+            if dummy:
+                continue
             old_lp[rows, :w], old_v[rows, :w] = lp, v
             if ref_lp is not None:
                 ids, am = seqs[:, : P + w], attn[:, : P + w]
@@ -208,13 +210,27 @@ def rank_generator(seed: int, step: int, rank: int) -> torch.Generator:
     return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 11 + 5) * 1_009 + rank)
 
 
-def first_epoch_micro(cfg, step: int, n: int, w: World) -> list[list[torch.Tensor]]:
-    """This rank's epoch-0 micro-batches (local rows), cut from the global row order as the update will cut them."""
+def micro_schedule(order: torch.Tensor, cfg, offset: int, n: int, w: World, fsdp: bool = False) -> list[list[tuple]]:
+    """Every global minibatch of ``order`` as this rank's micro-batches, each (local rows, dummy): one process
+    :func:`micro_batches`, several ``rank_micro_batches``, and under FSDP exactly ``grad_accum`` per minibatch on
+    every rank (``sharded.fixed_micro_batches``: each FSDP forward and backward is a collective)."""
+    if fsdp:
+        return [
+            sharded.fixed_micro_batches(split[(split >= offset) & (split < offset + n)] - offset, cfg.grad_accum)
+            for split in (s for s in torch.tensor_split(order, cfg.minibatches) if len(s))
+        ]
+    mbs = (
+        micro_batches(order, cfg.minibatches, cfg.grad_accum)
+        if not w.distributed
+        else ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, n)
+    )
+    return [[(m, False) for m in mb] for mb in mbs]
+
+
+def first_epoch_micro(cfg, step: int, n: int, w: World, fsdp: bool = False) -> list[list[tuple]]:
+    """This rank's epoch-0 micro-batches (local rows, dummy), cut from the global row order as the update cuts them."""
     offset, total = distributed.row_offsets(n, w)
-    order = epoch_order(cfg.seed, step, 0, total, cfg.minibatches)
-    if not w.distributed:
-        return micro_batches(order, cfg.minibatches, cfg.grad_accum)
-    return ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, n)
+    return micro_schedule(epoch_order(cfg.seed, step, 0, total, cfg.minibatches), cfg, offset, n, w, fsdp)
 
 
 def make_rollout(trainer, step: int) -> PPORollout:
@@ -243,7 +259,8 @@ def make_rollout(trainer, step: int) -> PPORollout:
     correct = torch.tensor(hits, dtype=torch.float32)
     t2 = time.perf_counter()
     N = rewards.numel()
-    old_lp, old_v, ref_lp = recompute(trainer, gen, first_epoch_micro(cfg, step, N, w))
+    micro = first_epoch_micro(cfg, step, N, w, getattr(trainer, "fsdp", False))
+    old_lp, old_v, ref_lp = recompute(trainer, gen, micro)
     mask = gen.completion_mask
     scores = scores_of(cfg, rewards, gen.truncated, w)
     beta = trainer.kl_ctl.value

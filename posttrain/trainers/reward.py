@@ -66,7 +66,7 @@ from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers import common, distributed
+from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     load_checkpoint,
@@ -118,6 +118,8 @@ class RMConfig(TrainerConfig):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if list(self.bucket_edges) != sorted(self.bucket_edges):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
+        if self.fsdp and self.lora_r > 0:
+            raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 
     # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
     model_path: str | None = model_path_knob()
@@ -127,6 +129,11 @@ class RMConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
+    fsdp: bool = knob(
+        False,
+        "under torchrun: shard the reward model's parameters, gradients and optimizer state over the processes "
+        "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
+    )
 
 
 # The recipe behind the >= 0.85 held-out pairwise accuracy of docs/rm.md (benchmarks/bench_rm.py): verifier-labelled
@@ -253,8 +260,12 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     common.seed_everything(cfg.seed)
     task = ArithmeticTask(cfg.task)
     init = start_policy(cfg, "rm")
-    start_step, opt_state, rng = 0, None, None
-    if resume:
+    start_step, opt_state, rng, shards = 0, None, None, None
+    if resume and sharded.is_sharded_checkpoint(run.resume_from):  # --fsdp: weights come with the optimizer, below
+        ck = sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="rm")
+        rm, tokenizer, start_step, rng, shards = RewardModel(ck.model), ck.tokenizer, ck.step, ck.rng_state, ck.path
+        common.check_resume_step(shards, start_step, cfg.steps)
+    elif resume:
         ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
         loaded = load_reward_model(ck.path)
         rm, tokenizer, start_step, opt_state, rng = (
@@ -299,11 +310,16 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         for x, what in ((train, "training"), (held, "held-out"))
     )
 
+    fsdp = cfg.fsdp and world.distributed
+    if fsdp:
+        sharded.shard_model(rm)  # in place, per backbone block then the RM; FSDP's hooks reduce the gradients
     opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
-    if opt_state is not None:
+    if shards is not None:  # a sharded checkpoint (any world size): weights (backbone + head) and Adam state
+        sharded.load_sharded_checkpoint(shards, rm, opt)
+    elif opt_state is not None:
         opt.load_state_dict(opt_state)
-        if rng is not None:
-            restore_rng(rng)
+    if (shards is not None or opt_state is not None) and rng is not None:
+        restore_rng(rng)
     logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
     print(
         f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(rm) / 1e6:.2f}M params, "
@@ -323,7 +339,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         start_step,
         NonFiniteGuard(cfg.nan_patience),
         world,
-        distributed.wrap_ddp(rm, world),
+        rm if fsdp else distributed.wrap_ddp(rm, world),
     )
 
 
@@ -365,7 +381,11 @@ def _state(s: RMState, step: int, extra: dict | None = None) -> dict:
 
 
 def save(s: RMState, done: int, metrics: dict) -> None:
-    """A periodic checkpoint through the run's one :class:`CheckpointManager` (rank 0 writes it)."""
+    """A periodic checkpoint through the run's one :class:`CheckpointManager` (rank 0 writes it; under --fsdp
+    every rank its shards of backbone + head, trainers/sharded.py)."""
+    if sharded.is_sharded(s.rm):
+        state = {**_state(s, done, {"metrics": metrics}), "reward_model": True}
+        return sharded.save_periodic(s.manager, done, s.rm, s.opt, s.tokenizer, state, rng_state(), s.world)
     if not s.world.is_main:
         return
     s.manager.save(
@@ -388,14 +408,15 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
     stats = RewardStats.from_rewards(torch.cat([c, x]))
     if cfg.merge_lora:  # model/ with full weights, no adapter files
         s.rm.backbone.model = merge_lora(s.rm.backbone.model)
-    final = Path(out) / "model"
+    final, fsdp = Path(out) / "model", sharded.is_sharded(s.rm)
+    rm = sharded.published(s.rm, s.world)  # --fsdp: gathered whole to rank 0 (on CPU)
     if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
         save_reward_checkpoint(
             final,
-            s.rm,
+            rm,
             s.tokenizer,
             _state(s, cfg.steps, {"heldout": last_eval}),
-            optimizer=s.opt,
+            optimizer=None if fsdp else s.opt,
             rng=rng_state(),
             stats=stats,
         )

@@ -14,6 +14,19 @@ directory appears by one rename. A DCP directory is for resuming only; :func:`co
 turns it into a plain checkpoint with one ``model.safetensors``, in one process, with no process group. The
 final ``model/`` of a run is written consolidated (gathered to rank 0, offloaded to CPU).
 
+Several modules (PPO's policy and critic) are saved side by side: ``parts`` names the others, each with its
+optimiser under its own DCP key and its backbone's config in ``NAME_config.json``; a reward model's DCP ``model`` is
+the whole RM (backbone + head) with ``trainer_state.json`` saying ``reward_model``. :func:`consolidate` writes each
+in the layout its loader reads: ``model.safetensors`` (+ ``reward_head.safetensors`` for an RM, + ``NAME.safetensors``
+per part).
+
+RL rollouts under FSDP sample from a *replica*: a plain copy of the policy on every rank, refreshed from the shards
+once per step (:func:`sync_replica`, every parameter all-gathered), so the sampler and the evaluation make no
+collective calls and each rank may generate a different number of tokens. It costs one full copy of the
+parameters per rank (no gradients, no optimiser state), as a colocated inference engine does (verl, TRL). Every
+FSDP forward and backward is a collective, so in an update every rank runs the same number of micro-batches:
+a micro-batch where a rank has no row runs one of its rows with weight 0 (:func:`fixed_micro_batches`).
+
 Not handled: mixed precision policies, CPU offload of parameters during training, HF models other than those
 with ``model.layers`` / ``transformer.h`` block lists, LoRA under FSDP.
 """
@@ -44,7 +57,7 @@ def _fully_shard():
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks FSDP shards one by one: posttrain GPT ``blocks``, HF ``model.layers`` or ``transformer.h``."""
-    for path in ("blocks", "model.layers", "transformer.h"):
+    for path in (pre + p for pre in ("", "backbone.model.") for p in ("blocks", "model.layers", "transformer.h")):
         obj = model
         for part in path.split("."):
             obj = getattr(obj, part, None)
@@ -52,7 +65,7 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
             return list(obj)
     raise UserError(
         f"--fsdp: cannot find the transformer blocks of a {type(model).__name__} (looked for blocks, "
-        f"model.layers, transformer.h)"
+        f"model.layers, transformer.h, and those of a head's backbone.model)"
     )
 
 
@@ -91,10 +104,32 @@ def _state_dicts(model, optimizer, full: bool):
     return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=full, cpu_offload=full))
 
 
+def _config_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose ``config.json`` rebuilds ``model``: a head's (RM, critic) backbone LM, else the model."""
+    inner = getattr(model, "backbone", None)
+    return inner.model if inner is not None else model
+
+
+def _dcp_state(model, optimizer, parts: dict | None) -> dict:
+    msd, osd = _state_dicts(model, optimizer, full=False)
+    sd = {"model": msd, "optim": osd}
+    for name, (module, opt) in (parts or {}).items():
+        sd[name], sd[f"{name}_optim"] = _state_dicts(module, opt, full=False)
+    return sd
+
+
 def save_sharded_checkpoint(
-    directory: str | Path, model, optimizer, tokenizer, state: dict, rng_state: dict | None, w: distributed.World
+    directory: str | Path,
+    model,
+    optimizer,
+    tokenizer,
+    state: dict,
+    rng_state: dict | None,
+    w: distributed.World,
+    parts: dict | None = None,
 ) -> Path:
-    """Every rank writes its shards; rank 0 the rest; the directory replaces an older one by one rename."""
+    """Every rank writes its shards; rank 0 the rest; the directory replaces an older one by one rename.
+    ``parts``: {name: (module, optimizer)} saved beside the model (PPO's critic), each rebuilt from ``NAME_config.json``."""
     import torch.distributed.checkpoint as dcp
 
     directory = Path(directory)
@@ -103,12 +138,14 @@ def save_sharded_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     distributed.barrier(w)
-    msd, osd = _state_dicts(model, optimizer, full=False)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=str(tmp / DCP_DIR))
+    dcp.save(_dcp_state(model, optimizer, parts), checkpoint_id=str(tmp / DCP_DIR))
     if w.is_main:
         from posttrain.models import model_config_dict
 
-        (tmp / "config.json").write_text(json.dumps(model_config_dict(model), indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(model_config_dict(_config_module(model)), indent=2) + "\n")
+        for name, (module, _) in (parts or {}).items():
+            cfg = model_config_dict(_config_module(module))
+            (tmp / f"{name}_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         tokenizer.save(tmp / "tokenizer.json")
         (tmp / "trainer_state.json").write_text(
             json.dumps({**state, "sharded": True, "world_size": w.world_size}, indent=2, default=str) + "\n"
@@ -136,20 +173,21 @@ def is_sharded_checkpoint(directory: str | Path) -> bool:
     return (Path(directory) / DCP_DIR).is_dir()
 
 
-def load_sharded_checkpoint(directory: str | Path, model, optimizer) -> None:
-    """Load a DCP checkpoint (saved at any world size) into ``model`` and its ``optimizer``: sharded (FSDP, any
-    number of processes) or plain (one process without a process group)."""
+def load_sharded_checkpoint(directory: str | Path, model, optimizer, parts: dict | None = None) -> None:
+    """Load a DCP checkpoint (saved at any world size) into ``model`` and its ``optimizer`` (and each of ``parts``,
+    {name: (module, optimizer)}): sharded (FSDP, any number of processes) or plain (one process, no process group)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     p = Path(directory) / DCP_DIR
     if not p.is_dir():
         raise UserError(f"{directory} has no {DCP_DIR}/: not a sharded (--fsdp) checkpoint")
-    msd, osd = _state_dicts(model, optimizer, full=False)
-    sd = {"model": msd, "optim": osd}
+    sd = _dcp_state(model, optimizer, parts)
     with _single_process_ok():
         dcp.load(sd, checkpoint_id=str(p), no_dist=not dist.is_initialized())
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    for name, (module, opt) in (parts or {}).items():
+        set_state_dict(module, opt, model_state_dict=sd[name], optim_state_dict=sd[f"{name}_optim"])
 
 
 def read_sharded_checkpoint(directory: str | Path, expect_trainer: str):
@@ -175,36 +213,127 @@ def full_model_state(model) -> dict:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def plain_copy(model, full_state: dict) -> torch.nn.Module:
-    """An unsharded model of the same config holding ``full_state`` (what ``model/`` and evaluation tools read)."""
-    from posttrain.models import build_model_from_config_dict, model_config_dict
+def _rebuild(config: dict, like: str | None) -> torch.nn.Module:
+    """A fresh module from a saved config: the LM itself, or a reward model / value model around it (``like``)."""
+    from posttrain.models import build_model_from_config_dict
+    from posttrain.models.heads import RewardModel
+    from posttrain.models.value import ValueModel
 
-    out = build_model_from_config_dict(model_config_dict(model))
+    base = build_model_from_config_dict(config)
+    return {"reward": RewardModel, "value": ValueModel}[like](base) if like else base
+
+
+def _kind(model) -> str | None:
+    from posttrain.models.heads import RewardModel
+    from posttrain.models.value import ValueModel
+
+    return "reward" if isinstance(model, RewardModel) else "value" if isinstance(model, ValueModel) else None
+
+
+def plain_copy(model, full_state: dict) -> torch.nn.Module:
+    """An unsharded model of the same config (an LM, a reward model or a value model) holding ``full_state``
+    (what ``model/`` and evaluation tools read)."""
+    from posttrain.models import model_config_dict
+
+    out = _rebuild(model_config_dict(_config_module(model)), _kind(model))
     out.load_state_dict(full_state)
     return out
 
 
-def consolidate(directory: str | Path, out: str | Path) -> Path:
-    """A sharded checkpoint -> a plain one (``model.safetensors``, tokenizer, state; no optimiser), one process."""
-    import torch.distributed.checkpoint as dcp
+def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole on *every* rank (each all-gathered from its shards, in one fixed order)."""
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
 
-    from posttrain.models import build_model_from_config_dict
+
+def rollout_replica(model: torch.nn.Module) -> torch.nn.Module:
+    """A plain, frozen copy of ``model`` to sample from under FSDP (made before sharding; :func:`sync_replica`
+    refreshes it)."""
+    import copy
+
+    replica = copy.deepcopy(model)
+    for p in replica.parameters():
+        p.requires_grad_(False)
+    return replica
+
+
+def sync_replica(replica: torch.nn.Module | None, model: torch.nn.Module) -> None:
+    """Copy the trainer's current (sharded) weights into its rollout replica; a collective, once per step on every
+    rank (never inside sampling, whose length differs per rank). Nothing to do without a replica."""
+    if replica is None:
+        return
+    own = dict(replica.named_parameters())
+    with torch.no_grad():
+        for n, p in model.named_parameters():  # one parameter gathered at a time (no second whole copy)
+            own[n].copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
+
+
+def fixed_micro_batches(rows: torch.Tensor, grad_accum: int) -> list[tuple[torch.Tensor, bool]]:
+    """``rows`` (this rank's rows of a global minibatch) cut into exactly ``grad_accum`` micro-batches, each as
+    (rows, dummy): an empty one becomes row 0 with ``dummy`` True, whose loss the trainer weights by 0, so every
+    rank runs the same FSDP forwards and backwards (each is a collective). Example: rows [4, 7], grad_accum 3 ->
+    [([4], False), ([7], False), ([0], True)]."""
+    return [
+        (m, False) if len(m) else (torch.zeros(1, dtype=torch.long), True) for m in torch.tensor_split(rows, grad_accum)
+    ]
+
+
+def consolidate(directory: str | Path, out: str | Path) -> Path:
+    """A sharded checkpoint -> a plain one (no optimiser), one process: ``model.safetensors``, tokenizer, state; a
+    reward model's head as ``reward_head.safetensors`` (and its ``reward_stats.json`` when saved), and each part
+    (PPO's critic) as ``NAME.safetensors``: what ``load_checkpoint`` / ``load_reward_model`` / PPO read."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    from posttrain.models.heads import REWARD_STATS_FILE
     from posttrain.tokenizers import load as load_tokenizer
-    from posttrain.trainers.checkpoint import save_checkpoint
+    from posttrain.trainers.checkpoint import REWARD_HEAD_FILE, save_with_extras
 
     src = Path(directory)
     if not (src / DCP_DIR).is_dir():
         raise UserError(f"{src} has no {DCP_DIR}/: not a sharded (--fsdp) checkpoint")
-    model = build_model_from_config_dict(json.loads((src / "config.json").read_text()))
-    sd = {"model": model.state_dict()}
-    with _single_process_ok():
-        dcp.load(sd, checkpoint_id=str(src / DCP_DIR), no_dist=True)
-    model.load_state_dict(sd["model"])
     state = json.loads((src / "trainer_state.json").read_text())
     state = {k: v for k, v in state.items() if k not in ("sharded", "world_size")}
-    return save_checkpoint(
+    root = _rebuild(json.loads((src / "config.json").read_text()), "reward" if state.get("reward_model") else None)
+    parts = {
+        f.name[: -len("_config.json")]: _rebuild(json.loads(f.read_text()), "value")
+        for f in sorted(src.glob("*_config.json"))
+    }
+    sd = {"model": root.state_dict(), **{name: m.state_dict() for name, m in parts.items()}}
+    with _single_process_ok():
+        dcp.load(sd, checkpoint_id=str(src / DCP_DIR), no_dist=True)
+    root.load_state_dict(sd["model"])
+
+    def extras(tmp: Path) -> None:
+        if state.get("reward_model"):
+            save_file({k: v.contiguous() for k, v in root.head.state_dict().items()}, str(tmp / REWARD_HEAD_FILE))
+            if (src / REWARD_STATS_FILE).is_file():
+                shutil.copyfile(src / REWARD_STATS_FILE, tmp / REWARD_STATS_FILE)
+        for name, m in parts.items():
+            m.load_state_dict(sd[name])
+            own = {k: v.detach().clone().contiguous() for k, v in m.state_dict().items()}  # tied weights: each a copy
+            save_file(own, str(tmp / f"{name}.safetensors"))
+
+    return save_with_extras(
         out,
-        model=model,
+        extras,
+        model=_config_module(root),
         tokenizer=load_tokenizer(src / "tokenizer.json"),
         state={**state, "consolidated_from": str(src)},
     )
+
+
+def save_periodic(manager, done: int, model, optimizer, tokenizer, state: dict, rng, w, parts=None) -> None:
+    """A trainer's periodic sharded checkpoint ``step-N`` (every rank), then ``checkpoints/latest`` and pruning
+    through its ``CheckpointManager`` (rank 0), as for a plain checkpoint."""
+    save_sharded_checkpoint(manager.root / f"step-{done:08d}", model, optimizer, tokenizer, state, rng, w, parts)
+    if w.is_main:
+        manager.save(done, save_fn=lambda d, **kw: d)
+
+
+def published(model: torch.nn.Module, w) -> torch.nn.Module:
+    """What ``model/`` holds: a sharded model gathered whole into a plain copy on rank 0 (a collective: every rank
+    calls it; the others get ``model`` back); an unsharded model itself."""
+    if not is_sharded(model):
+        return model
+    full = full_model_state(model)
+    return plain_copy(model, full) if w.is_main else model

@@ -33,6 +33,18 @@ def test_shards_are_contiguous_disjoint_and_cover_every_row(n, w):
     assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.parametrize("n,k", [(0, 2), (1, 3), (2, 3), (5, 2), (8, 8)])
+def test_fsdp_micro_batches_are_exactly_grad_accum_and_keep_every_row_once(n, k):
+    from posttrain.trainers.sharded import fixed_micro_batches
+
+    rows = torch.arange(10, 10 + n)
+    got = fixed_micro_batches(rows, k)
+    assert len(got) == k  # the same number of FSDP passes on every rank, whatever its share of the minibatch
+    real = [r for m, dummy in got if not dummy for r in m.tolist()]
+    assert real == rows.tolist()  # no row repeated or dropped among the real ones
+    assert all(m.tolist() == [0] for m, dummy in got if dummy) and sum(d for _, d in got) == max(0, k - n)
+
+
 def test_one_process_helpers_are_the_identity():
     w = World()
     assert global_sum(3, w) == 3 and mean_metrics({"loss": 1.5, "note": "x"}, w) == {"loss": 1.5, "note": "x"}
@@ -269,11 +281,23 @@ PG_SCRIPT = textwrap.dedent("""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     if world > 1:
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    fsdp = len(sys.argv) > 7 and sys.argv[7] == "fsdp"
     cfg = PolicyGradientConfig(out=out, init=init, steps=2, prompts_per_step=4, num_generations=4, max_new_tokens=4,
-                               minibatches=2, grad_accum=2, mu=2, beta=0.05, eval_every=0, save_every=0,
-                               progress=False, dynamic_sampling=False, lr=1e-3, warmup_steps=0)
+                               minibatches=2, grad_accum=8 if fsdp else 2, mu=2, beta=0.05, eval_every=0, save_every=0,
+                               progress=False, dynamic_sampling=False, lr=1e-3, warmup_steps=0, fsdp=fsdp)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from posttrain.trainers.sharded import full_parameters
+    def dump(tr, name):  # the whole model and Adam's second moments, on rank 0 (gathered from the shards)
+        params = full_parameters(tr.model)
+        st = get_optimizer_state_dict(tr.model, tr.opt, options=StateDictOptions(full_state_dict=True))["state"]
+        if tr.world.is_main:
+            save_file({k: v.clone().contiguous() for k, v in params.items()}, name + ".safetensors")
+            save_file({k: v["exp_avg_sq"].clone().contiguous() for k, v in st.items()}, name + ".adam.safetensors")
     if mode == "train":
         train_policy_gradient(cfg)
+    elif mode == "load":  # one process, from the 2-process FSDP run's shards
+        run_dir = os.path.dirname(os.path.dirname(sys.argv[8]))  # a resumed run writes in its own directory
+        dump(PolicyGradientTrainer(dataclasses.replace(cfg, out=run_dir), resume=sys.argv[8]), out)
     else:  # the same global rollout on every rank (sampled as one process would), each rank updating on its rows
         tr = PolicyGradientTrainer(cfg)
         real, mets = tr.world, []
@@ -291,7 +315,11 @@ PG_SCRIPT = textwrap.dedent("""
         if real.is_main:
             import json
             open(out + ".json", "w").write(json.dumps([{k: m[k] for k in ("loss", "grad_norm")} for m in mets]))
-            save_file({k: v.clone().contiguous() for k, v in tr.model.named_parameters()}, out + ".safetensors")
+        dump(tr, out)
+        if fsdp:
+            tr.save(1, {})  # sharded, every rank its shards: loaded by one process below
+        del tr  # FSDP keeps its last collectives' work objects: freed now, not at interpreter exit (a gloo SIGABRT)
+        import gc; gc.collect()
     if world > 1:
         dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
@@ -313,6 +341,22 @@ def test_two_process_policy_gradient_update_equals_one_process(tmp_path, one):
         assert r1["grad_norm"] > 1e-3  # a real update
         assert abs(r1["grad_norm"] - r2["grad_norm"]) <= 1e-5 * max(1.0, r1["grad_norm"]), (r1, r2)
         assert abs(r1["loss"] - r2["loss"]) <= 1e-5, (r1, r2)
+    # grpo --fsdp: the same update with the policy sharded (rollouts from the replica; grad_accum 8 > a rank's ~4 rows of
+    # a minibatch, so every rank also runs dummy micro-batches of weight 0), and its shards, loaded by one process,
+    # hold the run's weights and Adam moments
+    _run_script(PG_SCRIPT, tmp_path, 2, "pgf", init, "update", "fsdp")
+    c, m3 = load_file(str(tmp_path / "pgf.safetensors")), json.loads((tmp_path / "pgf.json").read_text())
+    for k in a:
+        torch.testing.assert_close(c[k], a[k], atol=1e-5, rtol=1e-5, msg=k)
+    for r1, r3 in zip(m1, m3):
+        assert abs(r1["grad_norm"] - r3["grad_norm"]) <= 1e-5 * max(1.0, r1["grad_norm"]), (r1, r3)
+        assert abs(r1["loss"] - r3["loss"]) <= 1e-5, (r1, r3)
+    step1 = tmp_path / "pgf" / "checkpoints" / "step-00000001"
+    assert (step1 / "dcp").is_dir() and not (step1 / "model.safetensors").exists()
+    _run_script(PG_SCRIPT, tmp_path, 1, "pgl", init, "load", "plain", str(step1))
+    for name in ("", ".adam"):
+        x, y = (load_file(str(tmp_path / f"{n}{name}.safetensors")) for n in ("pgf", "pgl"))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
 
 
 def test_two_process_grpo_run_writes_once(tmp_path, one):
@@ -332,19 +376,36 @@ RM_SCRIPT = textwrap.dedent("""
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
     # center_coef > 0: without it the BT loss ignores a shift of every reward, the head bias (and ln_f.bias along the
     # head) get a gradient of exactly 0, and Adam scales their float noise (summed in another order) to lr-sized steps
+    fsdp = len(sys.argv) > 6 and sys.argv[6] == "fsdp"
     train_reward_model(RMConfig(out=out, init=init, steps=3, batch_size=6, lr=1e-3, warmup_steps=1, eval_every=0,
-                                center_coef=0.1,
-                                save_every=0, progress=False, eval_prompts=16, stats_pairs=16,
-                                pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)))
+                                center_coef=0.1, fsdp=fsdp,
+                                save_every=2, progress=False, eval_prompts=16, stats_pairs=16,
+                                pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)),
+                       resume=sys.argv[7] if len(sys.argv) > 7 else None)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
 """)
 
 
-def test_two_process_reward_model_equals_one_process(tmp_path, one):
+@pytest.fixture(scope="module")
+def rm_one(tmp_path_factory, one):
+    """The RM oracle: 3 steps in one process (shared by the DDP and FSDP tests)."""
+    return _run_script(RM_SCRIPT, tmp_path_factory.mktemp("rm1"), 1, "rm1", str(one / "model"))
+
+
+def _same_rm(a: Path, b: Path) -> None:
+    """Backbone and head of two RM checkpoints, to 1e-5."""
+    for f in ("model.safetensors", "reward_head.safetensors"):
+        wa, wb = load_file(a / f), load_file(b / f)
+        assert wa.keys() == wb.keys(), f
+        for k in wa:
+            torch.testing.assert_close(wb[k], wa[k], atol=1e-5, rtol=1e-5, msg=f"{f}: {k}")
+
+
+def test_two_process_reward_model_equals_one_process(tmp_path, one, rm_one):
     init = str(one / "model")
-    a = _run_script(RM_SCRIPT, tmp_path, 1, "rm1", init)
+    a = rm_one
     b = _run_script(RM_SCRIPT, tmp_path, 2, "rm2", init)
     assert (a / "pairs.jsonl").read_bytes() == (b / "pairs.jsonl").read_bytes()  # sampled once, by rank 0
     for f in ("model.safetensors", "reward_head.safetensors"):
@@ -355,3 +416,35 @@ def test_two_process_reward_model_equals_one_process(tmp_path, one):
     mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
     for r1, r2 in zip(ma, mb):
         assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+
+
+def test_fsdp_reward_model_two_processes_equal_one_export_and_resume_in_one_process(tmp_path, one, rm_one):
+    """rm --fsdp on 2 processes: model/ (gathered) and the step-2 shards (exported by `posttrain export`, read by
+    load_reward_model) equal the 1-process run's; resumed in 1 process from the shards it ends as that run."""
+    import shutil
+
+    from posttrain.cli import main
+    from posttrain.rewards.reward_model import load_reward_model
+
+    init = str(one / "model")
+    two = _run_script(RM_SCRIPT, tmp_path, 2, "rm_fsdp", init, "fsdp")
+    _same_rm(rm_one / "model", two / "model")
+    ma, mb = ([json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (rm_one, two))
+    for r1, r2 in zip(ma, mb):
+        assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+    s1, s2 = (json.loads((d / "model" / "reward_stats.json").read_text()) for d in (rm_one, two))
+    assert s1["count"] == s2["count"] and abs(s1["mean"] - s2["mean"]) < 1e-5 and abs(s1["std"] - s2["std"]) < 1e-5
+    step2 = two / "checkpoints" / "step-00000002"
+    assert (step2 / "dcp").is_dir() and not (step2 / "model.safetensors").exists()  # sharded, for resume only
+    assert main(["export", str(step2), "--out", str(tmp_path / "exported")]) == 0
+    _same_rm(rm_one / "checkpoints" / "step-00000002", tmp_path / "exported")
+    loaded = load_reward_model(tmp_path / "exported")  # what RL reads: backbone + head
+    ref = load_reward_model(rm_one / "checkpoints" / "step-00000002")
+    ids = torch.randint(1, 10, (3, 7))
+    mask = torch.ones_like(ids)
+    torch.testing.assert_close(loaded.model(ids, mask), ref.model(ids, mask), atol=1e-5, rtol=1e-5)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two, resumed)
+    shutil.rmtree(resumed / "model")  # written again by the resumed run
+    _run_script(RM_SCRIPT, tmp_path, 1, "resumed", init, "plain", str(resumed / "checkpoints" / "step-00000002"))
+    _same_rm(rm_one / "model", resumed / "model")

@@ -37,6 +37,7 @@ SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
     sft, resume = (sys.argv[5] if len(sys.argv) > 5 else out + ".sft"), (sys.argv[6] if len(sys.argv) > 6 else None)
+    resume, fsdp = resume or None, len(sys.argv) > 7 and sys.argv[7] == "fsdp"
     if len(sys.argv) == 5:  # the first 1-process run makes the starting policy; the later runs reuse it
         train_sft(SFTConfig(out=sft, steps=30, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
                             model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
@@ -68,14 +69,16 @@ SCRIPT = textwrap.dedent("""
     runs = {"main": dict(kl_control="adaptive", beta=0.1, kl_target=1e-3, kl_horizon=10, critic_warmup=1,
                          whiten_rewards=True, save_every=2, mu=2),
             "stop": dict(target_kl=1e-4, mu=3, save_every=0)}
-    for name, kw in (runs.items() if resume is None else [("main", runs["main"])]):
+    for name, kw in (runs.items() if resume is None and not fsdp else [("main", runs["main"])]):
         cfg = PPOConfig(init=sft, out=out + "." + name, steps=3, prompts_per_step=4, num_generations=3,
                         max_new_tokens=4, eval_every=0, progress=False, task=TASK, warmup_steps=0, lr=1e-3,
-                        minibatches=2, grad_accum=2, **kw)
+                        minibatches=2, grad_accum=6 if fsdp else 2, fsdp=fsdp, **kw)  # FSDP: dummy micro-batches
         tr = PPOTrainer(cfg, resume=resume)
-        tr.engine = PerPrompt(tr.model, tr.tokenizer)
+        tr.engine = PerPrompt(tr.model if tr.replica is None else tr.replica, tr.tokenizer)  # FSDP: the replica
         tr.engine.calls = tr.start_step  # one call per step: a resumed run draws what the uninterrupted one drew
         tr.train()
+    del tr  # FSDP keeps its last collectives' work objects: freed now, not at interpreter exit (a gloo SIGABRT)
+    import gc; gc.collect()
     if world > 1:
         dist.barrier()  # no rank tears gloo down while another is still in a collective
         dist.destroy_process_group()
@@ -174,3 +177,34 @@ def test_two_process_ppo_ends_with_the_one_process_policy_critic_and_beta(runs, 
         assert files(two) == files(one)  # checkpoints and model/ written once, by rank 0
     else:  # the target-KL stop fired, on every rank at the same minibatch (else the ranks would deadlock)
         assert any(r["early_stopped"] for r in m1[1:]) and any(r["optimizer_steps"] < 6 for r in m1[1:])
+
+
+def test_fsdp_ppo_equals_one_process_and_its_shards_resume_in_one_process(runs):
+    """ppo --fsdp on 2 processes (policy and critic sharded, the reference whole on each rank): model/'s policy and
+    critic (gathered) equal the 1-process run's; the step-2 shards export to a plain checkpoint with its critic;
+    resumed in one process from those shards, the run ends as the uninterrupted one."""
+    import shutil
+
+    from posttrain.cli import main
+
+    one, _, tmp = runs
+    fsdp = _run(tmp, 2, str(one) + ".sft", "", "fsdp", out=tmp / "f")
+    _assert_same_weights(Path(f"{one}.main"), Path(f"{fsdp}.main"))
+    m1, m2 = _metrics(Path(f"{one}.main")), _metrics(Path(f"{fsdp}.main"))
+    for r1, r2 in zip(m1[1:], m2[1:]):
+        for k in ("loss", "value_loss", "grad_norm", "critic_grad_norm", "kl_per_seq", "approx_kl"):
+            assert abs(r1[k] - r2[k]) <= 5e-5 * max(1.0, abs(r1[k])), (k, r1[k], r2[k])
+    step2 = Path(f"{fsdp}.main") / "checkpoints" / "step-00000002"
+    assert (step2 / "dcp").is_dir() and not (step2 / "model.safetensors").exists()  # sharded, for resume only
+    assert main(["export", str(step2), "--out", str(tmp / "exported")]) == 0
+    ref = Path(f"{one}.main") / "checkpoints" / "step-00000002"
+    for f in ("model.safetensors", "critic.safetensors"):  # the 1-process step-2 checkpoint's policy and critic
+        a, b = load_file(ref / f), load_file(tmp / "exported" / f)
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], atol=1e-4, rtol=1e-5, msg=f"{f}: {k}")
+    resumed = tmp / "rf.main"
+    shutil.copytree(f"{fsdp}.main", resumed)
+    shutil.rmtree(resumed / "model")  # written again by the resumed run
+    _run(tmp, 1, str(one) + ".sft", str(resumed / "checkpoints" / "step-00000002"), out=tmp / "rf")
+    _assert_same_weights(Path(f"{one}.main"), resumed)
