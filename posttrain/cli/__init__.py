@@ -139,6 +139,9 @@ def _leave_process_group() -> None:
     gloo's threads: "terminate called without an active exception") while another is still in a collective."""
     dist = sys.modules.get("torch.distributed")  # never imported here for a one-process command
     if dist is not None and dist.is_available() and dist.is_initialized():
+        import gc
+
+        gc.collect()  # FSDP's last collective's objects go before gloo is torn down (a rare teardown SIGABRT)
         dist.barrier()
         dist.destroy_process_group()
 

@@ -157,6 +157,11 @@ class PipelineConfig:
         check_fields(self)
         if self.nproc_per_stage > 1 and self.jobs > 1:
             raise ConfigError("nproc_per_stage > 1 runs one training stage at a time on N processes: set jobs = 1")
+        if self.nproc_per_stage > 1 and self.sft.restarts > 1:
+            raise ConfigError(
+                f"nproc_per_stage > 1 runs SFT under torchrun, where restarts are not supported: set "
+                f"sft.restarts = 1 (it is {self.sft.restarts})"
+            )
         if self.hf_model and not Path(self.hf_model).is_dir():
             raise ConfigError(
                 f"hf_model={self.hf_model!r}: not a directory (a local Hugging Face model directory, "
