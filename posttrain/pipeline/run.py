@@ -35,7 +35,7 @@ from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
 from posttrain.pipeline import cache
 from posttrain.pipeline.base import LABELS, heldout_table
-from posttrain.pipeline.stages import BY_NAME, STAGES, Context, get
+from posttrain.pipeline.stages import BY_NAME, RUN_ORDER, STAGES, Context, get
 
 
 def header(cfg, preset: str | None) -> dict:
@@ -192,7 +192,7 @@ def run_pipeline(
 
 
 def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, notes: dict, workers: _Workers):
-    for i, stage in enumerate(STAGES, 1):
+    for i, stage in enumerate(RUN_ORDER, 1):  # STAGES' dependency order, the stages after SFT longest first
         name, d = stage.name, out / stage.name
         tag = f"[{i}/{len(STAGES)}] {name}"
         workers.wait(stage.deps)  # a stage never starts before the stages it reads have finished

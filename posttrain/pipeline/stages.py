@@ -394,3 +394,10 @@ STAGES: tuple[Stage, ...] = (
     ),
 )
 BY_NAME = {s.name: s for s in STAGES}
+# The order stages are started in: STAGES' order, with the four stages after SFT longest first (ppo, grpo, rm, dpo on
+# the tiny preset), so that with --jobs 2 the two worker lanes finish together (longest-processing-time first: a
+# makespan of max(ppo + dpo, grpo + rm) instead of rm then ppo in one lane, ~35 s of the demo).
+RUN_ORDER: tuple[Stage, ...] = tuple(
+    BY_NAME[n] for n in ("dedup", "tokenizer", "sft", "sft_raw", "ppo", "grpo", "rm", "dpo", "eval", "report")
+)
+assert sorted(s.name for s in RUN_ORDER) == sorted(BY_NAME)
