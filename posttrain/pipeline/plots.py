@@ -33,7 +33,12 @@ def _plt():
 
 
 def metrics(stage_dir: Path) -> list[dict]:
+    """A stage's per-step metrics; for SFT restarts, the kept restart's (``restarts/K/metrics.jsonl``)."""
     f = stage_dir / "metrics.jsonl"
+    summary = stage_dir / "summary.json"
+    if not f.is_file() and summary.is_file():
+        kept = json.loads(summary.read_text(encoding="utf-8")).get("selected_restart")
+        f = stage_dir / "restarts" / str(kept) / "metrics.jsonl"
     if not f.is_file():
         return []
     return [json.loads(line) for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -251,4 +251,8 @@ def test_sft_restarts_are_ranked_on_training_split_problems_only(run):
             max(range(len(probes)), key=lambda k: (probes[k]["val_accuracy"], -k))
         ]  # successive halving: the best at the probe step finishes
         best = next(c for c in s["candidates"] if c["finished"])
+        from posttrain.pipeline.plots import metrics
+
+        rows = metrics(out / stage)  # the report's training-loss curve: the kept restart's
+        assert rows and rows == metrics(Path(best["dir"])) and rows[-1]["step"] == micro().sft.steps
         assert s["selected_restart"] == best["restart"] and s["heldout_accuracy"] == best["heldout_accuracy"]
