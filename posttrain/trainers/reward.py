@@ -62,7 +62,7 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
-from posttrain.on_policy_pairs import on_policy_pairs
+from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
@@ -70,6 +70,7 @@ from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     load_checkpoint,
+    load_policy,
     restore_rng,
     rng_state,
     save_checkpoint,
@@ -127,6 +128,10 @@ class RMConfig(TrainerConfig):
     lora_dropout: float = lora_knob("dropout")
     lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
     merge_lora: bool = lora_knob("merge")
+    train_pairs: TrainPairsConfig = knob(
+        factory=TrainPairsConfig,
+        help="training pairs only (more samples, restarts, synthetic); held-out pairs keep --pairs",
+    )
 
 
 # The recipe behind the >= 0.85 held-out pairwise accuracy of docs/rm.md (benchmarks/bench_rm.py): verifier-labelled
@@ -191,6 +196,11 @@ def save_reward_checkpoint(
 # the trainer
 
 
+def _load_other(path):
+    ck = load_policy(path, role="rm --train-pairs.restarts")
+    return ck.model, ck.tokenizer
+
+
 def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     source = cfg.source if cfg.source != "auto" else ("policy" if init is not None else "synthetic")
     if source == "policy" and init is None:
@@ -213,8 +223,19 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
         pairs, st = on_policy_pairs(init.model, init.tokenizer, problems, cfg.pairs, num_prompts=len(problems))
         return pairs, {"source": "policy", **stats_dict(st)}
 
+    plain = cfg.train_pairs == TrainPairsConfig()
+    if source == "synthetic" and not plain:
+        raise UserError("--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)")
+
+    def build_train():  # the held-out pairs never see --train-pairs.* (the test stays the same)
+        if plain:
+            return build(train_p)
+        others = [(str(p), *_load_other(p)) for p in restart_models(cfg.init)] if cfg.train_pairs.restarts else []
+        return training_pairs(init.model, init.tokenizer, train_p, cfg.pairs, cfg.train_pairs, others)
+
     print(f"building {source} preference pairs ...")
-    train, info = cached_pairs(out / "pairs.jsonl", meta, lambda: build(train_p))
+    train_meta = meta if plain else {**meta, "train_pairs": dataclasses.asdict(cfg.train_pairs)}
+    train, info = cached_pairs(out / "pairs.jsonl", train_meta, build_train)
     held, held_info = cached_pairs(out / "eval_pairs.jsonl", meta, lambda: build(held_p))
     return train, held, {"train": info, "heldout": held_info}
 

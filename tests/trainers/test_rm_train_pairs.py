@@ -1,0 +1,126 @@
+"""posttrain rm --train-pairs.*: extra training-pair sources, held-out pairs unchanged (on_policy_pairs.training_pairs)."""
+
+import dataclasses
+import json
+import random
+import shutil
+
+import pytest
+
+from posttrain.data.preference import load_preference_pairs
+from posttrain.data.preference_pairs import PairDataConfig, synthetic_pairs
+from posttrain.errors import ConfigError, UserError
+from posttrain.models.gpt import GPTConfig
+from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.reward import RMConfig, train_reward_model
+from posttrain.trainers.sft import SFTConfig, train_sft
+
+TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)
+MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)
+PAIRS = PairDataConfig(num_prompts=40, samples_per_prompt=4, max_pairs_per_prompt=3, gold_chosen=True)
+
+
+def sft(out, seed):
+    train_sft(
+        SFTConfig(
+            out=str(out), steps=3, batch_size=8, eval_every=0, save_every=0, progress=False, model=MODEL, task=TASK,
+            seed=seed, restarts=1,
+        )
+    )  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def restarts_run(tmp_path_factory):
+    """A directory laid out as an `sft --restarts 3` run that kept restart 1: model/ = restarts/1/model."""
+    root = tmp_path_factory.mktemp("restarts")
+    for k in range(3):
+        sft(root / "restarts" / str(k), seed=10 + k)
+    shutil.copytree(root / "restarts" / "1" / "model", root / "model")
+    (root / "summary.json").write_text(json.dumps({"trainer": "sft", "restarts": 3, "selected_restart": 1}))
+    return root
+
+
+def keys(pairs):
+    return [(p.prompt, p.chosen, p.rejected) for p in pairs]
+
+
+def dedup(*sources):  # the oracle: the first occurrence of each (prompt, chosen, rejected), in order
+    return list(dict.fromkeys(k for src in sources for k in keys(src)))
+
+
+def test_defaults_are_exactly_on_policy_pairs(restarts_run):
+    ck = load_checkpoint(restarts_run)
+    problems = ArithmeticTask(TASK).train_problems
+    want, _ = on_policy_pairs(ck.model, ck.tokenizer, problems, PAIRS, num_prompts=len(problems))
+    got, info = training_pairs(ck.model, ck.tokenizer, problems, PAIRS, TrainPairsConfig())
+    assert keys(got) == keys(want) and info["pairs"] == info["policy_pairs"] == len(want) > 0
+
+
+def test_sources_concatenate_in_order_without_duplicates(restarts_run):
+    ck = load_checkpoint(restarts_run)
+    other = load_checkpoint(restarts_run / "restarts" / "0" / "model")
+    problems = ArithmeticTask(TASK).train_problems
+    extra = TrainPairsConfig(temperature=1.7, samples_per_prompt=6, synthetic_per_prompt=2)
+    hot = dataclasses.replace(PAIRS, temperature=1.7, samples_per_prompt=6)
+    a, _ = on_policy_pairs(ck.model, ck.tokenizer, problems, hot, num_prompts=len(problems))
+    b, _ = on_policy_pairs(other.model, other.tokenizer, problems, hot, num_prompts=len(problems))
+    c = synthetic_pairs(problems, per_prompt=2, seed=PAIRS.seed)
+    got, info = training_pairs(ck.model, ck.tokenizer, problems, PAIRS, extra, [("r0", other.model, other.tokenizer)])
+    want = dedup(a, b, c)
+    assert keys(got) == want
+    assert len(want) < len(a) + len(b) + len(c)  # some pair came twice (synthetic off-by-ones the model also makes)
+    assert info["policy_pairs"] == len(a) and info["pairs"] == len(want) and info["others"]["r0"]["pairs"] == len(b)
+
+
+def test_restart_models_skip_the_kept_one(restarts_run, tmp_path):
+    want = [restarts_run / "restarts" / k / "model" for k in ("0", "2")]
+    assert restart_models(restarts_run) == want
+    assert restart_models(restarts_run / "model") == want  # --init RUN/model names the same run
+    with pytest.raises(UserError) as e:
+        restart_models(tmp_path)
+    assert str(e.value) == (
+        f"--train-pairs.restarts: {tmp_path} is not an `sft --restarts` run (no restarts/ directory)"
+    )
+
+
+def rm_cfg(out, init, **kw):
+    return RMConfig(
+        out=str(out), init=str(init), steps=2, batch_size=8, eval_every=0, save_every=0, warmup_steps=1,
+        progress=False, eval_prompts=8, stats_pairs=16, task=TASK, pairs=PAIRS, **kw,
+    )  # fmt: skip
+
+
+def test_rm_training_pairs_change_and_held_out_pairs_do_not(restarts_run, tmp_path):
+    base = train_reward_model(rm_cfg(tmp_path / "base", restarts_run))
+    extra = TrainPairsConfig(restarts=True, synthetic_per_prompt=1)
+    more = train_reward_model(rm_cfg(tmp_path / "more", restarts_run, train_pairs=extra))
+    held = [(tmp_path / d / "eval_pairs.jsonl").read_bytes() for d in ("base", "more")]
+    assert held[0] == held[1] and more["heldout_pairs"] == base["heldout_pairs"]  # the test is the same
+    # the training pairs are the oracle's: the kept model's, restarts 0 and 2's, then the corruptions
+    ck, train = load_checkpoint(restarts_run), ArithmeticTask(TASK).train_problems
+    problems = random.Random(f"rm-prompts:{PAIRS.seed}").sample(train, min(PAIRS.num_prompts, len(train)))
+    srcs = [on_policy_pairs(ck.model, ck.tokenizer, problems, PAIRS, num_prompts=len(problems))[0]]
+    for k in ("0", "2"):
+        o = load_checkpoint(restarts_run / "restarts" / k / "model")
+        srcs.append(on_policy_pairs(o.model, o.tokenizer, problems, PAIRS, num_prompts=len(problems))[0])
+    srcs.append(synthetic_pairs(problems, per_prompt=1, seed=PAIRS.seed))
+    assert keys(load_preference_pairs(tmp_path / "more" / "pairs.jsonl")) == dedup(*srcs)
+    assert keys(load_preference_pairs(tmp_path / "base" / "pairs.jsonl")) == keys(srcs[0])
+    assert more["train_pairs"] > base["train_pairs"] and len(more["pairs"]["train"]["others"]) == 2
+
+
+def test_train_pairs_errors(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        TrainPairsConfig(temperature=0.0)
+    assert "train_pairs.temperature=0.0" in str(e.value)
+    with pytest.raises(UserError) as e:  # without --init the pairs are synthetic: --train-pairs.* would do nothing
+        train_reward_model(
+            RMConfig(out=str(tmp_path / "o"), steps=1, progress=False, task=TASK, model=MODEL,
+                     train_pairs=TrainPairsConfig(synthetic_per_prompt=2))
+        )  # fmt: skip
+    assert (
+        str(e.value) == "--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)"
+    )
