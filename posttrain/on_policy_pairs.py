@@ -113,8 +113,11 @@ class TrainPairsConfig:
         None, "sampling temperature of the training pairs (None = --pairs.temperature)", gt=0
     )
     samples_per_prompt: int | None = knob(None, "samples per training prompt (None = --pairs.samples-per-prompt)", gt=0)
-    restarts: bool = knob(
-        False, "also sample the other restarts of an `sft --restarts` --init (INIT/restarts/K/model, K != the kept one)"
+    restarts: str = knob(
+        "off",
+        "also sample the other restarts of an `sft --restarts` --init (INIT/restarts/K/model, K != the kept one): "
+        "on (--init must be such a run) | auto (when it is one) | off",
+        choices=("off", "auto", "on"),
     )
     synthetic_per_prompt: int = knob(
         0, "synthetic pairs per training prompt: the reference vs a corrupted answer (off by one/ten, digits...)", ge=0
@@ -124,10 +127,13 @@ class TrainPairsConfig:
         check_fields(self, "train_pairs.")
 
 
-def restart_models(init_path: str | Path) -> list[Path]:
-    """The ``model/`` of every restart of the ``sft --restarts`` run at ``init_path`` (the run or its ``model/``) but the kept one."""
+def restart_models(init_path: str | Path, required: bool = True) -> list[Path]:
+    """The ``model/`` of every restart of the ``sft --restarts`` run at ``init_path`` (the run or its ``model/``) but
+    the kept one; not such a run: a UserError if ``required``, else no models."""
     p = Path(init_path).resolve()
     run = next((d for d in (p, p.parent) if (d / "restarts").is_dir()), None)
+    if run is None and not required:
+        return []
     if run is None:
         raise UserError(f"--train-pairs.restarts: {init_path} is not an `sft --restarts` run (no restarts/ directory)")
     try:

@@ -230,7 +230,8 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     def build_train():  # the held-out pairs never see --train-pairs.* (the test stays the same)
         if plain:
             return build(train_p)
-        others = [(str(p), *_load_other(p)) for p in restart_models(cfg.init)] if cfg.train_pairs.restarts else []
+        mode = cfg.train_pairs.restarts
+        others = [(str(p), *_load_other(p)) for p in restart_models(cfg.init, mode == "on")] if mode != "off" else []
         return training_pairs(init.model, init.tokenizer, train_p, cfg.pairs, cfg.train_pairs, others)
 
     print(f"building {source} preference pairs ...")

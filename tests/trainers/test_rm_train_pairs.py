@@ -79,6 +79,7 @@ def test_restart_models_skip_the_kept_one(restarts_run, tmp_path):
     want = [restarts_run / "restarts" / k / "model" for k in ("0", "2")]
     assert restart_models(restarts_run) == want
     assert restart_models(restarts_run / "model") == want  # --init RUN/model names the same run
+    assert restart_models(tmp_path, required=False) == []  # restarts=auto on a plain run: no other models
     with pytest.raises(UserError) as e:
         restart_models(tmp_path)
     assert str(e.value) == (
@@ -95,7 +96,7 @@ def rm_cfg(out, init, **kw):
 
 def test_rm_training_pairs_change_and_held_out_pairs_do_not(restarts_run, tmp_path):
     base = train_reward_model(rm_cfg(tmp_path / "base", restarts_run))
-    extra = TrainPairsConfig(restarts=True, synthetic_per_prompt=1)
+    extra = TrainPairsConfig(restarts="on", synthetic_per_prompt=1)
     more = train_reward_model(rm_cfg(tmp_path / "more", restarts_run, train_pairs=extra))
     held = [(tmp_path / d / "eval_pairs.jsonl").read_bytes() for d in ("base", "more")]
     assert held[0] == held[1] and more["heldout_pairs"] == base["heldout_pairs"]  # the test is the same
@@ -124,3 +125,15 @@ def test_train_pairs_errors(tmp_path):
     assert (
         str(e.value) == "--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)"
     )
+
+
+def test_restarts_auto(restarts_run, tmp_path):
+    plain = restarts_run / "restarts" / "0"  # an ordinary `sft` run: auto samples it alone, on refuses it
+    a = train_reward_model(rm_cfg(tmp_path / "a", plain, train_pairs=TrainPairsConfig(restarts="auto")))
+    b = train_reward_model(rm_cfg(tmp_path / "b", plain))
+    assert (tmp_path / "a" / "pairs.jsonl").read_bytes() == (tmp_path / "b" / "pairs.jsonl").read_bytes()
+    assert a["train_pairs"] == b["train_pairs"] and "others" not in a["pairs"]["train"]
+    with pytest.raises(UserError, match="is not an `sft --restarts` run"):
+        train_reward_model(rm_cfg(tmp_path / "c", plain, train_pairs=TrainPairsConfig(restarts="on")))
+    c = train_reward_model(rm_cfg(tmp_path / "d", restarts_run, train_pairs=TrainPairsConfig(restarts="auto")))
+    assert len(c["pairs"]["train"]["others"]) == 2  # a restarts run: auto = on
