@@ -136,9 +136,12 @@ class RMConfig(TrainerConfig):
 
 # The recipe behind the >= 0.85 held-out pairwise accuracy of docs/rm.md (benchmarks/bench_rm.py): verifier-labelled
 # pairs are free, so sample the --init SFT model 16 times on every training prompt, keep up to 8 (correct, wrong)
-# pairs per prompt (the reference answer as chosen where no sample is right), and train 2000 steps of 64 pairs.
-# Held-out pairs: the same construction on every held-out prompt. Without --init: synthetic pairs, same steps.
-RECIPE: dict = {
+# pairs per prompt (the reference answer as chosen where no sample is right), and train 3000 steps of 64 pairs; when
+# --init is an `sft --restarts` run its other (weaker) restarts are sampled the same way for training pairs too
+# (restarts: auto; a strong kept restart leaves few, near wrong answers). Held-out pairs: the kept model's samples on
+# every held-out prompt, as before. Without --init: synthetic pairs, same steps. RECIPE_V1 is the recipe before the
+# restarts source (pairs of --init alone, 2000 steps: `--preset tiny_v1`).
+RECIPE_V1: dict = {
     "steps": 2000,
     "batch_size": 64,
     "eval_every": 250,
@@ -146,9 +149,11 @@ RECIPE: dict = {
     "eval_prompts": 1000,
     "pairs": {"num_prompts": 9000, "samples_per_prompt": 16, "max_pairs_per_prompt": 8, "gold_chosen": True},
 }
+RECIPE: dict = {**RECIPE_V1, "steps": 3000, "train_pairs": {"restarts": "auto"}}
 
 PRESETS: dict[str, dict] = {
     "tiny": RECIPE,
+    "tiny_v1": RECIPE_V1,
     "classic": {},  # the field defaults: 300 steps on <= 2 on-policy pairs of each of 4096 prompts (0.553 in issue 14)
     "small": {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
 }
