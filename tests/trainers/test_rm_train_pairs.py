@@ -137,3 +137,17 @@ def test_restarts_auto(restarts_run, tmp_path):
         train_reward_model(rm_cfg(tmp_path / "c", plain, train_pairs=TrainPairsConfig(restarts="on")))
     c = train_reward_model(rm_cfg(tmp_path / "d", restarts_run, train_pairs=TrainPairsConfig(restarts="auto")))
     assert len(c["pairs"]["train"]["others"]) == 2  # a restarts run: auto = on
+
+
+def test_tiny_recipe_and_the_previous_one():
+    from posttrain.config import build_config
+    from posttrain.trainers.reward import PRESETS
+
+    new, old = (build_config(RMConfig, PRESETS[p]) for p in ("tiny", "tiny_v1"))
+    assert (new.steps, new.train_pairs.restarts, old.steps, old.train_pairs) == (3000, "auto", 2000, TrainPairsConfig())
+    assert dataclasses.replace(new, steps=2000, train_pairs=TrainPairsConfig()) == old  # nothing else differs
+    assert (
+        old.pairs
+        == new.pairs
+        == PairDataConfig(num_prompts=9000, samples_per_prompt=16, max_pairs_per_prompt=8, gold_chosen=True)
+    )  # the held-out pairs' construction is the same in both
