@@ -126,6 +126,13 @@ class TrainPairsConfig:
     def __post_init__(self):
         check_fields(self, "train_pairs.")
 
+    def requested(self) -> bool:
+        """Whether a source beyond the ``--init`` model's own pairs is asked for unconditionally (``auto`` is not)."""
+        return (
+            dataclasses.replace(self, restarts="off" if self.restarts == "auto" else self.restarts)
+            != TrainPairsConfig()
+        )
+
 
 def restart_models(init_path: str | Path, required: bool = True) -> list[Path]:
     """The ``model/`` of every restart of the ``sft --restarts`` run at ``init_path`` (the run or its ``model/``) but

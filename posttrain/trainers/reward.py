@@ -119,6 +119,10 @@ class RMConfig(TrainerConfig):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if list(self.bucket_edges) != sorted(self.bucket_edges):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
+        if self.data and self.train_pairs.requested():
+            raise ConfigError(
+                "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
+            )
 
     # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
     model_path: str | None = model_path_knob()
@@ -228,8 +232,8 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
         pairs, st = on_policy_pairs(init.model, init.tokenizer, problems, cfg.pairs, num_prompts=len(problems))
         return pairs, {"source": "policy", **stats_dict(st)}
 
-    plain = cfg.train_pairs == TrainPairsConfig()
-    if source == "synthetic" and not plain:
+    plain = source == "synthetic" or cfg.train_pairs == TrainPairsConfig()  # the pairs of before --train-pairs
+    if source == "synthetic" and cfg.train_pairs.requested():
         raise UserError("--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)")
 
     def build_train():  # the held-out pairs never see --train-pairs.* (the test stays the same)

@@ -113,6 +113,16 @@ def test_rm_training_pairs_change_and_held_out_pairs_do_not(restarts_run, tmp_pa
     assert more["train_pairs"] > base["train_pairs"] and len(more["pairs"]["train"]["others"]) == 2
 
 
+def test_restarts_auto_without_init_trains_on_synthetic_pairs(tmp_path):
+    # the tiny preset's restarts=auto asks for nothing when there is no --init: synthetic pairs as before
+    s = train_reward_model(
+        RMConfig(out=str(tmp_path / "o"), steps=1, batch_size=4, eval_every=0, save_every=0, progress=False,
+                 eval_prompts=8, stats_pairs=8, task=TASK, model=MODEL, train_pairs=TrainPairsConfig(restarts="auto"))
+    )  # fmt: skip
+    assert s["pairs"]["train"]["source"] == "synthetic"
+    assert not TrainPairsConfig(restarts="auto").requested() and TrainPairsConfig(restarts="on").requested()
+
+
 def test_train_pairs_errors(tmp_path):
     with pytest.raises(ConfigError) as e:
         TrainPairsConfig(temperature=0.0)
@@ -125,6 +135,10 @@ def test_train_pairs_errors(tmp_path):
     assert (
         str(e.value) == "--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)"
     )
+    with pytest.raises(ConfigError) as e:
+        RMConfig(data="p.jsonl", eval_data="h.jsonl", train_pairs=TrainPairsConfig(synthetic_per_prompt=1))
+    assert str(e.value) == "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
+    RMConfig(data="p.jsonl", eval_data="h.jsonl", train_pairs=TrainPairsConfig(restarts="auto"))  # auto: fine
 
 
 def test_restarts_auto(restarts_run, tmp_path):
