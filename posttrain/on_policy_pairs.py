@@ -4,18 +4,32 @@ The data side (``PairDataConfig``, ``label_pairs``, the JSONL cache) is :mod:`po
 this module is the part that runs the model, beside :mod:`posttrain.generate` (the sampler it calls).
 Example: prompt "2+2=", answer "4", samples ["4", "5", "4", "3"] -> pairs from {"4"} x {"5", "3"}.
 
+Training pairs can draw on more than the one model (:class:`TrainPairsConfig`, ``posttrain rm --train-pairs.*``;
+the held-out pairs never change with it, so the test stays the same): another sampling temperature or sample
+count, the other restarts of an ``sft --restarts`` run (same data, other draws: more and more diverse wrong
+answers), and synthetic corruptions of the reference answer (:func:`~posttrain.data.preference_pairs.synthetic_pairs`:
+off by one or ten, a dropped or swapped digit, the negation; wrong answers the policy may drift to under RL).
+:func:`training_pairs` concatenates the sources in that order (the ``--init`` model's pairs first) and drops a
+pair that an earlier source already gave.
+
 Not handled: tasks without a ``verify(completion, answer)`` function.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from posttrain.config import check_fields, knob
 from posttrain.data.preference import PreferencePair, encode_prompt
-from posttrain.data.preference_pairs import PairDataConfig, PairStats, label_pairs
+from posttrain.data.preference_pairs import PairDataConfig, PairStats, label_pairs, stats_dict, synthetic_pairs
+from posttrain.errors import UserError
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.tasks.arithmetic import Problem, verify
 
@@ -85,3 +99,114 @@ def on_policy_pairs(
         stats=stats,
     )
     return pairs, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# training pairs from several sources (posttrain rm --train-pairs.*)
+
+
+@dataclass
+class TrainPairsConfig:
+    """Settings of the reward model's *training* pairs only; the held-out pairs are always built with ``pairs``."""
+
+    temperature: float | None = knob(
+        None, "sampling temperature of the training pairs (None = --pairs.temperature)", gt=0
+    )
+    samples_per_prompt: int | None = knob(None, "samples per training prompt (None = --pairs.samples-per-prompt)", gt=0)
+    restarts: str = knob(
+        "off",
+        "also sample the other restarts of an `sft --restarts` --init (INIT/restarts/K/model, K != the kept one; a "
+        "restart successive halving stopped early: its probe checkpoint): on (--init must be such a run) | auto "
+        "(when it is one) | off",
+        choices=("off", "auto", "on"),
+    )
+    max_restarts: int = knob(2, "with restarts: at most this many other restarts, the best by validation first", ge=1)
+    synthetic_per_prompt: int = knob(
+        0, "synthetic pairs per training prompt: the reference vs a corrupted answer (off by one/ten, digits...)", ge=0
+    )
+
+    def __post_init__(self):
+        check_fields(self, "train_pairs.")
+
+    def requested(self) -> bool:
+        """Whether a source beyond the ``--init`` model's own pairs is asked for unconditionally (``auto`` is not)."""
+        return (
+            dataclasses.replace(self, restarts="off" if self.restarts == "auto" else self.restarts)
+            != TrainPairsConfig()
+        )
+
+
+def restart_models(init_path: str | Path, required: bool = True, limit: int | None = None) -> list[Path]:
+    """The models of the restarts of the ``sft --restarts`` run at ``init_path`` (the run or its ``model/``) but the
+    kept one: a finished restart's ``model/``, one that successive halving stopped its probe checkpoint; with
+    ``limit``, the best ``limit`` by validation accuracy (at the end, else at the probe), in restart order. Not such
+    a run: a UserError if ``required``, else no models."""
+    p = Path(init_path).resolve()
+    run = next((d for d in (p, p.parent) if (d / "restarts").is_dir()), None)
+    if run is None and not required:
+        return []
+    if run is None:
+        raise UserError(f"--train-pairs.restarts: {init_path} is not an `sft --restarts` run (no restarts/ directory)")
+    try:
+        summary = json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        summary = {}  # no (readable) summary: every restart is sampled
+    kept = summary.get("selected_restart")
+    score = {}
+    for c in summary.get("candidates", []):
+        probe = c.get("probe") or {}
+        score[c["restart"]] = c.get("val_accuracy", probe.get("val_accuracy", 0.0))
+    found = []
+    for d in sorted((d for d in (run / "restarts").iterdir() if d.name.isdigit()), key=lambda d: int(d.name)):
+        k = int(d.name)
+        if k == kept:
+            continue
+        if (d / "model").is_dir():
+            found.append((k, d / "model"))
+        elif (d / "probe.json").is_file():
+            step = json.loads((d / "probe.json").read_text())["step"]
+            if (d / "checkpoints" / f"step-{step:08d}").is_dir():
+                found.append((k, d / "checkpoints" / f"step-{step:08d}"))
+    if limit is not None:
+        best = sorted(found, key=lambda x: (-score.get(x[0], 0.0), x[0]))[:limit]
+        found = sorted(best)
+    return [path for _, path in found]
+
+
+def training_pairs(
+    model,
+    tokenizer,
+    problems: Sequence[Problem],
+    cfg: PairDataConfig,
+    extra: TrainPairsConfig,
+    others: Sequence[tuple[str, object, object]] = (),
+) -> tuple[list[PreferencePair], dict]:
+    """The RM's training pairs from ``model``, the ``others`` (name, model, tokenizer: the restarts) and synthetic
+    corruptions, in that order, a pair an earlier source gave dropped; returns (pairs, info).
+
+    With ``extra`` at its defaults and no ``others`` this is exactly ``on_policy_pairs(model, tokenizer, problems, cfg)``.
+    """
+    pc = dataclasses.replace(
+        cfg,
+        temperature=extra.temperature or cfg.temperature,
+        samples_per_prompt=extra.samples_per_prompt or cfg.samples_per_prompt,
+    )
+    pairs, st = on_policy_pairs(model, tokenizer, problems, pc, num_prompts=len(problems))
+    info: dict = {"source": "policy", **stats_dict(st)}
+    sources = [pairs]
+    for name, other, other_tok in others:
+        p, s = on_policy_pairs(other, other_tok, problems, pc, num_prompts=len(problems))
+        sources.append(p)
+        info.setdefault("others", {})[name] = stats_dict(s)
+    if extra.synthetic_per_prompt:
+        sources.append(synthetic_pairs(problems, per_prompt=extra.synthetic_per_prompt, seed=cfg.seed))
+    seen: set = set()
+    out: list[PreferencePair] = []
+    for src in sources:
+        for p in src:
+            key = (p.prompt, p.chosen, p.rejected)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    info.update(policy_pairs=len(pairs), pairs=len(out))
+    return out, info

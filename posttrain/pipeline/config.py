@@ -30,7 +30,7 @@ from posttrain.pipeline.corpus import CorpusConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.dpo import DPOConfig
 from posttrain.trainers.policy_gradient import PolicyGradientConfig
-from posttrain.trainers.reward import RECIPE as RM_RECIPE
+from posttrain.trainers.reward import RECIPE_V1 as RM_RECIPE
 from posttrain.trainers.reward import RMConfig
 from posttrain.trainers.sft import PRESETS as SFT_PRESETS
 from posttrain.trainers.sft import SFTConfig
@@ -196,8 +196,9 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # The presets carry the sections whose pipeline defaults differ from the stage config's own field defaults, so that
 # a [dedup] or [rm] section of a --config file changes only the fields it names (a section is built from the
 # preset's dict merged with the file's, not from the field's default factory).
-# The rm stage: the RM recipe at half its steps and on 4000 of its ~9000 prompts (~190 s instead of ~375 s of the
-# 10-minute demo; its job here is RM best-of-N over SFT samples). `posttrain rm --preset tiny` is the full recipe.
+# The rm stage: the previous RM recipe (`rm --preset tiny_v1`: pairs of the SFT model alone) at half its steps and on
+# 4000 of its ~9000 prompts (~190 s instead of ~375 s of the 10-minute demo; its job here is RM best-of-N over SFT
+# samples). `posttrain rm --preset tiny` is the full recipe (3000 steps, the other SFT restarts' pairs too).
 RM_PIPELINE: dict = _merge(json.loads(json.dumps(RM_RECIPE)), {"steps": 1000, "pairs": {"num_prompts": 4000}})
 _TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": SFT_PRESETS["tiny"]}
 PRESETS: dict[str, dict] = {

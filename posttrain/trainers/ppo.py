@@ -173,7 +173,7 @@ class PPOTrainer:
         if cfg.critic_source == "reward_model":
             from posttrain.rewards.reward_model import load_reward_model  # lazy: a checkpoint reader
 
-            rm = load_reward_model(cfg.reward_model).model
+            rm = load_reward_model(cfg.critic_init_path).model
         if cfg.value_model == "shared":
             head = ValueHead(int(init_model.config.d_model))
             if rm is not None:

@@ -63,7 +63,7 @@ class PPOConfig(TrainerConfig):
         "auto",
         "critic initialisation: reward_model (its backbone and head: N+ implementation "
         "details, OpenRLHF) | policy (a copy of --init, head at 0) | auto (reward_model when "
-        "--reward-model is given)",
+        "--value-init-path or --reward-model is given)",
         choices=("auto", "reward_model", "policy"),
     )
     critic_warmup: int = knob(
@@ -185,6 +185,11 @@ class PPOConfig(TrainerConfig):
         "processes (FSDP2; the frozen reference stays whole on each, rollouts sample from a replica refreshed "
         "each step); checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
     )
+    value_init_path: str | None = knob(
+        None,
+        "a `posttrain rm` checkpoint the critic starts from (value_init reward_model or auto) without being the "
+        "reward, e.g. with --reward exact_match; None = --reward-model",
+    )
 
     def __post_init__(self):
         check_fields(self)
@@ -204,18 +209,25 @@ class PPOConfig(TrainerConfig):
         names = parse_reward_spec(self.reward) if self.reward else {}
         if "reward_model" in names and not self.reward_model:
             raise ConfigError("reward 'reward_model' needs --reward-model RM_CHECKPOINT (a `posttrain rm` output)")
-        if self.value_init == "reward_model" and not self.reward_model:
-            raise ConfigError("value_init=reward_model needs --reward-model RM_CHECKPOINT")
+        if self.value_init == "reward_model" and not self.critic_init_path:
+            raise ConfigError("value_init=reward_model needs --value-init-path or --reward-model RM_CHECKPOINT")
+        if self.value_init == "policy" and self.value_init_path:
+            raise ConfigError("value_init_path is an RM for the critic: it contradicts value_init=policy")
 
     @property
     def reward_spec(self) -> str:
         return self.reward or ("reward_model:1.0" if self.reward_model else DEFAULT_REWARD)
 
     @property
+    def critic_init_path(self) -> str | None:
+        """The RM checkpoint the critic starts from when ``critic_source`` is reward_model."""
+        return self.value_init_path or self.reward_model
+
+    @property
     def critic_source(self) -> str:
         return (
             "reward_model"
-            if self.value_init == "reward_model" or (self.value_init == "auto" and self.reward_model)
+            if self.value_init == "reward_model" or (self.value_init == "auto" and self.critic_init_path)
             else "policy"
         )
 

@@ -62,7 +62,7 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
-from posttrain.on_policy_pairs import on_policy_pairs
+from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
@@ -70,6 +70,7 @@ from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
     load_checkpoint,
+    load_policy,
     restore_rng,
     rng_state,
     save_checkpoint,
@@ -120,6 +121,10 @@ class RMConfig(TrainerConfig):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
+        if self.data and self.train_pairs.requested():
+            raise ConfigError(
+                "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
+            )
 
     # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
     model_path: str | None = model_path_knob()
@@ -134,13 +139,20 @@ class RMConfig(TrainerConfig):
         "under torchrun: shard the reward model's parameters, gradients and optimizer state over the processes "
         "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
     )
+    train_pairs: TrainPairsConfig = knob(
+        factory=TrainPairsConfig,
+        help="training pairs only (more samples, restarts, synthetic); held-out pairs keep --pairs",
+    )
 
 
 # The recipe behind the >= 0.85 held-out pairwise accuracy of docs/rm.md (benchmarks/bench_rm.py): verifier-labelled
 # pairs are free, so sample the --init SFT model 16 times on every training prompt, keep up to 8 (correct, wrong)
-# pairs per prompt (the reference answer as chosen where no sample is right), and train 2000 steps of 64 pairs.
-# Held-out pairs: the same construction on every held-out prompt. Without --init: synthetic pairs, same steps.
-RECIPE: dict = {
+# pairs per prompt (the reference answer as chosen where no sample is right), and train 3000 steps of 64 pairs; when
+# --init is an `sft --restarts` run its other (weaker) restarts are sampled the same way for training pairs too
+# (restarts: auto; a strong kept restart leaves few, near wrong answers). Held-out pairs: the kept model's samples on
+# every held-out prompt, as before. Without --init: synthetic pairs, same steps. RECIPE_V1 is the recipe before the
+# restarts source (pairs of --init alone, 2000 steps: `--preset tiny_v1`).
+RECIPE_V1: dict = {
     "steps": 2000,
     "batch_size": 64,
     "eval_every": 250,
@@ -148,9 +160,11 @@ RECIPE: dict = {
     "eval_prompts": 1000,
     "pairs": {"num_prompts": 9000, "samples_per_prompt": 16, "max_pairs_per_prompt": 8, "gold_chosen": True},
 }
+RECIPE: dict = {**RECIPE_V1, "steps": 3000, "train_pairs": {"restarts": "auto"}}
 
 PRESETS: dict[str, dict] = {
     "tiny": RECIPE,
+    "tiny_v1": RECIPE_V1,
     "classic": {},  # the field defaults: 300 steps on <= 2 on-policy pairs of each of 4096 prompts (0.553 in issue 14)
     "small": {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
 }
@@ -198,6 +212,11 @@ def save_reward_checkpoint(
 # the trainer
 
 
+def _load_other(path):
+    ck = load_policy(path, role="rm --train-pairs.restarts")
+    return ck.model, ck.tokenizer
+
+
 def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
     source = cfg.source if cfg.source != "auto" else ("policy" if init is not None else "synthetic")
     if source == "policy" and init is None:
@@ -220,8 +239,21 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
         pairs, st = on_policy_pairs(init.model, init.tokenizer, problems, cfg.pairs, num_prompts=len(problems))
         return pairs, {"source": "policy", **stats_dict(st)}
 
+    plain = source == "synthetic" or cfg.train_pairs == TrainPairsConfig()  # the pairs of before --train-pairs
+    if source == "synthetic" and cfg.train_pairs.requested():
+        raise UserError("--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)")
+
+    def build_train():  # the held-out pairs never see --train-pairs.* (the test stays the same)
+        if plain:
+            return build(train_p)
+        mode = cfg.train_pairs.restarts
+        paths = restart_models(cfg.init, mode == "on", cfg.train_pairs.max_restarts) if mode != "off" else []
+        others = [(str(p), *_load_other(p)) for p in paths]
+        return training_pairs(init.model, init.tokenizer, train_p, cfg.pairs, cfg.train_pairs, others)
+
     print(f"building {source} preference pairs ...")
-    train, info = cached_pairs(out / "pairs.jsonl", meta, lambda: build(train_p))
+    train_meta = meta if plain else {**meta, "train_pairs": dataclasses.asdict(cfg.train_pairs)}
+    train, info = cached_pairs(out / "pairs.jsonl", train_meta, build_train)
     held, held_info = cached_pairs(out / "eval_pairs.jsonl", meta, lambda: build(held_p))
     return train, held, {"train": info, "heldout": held_info}
 

@@ -200,6 +200,33 @@ def test_reward_model_scores_and_initialises_the_critic(sft_dir, tmp_path):
     assert m["reward_mean"] != 0.0
 
 
+def test_value_init_path_starts_the_critic_from_an_rm_that_is_not_the_reward(sft_dir, tmp_path, monkeypatch):
+    ck = load_checkpoint(sft_dir)
+    rm = RewardModel(ck.model)
+    torch.nn.init.normal_(rm.head.proj.weight)
+    rm_dir = save_reward_checkpoint(tmp_path / "rm", rm, ck.tokenizer, {"trainer": "rm", "step": 0})
+    loads = []
+    import posttrain.rewards.reward_model as rm_mod
+
+    real = rm_mod.load_reward_model
+    monkeypatch.setattr(rm_mod, "load_reward_model", lambda p, *a, **k: loads.append(str(p)) or real(p, *a, **k))
+    for value_init in ("auto", "reward_model"):
+        c = cfg(sft_dir, tmp_path / value_init, reward="exact_match:1.0", value_init_path=str(rm_dir),
+                value_init=value_init, steps=1)  # fmt: skip
+        t = PPOTrainer(c)
+        assert c.reward_spec == "exact_match:1.0" and c.critic_source == "reward_model"
+        assert torch.equal(t.critic.head.proj.weight, rm.head.proj.weight)  # the RM's head and backbone
+        rm_sd = rm.backbone.state_dict()
+        assert all(torch.equal(v, rm_sd[k]) for k, v in t.critic.backbone.state_dict().items())
+        rewards = t.reward_fn(["1+1="], ["2"], answer=["2"])
+        assert rewards == [1.0]  # the verifier, not the RM
+    assert loads == [str(rm_dir)] * 2  # loaded for the critic only, once per run
+    with pytest.raises(ConfigError, match="contradicts value_init=policy"):
+        cfg(sft_dir, tmp_path / "x", value_init_path=str(rm_dir), value_init="policy")
+    with pytest.raises(ConfigError, match="needs --value-init-path or --reward-model"):
+        cfg(sft_dir, tmp_path / "x", value_init="reward_model")
+
+
 def test_config_errors(sft_dir, tmp_path):
     with pytest.raises(UserError, match="--init"):
         PPOTrainer(PPOConfig(out=str(tmp_path / "x"), progress=False))
