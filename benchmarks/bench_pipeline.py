@@ -28,18 +28,23 @@ POLICIES = ("sft", "rm_best_of_n", "dpo", "grpo", "ppo", "sft_raw")
 TIMED = ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo")
 
 
-def run_seed(seed: int, work: Path, jobs: int, extra: str) -> dict:
+def run_seed(seed: int, work: Path, jobs: int, extra: str, collect: bool = False) -> dict:
     out = work / f"seed{seed}"
     cmd = [sys.executable, "-m", "posttrain", "pipeline", "--preset", "tiny", "--seed", str(seed)]
     cmd += ["--jobs", str(jobs), "--quiet", "--out", str(out), *shlex.split(extra)]
-    print("$ " + shlex.join(cmd), flush=True)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if collect:  # a finished run's summary as it is (its commit is in it), nothing re-run
+        if not (out / "summary.json").is_file():
+            print(f"seed {seed}: no {out / 'summary.json'}", flush=True)
+            return {"failed": "missing", "command": cmd}
+    else:
+        print("$ " + shlex.join(cmd), flush=True)
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        (work / f"seed{seed}.log").write_text(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            print(f"seed {seed}: failed (exit {proc.returncode}); see {work / f'seed{seed}.log'}", flush=True)
+            return {"failed": proc.returncode, "command": cmd}
     wall = time.perf_counter() - t0
-    (work / f"seed{seed}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        print(f"seed {seed}: failed (exit {proc.returncode}); see {work / f'seed{seed}.log'}", flush=True)
-        return {"failed": proc.returncode, "command": cmd}
     s = json.loads((out / "summary.json").read_text())
     dedup = s["stages"]["dedup"]["metrics"]
     return {
@@ -50,6 +55,7 @@ def run_seed(seed: int, work: Path, jobs: int, extra: str) -> dict:
         "pass@k": {k: v["pass@k"] for k, v in s["heldout"].items() if v.get("pass@k") is not None},
         "stage_seconds": {k: s["stages"][k]["wall_s"] for k in TIMED if k in s["stages"]},
         "statuses": {k: v["status"] for k, v in s["stages"].items()},
+        "commit": s.get("commit"),
         "rm_pairwise_accuracy": s["stages"].get("rm", {}).get("metrics", {}).get("heldout_pairwise_accuracy"),
         "dedup_removed": {k: dedup.get(f"removed.{k}") for k in ("exact", "near", "contamination")},
     }
@@ -96,7 +102,9 @@ def print_report(results: dict[int, dict], agg: dict) -> None:
                 cells.append(f"{a[p]:>7.3f} ({(a[p] - a['sft']) * 100:+5.1f})")
         rm = r["rm_pairwise_accuracy"]
         print(
-            f"{seed:>4}  " + "  ".join(cells) + f"  {rm if rm is None else f'{rm:.3f}':>11}  {r['wall_seconds']:>9.0f}"
+            f"{seed:>4}  "
+            + "  ".join(cells)
+            + f"  {rm if rm is None else f'{rm:.3f}':>11}  {r['pipeline_seconds'] or 0:>9.0f}"
         )
     print()
     for p in POLICIES:
@@ -112,9 +120,12 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="each pipeline's --jobs (results do not depend on it)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "pipeline_seeds")
     ap.add_argument("--pipeline-args", default="", help="extra flags for every `posttrain pipeline` call")
+    ap.add_argument(
+        "--collect-only", action="store_true", help="read WORK/seedS/summary.json of finished runs, run nothing"
+    )
     args = ap.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    results = {seed: run_seed(seed, args.work, args.jobs, args.pipeline_args) for seed in args.seeds}
+    results = {seed: run_seed(seed, args.work, args.jobs, args.pipeline_args, args.collect_only) for seed in args.seeds}
     agg = aggregate(results)
     print_report(results, agg)
     path = args.work / "pipeline_outcomes.json"
