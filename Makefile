@@ -27,7 +27,7 @@ venv: $(STAMP_CORE)
 dev: $(STAMP_DEV)
 
 demo: $(STAMP_CORE)
-	$(BIN)/posttrain pipeline --preset tiny --jobs 3 --out $(DEMO_OUT)
+	$(BIN)/posttrain pipeline --preset tiny --jobs 2 --out $(DEMO_OUT)
 
 test: $(STAMP_DEV)
 	$(BIN)/ruff check posttrain tests benchmarks
