@@ -196,11 +196,12 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # The presets carry the sections whose pipeline defaults differ from the stage config's own field defaults, so that
 # a [dedup] or [rm] section of a --config file changes only the fields it names (a section is built from the
 # preset's dict merged with the file's, not from the field's default factory).
-# The rm stage: the previous RM recipe (`rm --preset tiny_v1`: pairs of the SFT model alone) at 600 of its 2000 steps
-# and on 4000 of its ~9000 prompts (~110 s instead of ~375 s: with --jobs 2 it runs after grpo in the lane that sets
-# the demo's length, and the demo must stay under 10 minutes). `posttrain rm --preset tiny` is the full recipe
+# The rm stage: the previous RM recipe (`rm --preset tiny_v1`: pairs of the SFT model alone) at 400 of its 2000 steps
+# and on 2000 of its ~9000 prompts (~80 s instead of ~375 s: with --jobs 2 it runs after grpo, in the lane that sets
+# the demo's length, and the demo must stay under 10 minutes; at 1000 steps on 4000 prompts it was 165 s of a
+# 10 min 7 s demo). Too short to be a good RM (docs/pipeline.md); `posttrain rm --preset tiny` is the full recipe
 # (3000 steps, the other SFT restarts' pairs too; 0.86-0.92 held-out pairwise accuracy, docs/rm.md).
-RM_PIPELINE: dict = _merge(json.loads(json.dumps(RM_RECIPE)), {"steps": 600, "pairs": {"num_prompts": 4000}})
+RM_PIPELINE: dict = _merge(json.loads(json.dumps(RM_RECIPE)), {"steps": 400, "pairs": {"num_prompts": 2000}})
 # The sft and sft_raw stages: `sft --preset tiny` with 4 of its 5 restarts (each restart is trained alone, seeded by
 # (seed, K), so dropping the last one changes the kept model only where restart 4 won: on seeds 0-2 the clean
 # SFT keeps restart 3 / 0 / 1 either way), ~25 s off the demo's critical path.

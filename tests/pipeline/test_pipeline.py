@@ -224,9 +224,9 @@ def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its
     from posttrain.trainers import reward, sft
 
     recipe = build_config(reward.RMConfig, reward.PRESETS["tiny_v1"])  # `posttrain rm --preset tiny_v1`
-    short = dataclasses.replace(recipe, steps=600, pairs=dataclasses.replace(recipe.pairs, num_prompts=4000))
+    short = dataclasses.replace(recipe, steps=400, pairs=dataclasses.replace(recipe.pairs, num_prompts=2000))
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
-    assert tiny.rm == short == PipelineConfig().rm  # the previous recipe at 600 of its 2000 steps, on 4000 prompts
+    assert tiny.rm == short == PipelineConfig().rm  # the previous recipe at 400 of its 2000 steps, on 2000 prompts
     sft_tiny = build_config(sft.SFTConfig, sft.PRESETS["tiny"])  # `posttrain sft --preset tiny`, 4 of its 5 restarts
     assert sft_tiny.restarts == 5 and tiny.sft == dataclasses.replace(sft_tiny, restarts=4)
     (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")
