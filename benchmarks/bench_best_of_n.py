@@ -1,0 +1,47 @@
+"""Best-of-N of any reward models over a pipeline run's SFT samples, drawn exactly as the eval stage draws them.
+
+    .venv/bin/python benchmarks/bench_best_of_n.py runs/demo runs/demo/rm/model runs/rm_other/model [--k 8]
+
+For comparing rm-stage variants without re-running the pipeline: the SFT checkpoint of RUN samples k completions
+per held-out problem from the eval stage's generator (seeded by (seed, "sft")), so with the run's own k the SFT
+row equals the run's eval row and the run's own RM gives its `rm best-of-N` number (checked on seed 0). Each RM
+then picks its top-scoring sample per problem (``pipeline.evaluate.best_of_n``). Embedded task only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import zlib
+from pathlib import Path
+
+from posttrain.pipeline.evaluate import best_of_n, evaluate_policy
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", type=Path, help="a finished `posttrain pipeline` run directory")
+    ap.add_argument("rms", nargs="+", help="reward-model checkpoints (`posttrain rm` model/ directories)")
+    ap.add_argument("--k", type=int, default=None, help="samples per problem (default: the run's eval samples)")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's)")
+    args = ap.parse_args()
+    cfg = json.loads((args.run / "sft" / "config.resolved.json").read_text())
+    ev = json.loads((args.run / "eval" / "summary.json").read_text())
+    pairs = [(p.prompt, p.answer) for p in ArithmeticTask(ArithmeticConfig(**cfg["task"])).eval_problems()]
+    k = args.k or ev["samples"]
+    seed = zlib.crc32(f"{cfg['seed']}:sft".encode())
+    temperature = ev["temperature"] if args.temperature is None else args.temperature
+    r = evaluate_policy(args.run / "sft" / "model", pairs, k, temperature, 8, seed)  # 8: eval.max_new_tokens
+    print(
+        f"SFT greedy {r['greedy_accuracy']:.4f}  T={temperature}: pass@1 {r['pass@1']:.4f}  pass@{k} {r['pass@k']:.4f}"
+        f"  ({len(pairs)} problems)"
+    )
+    for rm in args.rms:
+        b = best_of_n(Path(rm), pairs, r["samples"], r["correct"])
+        print(f"best-of-{b['N']} {b['accuracy']:.4f}  {rm}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
