@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_best_of_n.py runs/demo runs/demo/rm/model runs/rm_other/model [--k 8]
 
 For comparing rm-stage variants without re-running the pipeline: the SFT checkpoint of RUN samples k completions
-per held-out problem from the eval stage's generator (seeded by (seed, "sft")), so with the run's own k the SFT
+per held-out problem with the eval stage's settings (read from its cache key, `.pipeline/eval.json`) and generator
+(seeded by (seed, "sft")), so with the run's own k the SFT
 row equals the run's eval row and the run's own RM gives its `rm best-of-N` number (checked on seed 0). Each RM
 then picks its top-scoring sample per problem (``pipeline.evaluate.best_of_n``). Embedded task only.
 """
@@ -26,13 +27,16 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=None, help="samples per problem (default: the run's eval samples)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the run's)")
     args = ap.parse_args()
-    cfg = json.loads((args.run / "sft" / "config.resolved.json").read_text())
-    ev = json.loads((args.run / "eval" / "summary.json").read_text())
-    pairs = [(p.prompt, p.answer) for p in ArithmeticTask(ArithmeticConfig(**cfg["task"])).eval_problems()]
+    key_file = args.run / ".pipeline" / "eval.json"
+    if not key_file.is_file() or not (args.run / "sft" / "model").is_dir():
+        ap.error(f"{args.run}: not a finished `posttrain pipeline` run (no {key_file} or sft/model)")  # exit 2
+    key = json.loads(key_file.read_text())["fields"]  # the eval stage's cache key
+    ev, seed = key["config"]["eval"], key["seed"]
+    pairs = [(p.prompt, p.answer) for p in ArithmeticTask(ArithmeticConfig(**key["config"]["task"])).eval_problems()]
     k = args.k or ev["samples"]
-    seed = zlib.crc32(f"{cfg['seed']}:sft".encode())
     temperature = ev["temperature"] if args.temperature is None else args.temperature
-    r = evaluate_policy(args.run / "sft" / "model", pairs, k, temperature, 8, seed)  # 8: eval.max_new_tokens
+    sample_seed = zlib.crc32(f"{seed}:sft".encode())  # as pipeline.evaluate.run_eval_stage seeds the SFT samples
+    r = evaluate_policy(args.run / "sft" / "model", pairs, k, temperature, ev["max_new_tokens"], sample_seed)
     print(
         f"SFT greedy {r['greedy_accuracy']:.4f}  T={temperature}: pass@1 {r['pass@1']:.4f}  pass@{k} {r['pass@k']:.4f}"
         f"  ({len(pairs)} problems)"

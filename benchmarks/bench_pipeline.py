@@ -53,9 +53,7 @@ def run_seed(seed: int, work: Path, jobs: int, extra: str, collect: bool = False
         "pipeline_seconds": s.get("total_seconds"),
         "accuracy": {k: v["greedy"] for k, v in s["heldout"].items() if v.get("greedy") is not None},
         "pass@k": {k: v["pass@k"] for k, v in s["heldout"].items() if v.get("pass@k") is not None},
-        "stage_seconds": {
-            k: s["stages"][k]["wall_s"] for k in TIMED if "wall_s" in s["stages"].get(k, {})
-        },  # not skipped
+        "stage_seconds": {k: st["wall_s"] for k in TIMED if "wall_s" in (st := s["stages"].get(k, {}))},  # ran
         "statuses": {k: v["status"] for k, v in s["stages"].items()},
         "commit": s.get("commit"),
         "rm_pairwise_accuracy": s["stages"].get("rm", {}).get("metrics", {}).get("heldout_pairwise_accuracy"),
