@@ -41,11 +41,13 @@ class ValueHead(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.proj(hidden.to(self.proj.weight.dtype)).squeeze(-1)
 
-    def copy_from(self, linear: nn.Linear) -> "ValueHead":
-        """Start from a reward model's ``ScalarHead.proj`` (same D -> 1 shape)."""
+    def copy_from(self, linear: nn.Linear, scale: float = 1.0, shift: float = 0.0) -> "ValueHead":
+        """Start from a reward model's ``ScalarHead.proj`` (same D -> 1 shape), as ``V = scale * RM + shift``: with
+        an RM's saved statistics and the reward's weight w, ``scale = w / std`` and ``shift = -w * mean / std`` put
+        the values in the units of the z-scored reward ``w * (RM - mean) / std`` instead of the RM's raw scale."""
         with torch.no_grad():
-            self.proj.weight.copy_(linear.weight)
-            self.proj.bias.copy_(linear.bias)
+            self.proj.weight.copy_(linear.weight * scale)
+            self.proj.bias.copy_(linear.bias * scale + shift)
         return self
 
 
@@ -89,10 +91,11 @@ class ValueModel(nn.Module):
         return cls(copy.deepcopy(policy))
 
     @classmethod
-    def from_reward_model(cls, reward_model: nn.Module) -> "ValueModel":
-        """A critic on a deep copy of a ``heads.RewardModel``'s backbone, its head copied from the RM's scalar head."""
+    def from_reward_model(cls, reward_model: nn.Module, scale: float = 1.0, shift: float = 0.0) -> "ValueModel":
+        """A critic on a deep copy of a ``heads.RewardModel``'s backbone, its head copied from the RM's scalar head
+        (``V = scale * RM + shift``, :meth:`ValueHead.copy_from`)."""
         critic = cls(copy.deepcopy(reward_model.backbone))
-        critic.head.copy_from(reward_model.head.proj)
+        critic.head.copy_from(reward_model.head.proj, scale, shift)
         return critic
 
 

@@ -169,17 +169,20 @@ class PPOTrainer:
 
     def _build_critic(self, init_model):
         cfg = self.cfg
-        rm = None
+        rm, scale, shift = None, 1.0, 0.0
         if cfg.critic_source == "reward_model":
             from posttrain.rewards.reward_model import load_reward_model  # lazy: a checkpoint reader
 
-            rm = load_reward_model(cfg.critic_init_path).model
+            loaded = load_reward_model(cfg.critic_init_path)
+            rm, (scale, shift) = loaded.model, cfg.critic_scale(loaded.stats)
         if cfg.value_model == "shared":
             head = ValueHead(int(init_model.config.d_model))
             if rm is not None:
-                head.copy_from(rm.head.proj)
+                head.copy_from(rm.head.proj, scale, shift)
             return None, head
-        critic = ValueModel.from_reward_model(rm) if rm is not None else ValueModel.from_policy(init_model)
+        critic = (
+            ValueModel.from_reward_model(rm, scale, shift) if rm is not None else ValueModel.from_policy(init_model)
+        )
         return critic.train(), None
 
     def _restore(self, ckpt, critic_module) -> None:

@@ -11,6 +11,7 @@ from posttrain.cli import main
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.models.heads import RewardModel, RewardStats
+from posttrain.rewards.reward_model import load_reward_model
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
@@ -195,9 +196,19 @@ def test_reward_model_scores_and_initialises_the_critic(sft_dir, tmp_path):
     )
     t = PPOTrainer(cfg(sft_dir, tmp_path / "p", reward_model=str(rm_dir), steps=1))
     assert t.cfg.reward_spec == "reward_model:1.0" and t.cfg.critic_source == "reward_model"
-    assert torch.equal(t.critic.head.proj.weight, rm.head.proj.weight)
+    # the critic starts in the reward's units: V = (RM - mean) / std with the RM's saved statistics (0.5, 2.0)
+    h = torch.randn(5, rm.head.proj.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(t.critic.head(h), (rm.head.proj(h).squeeze(-1) - 0.5) / 2.0, atol=1e-6, rtol=1e-5)
+        texts = (["1+1=", "2+3="], ["2", "7"])
+        z = torch.tensor(t.reward_fn(*texts, answer=["2", "5"]))  # the reward the returns are made of
+        torch.testing.assert_close(z, (torch.tensor(load_reward_model(rm_dir)(*texts, normalize=False)) - 0.5) / 2.0)
     m = t.train_step(0)
     assert m["reward_mean"] != 0.0
+    # a weighted spec: V = w * (RM - mean) / std, w the RM's weight
+    t2 = PPOTrainer(cfg(sft_dir, tmp_path / "p2", reward_model=str(rm_dir), reward="reward_model:3.0,format:0.1"))
+    with torch.no_grad():
+        torch.testing.assert_close(t2.critic.head(h), 3.0 * (rm.head.proj(h).squeeze(-1) - 0.5) / 2.0)
 
 
 def test_value_init_path_starts_the_critic_from_an_rm_that_is_not_the_reward(sft_dir, tmp_path, monkeypatch):
@@ -221,6 +232,13 @@ def test_value_init_path_starts_the_critic_from_an_rm_that_is_not_the_reward(sft
         rewards = t.reward_fn(["1+1="], ["2"], answer=["2"])
         assert rewards == [1.0]  # the verifier, not the RM
     assert loads == [str(rm_dir)] * 2  # loaded for the critic only, once per run
+    # with saved statistics, an RM that only starts the critic is z-scored (w = 1)
+    rm_z = save_reward_checkpoint(tmp_path / "rmz", rm, ck.tokenizer, {"trainer": "rm", "step": 0},
+                                  stats=RewardStats(-1.0, 4.0, 10))  # fmt: skip
+    t = PPOTrainer(cfg(sft_dir, tmp_path / "z", reward="exact_match:1.0", value_init_path=str(rm_z), steps=1))
+    h = torch.randn(3, rm.head.proj.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(t.critic.head(h), (rm.head.proj(h).squeeze(-1) + 1.0) / 4.0)
     with pytest.raises(ConfigError, match="contradicts value_init=policy"):
         cfg(sft_dir, tmp_path / "x", value_init_path=str(rm_dir), value_init="policy")
     with pytest.raises(ConfigError, match="needs --value-init-path or --reward-model"):

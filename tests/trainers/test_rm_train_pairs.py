@@ -168,15 +168,24 @@ def test_restarts_auto(restarts_run, tmp_path):
     assert len(c["pairs"]["train"]["others"]) == 2  # a restarts run: auto = on
 
 
-def test_tiny_recipe_and_the_previous_one():
+def test_tiny_recipe_and_the_previous_ones():
     from posttrain.config import build_config
     from posttrain.trainers.reward import PRESETS
 
-    new, old = (build_config(RMConfig, PRESETS[p]) for p in ("tiny", "tiny_v1"))
-    assert (new.steps, new.train_pairs.restarts, old.steps, old.train_pairs) == (3000, "auto", 2000, TrainPairsConfig())
-    assert dataclasses.replace(new, steps=2000, train_pairs=TrainPairsConfig()) == old  # nothing else differs
+    new, v2, v1 = (build_config(RMConfig, PRESETS[p]) for p in ("tiny", "tiny_v2", "tiny_v1"))
+    assert (new.steps, new.train_pairs) == (3000, TrainPairsConfig(restarts="off", samples_per_prompt=32))
+    assert (v2.steps, v2.train_pairs, v1.steps, v1.train_pairs) == (
+        3000,
+        TrainPairsConfig(restarts="auto"),
+        2000,
+        TrainPairsConfig(),
+    )
+    # nothing else differs
+    assert dataclasses.replace(new, steps=2000, train_pairs=TrainPairsConfig()) == v1
+    assert dataclasses.replace(v2, steps=2000, train_pairs=TrainPairsConfig()) == v1
     assert (
-        old.pairs
+        v1.pairs
+        == v2.pairs
         == new.pairs
         == PairDataConfig(num_prompts=9000, samples_per_prompt=16, max_pairs_per_prompt=8, gold_chosen=True)
-    )  # the held-out pairs' construction is the same in both
+    )  # the held-out pairs' construction is the same in all three
