@@ -43,7 +43,7 @@ def main() -> int:
     )
     for rm in args.rms:
         b = best_of_n(Path(rm), pairs, r["samples"], r["correct"])
-        print(f"best-of-{b['N']} {b['accuracy']:.4f}  {rm}")
+        print(f"best-of-{b['N']} {b['accuracy']:.4f}  weighted {b['weighted_accuracy']:.4f}  {rm}")
     return 0
 
 

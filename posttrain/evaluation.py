@@ -8,6 +8,9 @@ per prompt, keep the one a scorer (a reward function, e.g. the RM) ranks highest
     best_of_n = (1/n) sum_i [verify(y_i*, a_i)],  y_i* = argmax_j score(x_i, y_ij)   (ties: the first)
     pass@N    = (1/n) sum_i [max_j verify(y_ij, a_i)]      (an oracle scorer reaches it exactly)
 
+``rule="weighted"`` picks by answer instead (best-of-N weighted, :func:`posttrain.models.heads.weighted_best_of_n`):
+samples with the same stripped text pool their softmax(score) weights and the heaviest answer wins.
+
 Used by every trainer's periodic evaluation and by ``posttrain eval``. :func:`fit_prompts` checks an
 evaluation set against the tokenizer and the model's window at load time (unknown characters, the
 ``--long`` policy; see :mod:`posttrain.data.checks`); :func:`sample_line` formats a sample for printing
@@ -78,10 +81,14 @@ def sample_line(s: dict) -> str:
     return f"  {printable(s['prompt'])}{printable(s['completion']):<6} {verdict}"
 
 
+BEST_OF_RULES = ("max", "weighted")
+
+
 @dataclass
 class BestOfNResult:
     num_samples: int  # N
     n: int  # prompts
+    rule: str  # max | weighted
     best_of_n_accuracy: float  # the scorer's pick is correct
     pass_at_n: float  # at least one of the N samples is correct (the oracle's best-of-N)
     sample_accuracy: float  # the fraction of all samples that are correct (one sample's expected accuracy)
@@ -90,6 +97,7 @@ class BestOfNResult:
     def summary(self) -> dict:
         return {
             "best_of": self.num_samples,
+            "rule": self.rule,
             "n": self.n,
             "best_of_n_accuracy": self.best_of_n_accuracy,
             "pass_at_n": self.pass_at_n,
@@ -113,6 +121,7 @@ def best_of_n_evaluate(
     generator: torch.Generator | None = None,
     keep_samples: int = 0,
     max_prompt_tokens: int | None = None,
+    rule: str = "max",
 ) -> BestOfNResult:
     """Best-of-``num_samples`` accuracy with ``scorer(prompts, completions, answer=...) -> list[float]`` choosing.
 
@@ -120,10 +129,12 @@ def best_of_n_evaluate(
     verifier-as-scorer is the oracle). ``batch_size`` prompts are sampled per call, as :func:`evaluate` does, so with
     N = 1 and the same generator the samples are those of ``evaluate(temperature=...)``.
     """
-    from posttrain.models.heads import best_of_n
+    from posttrain.models.heads import best_of_n, weighted_best_of_n
 
     if len(prompts) != len(answers):
         raise ValueError("prompts and answers differ in length")
+    if rule not in BEST_OF_RULES:
+        raise ValueError(f"rule must be one of {BEST_OF_RULES}, got {rule!r}")
     N = num_samples
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, num_samples=N)
     best_ok = any_ok = all_ok = 0
@@ -146,7 +157,11 @@ def best_of_n_evaluate(
                 f"the best-of-N scorer returned {len(scores)} values for {len(texts)} completions, or a non-finite one"
             )
         ok = torch.tensor([bool(verifier(c, a)) for c, a in zip(texts, rep_a)])
-        idx, _ = best_of_n(torch.tensor(scores, dtype=torch.float64), N)  # (B,) flat indices of the picks
+        r = torch.tensor(scores, dtype=torch.float64)
+        if rule == "weighted":
+            idx = weighted_best_of_n(r, [t.strip() for t in texts], N)  # (B,) flat indices of the picks
+        else:
+            idx, _ = best_of_n(r, N)
         best_ok += int(ok[idx].sum())
         any_ok += int(ok.view(-1, N).any(1).sum())
         all_ok += int(ok.sum())
@@ -165,6 +180,7 @@ def best_of_n_evaluate(
     return BestOfNResult(
         num_samples=N,
         n=n,
+        rule=rule,
         best_of_n_accuracy=best_ok / max(n, 1),
         pass_at_n=any_ok / max(n, 1),
         sample_accuracy=all_ok / max(n * N, 1),

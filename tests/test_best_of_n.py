@@ -8,6 +8,7 @@ import torch
 from posttrain.cli import main
 from posttrain.evaluation import best_of_n_evaluate, evaluate
 from posttrain.models.gpt import GPTConfig
+from posttrain.models.heads import best_of_n, weighted_best_of_n
 from posttrain.rewards.verifiers import exact_match_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 
@@ -103,6 +104,29 @@ def test_picks_the_highest_score_first_on_ties(policy):
     assert [s["completion"] for s in r.samples[-len(picks) :]] == [last[4 * i + j] for i, j in enumerate(picks)]
 
 
+def test_weighted_rule_picks_by_answer(policy):
+    # a scorer that puts a lone answer first: "max" takes it, "weighted" takes the answer the rest share
+    seen = {}
+
+    def scorer(prompts, completions, **_):
+        seen["c"] = list(completions)
+        return [float(len(c.strip())) for c in completions]
+
+    for rule in ("max", "weighted"):
+        r = run(policy, scorer, 4, keep_samples=len(PROMPTS), rule=rule)
+        assert r.rule == rule == r.summary()["rule"]
+        last = seen["c"]
+        k = len(last) // 4
+        scores = torch.tensor([float(len(c.strip())) for c in last])
+        if rule == "max":
+            want = best_of_n(scores, 4)[0].tolist()
+        else:
+            want = weighted_best_of_n(scores, [c.strip() for c in last], 4).tolist()
+        assert [s["completion"] for s in r.samples[-k:]] == [last[i] for i in want]
+    with pytest.raises(ValueError, match="rule must be one of"):
+        run(policy, scorer, 2, rule="vote")
+
+
 def test_bad_scorer_is_a_user_error(policy):
     from posttrain.errors import UserError
 
@@ -154,6 +178,12 @@ def test_eval_cli_best_of_n(sft_dir, tmp_path, capsys):
     picks = [json.loads(x) for x in (out / "best_of_n.jsonl").read_text().splitlines()]
     assert len(picks) == 8 and sum(p["correct"] for p in picks) / 8 == s["best_of_n_accuracy"]
     assert "best-of-4 with" in capsys.readouterr().out
+    w = tmp_path / "ev_w"
+    argv = ["eval", str(sft_dir), "--best-of", "4", "--reward-model", str(rm), "--max-new-tokens", "3"]
+    assert main([*argv, "--best-of-rule", "weighted", "--out", str(w)]) == 0
+    sw = json.loads((w / "summary.json").read_text())
+    assert (s["rule"], sw["rule"]) == ("max", "weighted") and sw["pass_at_n"] == s["pass_at_n"]  # the same samples
+    assert "best-of-4 (weighted) with" in capsys.readouterr().out
     for argv, msg in (
         (["--best-of", "4"], "--best-of N and --reward-model RM go together"),
         (["--best-of", "4", "--reward-model", str(sft_dir)], "is not a reward-model checkpoint"),

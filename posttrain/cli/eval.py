@@ -49,6 +49,13 @@ def add_arguments(p):
         "and verify the one --reward-model scores highest (reported beside greedy accuracy and pass@N)",
     )
     p.add_argument("--reward-model", metavar="RM", help="a `posttrain rm` checkpoint that ranks the --best-of samples")
+    p.add_argument(
+        "--best-of-rule",
+        choices=("max", "weighted"),  # posttrain.evaluation.BEST_OF_RULES (imported lazily, as torch is)
+        default="max",
+        help="max: the top-scored sample; weighted: the answer with the largest total softmax(score) over the samples "
+        "that give it (best-of-N weighted, Snell et al. 2024), its top-scored sample",
+    )
 
 
 def _embedded(ckpt):
@@ -129,9 +136,11 @@ def run(args) -> int:
             generator=gen,
             keep_samples=len(pairs) if args.out else 0,
             max_prompt_tokens=window,
+            rule=args.best_of_rule,
         )
+        rule = " (weighted)" if b.rule == "weighted" else ""
         print(
-            f"best-of-{b.num_samples} with {args.reward_model}: {b.best_of_n_accuracy:.4f}   "
+            f"best-of-{b.num_samples}{rule} with {args.reward_model}: {b.best_of_n_accuracy:.4f}   "
             f"pass@{b.num_samples} (oracle): {b.pass_at_n:.4f}   one sample (T={temperature:g}): "
             f"{b.sample_accuracy:.4f}   greedy: {r.accuracy:.4f}"
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -249,6 +250,45 @@ def best_of_n(rewards: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor
     grouped = rewards.view(-1, n)  # (B, n)
     best, j = grouped.max(-1)  # (B,), (B,)  -- max returns the first maximal index
     return torch.arange(grouped.shape[0], device=rewards.device) * n + j, best
+
+
+def weighted_best_of_n(rewards: torch.Tensor, answers: Sequence[str], n: int) -> torch.Tensor:
+    """Best-of-N weighted: pick the *answer* the RM's scores favour in total, not the single top-scored sample.
+
+    Snell et al. 2024 ("best-of-N weighted", sec. 5) and Uesato et al. 2022 (RM-weighted majority voting): samples
+    that give the same answer pool their weight. With Bradley-Terry scores the weight of sample j of a group is
+    softmax(r)_j, the model's probability that j is the group's best, so an answer's total is the probability that
+    the best sample gives it:
+
+        a* = argmax_a  sum_{j: answer_j = a} exp(r_j) / sum_k exp(r_k),   pick = the best-scored sample with a*
+
+    ``rewards`` (B*n,) and ``answers`` (B*n,) prompt-major as in :func:`best_of_n`; ties (totals within 1e-12,
+    equal scores) go to the first. Returns flat indices (B,). One sample per answer reduces to :func:`best_of_n`; equal
+    scores to a majority vote. Example: rewards [2, 1.5, 1.5, 0], answers ["7", "8", "8", "8"], n=4 -> softmax
+    weights .43/.26/.26/.06, "8" totals .57 > .43: pick index 1 (plain best-of-N would pick 0).
+    """
+    if rewards.dim() != 1 or n < 1 or rewards.numel() % n or len(answers) != rewards.numel():
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by n={n} and one answer each, got shape "
+            f"{tuple(rewards.shape)} and {len(answers)} answers"
+        )
+    weights = torch.softmax(rewards.double().view(-1, n), dim=-1)  # (B, n)
+    picks = []
+    for b in range(weights.shape[0]):
+        total: dict[str, float] = {}
+        best: dict[str, int] = {}
+        for j in range(n):
+            i = b * n + j
+            a = answers[i]
+            total[a] = total.get(a, 0.0) + float(weights[b, j])
+            if a not in best or rewards[i] > rewards[best[a]]:
+                best[a] = i
+        top = max(total.values())
+        # totals within 1e-12 are a tie (sums of the same weights in another order differ in the last bits); dicts
+        # keep first-seen order, so a tie goes to the answer sampled first
+        winner = next(a for a in total if total[a] >= top - 1e-12)
+        picks.append(best[winner])
+    return torch.tensor(picks, dtype=torch.long, device=rewards.device)
 
 
 def combine_rewards(

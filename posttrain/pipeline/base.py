@@ -14,6 +14,7 @@ TRAINED = ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo")
 LABELS = {
     "sft": "SFT",
     "rm_best_of_n": "RM best-of-N over SFT samples",
+    "rm_weighted_best_of_n": "RM best-of-N weighted (same samples)",
     "dpo": "DPO",
     "grpo": "GRPO",
     "ppo": "PPO",
@@ -91,7 +92,7 @@ def heldout_table(ctx) -> dict[str, dict]:
     """stage -> {greedy, pass@1, pass@k, n} from the eval stage (else each trainer's own held-out accuracy)."""
     ev = (ctx.summary("eval") or {}).get("models", {})
     rows = {}
-    for name in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo", "sft_raw"):
+    for name in ("sft", "rm_best_of_n", "rm_weighted_best_of_n", "dpo", "grpo", "ppo", "sft_raw"):
         if name in ev:
             rows[name] = {
                 "greedy": ev[name]["greedy_accuracy"],

@@ -112,22 +112,24 @@ def evaluate_policy(
 
 
 def best_of_n(rm_path: Path, pairs, samples: list[list[str]], correct: list[list[bool]]) -> dict:
+    from posttrain.models.heads import best_of_n as best_of_n_picks
+    from posttrain.models.heads import weighted_best_of_n
     from posttrain.rewards.reward_model import load_reward_model
 
     rm = load_reward_model(rm_path)
     flat_p = [p for (p, _), row in zip(pairs, samples) for _ in row]
     flat_c = [c for row in samples for c in row]
-    scores = rm.score(flat_p, flat_c).tolist()
+    raw = rm.score(flat_p, flat_c).double()
+    scores = raw.tolist()
     k = len(samples[0]) if samples else 0
-    hits, good, bad = 0, [], []
-    for i, row in enumerate(correct):
-        s = scores[i * k : (i + 1) * k]
-        best = max(range(k), key=lambda j: (s[j], -j))
-        hits += row[best]
-        for j, ok in enumerate(row):
-            (good if ok else bad).append(round(s[j], 4))
+    flat_ok = [ok for row in correct for ok in row]
+    picks = best_of_n_picks(raw, k)[0].tolist() if k else []
+    weighted = weighted_best_of_n(raw, [c.strip() for c in flat_c], k).tolist() if k else []
+    good = [round(s, 4) for s, ok in zip(scores, flat_ok) if ok]
+    bad = [round(s, 4) for s, ok in zip(scores, flat_ok) if not ok]
     return {
-        "accuracy": hits / max(len(correct), 1),
+        "accuracy": sum(flat_ok[i] for i in picks) / max(len(correct), 1),
+        "weighted_accuracy": sum(flat_ok[i] for i in weighted) / max(len(correct), 1),
         "n": len(correct),
         "N": k,
         "scores_correct": good,
@@ -158,9 +160,12 @@ def run_eval_stage(ctx, out: Path) -> dict:
     if "rm" in ctx.done and "sft" in details and ctx.model("rm").is_dir():
         b = best_of_n(ctx.model("rm"), pairs, details["sft"]["samples"], details["sft"]["correct"])
         results["rm_best_of_n"] = {"greedy_accuracy": b["accuracy"], "n": b["n"], "k": b["N"]}
+        results["rm_weighted_best_of_n"] = {"greedy_accuracy": b["weighted_accuracy"], "n": b["n"], "k": b["N"]}
         summary["rm_scores"] = {"correct": b["scores_correct"], "incorrect": b["scores_incorrect"]}
         if not ctx.quiet:
-            print(f"eval rm best-of-{b['N']} over SFT samples: {b['accuracy']:.3f}")
+            print(
+                f"eval rm best-of-{b['N']} over SFT samples: {b['accuracy']:.3f}  (weighted: {b['weighted_accuracy']:.3f})"
+            )
     leaked = set((ctx.summary("dedup") or {}).get("leaked_prompts") or [])
     if leaked:
         split = {}

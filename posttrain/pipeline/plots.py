@@ -20,6 +20,7 @@ COLORS = {
     "grpo": "#c44e52",
     "ppo": "#8172b3",
     "rm_best_of_n": "#dd8452",
+    "rm_weighted_best_of_n": "#e8a87c",
 }
 
 

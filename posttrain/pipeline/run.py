@@ -296,6 +296,8 @@ def run_summary(ctx, notes: dict) -> dict:
         stages[name] = entry
     if "rm_best_of_n" in table:
         stages["rm"]["best_of_n_accuracy"] = table["rm_best_of_n"]["greedy"]
+    if "rm_weighted_best_of_n" in table:
+        stages["rm"]["weighted_best_of_n_accuracy"] = table["rm_weighted_best_of_n"]["greedy"]
     return {
         **ctx.header,
         "total_seconds": round(time.perf_counter() - ctx.started, 2),

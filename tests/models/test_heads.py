@@ -7,6 +7,8 @@ import json
 import pytest
 import torch
 import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from posttrain.errors import DataError
 from posttrain.models.heads import (
@@ -23,6 +25,7 @@ from posttrain.models.heads import (
     last_token_index,
     positions_from_mask,
     reward_stats_over,
+    weighted_best_of_n,
 )
 
 
@@ -164,6 +167,58 @@ def test_best_of_n():
     assert idx.tolist() == [1, 4] and best.tolist() == [3.0, 5.0]  # tie -> first
     with pytest.raises(ValueError):
         best_of_n(torch.tensor([1.0, 2.0, 3.0]), n=2)
+
+
+def _weighted_oracle(rewards, answers, n):
+    """Brute force in plain Python floats: exp-weights per group, totals per answer, first max, best member."""
+    import math
+
+    picks = []
+    for b in range(len(rewards) // n):
+        grp = range(b * n, (b + 1) * n)
+        z = sum(math.exp(rewards[i] - max(rewards[j] for j in grp)) for i in grp)
+        tot = {}
+        for i in grp:
+            tot[answers[i]] = tot.get(answers[i], 0.0) + math.exp(rewards[i] - max(rewards[j] for j in grp)) / z
+        order = [answers[i] for i in grp]
+        top = max(tot.values())
+        win = min((a for a in tot if tot[a] >= top - 1e-12), key=order.index)
+        picks.append(max((i for i in grp if answers[i] == win), key=lambda i: (rewards[i], -i)))
+    return picks
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.lists(
+                st.tuples(st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0]), st.sampled_from("abc")),
+                min_size=n,
+                max_size=4 * n,
+            ).filter(lambda xs: len(xs) % n == 0),
+        )
+    )
+)
+def test_weighted_best_of_n_matches_brute_force(case):
+    n, rows = case
+    rewards, answers = [r for r, _ in rows], [a for _, a in rows]
+    got = weighted_best_of_n(torch.tensor(rewards), answers, n).tolist()
+    assert got == _weighted_oracle(rewards, answers, n)
+
+
+def test_weighted_best_of_n_properties():
+    # the docstring's example: "8" pools .26 + .26 + .06 > .43, where plain best-of-N takes the lone "7"
+    r = torch.tensor([2.0, 1.5, 1.5, 0.0])
+    assert weighted_best_of_n(r, ["7", "8", "8", "8"], 4).tolist() == [1] and best_of_n(r, 4)[0].tolist() == [0]
+    # one sample per answer: the same picks as best_of_n
+    g = torch.Generator().manual_seed(0)
+    r = torch.randn(24, generator=g)
+    assert weighted_best_of_n(r, [str(i) for i in range(24)], 6).tolist() == best_of_n(r, 6)[0].tolist()
+    # equal scores: a majority vote, the majority's first sample
+    assert weighted_best_of_n(torch.zeros(5), ["1", "2", "2", "1", "2"], 5).tolist() == [1]
+    with pytest.raises(ValueError):
+        weighted_best_of_n(torch.zeros(4), ["a"] * 3, 2)
 
 
 def test_combine_rewards_weighted_and_zscored():
