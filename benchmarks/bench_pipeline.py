@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_outcomes import describe, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICIES = ("sft", "rm_best_of_n", "dpo", "grpo", "ppo", "sft_raw")
+POLICIES = ("sft", "rm_best_of_n", "rm_weighted_best_of_n", "dpo", "grpo", "ppo", "sft_raw")
 TIMED = ("sft", "sft_raw", "rm", "dpo", "grpo", "ppo")
 
 

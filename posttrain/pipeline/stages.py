@@ -149,6 +149,10 @@ def _user_data(ctx, stage: str) -> dict:
     c = ctx.cfg
     if stage in ("rm", "dpo"):
         out = {"data": c.preference_file} if c.preference_file else {}
+        if stage == "rm" and c.preference_file:
+            from posttrain.on_policy_pairs import TrainPairsConfig
+
+            out["train_pairs"] = TrainPairsConfig()  # the preset's embedded-pair sampling means nothing for a file
         if stage == "rm" and c.preference_eval_file:
             out["eval_data"] = c.preference_eval_file  # the RM's eval_data is held-out pairs
         if stage == "dpo" and c.eval_file:
@@ -394,10 +398,10 @@ STAGES: tuple[Stage, ...] = (
     ),
 )
 BY_NAME = {s.name: s for s in STAGES}
-# The order stages are started in: STAGES' order, with the four stages after SFT longest first (ppo, grpo, rm, dpo on
-# the tiny preset), so that with --jobs 2 the two worker lanes finish together (longest-processing-time first: a
-# makespan of max(ppo + dpo, grpo + rm) instead of rm then ppo in one lane, ~35 s of the demo).
+# The order stages are started in: STAGES' order, with the four stages after SFT longest first (grpo ~280 s, ppo ~210,
+# rm ~150, dpo ~40 on the tiny preset), so that with --jobs 2 the two worker lanes finish together
+# (longest-processing-time first: a makespan of max(grpo + dpo, ppo + rm)).
 RUN_ORDER: tuple[Stage, ...] = tuple(
-    BY_NAME[n] for n in ("dedup", "tokenizer", "sft", "sft_raw", "ppo", "grpo", "rm", "dpo", "eval", "report")
+    BY_NAME[n] for n in ("dedup", "tokenizer", "sft", "sft_raw", "grpo", "ppo", "rm", "dpo", "eval", "report")
 )
 assert sorted(s.name for s in RUN_ORDER) == sorted(BY_NAME)

@@ -84,9 +84,14 @@ def test_summaries_agree(run):
             if row[k] is not None:
                 denom = n * (cfg.eval.samples if k == "pass@1" else 1)
                 assert 0 <= row[k] <= 1 and abs(row[k] * denom - round(row[k] * denom)) < 1e-9, (name, k, row[k])
-        if name != "rm_best_of_n":
+        if name not in ("rm_best_of_n", "rm_weighted_best_of_n"):
             assert result["stages"][name]["heldout_accuracy"] == row["greedy"]
             assert (out / name / "model" / "model.safetensors").is_file()
+    rm = result["stages"]["rm"]
+    assert (rm["best_of_n_accuracy"], rm["weighted_best_of_n_accuracy"]) == (
+        result["heldout"]["rm_best_of_n"]["greedy"],
+        result["heldout"]["rm_weighted_best_of_n"]["greedy"],
+    )
     trainer_acc = json.loads((out / "sft" / "summary.json").read_text())["heldout_accuracy"]
     assert result["heldout"]["sft"]["greedy"] == trainer_acc  # the eval stage agrees with the trainer's own eval
     assert json.loads((out / "summary.json").read_text())["heldout"] == result["heldout"]
@@ -224,9 +229,15 @@ def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its
     from posttrain.trainers import reward, sft
 
     recipe = build_config(reward.RMConfig, reward.PRESETS["tiny_v1"])  # `posttrain rm --preset tiny_v1`
-    short = dataclasses.replace(recipe, steps=400, pairs=dataclasses.replace(recipe.pairs, num_prompts=2000))
+    short = dataclasses.replace(
+        recipe,
+        steps=470,
+        pairs=dataclasses.replace(recipe.pairs, num_prompts=3000),
+        train_pairs=dataclasses.replace(recipe.train_pairs, samples_per_prompt=32),
+    )
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
-    assert tiny.rm == short == PipelineConfig().rm  # the previous recipe at 400 of its 2000 steps, on 2000 prompts
+    assert tiny.rm == short == PipelineConfig().rm  # tiny_v1 with 32 training samples, 470 steps, 3000 prompts
+    assert tiny.ppo == {"steps": 200}  # `posttrain ppo --preset tiny` at 200 of its 300 steps
     sft_tiny = build_config(sft.SFTConfig, sft.PRESETS["tiny"])  # `posttrain sft --preset tiny`, 4 of its 5 restarts
     assert sft_tiny.restarts == 5 and tiny.sft == dataclasses.replace(sft_tiny, restarts=4)
     (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")

@@ -138,7 +138,9 @@ def test_rl_stages_use_the_users_prompts_and_reward(user_run):
         s = json.loads((out / stage / "summary.json").read_text())
         assert s["heldout_n"] == len(held) and {x["prompt"] for x in s["samples"]} <= held, stage
     ev = user_run["result"]["heldout"]
-    assert {m: r["n"] for m, r in ev.items()} == {m: len(held) for m in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo")}
+    assert {m: r["n"] for m, r in ev.items()} == {
+        m: len(held) for m in ("sft", "rm_best_of_n", "rm_weighted_best_of_n", "dpo", "grpo", "ppo")
+    }
 
 
 def test_the_eval_stage_counts_correct_with_the_users_reward(user_run, tmp_path):
@@ -231,7 +233,7 @@ def test_an_hf_model_on_the_embedded_default_runs_every_training_stage(user_run,
         "eval",
     }
     assert {m: r["n"] for m, r in result["heldout"].items()} == {
-        m: cfg.task.num_eval for m in ("sft", "rm_best_of_n", "dpo", "grpo", "ppo")
+        m: cfg.task.num_eval for m in ("sft", "rm_best_of_n", "rm_weighted_best_of_n", "dpo", "grpo", "ppo")
     }
     for stage in ("sft", "dpo", "grpo", "ppo"):  # each a Hugging Face directory transformers opens
         assert tf.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / stage / "model").config.n_embd == 32, stage
