@@ -6,7 +6,8 @@ For comparing rm-stage variants without re-running the pipeline: the SFT checkpo
 per held-out problem with the eval stage's settings (read from its cache key, `.pipeline/eval.json`) and generator
 (seeded by (seed, "sft")), so with the run's own k the SFT
 row equals the run's eval row and the run's own RM gives its `rm best-of-N` number (checked on seed 0). Each RM
-then picks its top-scoring sample per problem (``pipeline.evaluate.best_of_n``). Embedded task only.
+then picks a sample per problem by both rules, max and weighted (``pipeline.evaluate.best_of_n``), beside a
+majority vote of the samples without an RM. Embedded task only.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ def main() -> int:
         f"SFT greedy {r['greedy_accuracy']:.4f}  T={temperature}: pass@1 {r['pass@1']:.4f}  pass@{k} {r['pass@k']:.4f}"
         f"  ({len(pairs)} problems)"
     )
+    hits = 0
+    for row, ok in zip(r["samples"], r["correct"]):  # majority vote, no RM: the most frequent answer, first on ties
+        answers = [c.strip() for c in row]
+        hits += ok[answers.index(max(answers, key=lambda a: (answers.count(a), -answers.index(a))))]
+    print(f"majority vote of the {k} samples (no RM) {hits / len(pairs):.4f}")
     for rm in args.rms:
         b = best_of_n(Path(rm), pairs, r["samples"], r["correct"])
         print(f"best-of-{b['N']} {b['accuracy']:.4f}  weighted {b['weighted_accuracy']:.4f}  {rm}")
