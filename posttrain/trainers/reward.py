@@ -121,7 +121,8 @@ class RMConfig(TrainerConfig):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
-        if self.data and self.train_pairs.requested():
+        # the `tiny` preset's own sampling (32 per prompt) is no request: `rm --data FILE` keeps working with it
+        if self.data and self.train_pairs.requested() and self.train_pairs != TrainPairsConfig(**RECIPE["train_pairs"]):
             raise ConfigError(
                 "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
             )

@@ -154,6 +154,14 @@ def test_train_pairs_errors(tmp_path):
         RMConfig(data="p.jsonl", eval_data="h.jsonl", train_pairs=TrainPairsConfig(synthetic_per_prompt=1))
     assert str(e.value) == "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
     RMConfig(data="p.jsonl", eval_data="h.jsonl", train_pairs=TrainPairsConfig(restarts="auto"))  # auto: fine
+    # the tiny preset's own 32 samples per prompt are no request: `rm --preset tiny --data FILE` works
+    from posttrain.config import build_config
+    from posttrain.trainers.reward import PRESETS
+
+    tiny = build_config(RMConfig, PRESETS["tiny"], overrides={"data": "p.jsonl", "eval_data": "h.jsonl"})
+    assert tiny.train_pairs.samples_per_prompt == 32
+    with pytest.raises(ConfigError, match="with --data it would do nothing"):
+        RMConfig(data="p.jsonl", eval_data="h.jsonl", train_pairs=TrainPairsConfig(samples_per_prompt=8))
 
 
 def test_restarts_auto(restarts_run, tmp_path):
