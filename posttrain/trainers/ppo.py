@@ -169,21 +169,17 @@ class PPOTrainer:
 
     def _build_critic(self, init_model):
         cfg = self.cfg
-        rm, scale, shift = None, 1.0, 0.0
-        if cfg.critic_source == "reward_model":
-            from posttrain.rewards.reward_model import load_reward_model  # lazy: a checkpoint reader
+        if cfg.critic_source != "reward_model":  # a zero head on the policy (shared) or on a copy of it
+            if cfg.value_model == "shared":
+                return None, ValueHead(int(init_model.config.d_model))
+            return ValueModel.from_policy(init_model).train(), None
+        from posttrain.rewards.reward_model import load_reward_model  # lazy: a checkpoint reader
 
-            loaded = load_reward_model(cfg.critic_init_path)
-            rm, (scale, shift) = loaded.model, cfg.critic_scale(loaded.stats)
+        loaded = load_reward_model(cfg.critic_init_path)
+        rm, (scale, shift) = loaded.model, cfg.critic_scale(loaded.stats)  # V in the reward's units
         if cfg.value_model == "shared":
-            head = ValueHead(int(init_model.config.d_model))
-            if rm is not None:
-                head.copy_from(rm.head.proj, scale, shift)
-            return None, head
-        critic = (
-            ValueModel.from_reward_model(rm, scale, shift) if rm is not None else ValueModel.from_policy(init_model)
-        )
-        return critic.train(), None
+            return None, ValueHead(int(init_model.config.d_model)).copy_from(rm.head.proj, scale, shift)
+        return ValueModel.from_reward_model(rm, scale, shift).train(), None
 
     def _restore(self, ckpt, critic_module) -> None:
         p = ckpt.path

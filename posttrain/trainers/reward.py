@@ -115,14 +115,18 @@ class RMConfig(TrainerConfig):
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
 
+    def train_pairs_requested(self) -> bool:
+        """Whether ``train_pairs`` asks for anything beyond the default pairs; the `tiny` preset's own sampling (32
+        per prompt) does not, so ``rm --preset tiny`` with ``--data FILE`` or without ``--init`` keeps working."""
+        return self.train_pairs.requested() and self.train_pairs != TrainPairsConfig(**RECIPE["train_pairs"])
+
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
         if list(self.bucket_edges) != sorted(self.bucket_edges):
             raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
-        # the `tiny` preset's own sampling (32 per prompt) is no request: `rm --data FILE` keeps working with it
-        if self.data and self.train_pairs.requested() and self.train_pairs != TrainPairsConfig(**RECIPE["train_pairs"]):
+        if self.data and self.train_pairs_requested():
             raise ConfigError(
                 "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
             )
@@ -243,7 +247,7 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
         return pairs, {"source": "policy", **stats_dict(st)}
 
     plain = source == "synthetic" or cfg.train_pairs == TrainPairsConfig()  # the pairs of before --train-pairs
-    if source == "synthetic" and cfg.train_pairs.requested():
+    if source == "synthetic" and cfg.train_pairs_requested():
         raise UserError("--train-pairs.* shapes on-policy training pairs: pass --init SFT_CHECKPOINT (--source policy)")
 
     def build_train():  # the held-out pairs never see --train-pairs.* (the test stays the same)
