@@ -236,7 +236,7 @@ def accuracy_bars(table: dict, labels: dict, out: Path) -> Path | None:
         return None
     plt = _plt()
     names = list(table)
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.2 * len(names)), 3))  # ~1.2 in per model: the labels do not touch
     width = 0.27
     for i, (key, title) in enumerate(
         (("greedy", "greedy (RM: best-of-N pick)"), ("pass@1", "pass@1 (T=1)"), ("pass@k", "pass@k"))
@@ -246,7 +246,7 @@ def accuracy_bars(table: dict, labels: dict, out: Path) -> Path | None:
     ax.set_xticks(range(len(names)))
     import textwrap
 
-    ax.set_xticklabels([textwrap.fill(labels.get(n, n), 16) for n in names], fontsize=7)
+    ax.set_xticklabels([textwrap.fill(labels.get(n, n), 14) for n in names], fontsize=7)
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out accuracy", fontsize=8)
     ax.legend(fontsize=7)
