@@ -258,6 +258,10 @@ class PPOConfig(TrainerConfig):
 
 PRESETS: dict[str, dict] = {
     "tiny": {},
+    # against a trained RM (--reward-model): twice the KL penalty and a cosine LR decay to 0.1x. The policy then stays
+    # near the SFT samples the RM was trained on (KL 1.1-1.7 nats per sequence instead of 2.9-3.6): +18.4 / +11.3 /
+    # +16.8 held-out points on seeds 0-2 against `rm --preset tiny`'s RMs, where beta 0.05 gave +24.2 / +16.8 / +5.1
+    "tiny_rm": {"beta": 0.1, "min_lr_ratio": 0.1},
     # vanilla actor-critic: one on-policy update per batch (ratio exactly 1), no clip, no value clip
     "a2c": {"policy_objective": "pg", "mu": 1, "minibatches": 1, "vf_clip": None},
     # PPO paper sec. 4: unclipped surrogate minus an adaptive KL(pi_old || pi) penalty

@@ -1,6 +1,7 @@
 """PPO trainer: first-minibatch ratio exactly 1, A2C's gradient against the reference formula, exact resume,
 grad-accumulation invariance, critic warm-up, target-KL stop, skipped non-finite steps, RM init, CLI errors."""
 
+import dataclasses
 import json
 import shutil
 
@@ -278,3 +279,11 @@ def test_prompt_prefix_sharing_is_exact(sft_dir, tmp_path, layout):
     for a, b in zip(full, shared):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert full[2].abs().max() > 0
+
+
+def test_tiny_rm_preset_is_tiny_with_twice_the_kl_and_a_decaying_lr():
+    from posttrain.config import build_config
+
+    tiny, rm = (build_config(PPOConfig, PRESETS[p]) for p in ("tiny", "tiny_rm"))
+    assert (tiny.beta, tiny.min_lr_ratio, rm.beta, rm.min_lr_ratio) == (0.05, 1.0, 0.1, 0.1)
+    assert dataclasses.replace(rm, beta=tiny.beta, min_lr_ratio=tiny.min_lr_ratio) == tiny  # nothing else differs
