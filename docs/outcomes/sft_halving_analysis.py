@@ -1,12 +1,16 @@
-import json, statistics, sys, itertools
+import json
+import statistics
+import sys
 from pathlib import Path
+
+import torch
+
+from posttrain.config import build_config
 from posttrain.evaluation import evaluate
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.sft import SFTConfig
+from posttrain.trainers.sft import PRESETS, SFTConfig
 from posttrain.trainers.sft_restarts import validation_problems
-from posttrain.config import build_config
-from posttrain.trainers.sft import PRESETS
-import torch
+
 torch.set_num_threads(1)
 cfg = build_config(SFTConfig, PRESETS["tiny"])
 val = validation_problems(cfg)
