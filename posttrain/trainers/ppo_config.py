@@ -235,13 +235,14 @@ class PPOConfig(TrainerConfig):
         """(scale, shift) of a critic head copied from the RM at ``critic_init_path`` whose saved statistics are
         ``stats``: ``V = w * (RM - mean) / std``, the units of the reward term ``w * reward_model`` (the RM's score
         z-scored with those statistics) when that RM is the reward, with w its weight in the spec; the z-scored RM
-        (w = 1) when it only starts the critic (``--value-init-path``); the raw head when it saved no statistics.
+        (w = 1) when it only starts the critic (``--value-init-path``, or weight 0); the raw head without statistics.
         Copying the raw head instead starts the critic tens of units from the returns (issue 14's seeds: values
         -6 to -13 against returns near -0.7), so the first updates' advantages are the critic's error."""
         if stats is None:
             return 1.0, 0.0
         is_reward = self.value_init_path in (None, self.reward_model)
         w = parse_reward_spec(self.reward_spec).get("reward_model", 1.0) if is_reward else 1.0
+        w = w or 1.0  # at weight 0 the RM is no part of the reward: it only starts the critic
         std = max(float(stats.std), 1e-8)
         return w / std, -w * float(stats.mean) / std
 

@@ -210,6 +210,10 @@ def test_reward_model_scores_and_initialises_the_critic(sft_dir, tmp_path):
     t2 = PPOTrainer(cfg(sft_dir, tmp_path / "p2", reward_model=str(rm_dir), reward="reward_model:3.0,format:0.1"))
     with torch.no_grad():
         torch.testing.assert_close(t2.critic.head(h), 3.0 * (rm.head.proj(h).squeeze(-1) - 0.5) / 2.0)
+    # at weight 0 the RM only starts the critic: z-scored, w = 1 (not a zero head)
+    t0 = PPOTrainer(cfg(sft_dir, tmp_path / "p0", reward_model=str(rm_dir), reward="reward_model:0.0,exact_match:1.0"))
+    with torch.no_grad():
+        torch.testing.assert_close(t0.critic.head(h), (rm.head.proj(h).squeeze(-1) - 0.5) / 2.0)
 
 
 def test_value_init_path_starts_the_critic_from_an_rm_that_is_not_the_reward(sft_dir, tmp_path, monkeypatch):
