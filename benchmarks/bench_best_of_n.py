@@ -17,6 +17,9 @@ import json
 import zlib
 from pathlib import Path
 
+import torch
+
+from posttrain.models.heads import weighted_best_of_n
 from posttrain.pipeline.evaluate import best_of_n, evaluate_policy
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 
@@ -42,11 +45,10 @@ def main() -> int:
         f"SFT greedy {r['greedy_accuracy']:.4f}  T={temperature}: pass@1 {r['pass@1']:.4f}  pass@{k} {r['pass@k']:.4f}"
         f"  ({len(pairs)} problems)"
     )
-    hits = 0
-    for row, ok in zip(r["samples"], r["correct"]):  # majority vote, no RM: the most frequent answer, first on ties
-        answers = [c.strip() for c in row]
-        hits += ok[answers.index(max(answers, key=lambda a: (answers.count(a), -answers.index(a))))]
-    print(f"majority vote of the {k} samples (no RM) {hits / len(pairs):.4f}")
+    flat_c = [c for row in r["samples"] for c in row]
+    flat_ok = [ok for row in r["correct"] for ok in row]
+    votes = weighted_best_of_n(torch.zeros(len(flat_c)), flat_c, k).tolist()  # equal scores: a majority vote
+    print(f"majority vote of the {k} samples (no RM) {sum(flat_ok[i] for i in votes) / len(pairs):.4f}")
     for rm in args.rms:
         b = best_of_n(Path(rm), pairs, r["samples"], r["correct"])
         print(f"best-of-{b['N']} {b['accuracy']:.4f}  weighted {b['weighted_accuracy']:.4f}  {rm}")

@@ -159,7 +159,7 @@ def best_of_n_evaluate(
         ok = torch.tensor([bool(verifier(c, a)) for c, a in zip(texts, rep_a)])
         r = torch.tensor(scores, dtype=torch.float64)
         if rule == "weighted":
-            idx = weighted_best_of_n(r, [t.strip() for t in texts], N)  # (B,) flat indices of the picks
+            idx = weighted_best_of_n(r, texts, N)  # (B,) flat indices of the picks
         else:
             idx, _ = best_of_n(r, N)
         best_ok += int(ok[idx].sum())

@@ -15,6 +15,8 @@ HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (gree
 
 
 def add_arguments(p):
+    from posttrain.evaluation import BEST_OF_RULES  # inside, as the other commands import their configs
+
     p.add_argument("checkpoint", help="checkpoint directory (or a run directory holding model/)")
     p.add_argument(
         "--data",
@@ -51,7 +53,7 @@ def add_arguments(p):
     p.add_argument("--reward-model", metavar="RM", help="a `posttrain rm` checkpoint that ranks the --best-of samples")
     p.add_argument(
         "--best-of-rule",
-        choices=("max", "weighted"),  # posttrain.evaluation.BEST_OF_RULES (imported lazily, as torch is)
+        choices=BEST_OF_RULES,
         default="max",
         help="max: the top-scored sample; weighted: the answer with the largest total softmax(score) over the samples "
         "that give it (best-of-N weighted, Snell et al. 2024), its top-scored sample",

@@ -262,7 +262,8 @@ def weighted_best_of_n(rewards: torch.Tensor, answers: Sequence[str], n: int) ->
 
         a* = argmax_a  sum_{j: answer_j = a} exp(r_j) / sum_k exp(r_k),   pick = the best-scored sample with a*
 
-    ``rewards`` (B*n,) and ``answers`` (B*n,) prompt-major as in :func:`best_of_n`; ties (totals within 1e-12,
+    ``rewards`` (B*n,) and ``answers`` (B*n,) prompt-major as in :func:`best_of_n`, answers compared after stripping
+    surrounding whitespace (as the exact-match verifier does); ties (totals within 1e-12,
     equal scores) go to the first. Returns flat indices (B,). One sample per answer reduces to :func:`best_of_n`; equal
     scores to a majority vote. Example: rewards [2, 1.5, 1.5, 0], answers ["7", "8", "8", "8"], n=4 -> softmax
     weights .43/.26/.26/.06, "8" totals .57 > .43: pick index 1 (plain best-of-N would pick 0).
@@ -272,16 +273,16 @@ def weighted_best_of_n(rewards: torch.Tensor, answers: Sequence[str], n: int) ->
             f"rewards must be 1-D with a length divisible by n={n} and one answer each, got shape "
             f"{tuple(rewards.shape)} and {len(answers)} answers"
         )
-    weights = torch.softmax(rewards.double().view(-1, n), dim=-1)  # (B, n)
+    weights = torch.softmax(rewards.double().view(-1, n), dim=-1).flatten().tolist()  # (B*n,), per group
+    r = rewards.tolist()
     picks = []
-    for b in range(weights.shape[0]):
+    for b in range(len(r) // n):
         total: dict[str, float] = {}
         best: dict[str, int] = {}
-        for j in range(n):
-            i = b * n + j
-            a = answers[i]
-            total[a] = total.get(a, 0.0) + float(weights[b, j])
-            if a not in best or rewards[i] > rewards[best[a]]:
+        for i in range(b * n, (b + 1) * n):
+            a = answers[i].strip()
+            total[a] = total.get(a, 0.0) + weights[i]
+            if a not in best or r[i] > r[best[a]]:
                 best[a] = i
         top = max(total.values())
         # totals within 1e-12 are a tie (sums of the same weights in another order differ in the last bits); dicts

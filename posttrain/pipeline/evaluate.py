@@ -124,7 +124,7 @@ def best_of_n(rm_path: Path, pairs, samples: list[list[str]], correct: list[list
     k = len(samples[0]) if samples else 0
     flat_ok = [ok for row in correct for ok in row]
     picks = best_of_n_picks(raw, k)[0].tolist() if k else []
-    weighted = weighted_best_of_n(raw, [c.strip() for c in flat_c], k).tolist() if k else []
+    weighted = weighted_best_of_n(raw, flat_c, k).tolist() if k else []
     good = [round(s, 4) for s, ok in zip(scores, flat_ok) if ok]
     bad = [round(s, 4) for s, ok in zip(scores, flat_ok) if not ok]
     return {
