@@ -69,7 +69,7 @@ def check_config(cfg) -> None:
     """The restarts fields of an SFTConfig (called by its ``__post_init__``)."""
     if cfg.restarts > 1 and cfg.fsdp:
         raise ConfigError("restarts > 1 with fsdp is not supported (restarts run one after another in one process)")
-    if cfg.restart_probe and cfg.restart_keep > cfg.restarts:
+    if cfg.restarts > 1 and cfg.restart_probe and cfg.restart_keep > cfg.restarts:  # one run ignores halving
         raise ConfigError(f"restart_keep={cfg.restart_keep} is more than restarts={cfg.restarts}")
 
 

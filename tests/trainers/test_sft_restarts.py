@@ -185,6 +185,28 @@ def test_successive_halving_finishes_the_best_probe_only(tmp_path):
     assert again["selected_restart"] == kept and again["candidates"] == cands
 
 
+def test_halving_with_keep_2_finishes_the_two_best_probes_and_keeps_the_better_at_the_end(tmp_path):
+    c = cfg(tmp_path / "h2", restarts=4, restart_probe=0.5, restart_keep=2, keep_checkpoints=4)
+    s = train_sft(c)
+    val, cands = validation_problems(c), s["candidates"]
+    prompts, answers = [p for p, _ in val], [a for _, a in val]
+
+    def acc(path):  # greedy validation accuracy, recomputed independently of the trainer
+        ck = load_checkpoint(path)
+        return evaluate(ck.model, ck.tokenizer, prompts, answers, max_new_tokens=8).accuracy
+
+    probe = {x["restart"]: acc(f"{x['dir']}/checkpoints/step-00000003") for x in cands}
+    finalists = sorted(sorted(probe, key=lambda k: (-probe[k], k))[:2])
+    assert [x["restart"] for x in cands if x["finished"]] == finalists
+    final = {k: acc(f"{cands[k]['dir']}/model") for k in finalists}
+    kept = max(finalists, key=lambda k: (final[k], -k))
+    assert s["selected_restart"] == kept and s["restart_val_accuracy"] == final[kept]
+    a, b = weights(f"{cands[kept]['dir']}/model"), weights(tmp_path / "h2" / "model")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sub = json.loads((tmp_path / "h2" / "restarts" / str(kept) / "config.resolved.json").read_text())
+    assert sub["restarts"] == 1 and sub["seed"] == restart_seed(0, kept)  # each restart is one plain run
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
