@@ -198,7 +198,7 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # preset's dict merged with the file's, not from the field's default factory).
 # The rm stage: `rm --preset tiny_v1` (pairs of the SFT model alone) with the `tiny` recipe's 32 training samples per
 # prompt, at 470 of its 2000 steps and on 3000 of its ~9000 prompts (~150 s instead of ~375 s: the demo must stay
-# under 10 minutes). A weak RM (0.69-0.74 held-out pairwise on seeds 0 and 2), whose best-of-N weighted pick still
+# under 10 minutes). A weak RM (0.69-0.75 held-out pairwise on seeds 0-2), whose best-of-N weighted pick still
 # beats SFT's greedy answer where its plain best-of-N does not (docs/pipeline.md); `posttrain rm --preset tiny` is the
 # full recipe (3000 steps on every prompt: 0.86-0.93, docs/rm.md).
 RM_PIPELINE: dict = _merge(
