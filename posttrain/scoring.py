@@ -5,8 +5,8 @@ over the whole sequence and the logits at positions ``P-1 .. P+T-2`` predict com
 ``0 .. T-1``. The tensor maths (warp, gather, entropy, masking) is :mod:`posttrain.losses.logprobs`;
 this module is the part that runs a model, as :mod:`posttrain.generate` is for sampling.
 
-``prefix_shared_completion_logps`` runs each distinct prompt once and shares its keys and values with
-its G samples through a :class:`ConcatKVCache` — the cache belongs to this engine, and the model only
+``shared_prefix_forward`` runs each distinct prompt once and shares its keys and values with the rows
+that continue it (a prompt's G samples, a pair's chosen and rejected) through a :class:`ConcatKVCache` — the cache belongs to this engine, and the model only
 sees its interface (``update(layer, k, v) -> (k, v)``, ``length``, ``get_seq_length()``), so
 ``models/`` never imports its callers.
 
@@ -16,6 +16,8 @@ Not handled: packed sequences (one sequence per row).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -87,6 +89,66 @@ def completion_token_logps(logits, labels, temperature, top_k, top_p, completion
     return lp, warped
 
 
+@dataclass
+class SharedPrefixOutput:
+    """:func:`shared_prefix_forward`'s output: the model at each row's last prompt position (gathered from its
+    prompt's one run) and at its completion positions."""
+
+    last_logits: torch.Tensor  # (N, V): at position P-1, predicts completion token 0
+    last_hidden: torch.Tensor | None  # (N, D) final-norm hidden state there (with output_hidden_states)
+    logits: torch.Tensor  # (N, T-P, V): at positions P .. T-1
+    hidden: torch.Tensor | None  # (N, T-P, D) (with output_hidden_states)
+
+
+def shared_prefix_forward(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_start: int,
+    prompt_index: torch.Tensor,
+    *,
+    output_hidden_states: bool = False,
+) -> SharedPrefixOutput:
+    """One forward over [left-padded prompt | completion] rows with each distinct prompt run once.
+
+    Rows sharing ``prompt_index`` share the prompt: the U distinct prompts go through the model once, their
+    keys/values are gathered to the N rows (a differentiable index, so gradients reach the prompt positions
+    exactly as in a full forward), then only the completion positions are run. Work drops from N*T to
+    U*P + N*(T-P) token positions; causal attention makes it exact (a prompt position never sees a completion).
+    Needs a model whose ``cache`` argument takes any object with the cache interface (``update``, ``length``;
+    :class:`ConcatKVCache`): posttrain's GPT does. Users: the policy-gradient and PPO updates (G samples per
+    prompt) and reward-model training (a pair's chosen and rejected rows).
+    """
+    P = completion_start
+    uniq, inv = torch.unique(prompt_index, return_inverse=True)  # (U,), (N,)
+    first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
+        0, inv, torch.arange(len(inv), device=input_ids.device)
+    )  # a representative row per prompt
+    pos = positions_from_mask(attention_mask)  # (N, T)
+    cache = ConcatKVCache()
+    kw = {"output_hidden_states": True} if output_hidden_states else {}
+    out = model(
+        input_ids=input_ids[first, :P],
+        attention_mask=attention_mask[first, :P],
+        position_ids=pos[first, :P],
+        cache=cache,
+        use_cache=True,
+        **kw,
+    )
+    last_logits = out.logits[:, -1][inv]  # (N, V)
+    last_hidden = out.hidden_states[:, -1][inv] if output_hidden_states else None  # (N, D)
+    cache.reorder(inv)
+    out = model(
+        input_ids=input_ids[:, P:],
+        attention_mask=attention_mask,
+        position_ids=pos[:, P:],
+        cache=cache,
+        use_cache=True,
+        **kw,
+    )
+    return SharedPrefixOutput(last_logits, last_hidden, out.logits, out.hidden_states if output_hidden_states else None)
+
+
 def prefix_shared_completion_logps(
     model,
     input_ids: torch.Tensor,
@@ -99,34 +161,10 @@ def prefix_shared_completion_logps(
     top_p: float | None = None,
     completion_mask: torch.Tensor | None = None,
 ):
-    """:func:`completion_logps` (with entropies) computed with each distinct prompt run once.
-
-    Rows sharing ``prompt_index`` (the G samples of a prompt) share the prompt's keys and values: the U
-    distinct prompts go through the model once, their cache is gathered to the N rows (a differentiable
-    index, so gradients reach the prompt positions exactly as in a full forward), then only the
-    completion tokens are run. Work drops from N*(P+T) to U*P + N*T token positions.
-    Needs a model whose ``cache`` argument takes any object with the cache interface (``update``,
-    ``length``; :class:`ConcatKVCache`): posttrain's GPT does.
-    """
+    """:func:`completion_logps` (with entropies) computed with each distinct prompt run once
+    (:func:`shared_prefix_forward`: rows sharing ``prompt_index`` share the prompt's keys and values)."""
     P = completion_start
-    uniq, inv = torch.unique(prompt_index, return_inverse=True)  # (U,), (N,)
-    first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
-        0, inv, torch.arange(len(inv), device=input_ids.device)
-    )  # a representative row per prompt
-    pos = positions_from_mask(attention_mask)  # (N, P+T)
-    cache = ConcatKVCache()
-    out = model(
-        input_ids=input_ids[first, :P],
-        attention_mask=attention_mask[first, :P],
-        position_ids=pos[first, :P],
-        cache=cache,
-        use_cache=True,
-    )
-    first_logits = out.logits[:, -1][inv]  # (N, V): predicts completion token 0
-    cache.reorder(inv)
-    out = model(
-        input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:], cache=cache, use_cache=True
-    )
-    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
+    out = shared_prefix_forward(model, input_ids, attention_mask, P, prompt_index)
+    logits = torch.cat([out.last_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
     lp, warped = completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
     return lp, token_entropy(warped)

@@ -243,7 +243,8 @@ def fit_kto(
 # tokenising and padding
 
 
-def _pad_id(tokenizer) -> int:
+def padding_id(tokenizer) -> int:
+    """The id padding positions get: the tokenizer's pad, else its EOS, else 0 (they are masked out)."""
     for i in (tokenizer.pad_id, tokenizer.eos_id):
         if i is not None:
             return int(i)
@@ -319,7 +320,7 @@ def collate_preference(
         prompts = [encode_prompt(tokenizer, p.prompt, add_bos, max_prompt_length) for p in pairs]
         chosen = [encode_completion(tokenizer, p.chosen, add_eos, max_completion_length) for p in pairs]
         rejected = [encode_completion(tokenizer, p.rejected, add_eos, max_completion_length) for p in pairs]
-    batch = pack_prompt_completion(prompts + prompts, chosen + rejected, _pad_id(tokenizer))
+    batch = pack_prompt_completion(prompts + prompts, chosen + rejected, padding_id(tokenizer))
     lengths = batch["completion_mask"].sum(-1)  # (2B,)
     B = len(pairs)
     batch["chosen_lengths"], batch["rejected_lengths"] = lengths[:B], lengths[B:]
@@ -352,7 +353,7 @@ def collate_kto(
     else:
         prompts = [encode_prompt(tokenizer, e.prompt, add_bos, max_prompt_length) for e in examples]
         comps = [encode_completion(tokenizer, e.completion, add_eos, max_completion_length) for e in examples]
-    pad = _pad_id(tokenizer)
+    pad = padding_id(tokenizer)
     batch = pack_prompt_completion(prompts, comps, pad)
     batch["labels"] = torch.tensor([e.label for e in examples], dtype=torch.bool)
     shifted = comps[1:] + comps[:1]

@@ -39,7 +39,7 @@ from posttrain.losses.kl import kl_estimate, kl_penalized_token_rewards
 from posttrain.losses.logprobs import token_entropy
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
-from posttrain.scoring import ConcatKVCache, completion_token_logps
+from posttrain.scoring import completion_token_logps, shared_prefix_forward
 from posttrain.trainers import distributed, engine_rollout, ppo_distributed, sharded
 from posttrain.trainers.distributed import World
 
@@ -82,33 +82,12 @@ def micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int) -> lis
 
 
 def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
-    """posttrain GPT over [prompt | completion] with each distinct prompt run once (its keys/values shared by its
-    rows, a differentiable gather): -> (logits (N, W, V), final hidden states (N, W, D)) at the W positions that
-    predict the completion tokens, P-1 .. P+W-2 (as ``scoring.prefix_shared_completion_logps``)."""
-    uniq, inv = torch.unique(prompt_index, return_inverse=True)
-    first = torch.zeros(len(uniq), dtype=torch.long).scatter_(0, inv, torch.arange(len(inv)))  # a row per prompt
-    pos = positions_from_mask(attn)
-    cache = ConcatKVCache()
-    out = gpt(
-        input_ids=seqs[first, :P],
-        attention_mask=attn[first, :P],
-        position_ids=pos[first, :P],
-        cache=cache,
-        use_cache=True,
-        output_hidden_states=True,
-    )
-    first_logits, first_hidden = out.logits[:, -1][inv], out.hidden_states[:, -1][inv]  # (N, V), (N, D)
-    cache.reorder(inv)
-    out = gpt(
-        input_ids=seqs[:, P:],
-        attention_mask=attn,
-        position_ids=pos[:, P:],
-        cache=cache,
-        use_cache=True,
-        output_hidden_states=True,
-    )
-    logits = torch.cat([first_logits[:, None], out.logits[:, :-1]], dim=1)
-    hidden = torch.cat([first_hidden[:, None], out.hidden_states[:, :-1]], dim=1)
+    """posttrain GPT over [prompt | completion] with each distinct prompt run once (``scoring.shared_prefix_forward``):
+    -> (logits (N, W, V), final hidden states (N, W, D)) at the W positions that predict the completion tokens,
+    P-1 .. P+W-2 (as ``scoring.prefix_shared_completion_logps``)."""
+    out = shared_prefix_forward(gpt, seqs, attn, P, prompt_index, output_hidden_states=True)
+    logits = torch.cat([out.last_logits[:, None], out.logits[:, :-1]], dim=1)
+    hidden = torch.cat([out.last_hidden[:, None], out.hidden[:, :-1]], dim=1)
     return logits, hidden
 
 

@@ -78,6 +78,7 @@ from posttrain.trainers.checkpoint import (
     writing,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
+from posttrain.trainers.reward_batches import BATCH_BY, batch_rewards, collate_prompt_groups, prompt_groups, row_rewards
 from posttrain.trainers.reward_eval import evaluate_pairs, pair_rewards
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
@@ -92,8 +93,21 @@ class RMConfig(TrainerConfig):
         choices=("auto", "policy", "synthetic"),
     )
     steps: int = override("steps", 300)
-    batch_size: int = knob(32, "pairs per optimizer step", gt=0)
+    batch_size: int = knob(
+        32, "pairs per optimizer step (with batch_by=prompt: prompts, each with all its pairs)", gt=0
+    )
+    batch_by: str = knob(
+        "pair",
+        "pair: batch_size random pairs, 2 rows each | prompt: batch_size random prompts with all their pairs, "
+        "each distinct completion scored once (InstructGPT's K-choose-2 batches; trainers/reward_batches.py)",
+        choices=BATCH_BY,
+    )
     warmup_steps: int = override("warmup_steps", 20)
+    share_prompt_prefix: bool = knob(
+        True,
+        "run each pair's prompt once for its chosen and rejected rows (exact: same rewards and gradients; "
+        "posttrain GPT without LoRA, one process; otherwise the full forward)",
+    )
     center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)", ge=0)
     use_margin: bool = knob(False, "subtract each pair's 'margin' field inside the BT loss (Llama 2)")
     bucket_edges: tuple[float, ...] = knob((1.5, 10.0, 100.0), "margin-bucket edges for held-out accuracy")
@@ -287,6 +301,7 @@ class RMState:
     guard: NonFiniteGuard
     world: distributed.World = dataclasses.field(default_factory=distributed.World)
     train_model: torch.nn.Module | None = None  # the RM, or its DDP wrapper under torchrun (forward + backward)
+    groups: list = dataclasses.field(default_factory=list)  # batch_by=prompt: the training pairs' indices per prompt
 
 
 def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> RMState:
@@ -379,25 +394,38 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         NonFiniteGuard(cfg.nan_patience),
         world,
         rm if fsdp else distributed.wrap_ddp(rm, world),
+        prompt_groups(train) if cfg.batch_by == "prompt" else [],
     )
 
 
 def train_step(s: RMState, step: int) -> dict:
-    """One Bradley-Terry optimizer step on pair batch ``step``."""
+    """One Bradley-Terry optimizer step on pair batch ``step`` (``batch_by``: random pairs, or random prompts with
+    all their pairs and each completion scored once; ``trainers/reward_batches.py``)."""
     cfg, t0 = s.cfg, time.perf_counter()
     lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
     common.set_lr(s.opt, lr)
-    idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()  # the global batch
-    idx = distributed.shard(idx, s.world)  # this rank's pairs: the BT loss is a mean over pairs, so each rank's
-    share = len(idx) / cfg.batch_size  # mean counts by its share of the global batch
-    batch = collate_preference(
-        [s.train[i] for i in idx],
-        s.tokenizer,
-        max_prompt_length=cfg.max_prompt_length,
-        max_completion_length=cfg.max_completion_length,
-    )
-    r = (s.train_model or s.rm)(batch["input_ids"], batch["attention_mask"])  # (2B,)
-    chosen, rejected = r.chunk(2)
+    caps = dict(max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
+    if cfg.batch_by == "prompt":  # the step's prompts (seeded by step), each with all its pairs
+        idx = batch_indices(len(s.groups), min(cfg.batch_size, len(s.groups)), step, cfg.seed).tolist()
+        idx = distributed.shard(idx, s.world)  # this rank's prompts
+        batch = collate_prompt_groups(s.train, [s.groups[i] for i in idx], s.tokenizer, **caps)
+        n_pairs = len(batch["chosen_rows"])
+        share = n_pairs / distributed.global_sum(n_pairs, s.world)  # the loss is a mean over the step's pairs
+        if s.world.distributed:
+            r = s.train_model(batch["input_ids"], batch["attention_mask"])  # (N,) DDP's forward
+        else:
+            r = row_rewards(s.rm, batch, cfg.share_prompt_prefix)  # (N,)
+        chosen, rejected = r[batch["chosen_rows"]], r[batch["rejected_rows"]]  # (M,), (M,)
+    else:
+        idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()  # the global batch
+        idx = distributed.shard(idx, s.world)  # this rank's pairs: the BT loss is a mean over pairs, so each rank's
+        share = len(idx) / cfg.batch_size  # mean counts by its share of the global batch
+        batch = collate_preference([s.train[i] for i in idx], s.tokenizer, **caps)
+        if s.world.distributed:  # DDP / FSDP: the wrapper's own forward, whose hooks reduce the gradients
+            r = s.train_model(batch["input_ids"], batch["attention_mask"])  # (2B,)
+        else:
+            r = batch_rewards(s.rm, batch, cfg.share_prompt_prefix)  # (2B,)
+        chosen, rejected = r.chunk(2)
     margin = batch.get("margin") if cfg.use_margin else None
     if cfg.use_margin and margin is None:
         raise UserError("--use-margin needs a numeric 'margin' field on every pair")
