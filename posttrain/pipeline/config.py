@@ -197,13 +197,14 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # a [dedup] or [rm] section of a --config file changes only the fields it names (a section is built from the
 # preset's dict merged with the file's, not from the field's default factory).
 # The rm stage: `rm --preset tiny_v1` (pairs of the SFT model alone) with the `tiny` recipe's 32 training samples per
-# prompt, at 470 of its 2000 steps and on 3000 of its ~9000 prompts (~150 s instead of ~375 s: the demo must stay
-# under 10 minutes). A weak RM (0.69-0.75 held-out pairwise on seeds 0-2), whose best-of-N weighted pick still
-# beats SFT's greedy answer where its plain best-of-N does not (docs/pipeline.md); `posttrain rm --preset tiny` is the
-# full recipe (3000 steps on every prompt: 0.86-0.93, docs/rm.md).
+# prompt, on 3000 of its ~9000 prompts, 800 of its 2000 steps, and the GRM regulariser (`--sft-coef 1`: + the chosen
+# answers' token NLL under the backbone's own LM head; Yang et al. 2024). Without it the cut recipe was a weak RM
+# (0.68-0.75 held-out pairwise on seeds 0-2 at 470 steps) whose plain best-of-8 fell below SFT's greedy answer;
+# with it 0.86-0.87 (docs/pipeline.md); `posttrain rm --preset tiny` is the full recipe (3000 steps on every
+# prompt: 0.86-0.93, docs/rm.md).
 RM_PIPELINE: dict = _merge(
     json.loads(json.dumps(RM_RECIPE)),
-    {"steps": 470, "pairs": {"num_prompts": 3000}, "train_pairs": {"samples_per_prompt": 32}},
+    {"steps": 800, "sft_coef": 1.0, "pairs": {"num_prompts": 3000}, "train_pairs": {"samples_per_prompt": 32}},
 )
 # The ppo stage: `ppo --preset tiny` at 200 of its 300 steps (its LR is constant, so the run is the first 200 steps of
 # the 300-step one: held-out +19.9 / +32.0 / +35.1 points over SFT at step 200 on seeds 0-2; ~105 s given to rm).

@@ -5,6 +5,11 @@ Key insight: comparisons are learned as P(y_w > y_l) = sigma(r(x, y_w) - r(x, y_
     r = rm([prompt | completion])                      (2B,)  read at the last real token (the EOS)
     L = -log sigma(r[:B] - r[B:] - margin) + c * (r[:B] + r[B:])^2      (bradley_terry_loss)
 
+``--batch-by prompt`` draws prompts instead of pairs and scores each distinct completion of a prompt once, reading
+all its pairs off those scores (InstructGPT's K-choose-2 batches, ``trainers/reward_batches.py``); with a posttrain
+GPT the prompt itself also runs once for its rows (``--share-prompt-prefix``, exact). The configuration and presets
+are ``trainers/reward_config.py``.
+
 The reward's offset is free under BT (only differences are seen), so after training the RM scores the
 training completions once and saves their mean/std (:class:`~posttrain.models.heads.RewardStats`) beside
 the weights: RL then uses z-scored rewards (``LoadedRewardModel.__call__`` in
@@ -49,22 +54,19 @@ import torch
 from safetensors.torch import save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices
-from posttrain.data.checks import LONG_POLICIES, model_window
-from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
+from posttrain.data.checks import model_window
 from posttrain.data.io import atomic_dir
 from posttrain.data.preference import collate_preference, fit_pairs, load_preference_pairs
-from posttrain.data.preference_pairs import PairDataConfig, cached_pairs, stats_dict, synthetic_pairs
+from posttrain.data.preference_pairs import cached_pairs, stats_dict, synthetic_pairs
 from posttrain.errors import ConfigError, UserError
 from posttrain.losses.ranking import bradley_terry_loss
-from posttrain.models.gpt import GPT, GPTConfig
+from posttrain.models.gpt import GPT
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
-from posttrain.models.loading import model_path_knob, pad_token_knob
-from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
+from posttrain.models.lora import apply_lora, lora_config, merge_lora
 from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
@@ -78,118 +80,15 @@ from posttrain.trainers.checkpoint import (
     writing,
 )
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
-from posttrain.trainers.reward_batches import BATCH_BY, batch_rewards, collate_prompt_groups, prompt_groups, row_rewards
+from posttrain.trainers.reward_batches import (
+    batch_rewards,
+    collate_prompt_groups,
+    prompt_groups,
+    row_rewards,
+    shares_prompt,
+)
+from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RMConfig  # noqa: F401  (re-exported)
 from posttrain.trainers.reward_eval import evaluate_pairs, pair_rewards
-from posttrain.trainers.trainer_config import TrainerConfig, override
-
-
-@dataclass
-class RMConfig(TrainerConfig):
-    out: str = override("out", "runs/rm")
-    init: str | None = knob(None, "backbone from this (SFT) checkpoint; without it a fresh GPT of --model shape")
-    source: str = knob(
-        "auto",
-        "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
-        choices=("auto", "policy", "synthetic"),
-    )
-    steps: int = override("steps", 300)
-    batch_size: int = knob(
-        32, "pairs per optimizer step (with batch_by=prompt: prompts, each with all its pairs)", gt=0
-    )
-    batch_by: str = knob(
-        "pair",
-        "pair: batch_size random pairs, 2 rows each | prompt: batch_size random prompts with all their pairs, "
-        "each distinct completion scored once (InstructGPT's K-choose-2 batches; trainers/reward_batches.py)",
-        choices=BATCH_BY,
-    )
-    warmup_steps: int = override("warmup_steps", 20)
-    share_prompt_prefix: bool = knob(
-        True,
-        "run each pair's prompt once for its chosen and rejected rows (exact: same rewards and gradients; "
-        "posttrain GPT without LoRA, one process; otherwise the full forward)",
-    )
-    center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)", ge=0)
-    use_margin: bool = knob(False, "subtract each pair's 'margin' field inside the BT loss (Llama 2)")
-    bucket_edges: tuple[float, ...] = knob((1.5, 10.0, 100.0), "margin-bucket edges for held-out accuracy")
-    eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs", gt=0)
-    stats_pairs: int = knob(1024, "training pairs whose completions define the saved reward mean/std", gt=0)
-    eval_every: int = override("eval_every", 100)
-    data: str | None = knob(None, "JSONL of {prompt, chosen, rejected[, margin]} training pairs (default: embedded)")
-    eval_data: str | None = knob(None, "JSONL of held-out pairs (default: embedded, from the held-out split)")
-    max_prompt_length: int | None = knob(None, "keep the last N prompt tokens (None = all)", gt=0)
-    max_completion_length: int | None = knob(None, "keep the first N completion tokens (None = all)", gt=0)
-    long: str = knob(
-        "error",
-        "pairs longer than the model's window: error | truncate (prompt keeps its end, completions their start) | skip",
-        choices=LONG_POLICIES,
-    )
-    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
-    model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
-    chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
-    on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
-
-    def train_pairs_requested(self) -> bool:
-        """Whether ``train_pairs`` asks for anything beyond the default pairs; the `tiny` preset's own sampling (32
-        per prompt) does not, so ``rm --preset tiny`` with ``--data FILE`` or without ``--init`` keeps working."""
-        return self.train_pairs.requested() and self.train_pairs != TrainPairsConfig(**RECIPE["train_pairs"])
-
-    def __post_init__(self):
-        check_fields(self)  # choices, bounds and finiteness, from the knobs above
-        if list(self.bucket_edges) != sorted(self.bucket_edges):
-            raise ConfigError(f"bucket_edges must be increasing, got {self.bucket_edges}")
-        if self.fsdp and self.lora_r > 0:
-            raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
-        if self.data and self.train_pairs_requested():
-            raise ConfigError(
-                "train_pairs.* shapes the embedded training pairs; with --data it would do nothing: drop it"
-            )
-
-    # a local Hugging Face model (or posttrain checkpoint) to start from, and LoRA (models/loading.py, models/lora.py)
-    model_path: str | None = model_path_knob()
-    pad_token: str | None = pad_token_knob()
-    lora_r: int = lora_knob("r")
-    lora_alpha: float = lora_knob("alpha")
-    lora_dropout: float = lora_knob("dropout")
-    lora_target_modules: tuple[str, ...] = lora_knob("target_modules")
-    merge_lora: bool = lora_knob("merge")
-    fsdp: bool = knob(
-        False,
-        "under torchrun: shard the reward model's parameters, gradients and optimizer state over the processes "
-        "(FSDP2); checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
-    )
-    train_pairs: TrainPairsConfig = knob(
-        factory=TrainPairsConfig,
-        help="training pairs only (more samples, restarts, synthetic); held-out pairs keep --pairs",
-    )
-
-
-# The recipe behind the >= 0.85 held-out pairwise accuracy of docs/rm.md on every seed: verifier-labelled pairs are
-# free, so sample the --init SFT model 32 times on every training prompt (train_pairs.samples_per_prompt), keep up
-# to 8 (correct, wrong) pairs per prompt (the reference answer as chosen where no sample is right), and train 3000
-# steps of 64 pairs. Held-out pairs: the same model's 16 samples on every held-out prompt (--pairs), as before.
-# Without --init: synthetic pairs, same steps. RECIPE_V2 (`--preset tiny_v2`) also sampled the other restarts of an
-# `sft --restarts` --init (restarts: auto; 0.893 / 0.823 / 0.826 from the halving SFT default); RECIPE_V1
-# (`--preset tiny_v1`) is the kept model's 16 samples, 2000 steps.
-RECIPE_V1: dict = {
-    "steps": 2000,
-    "batch_size": 64,
-    "eval_every": 250,
-    "save_every": 500,
-    "eval_prompts": 1000,
-    "pairs": {"num_prompts": 9000, "samples_per_prompt": 16, "max_pairs_per_prompt": 8, "gold_chosen": True},
-}
-RECIPE_V2: dict = {**RECIPE_V1, "steps": 3000, "train_pairs": {"restarts": "auto"}}
-RECIPE: dict = {**RECIPE_V1, "steps": 3000, "train_pairs": {"restarts": "off", "samples_per_prompt": 32}}
-
-PRESETS: dict[str, dict] = {
-    "tiny": RECIPE,
-    "tiny_v2": RECIPE_V2,
-    "tiny_v1": RECIPE_V1,
-    "classic": {},  # the field defaults: 300 steps on <= 2 on-policy pairs of each of 4096 prompts (0.553 in issue 14)
-    "small": {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
-}
-
 
 # ---------------------------------------------------------------------------------------------
 # checkpoints and loading
@@ -364,6 +263,11 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         for x, what in ((train, "training"), (held, "held-out"))
     )
 
+    if cfg.sft_coef > 0 and (world.distributed or not shares_prompt(rm)):
+        raise UserError(
+            "--sft-coef needs a posttrain GPT backbone (not a Hugging Face model) on one process: the NLL "
+            "comes from the backbone's LM head in the RM's own forward"
+        )
     fsdp = cfg.fsdp and world.distributed
     if fsdp:
         sharded.shard_model(rm)  # in place, per backbone block then the RM; FSDP's hooks reduce the gradients
@@ -411,25 +315,32 @@ def train_step(s: RMState, step: int) -> dict:
         batch = collate_prompt_groups(s.train, [s.groups[i] for i in idx], s.tokenizer, **caps)
         n_pairs = len(batch["chosen_rows"])
         share = n_pairs / distributed.global_sum(n_pairs, s.world)  # the loss is a mean over the step's pairs
+        lm_rows = torch.unique(batch["chosen_rows"]) if cfg.sft_coef > 0 else None  # each chosen row once
         if s.world.distributed:
             r = s.train_model(batch["input_ids"], batch["attention_mask"])  # (N,) DDP's forward
         else:
-            r = row_rewards(s.rm, batch, cfg.share_prompt_prefix)  # (N,)
+            r = row_rewards(s.rm, batch, cfg.share_prompt_prefix, lm_rows)  # (N,) [, nll]
+        r, nll = r if lm_rows is not None else (r, None)
         chosen, rejected = r[batch["chosen_rows"]], r[batch["rejected_rows"]]  # (M,), (M,)
     else:
         idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()  # the global batch
         idx = distributed.shard(idx, s.world)  # this rank's pairs: the BT loss is a mean over pairs, so each rank's
         share = len(idx) / cfg.batch_size  # mean counts by its share of the global batch
         batch = collate_preference([s.train[i] for i in idx], s.tokenizer, **caps)
+        lm_rows = torch.arange(len(idx)) if cfg.sft_coef > 0 else None  # the chosen rows
         if s.world.distributed:  # DDP / FSDP: the wrapper's own forward, whose hooks reduce the gradients
             r = s.train_model(batch["input_ids"], batch["attention_mask"])  # (2B,)
         else:
-            r = batch_rewards(s.rm, batch, cfg.share_prompt_prefix)  # (2B,)
+            r = batch_rewards(s.rm, batch, cfg.share_prompt_prefix, lm_rows)  # (2B,) [, nll]
+        r, nll = r if lm_rows is not None else (r, None)
         chosen, rejected = r.chunk(2)
     margin = batch.get("margin") if cfg.use_margin else None
     if cfg.use_margin and margin is None:
         raise UserError("--use-margin needs a numeric 'margin' field on every pair")
     loss, m = bradley_terry_loss(chosen, rejected, margin=margin, center_coef=cfg.center_coef)
+    if nll is not None:  # GRM: the backbone stays a language model of the chosen answers
+        loss = loss + cfg.sft_coef * nll
+        m["chosen_nll"] = nll.detach()
     (loss * (share * distributed.ddp_loss_scale(s.world))).backward()
     loss = distributed.global_sum(loss.item() * share, s.world)  # the global batch's mean
     gnorm = common.grad_norm_and_clip(s.rm, cfg.grad_clip)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from posttrain.data.preference import PreferencePair, collate_preference, pack_prompt_completion, padding_id
+from posttrain.losses.logprobs import token_logps
 from posttrain.models.gpt import GPT
 from posttrain.models.heads import GPTBackbone, RewardModel
 from posttrain.scoring import shared_prefix_forward
@@ -32,30 +33,49 @@ BATCH_BY = ("pair", "prompt")
 
 def shares_prompt(rm: RewardModel) -> bool:
     """Whether the prompt can run once for all its rows: a posttrain GPT backbone (its ``cache`` takes any cache
-    object); a LoRA-wrapped or Hugging Face backbone runs the full forward."""
+    object, LoRA layers included); a Hugging Face backbone runs the full forward."""
     return isinstance(rm.backbone, GPTBackbone) and isinstance(rm.backbone.model, GPT)
 
 
-def row_rewards(rm: RewardModel, batch: dict, share_prompt: bool) -> torch.Tensor:
+def row_rewards(rm: RewardModel, batch: dict, share_prompt: bool, lm_rows: torch.Tensor | None = None):
     """(N,) rewards of the rows of a packed [prompt | completion] batch with a ``prompt_index`` (N,).
 
     With ``share_prompt`` (and :func:`shares_prompt`) rows with the same ``prompt_index`` run their prompt once and
     the head reads the last real completion token: the same rewards and gradients as ``rm(input_ids, mask)``.
+    With ``lm_rows`` (a posttrain GPT backbone; it implies the shared-prompt forward) it returns
+    ``(rewards, nll)``: ``nll`` the mean token negative log-likelihood of those rows' completions under the
+    backbone's own LM head, from the same forward (the GRM regulariser, :func:`chosen_nll`).
     """
     ids, attn = batch["input_ids"], batch["attention_mask"]
-    if not (share_prompt and shares_prompt(rm)):
+    if lm_rows is None and not (share_prompt and shares_prompt(rm)):
         return rm(ids, attn)
     P = batch["completion_start"]
     out = shared_prefix_forward(rm.backbone.model, ids, attn, P, batch["prompt_index"], output_hidden_states=True)
-    return rm.head(out.hidden, attn[:, P:])  # every completion has a real token (pack_prompt_completion checks)
+    r = rm.head(out.hidden, attn[:, P:])  # every completion has a real token (pack_prompt_completion checks)
+    if lm_rows is None:
+        return r
+    logits = torch.cat([out.last_logits[lm_rows, None], out.logits[lm_rows, :-1]], dim=1)  # (M, C, V)
+    return r, chosen_nll(logits, ids[lm_rows, P:], batch["completion_mask"][lm_rows])
 
 
-def batch_rewards(rm: RewardModel, batch: dict, share_prompt: bool) -> torch.Tensor:
+def chosen_nll(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the completion tokens (EOS included) where ``mask`` is 1.
+
+    The generalisable-RM regulariser (GRM, Yang et al. 2024): keep the backbone a language model of the *chosen*
+    answers while the head learns to rank, ``L = L_BT + sft_coef * nll(chosen)``, so its hidden states stay
+    features of what a right answer is. (M, C, V), (M, C), (M, C) -> scalar.
+    """
+    lp = token_logps(logits, labels)  # (M, C)
+    m = mask.to(lp.dtype)
+    return -(lp * m).sum() / m.sum().clamp_min(1.0)
+
+
+def batch_rewards(rm: RewardModel, batch: dict, share_prompt: bool, lm_rows: torch.Tensor | None = None):
     """(2B,) rewards of a :func:`collate_preference` batch (chosen rows, then rejected rows); with ``share_prompt``
-    each pair's prompt runs once for both its completions (:func:`row_rewards`)."""
+    each pair's prompt runs once for both its completions, with ``lm_rows`` also the NLL (:func:`row_rewards`)."""
     B = batch["input_ids"].shape[0] // 2
     pair = torch.arange(B, device=batch["input_ids"].device).repeat(2)  # rows i and B + i are pair i's
-    return row_rewards(rm, {**batch, "prompt_index": pair}, share_prompt)
+    return row_rewards(rm, {**batch, "prompt_index": pair}, share_prompt, lm_rows)
 
 
 def prompt_groups(pairs: Sequence[PreferencePair]) -> list[list[int]]:
