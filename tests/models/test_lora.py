@@ -343,3 +343,22 @@ def test_ppo_with_model_dir_lora_and_user_prompts(dirs, tmp_path):
     assert sum(len(levels) == 8 for levels in seen) == 2 and all(set(levels) <= {0, 1, 2} for levels in seen)
     assert (out / "model" / "adapter_config.json").is_file()
     assert tf.AutoModelForCausalLM.from_pretrained(out / "model") is not None
+
+
+def test_rm_sft_coef_on_a_hugging_face_backbone_is_a_clear_error(dirs, tmp_path):
+    """The GRM term reads the backbone's LM head in the RM's own forward: a posttrain GPT only; an HF model is told so."""
+    from posttrain.errors import UserError
+    from posttrain.trainers.reward import RMConfig, train_reward_model
+
+    pairs = pairs_file(tmp_path / "p.jsonl")
+    cfg = RMConfig(
+        out=str(tmp_path / "rm"),
+        model_path=str(dirs["gpt2"]),
+        steps=1,
+        data=str(pairs),
+        eval_data=str(pairs),
+        sft_coef=1.0,
+        **QUIET,
+    )
+    with pytest.raises(UserError, match="--sft-coef needs a posttrain GPT backbone"):
+        train_reward_model(cfg)
