@@ -160,7 +160,7 @@ def test_bounds_reach_the_help_text():
 CONFIG_MODULES = (
     "posttrain.trainers.sft",
     "posttrain.trainers.dpo_config",
-    "posttrain.trainers.reward",
+    "posttrain.trainers.reward_config",
     "posttrain.trainers.pg_config",
     "posttrain.trainers.ppo_config",
     "posttrain.trainers.alarms",

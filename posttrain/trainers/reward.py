@@ -83,9 +83,9 @@ from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finit
 from posttrain.trainers.reward_batches import (
     batch_rewards,
     collate_prompt_groups,
+    has_lm_head,
     prompt_groups,
     row_rewards,
-    shares_prompt,
 )
 from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RMConfig  # noqa: F401  (re-exported)
 from posttrain.trainers.reward_eval import evaluate_pairs, pair_rewards
@@ -263,10 +263,10 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         for x, what in ((train, "training"), (held, "held-out"))
     )
 
-    if cfg.sft_coef > 0 and (world.distributed or not shares_prompt(rm)):
+    if cfg.sft_coef > 0 and (world.distributed or not has_lm_head(rm)):
         raise UserError(
-            "--sft-coef needs a posttrain GPT backbone (not a Hugging Face model) on one process: the NLL "
-            "comes from the backbone's LM head in the RM's own forward"
+            "--sft-coef needs a language-model backbone (posttrain's GPT or a Hugging Face causal LM, not an "
+            "encoder) on one process: the NLL comes from the backbone's own LM head"
         )
     fsdp = cfg.fsdp and world.distributed
     if fsdp:

@@ -26,7 +26,7 @@ from posttrain.data.preference import PreferencePair, collate_preference, pack_p
 from posttrain.losses.logprobs import token_logps
 from posttrain.models.gpt import GPT
 from posttrain.models.heads import GPTBackbone, RewardModel
-from posttrain.scoring import shared_prefix_forward
+from posttrain.scoring import completion_logps, shared_prefix_forward
 
 BATCH_BY = ("pair", "prompt")
 
@@ -37,19 +37,32 @@ def shares_prompt(rm: RewardModel) -> bool:
     return isinstance(rm.backbone, GPTBackbone) and isinstance(rm.backbone.model, GPT)
 
 
+def has_lm_head(rm: RewardModel) -> bool:
+    """Whether the backbone is a language model whose head the GRM term can read: posttrain's GPT, or a Hugging Face
+    causal LM (an encoder has none)."""
+    if shares_prompt(rm):
+        return True
+    get = getattr(rm.backbone.model, "get_output_embeddings", None)
+    return get is not None and get() is not None
+
+
 def row_rewards(rm: RewardModel, batch: dict, share_prompt: bool, lm_rows: torch.Tensor | None = None):
     """(N,) rewards of the rows of a packed [prompt | completion] batch with a ``prompt_index`` (N,).
 
     With ``share_prompt`` (and :func:`shares_prompt`) rows with the same ``prompt_index`` run their prompt once and
     the head reads the last real completion token: the same rewards and gradients as ``rm(input_ids, mask)``.
-    With ``lm_rows`` (a posttrain GPT backbone; it implies the shared-prompt forward) it returns
-    ``(rewards, nll)``: ``nll`` the mean token negative log-likelihood of those rows' completions under the
-    backbone's own LM head, from the same forward (the GRM regulariser, :func:`chosen_nll`).
+    With ``lm_rows`` it returns ``(rewards, nll)``: ``nll`` the mean token negative log-likelihood of those rows'
+    completions under the backbone's own LM head (the GRM regulariser, :func:`chosen_nll`), read off the same
+    forward for a posttrain GPT, from a second forward of the causal LM over those rows for a Hugging Face backbone.
     """
-    ids, attn = batch["input_ids"], batch["attention_mask"]
-    if lm_rows is None and not (share_prompt and shares_prompt(rm)):
-        return rm(ids, attn)
-    P = batch["completion_start"]
+    ids, attn, P = batch["input_ids"], batch["attention_mask"], batch["completion_start"]
+    if not shares_prompt(rm) or (lm_rows is None and not share_prompt):
+        r = rm(ids, attn)
+        if lm_rows is None:
+            return r
+        mask = batch["completion_mask"][lm_rows]
+        lp = completion_logps(rm.backbone.model, ids[lm_rows], attn[lm_rows], P, completion_mask=mask)  # (M, C)
+        return r, -lp.sum() / mask.sum().clamp_min(1)
     out = shared_prefix_forward(rm.backbone.model, ids, attn, P, batch["prompt_index"], output_hidden_states=True)
     r = rm.head(out.hidden, attn[:, P:])  # every completion has a real token (pack_prompt_completion checks)
     if lm_rows is None:

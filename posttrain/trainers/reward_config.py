@@ -48,7 +48,8 @@ class RMConfig(TrainerConfig):
     sft_coef: float = knob(
         0.0,
         "GRM regulariser (Yang et al. 2024): + sft_coef x the chosen completions' token NLL under the backbone's "
-        "own LM head, from the same forward (posttrain GPT backbone, one process)",
+        "own LM head (posttrain GPT: from the same forward; a Hugging Face causal LM: a second forward over the chosen "
+        "rows; one process)",
         ge=0,
     )
     center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)", ge=0)

@@ -3,6 +3,7 @@ merged weights are W + (alpha / r) B A, and the saved directory is base + peft a
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -345,20 +346,43 @@ def test_ppo_with_model_dir_lora_and_user_prompts(dirs, tmp_path):
     assert tf.AutoModelForCausalLM.from_pretrained(out / "model") is not None
 
 
-def test_rm_sft_coef_on_a_hugging_face_backbone_is_a_clear_error(dirs, tmp_path):
-    """The GRM term reads the backbone's LM head in the RM's own forward: a posttrain GPT only; an HF model is told so."""
-    from posttrain.errors import UserError
+def test_rm_sft_coef_on_a_hugging_face_causal_lm(dirs, tmp_path):
+    """The GRM term on an HF backbone comes from a second forward of the causal LM over the chosen rows: it equals
+    the chosen completions' mean NLL computed by hand from the LM's logits, and an RM run with it logs it."""
+    from posttrain.data.preference import collate_preference, load_preference_pairs
+    from posttrain.models.heads import RewardModel
     from posttrain.trainers.reward import RMConfig, train_reward_model
+    from posttrain.trainers.reward_batches import batch_rewards, has_lm_head, shares_prompt
 
+    ck = load_policy(dirs["gpt2"])
+    rm = RewardModel(ck.model)
+    assert has_lm_head(rm) and not shares_prompt(rm)
     pairs = pairs_file(tmp_path / "p.jsonl")
-    cfg = RMConfig(
-        out=str(tmp_path / "rm"),
-        model_path=str(dirs["gpt2"]),
-        steps=1,
-        data=str(pairs),
-        eval_data=str(pairs),
-        sft_coef=1.0,
-        **QUIET,
+    batch = collate_preference(load_preference_pairs(pairs)[:3], ck.tokenizer)
+    _, nll = batch_rewards(rm, batch, share_prompt=True, lm_rows=torch.arange(3))
+    ids, attn, P, cm = (
+        batch["input_ids"][:3],
+        batch["attention_mask"][:3],
+        batch["completion_start"],
+        batch["completion_mask"][:3],
     )
-    with pytest.raises(UserError, match="--sft-coef needs a posttrain GPT backbone"):
-        train_reward_model(cfg)
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)
+    logits = ck.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, P - 1 : -1]
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+    torch.testing.assert_close(nll, -(lp * cm).sum() / cm.sum(), atol=1e-5, rtol=1e-5)
+    out = tmp_path / "rm"
+    train_reward_model(
+        RMConfig(
+            out=str(out),
+            model_path=str(dirs["gpt2"]),
+            steps=2,
+            batch_size=4,
+            warmup_steps=0,
+            data=str(pairs),
+            eval_data=str(pairs),
+            sft_coef=1.0,
+            **QUIET,
+        )
+    )
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(math.isfinite(r["chosen_nll"]) for r in rows if "loss" in r)
