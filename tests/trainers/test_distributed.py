@@ -378,7 +378,7 @@ RM_SCRIPT = textwrap.dedent("""
     # head) get a gradient of exactly 0, and Adam scales their float noise (summed in another order) to lr-sized steps
     fsdp = len(sys.argv) > 6 and sys.argv[6] == "fsdp"
     train_reward_model(RMConfig(out=out, init=init, steps=3, batch_size=6, lr=1e-3, warmup_steps=1, eval_every=0,
-                                center_coef=0.1, fsdp=fsdp,
+                                center_coef=0.1, fsdp=fsdp, batch_by=os.environ.get("RM_BATCH_BY", "pair"),
                                 save_every=2, progress=False, eval_prompts=16, stats_pairs=16,
                                 pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)),
                        resume=sys.argv[7] if len(sys.argv) > 7 else None)
@@ -416,6 +416,17 @@ def test_two_process_reward_model_equals_one_process(tmp_path, one, rm_one):
     mb = [json.loads(x) for x in (b / "metrics.jsonl").read_text().splitlines()]
     for r1, r2 in zip(ma, mb):
         assert abs(r1["loss"] - r2["loss"]) < 1e-5 and abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5
+
+
+def test_two_process_reward_model_with_prompt_batches_equals_one_process(tmp_path, one, monkeypatch):
+    """--batch-by prompt under DDP: each rank scores its share of the step's prompts, its loss weighted by its share
+    of the step's pairs, so the 2-process run ends as the 1-process one."""
+    monkeypatch.setenv("RM_BATCH_BY", "prompt")
+    init = str(one / "model")
+    a = _run_script(RM_SCRIPT, tmp_path, 1, "rmp1", init)
+    b = _run_script(RM_SCRIPT, tmp_path, 2, "rmp2", init)
+    _same_rm(a / "model", b / "model")
+    assert json.loads((a / "config.resolved.json").read_text())["batch_by"] == "prompt"
 
 
 def test_fsdp_reward_model_two_processes_equal_one_export_and_resume_in_one_process(tmp_path, one, rm_one):
