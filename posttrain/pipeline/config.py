@@ -162,6 +162,11 @@ class PipelineConfig:
                 f"nproc_per_stage > 1 runs SFT under torchrun, where restarts are not supported: set "
                 f"sft.restarts = 1 (it is {self.sft.restarts})"
             )
+        if self.nproc_per_stage > 1 and self.rm.sft_coef > 0:
+            raise ConfigError(
+                f"nproc_per_stage > 1 runs the rm stage under torchrun, where its GRM term is not supported: set "
+                f"rm.sft_coef = 0 (it is {self.rm.sft_coef})"
+            )
         if self.hf_model and not Path(self.hf_model).is_dir():
             raise ConfigError(
                 f"hf_model={self.hf_model!r}: not a directory (a local Hugging Face model directory, "

@@ -87,7 +87,7 @@ from posttrain.trainers.reward_batches import (
     prompt_groups,
     row_rewards,
 )
-from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RMConfig  # noqa: F401  (re-exported)
+from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RECIPE_V3, RMConfig  # noqa: F401  (re-exported)
 from posttrain.trainers.reward_eval import evaluate_pairs, pair_rewards
 
 # ---------------------------------------------------------------------------------------------
@@ -266,7 +266,8 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
     if cfg.sft_coef > 0 and (world.distributed or not has_lm_head(rm)):
         raise UserError(
             "--sft-coef needs a language-model backbone (posttrain's GPT or a Hugging Face causal LM, not an "
-            "encoder) on one process: the NLL comes from the backbone's own LM head"
+            "encoder) on one process: the NLL comes from the backbone's own LM head; pass --sft-coef 0 to train "
+            "without it"
         )
     fsdp = cfg.fsdp and world.distributed
     if fsdp:

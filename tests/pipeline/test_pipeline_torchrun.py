@@ -23,8 +23,10 @@ pytestmark = pytest.mark.slow  # two torchrun launches of 2 processes (~25 s on 
 LATER = ("sft_raw", "rm", "dpo", "ppo", "eval", "report")
 
 
-def micro(**overrides):  # one SFT run: restarts do not run under torchrun
-    return build_config(PipelineConfig, PRESETS["micro"], overrides={"sft.restarts": 1, **overrides})
+def micro(**overrides):  # one SFT run, the RM without its GRM term: neither runs under torchrun
+    return build_config(
+        PipelineConfig, PRESETS["micro"], overrides={"sft.restarts": 1, "rm.sft_coef": 0.0, **overrides}
+    )
 
 
 def test_training_stages_under_torchrun(tmp_path):
@@ -60,6 +62,8 @@ def test_nproc_per_stage_refuses_parallel_jobs():
         micro(nproc_per_stage=2, jobs=2)
     with pytest.raises(ConfigError, match=r"restarts are not supported: set sft.restarts = 1 \(it is 2\)"):
         micro(nproc_per_stage=2, **{"sft.restarts": 2})
+    with pytest.raises(ConfigError, match=r"GRM term is not supported: set rm.sft_coef = 0 \(it is 1.0\)"):
+        micro(nproc_per_stage=2, **{"rm.sft_coef": 1.0})
 
 
 @pytest.mark.parametrize("module", ["sft", "reward", "dpo", "policy_gradient", "ppo"])

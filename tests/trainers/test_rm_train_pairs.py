@@ -180,7 +180,8 @@ def test_tiny_recipe_and_the_previous_ones():
     from posttrain.config import build_config
     from posttrain.trainers.reward import PRESETS
 
-    new, v2, v1 = (build_config(RMConfig, PRESETS[p]) for p in ("tiny", "tiny_v2", "tiny_v1"))
+    grm, new, v2, v1 = (build_config(RMConfig, PRESETS[p]) for p in ("tiny", "tiny_v3", "tiny_v2", "tiny_v1"))
+    assert grm.sft_coef == 1.0 and dataclasses.replace(grm, sft_coef=0.0) == new  # tiny = tiny_v3 + the GRM term
     assert (new.steps, new.train_pairs) == (3000, TrainPairsConfig(restarts="off", samples_per_prompt=32))
     assert (v2.steps, v2.train_pairs, v1.steps, v1.train_pairs) == (
         3000,
