@@ -206,7 +206,7 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # answers' token NLL under the backbone's own LM head; Yang et al. 2024). Without it the cut recipe was a weak RM
 # (0.68-0.75 held-out pairwise on seeds 0-2 at 470 steps) whose plain best-of-8 fell below SFT's greedy answer;
 # with it 0.86-0.87 (docs/pipeline.md); `posttrain rm --preset tiny` is the full recipe (3000 steps on every
-# prompt, with the regulariser: 0.96-0.98 on seeds 1-2; `tiny_v3` without it: 0.86-0.93, docs/rm.md).
+# prompt, with the regulariser: 0.96-0.98 on seeds 0-2; `tiny_v3` without it: 0.86-0.93, docs/rm.md).
 RM_PIPELINE: dict = _merge(
     json.loads(json.dumps(RM_RECIPE)),
     {"steps": 800, "sft_coef": 1.0, "pairs": {"num_prompts": 3000}, "train_pairs": {"samples_per_prompt": 32}},
