@@ -296,6 +296,26 @@ def pack_prompt_completion(
     }
 
 
+def pair_tokens(
+    pairs: Sequence[PreferencePair],
+    tokenizer,
+    *,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    add_bos: bool = True,
+    add_eos: bool = True,
+) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """(prompt, chosen, rejected) token lists of each pair: the ``tokens`` :func:`fit_pairs` checked and fitted
+    when every pair carries them, else [bos] + prompt and completion + [eos] under the length caps."""
+    if all(p.tokens is not None for p in pairs):  # checked and fitted once by fit_pairs
+        prompts, chosen, rejected = (list(x) for x in zip(*(p.tokens for p in pairs)))
+        return prompts, chosen, rejected
+    prompts = [encode_prompt(tokenizer, p.prompt, add_bos, max_prompt_length) for p in pairs]
+    chosen = [encode_completion(tokenizer, p.chosen, add_eos, max_completion_length) for p in pairs]
+    rejected = [encode_completion(tokenizer, p.rejected, add_eos, max_completion_length) for p in pairs]
+    return prompts, chosen, rejected
+
+
 def collate_preference(
     pairs: Sequence[PreferencePair],
     tokenizer,
@@ -314,12 +334,14 @@ def collate_preference(
     """
     if not pairs:
         raise ValueError("collate_preference needs at least one pair")
-    if all(p.tokens is not None for p in pairs):  # checked and fitted once by fit_pairs
-        prompts, chosen, rejected = (list(x) for x in zip(*(p.tokens for p in pairs)))
-    else:
-        prompts = [encode_prompt(tokenizer, p.prompt, add_bos, max_prompt_length) for p in pairs]
-        chosen = [encode_completion(tokenizer, p.chosen, add_eos, max_completion_length) for p in pairs]
-        rejected = [encode_completion(tokenizer, p.rejected, add_eos, max_completion_length) for p in pairs]
+    prompts, chosen, rejected = pair_tokens(
+        pairs,
+        tokenizer,
+        max_prompt_length=max_prompt_length,
+        max_completion_length=max_completion_length,
+        add_bos=add_bos,
+        add_eos=add_eos,
+    )
     batch = pack_prompt_completion(prompts + prompts, chosen + rejected, padding_id(tokenizer))
     lengths = batch["completion_mask"].sum(-1)  # (2B,)
     B = len(pairs)

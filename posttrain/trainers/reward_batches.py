@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 import torch
 
-from posttrain.data.preference import PreferencePair, collate_preference, pack_prompt_completion, padding_id
-from posttrain.losses.logprobs import token_logps
+from posttrain.data.preference import PreferencePair, pack_prompt_completion, padding_id, pair_tokens
+from posttrain.losses.logprobs import masked_mean, token_logps
 from posttrain.models.gpt import GPT
 from posttrain.models.heads import GPTBackbone, RewardModel
 from posttrain.scoring import completion_logps, shared_prefix_forward
@@ -62,25 +62,24 @@ def row_rewards(rm: RewardModel, batch: dict, share_prompt: bool, lm_rows: torch
             return r
         mask = batch["completion_mask"][lm_rows]
         lp = completion_logps(rm.backbone.model, ids[lm_rows], attn[lm_rows], P, completion_mask=mask)  # (M, C)
-        return r, -lp.sum() / mask.sum().clamp_min(1)
+        return r, chosen_nll(lp, mask)
     out = shared_prefix_forward(rm.backbone.model, ids, attn, P, batch["prompt_index"], output_hidden_states=True)
     r = rm.head(out.hidden, attn[:, P:])  # every completion has a real token (pack_prompt_completion checks)
     if lm_rows is None:
         return r
     logits = torch.cat([out.last_logits[lm_rows, None], out.logits[lm_rows, :-1]], dim=1)  # (M, C, V)
-    return r, chosen_nll(logits, ids[lm_rows, P:], batch["completion_mask"][lm_rows])
+    return r, chosen_nll(token_logps(logits, ids[lm_rows, P:]), batch["completion_mask"][lm_rows])
 
 
-def chosen_nll(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean negative log-likelihood of the completion tokens (EOS included) where ``mask`` is 1.
+def chosen_nll(logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the completion tokens (EOS included) where ``mask`` is 1: (M, C), (M, C) ->
+    scalar, from the tokens' log-probs under the backbone's LM head.
 
     The generalisable-RM regulariser (GRM, Yang et al. 2024): keep the backbone a language model of the *chosen*
     answers while the head learns to rank, ``L = L_BT + sft_coef * nll(chosen)``, so its hidden states stay
-    features of what a right answer is. (M, C, V), (M, C), (M, C) -> scalar.
+    features of what a right answer is.
     """
-    lp = token_logps(logits, labels)  # (M, C)
-    m = mask.to(lp.dtype)
-    return -(lp * m).sum() / m.sum().clamp_min(1.0)
+    return -masked_mean(logps, mask)
 
 
 def batch_rewards(rm: RewardModel, batch: dict, share_prompt: bool, lm_rows: torch.Tensor | None = None):
@@ -123,39 +122,25 @@ def collate_prompt_groups(
     if not groups or not all(groups):
         raise ValueError("collate_prompt_groups needs at least one non-empty group")
     flat = [pairs[i] for g in groups for i in g]
-    enc = collate_preference(  # tokens of every pair, encoded as the pair batches are (BOS, EOS, length caps)
-        flat, tokenizer, max_prompt_length=max_prompt_length, max_completion_length=max_completion_length
-    )
-    M = len(flat)
-    prompts_tok, comps_tok = _row_tokens(enc, M)
+    group_of = [g for g, group in enumerate(groups) for _ in group]
+    caps = dict(max_prompt_length=max_prompt_length, max_completion_length=max_completion_length)
+    prompts_tok, chosen_tok, rejected_tok = pair_tokens(flat, tokenizer, **caps)  # as the pair batches encode them
     prompts, comps, prompt_index, rows = [], [], [], {}
-    chosen, rejected, k = [], [], 0
-    for g, group in enumerate(groups):
-        for _ in group:
-            for side, out in ((k, chosen), (M + k, rejected)):
-                key = (g, comps_tok[side])
-                if key not in rows:
-                    rows[key] = len(comps)
-                    prompts.append(prompts_tok[side])
-                    comps.append(list(comps_tok[side]))
-                    prompt_index.append(g)
-                out.append(rows[key])
-            k += 1
+
+    def row(k: int, completion: list[int]) -> int:  # the row of (pair k's prompt, completion), added once
+        key = (group_of[k], tuple(completion))
+        if key not in rows:
+            rows[key] = len(comps)
+            prompts.append(prompts_tok[k])
+            comps.append(list(completion))
+            prompt_index.append(group_of[k])
+        return rows[key]
+
+    chosen = [row(k, c) for k, c in enumerate(chosen_tok)]
+    rejected = [row(k, r) for k, r in enumerate(rejected_tok)]
     batch = pack_prompt_completion(prompts, comps, padding_id(tokenizer))
     batch["prompt_index"] = torch.tensor(prompt_index)
     batch["chosen_rows"], batch["rejected_rows"] = torch.tensor(chosen), torch.tensor(rejected)
-    if "margin" in enc:
-        batch["margin"] = enc["margin"]
+    if all(p.margin is not None for p in flat):
+        batch["margin"] = torch.tensor([p.margin for p in flat], dtype=torch.float32)
     return batch
-
-
-def _row_tokens(enc: dict, M: int) -> tuple[list[list[int]], list[tuple[int, ...]]]:
-    """The prompt and completion tokens of each of the 2M rows of a collated pair batch."""
-    ids, attn, cmask, P = enc["input_ids"], enc["attention_mask"], enc["completion_mask"], enc["completion_start"]
-    prompts, comps = [], []
-    for r in range(2 * M):
-        p = ids[r, :P][attn[r, :P].bool()].tolist()
-        c = ids[r, P:][cmask[r].bool()].tolist()
-        prompts.append(p)
-        comps.append(tuple(c))
-    return prompts, comps
