@@ -12,9 +12,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# --no-compile: pip would byte-compile all of torch (~20 s of the demo's set-up on 2 cores); Python compiles the
+# modules a run imports on first use instead (a few seconds, once).
 $(STAMP_CORE): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q "torch>=2.4,<2.14"
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-compile "torch>=2.4,<2.14"
+	$(BIN)/pip install -q --no-compile -e .
 	touch $@
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python

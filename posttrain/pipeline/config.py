@@ -201,15 +201,16 @@ _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # The presets carry the sections whose pipeline defaults differ from the stage config's own field defaults, so that
 # a [dedup] or [rm] section of a --config file changes only the fields it names (a section is built from the
 # preset's dict merged with the file's, not from the field's default factory).
-# The rm stage: `rm --preset tiny_v1` (pairs of the SFT model alone) with the `tiny` recipe's 32 training samples per
-# prompt, on 3000 of its ~9000 prompts, 800 of its 2000 steps, and the GRM regulariser (`--sft-coef 1`: + the chosen
-# answers' token NLL under the backbone's own LM head; Yang et al. 2024). Without it the cut recipe was a weak RM
-# (0.68-0.75 held-out pairwise on seeds 0-2 at 470 steps) whose plain best-of-8 fell below SFT's greedy answer;
-# with it 0.86-0.87 (docs/pipeline.md); `posttrain rm --preset tiny` is the full recipe (3000 steps on every
-# prompt, with the regulariser: 0.96-0.98 on seeds 0-2; `tiny_v3` without it: 0.86-0.93, docs/rm.md).
+# The rm stage: `rm --preset tiny_v1` (16 samples of the SFT model per prompt) on 3000 of its ~9000 prompts, 800 of
+# its 2000 steps, with the GRM regulariser (`--sft-coef 1`: + the chosen answers' token NLL under the backbone's own
+# LM head; Yang et al. 2024). Without it the cut recipe was a weak RM (0.68-0.75 held-out pairwise on seeds 0-2 at
+# 470 steps) whose plain best-of-8 fell below SFT's greedy answer; with it 0.80-0.86, best-of-8 +3.9 to +5.5 points.
+# 32 samples per prompt (the stop before) gave 0.86-0.87 and +3.9 to +6.2 for ~30 s more of sampling; 600 steps or
+# prompt batches (`batch_by = "prompt"`) were cheaper still but fell to +0.0 to +2.0 on some seed (docs/pipeline.md).
+# `posttrain rm --preset tiny` is the full recipe (3000 steps on every prompt, with the regulariser: 0.96-0.98 on
+# seeds 0-2; `tiny_v3` without it: 0.86-0.93, docs/rm.md).
 RM_PIPELINE: dict = _merge(
-    json.loads(json.dumps(RM_RECIPE)),
-    {"steps": 800, "sft_coef": 1.0, "pairs": {"num_prompts": 3000}, "train_pairs": {"samples_per_prompt": 32}},
+    json.loads(json.dumps(RM_RECIPE)), {"steps": 800, "sft_coef": 1.0, "pairs": {"num_prompts": 3000}}
 )
 # The ppo stage: `ppo --preset tiny` at 200 of its 300 steps (its LR is constant, so the run is the first 200 steps of
 # the 300-step one: held-out +19.9 / +32.0 / +35.1 points over SFT at step 200 on seeds 0-2; ~105 s given to rm).

@@ -234,10 +234,9 @@ def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its
         steps=800,
         sft_coef=1.0,
         pairs=dataclasses.replace(recipe.pairs, num_prompts=3000),
-        train_pairs=dataclasses.replace(recipe.train_pairs, samples_per_prompt=32),
     )
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
-    assert tiny.rm == short == PipelineConfig().rm  # tiny_v1, 32 training samples, 800 steps, 3000 prompts, GRM
+    assert tiny.rm == short == PipelineConfig().rm  # tiny_v1 (16 samples), 800 steps, 3000 prompts, GRM
     assert tiny.ppo == {"steps": 200}  # `posttrain ppo --preset tiny` at 200 of its 300 steps
     sft_v5 = build_config(sft.SFTConfig, sft.PRESETS["tiny_v5"])  # `posttrain sft --preset tiny_v5`, 4 of 5 restarts
     assert sft_v5.restarts == 5 and tiny.sft == dataclasses.replace(sft_v5, restarts=4)
