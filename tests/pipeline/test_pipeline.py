@@ -230,10 +230,7 @@ def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its
 
     recipe = build_config(reward.RMConfig, reward.PRESETS["tiny_v1"])  # `posttrain rm --preset tiny_v1`
     short = dataclasses.replace(
-        recipe,
-        steps=800,
-        sft_coef=1.0,
-        pairs=dataclasses.replace(recipe.pairs, num_prompts=3000),
+        recipe, steps=800, sft_coef=1.0, pairs=dataclasses.replace(recipe.pairs, num_prompts=3000)
     )
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
     assert tiny.rm == short == PipelineConfig().rm  # tiny_v1 (16 samples), 800 steps, 3000 prompts, GRM
