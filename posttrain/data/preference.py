@@ -346,9 +346,17 @@ def collate_preference(
     lengths = batch["completion_mask"].sum(-1)  # (2B,)
     B = len(pairs)
     batch["chosen_lengths"], batch["rejected_lengths"] = lengths[:B], lengths[B:]
-    if all(p.margin is not None for p in pairs):
-        batch["margin"] = torch.tensor([p.margin for p in pairs], dtype=torch.float32)
+    margins = pair_margins(pairs)
+    if margins is not None:
+        batch["margin"] = margins
     return batch
+
+
+def pair_margins(pairs: Sequence[PreferencePair]) -> torch.Tensor | None:
+    """(B,) float32 margins when every pair has one, else None (a batch is trained with margins or without)."""
+    if all(p.margin is not None for p in pairs):
+        return torch.tensor([p.margin for p in pairs], dtype=torch.float32)
+    return None
 
 
 def collate_kto(

@@ -398,10 +398,10 @@ STAGES: tuple[Stage, ...] = (
     ),
 )
 BY_NAME = {s.name: s for s in STAGES}
-# The order stages are started in: STAGES' order, with the four stages after SFT longest first (grpo ~200-280 s, ppo
-# ~150-210, rm ~160-220 since its GRM recipe, dpo ~30-40 on the tiny preset; grpo before rm keeps the lanes as they
-# were), so that with --jobs 2 the lanes are grpo + dpo and ppo + rm: a makespan of max(grpo + dpo, ppo + rm), the
-# best split of these four.
+# The order stages are started in: STAGES' order, with the four stages after SFT longest first (on the tiny preset
+# grpo ~200-350 s, ppo ~150-260, rm ~150-190 with its GRM recipe on 16 samples per prompt, dpo ~30-40; grpo before
+# rm keeps the lanes as they were), so that with --jobs 2 the lanes are grpo + dpo and ppo + rm: a makespan of
+# max(grpo + dpo, ppo + rm), the best split of these four.
 RUN_ORDER: tuple[Stage, ...] = tuple(
     BY_NAME[n] for n in ("dedup", "tokenizer", "sft", "sft_raw", "grpo", "ppo", "rm", "dpo", "eval", "report")
 )

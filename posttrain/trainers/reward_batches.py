@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from posttrain.data.preference import PreferencePair, pack_prompt_completion, padding_id, pair_tokens
+from posttrain.data.preference import PreferencePair, pack_prompt_completion, padding_id, pair_margins, pair_tokens
 from posttrain.losses.logprobs import masked_mean, token_logps
 from posttrain.models.gpt import GPT
 from posttrain.models.heads import GPTBackbone, RewardModel
@@ -141,6 +141,7 @@ def collate_prompt_groups(
     batch = pack_prompt_completion(prompts, comps, padding_id(tokenizer))
     batch["prompt_index"] = torch.tensor(prompt_index)
     batch["chosen_rows"], batch["rejected_rows"] = torch.tensor(chosen), torch.tensor(rejected)
-    if all(p.margin is not None for p in flat):
-        batch["margin"] = torch.tensor([p.margin for p in flat], dtype=torch.float32)
+    margins = pair_margins(flat)
+    if margins is not None:
+        batch["margin"] = margins
     return batch
