@@ -311,6 +311,8 @@ def write_curves(results, agg, work: Path) -> list[str]:
 def versions() -> dict:
     import torch
 
+    from posttrain.pipeline.run import cpu_description
+
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         dirty = bool(
@@ -326,6 +328,7 @@ def versions() -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
         "machine": platform.machine(),
+        "cpu": cpu_description(),  # the kernel ISA decides the rounding, so the trajectories
         "cpus": os.cpu_count(),
     }
 

@@ -38,6 +38,26 @@ from posttrain.pipeline.base import LABELS, heldout_table
 from posttrain.pipeline.stages import BY_NAME, RUN_ORDER, STAGES, Context, get
 
 
+def cpu_description() -> str:
+    """The CPU's model name and the vector ISA torch's kernels dispatch to (e.g. ``AMD EPYC, torch kernels AVX2``).
+
+    Trainings are bitwise reproducible on one machine, not across ISAs: AVX2 and AVX-512 kernels round matmuls
+    differently, so the same seed follows another trajectory there (docs/pipeline.md)."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), name)
+    except OSError:
+        pass
+    try:
+        import torch
+
+        isa = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):  # pragma: no cover - torch is a core dependency (2.4+ has it)
+        isa = "unknown"
+    return f"{name}, torch kernels {isa}"
+
+
 def header(cfg, preset: str | None) -> dict:
     commit = "unknown"
     try:
@@ -56,7 +76,7 @@ def header(cfg, preset: str | None) -> dict:
     return {
         "commit": commit,
         "machine": f"{platform.machine()} {platform.system()} {platform.release()}, "
-        f"{os.cpu_count()} CPUs, threads={cfg.threads}",
+        f"{os.cpu_count()} CPUs ({cpu_description()}), threads={cfg.threads}",
         "python": platform.python_version(),
         "torch": cache.torch_version(),
         "posttrain": __version__,

@@ -204,10 +204,11 @@ class PPOTrainer:
             self.snapshot = load_snapshot(p)
 
     # ------------------------------------------------------------------------------------------ update
-    def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool):
+    def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool, outputs=None):
+        """The micro-batch's loss; ``outputs`` (logps, entropy, values): its forward, already run (the rollout's)."""
         cfg = self.cfg
         P = ro.prompt_length
-        lp, ent, values = forward(
+        lp, ent, values = outputs or forward(
             self.model,
             self.critic,
             self.shared_head,
@@ -258,6 +259,7 @@ class PPOTrainer:
         offset, total = distributed.row_offsets(N, w)  # this rank's rows are [offset, offset + N) of the global batch
         parts, gnorms, cnorms, skipped, stopped, last_epoch = [], [], [], 0, False, []
         critic = self._critic()
+        first, ro.first_forward = ro.first_forward, None  # the rollout's forward: the first minibatch's (then freed)
         for epoch in range(cfg.mu):
             order = epoch_order(cfg.seed, step, epoch, total, cfg.minibatches)
             for mb in micro_schedule(order, cfg, offset, N, w, self.fsdp):  # [(rows, dummy), ...] per minibatch
@@ -269,12 +271,14 @@ class PPOTrainer:
                 for k, (rows, dummy) in enumerate(mb):
                     last = k == len(mb) - 1  # FSDP reduces the gradients on the last micro-batch only
                     with sharded.no_sync(self.model, last), sharded.no_sync(critic, last):
-                        loss, met = self._micro_loss(ro, rows, norms, train_policy)
+                        outputs = first[k] if first else None
+                        loss, met = self._micro_loss(ro, rows, norms, train_policy, outputs)
                         if dummy or self.fsdp:  # FSDP averages over ranks: W x this rank's share sums to the total
                             loss = loss * (0.0 if dummy else distributed.ddp_loss_scale(w))
                         loss.backward()
                     if not dummy:
                         mb_parts.append(met)
+                first = None  # used by the first minibatch only
                 met = ppo_distributed.minibatch_metrics(mb_parts, w)  # the global minibatch's, on every rank
                 if cfg.target_kl is not None and train_policy and met["approx_kl"] > cfg.target_kl:
                     self.opt.zero_grad(set_to_none=True)

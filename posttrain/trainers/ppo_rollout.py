@@ -5,7 +5,9 @@ moved yet), so pi_old is *recomputed* with the very forward the update will run 
 mode, same micro-batch rows in the same order, same trimmed width — rather than taken from the sampler
 (whose KV-cached, one-token-at-a-time arithmetic differs in the last bits). The first minibatch of every
 rollout then has ratio == 1, clip fraction 0 and approx-KL 0 bit for bit (tested), and the values V_old
-that GAE and the value clip use come from the same pass.
+that GAE and the value clip use come from the same pass. When the first minibatch is the whole rollout in one
+micro-batch (the default: minibatches = grad_accum = 1), that pass runs with gradients and *is* the update's
+first forward (:func:`folds_first_forward`): one forward of the three per step saved, the run unchanged bit for bit.
 
 Per rollout (N = prompts_per_step * num_generations rows, T completion tokens):
 
@@ -63,6 +65,7 @@ class PPORollout:
     returns: torch.Tensor  # (N, T) value targets
     metrics: dict
     is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights pi_old / pi_sampler (1 with our sampler)
+    first_forward: list | None = None  # the pi_old pass's (logps, entropy, values) graphs: the update's first forward
 
 
 def epoch_order(seed: int, step: int, epoch: int, n: int, minibatches: int) -> torch.Tensor:
@@ -134,41 +137,55 @@ def forward(
     return lp, (token_entropy(warped) if need_entropy else None), values
 
 
-@torch.no_grad()
-def recompute(trainer, gen, order_micro: list[list[torch.Tensor]]):
-    """pi_old, V_old and pi_ref over the epoch-0 micro-batches, row for row as the update will run them."""
+def folds_first_forward(cfg, trainer) -> bool:
+    """Whether the rollout's pi_old / V_old pass can double as the update's first forward: when the first minibatch
+    is the whole rollout in one micro-batch (minibatches = grad_accum = 1, not FSDP), that pass runs with gradients
+    and the update's first loss reads it instead of running the same forward again (one forward of three saved per
+    step with mu = 2; bitwise the same run, tested)."""
+    return cfg.minibatches == 1 and cfg.grad_accum == 1 and not getattr(trainer, "fsdp", False)
+
+
+def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: bool = False):
+    """pi_old, V_old and pi_ref over the epoch-0 micro-batches, row for row as the update will run them
+    -> (old_lp, old_v, ref_lp, kept). ``keep_graph``: the policy/critic pass runs with gradients and ``kept`` holds
+    its (logps, entropy, values) per micro-batch for the update's first minibatch; else ``kept`` is None."""
     cfg = trainer.cfg
     N, T = gen.completion_mask.shape
     old_lp, old_v = torch.zeros(N, T), torch.zeros(N, T)
     ref_lp = torch.zeros(N, T) if trainer.ref_model is not None else None
-    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=False)
-    P = gen.prompt_length
+    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=keep_graph)
+    P, kept = gen.prompt_length, []
     for mb in order_micro:
         for rows, dummy in mb:  # a dummy (FSDP: this rank has no row there) runs for the collectives, kept nowhere
             seqs, attn, cmask = gen.sequences[rows], gen.attention_mask[rows], gen.completion_mask[rows]
-            lp, _, v = forward(
-                trainer.model,
-                trainer.critic,
-                trainer.shared_head,
-                seqs,
-                attn,
-                cmask,
-                P,
-                gen.prompt_index[rows] if trainer.share_prefix else None,
-                **kw,
-            )
+            with torch.set_grad_enabled(keep_graph):
+                out = forward(
+                    trainer.model,
+                    trainer.critic,
+                    trainer.shared_head,
+                    seqs,
+                    attn,
+                    cmask,
+                    P,
+                    gen.prompt_index[rows] if trainer.share_prefix else None,
+                    **kw,
+                )
+            if keep_graph:
+                kept.append(out)
+            lp, v = out[0].detach(), out[2].detach()
             w = lp.shape[1]
             if dummy:
                 continue
             old_lp[rows, :w], old_v[rows, :w] = lp, v
             if ref_lp is not None:
                 ids, am = seqs[:, : P + w], attn[:, : P + w]
-                out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am)).logits
-                rlp, _ = completion_token_logps(
-                    out[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p, cmask[:, :w]
-                )
+                with torch.no_grad():
+                    out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am))
+                    rlp, _ = completion_token_logps(
+                        out.logits[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p, cmask[:, :w]
+                    )
                 ref_lp[rows, :w] = rlp
-    return old_lp, old_v, ref_lp
+    return old_lp, old_v, ref_lp, (kept if keep_graph else None)
 
 
 def scores_of(cfg, rewards: torch.Tensor, truncated: torch.Tensor, w: World | None = None) -> torch.Tensor:
@@ -239,7 +256,7 @@ def make_rollout(trainer, step: int) -> PPORollout:
     t2 = time.perf_counter()
     N = rewards.numel()
     micro = first_epoch_micro(cfg, step, N, w, getattr(trainer, "fsdp", False))
-    old_lp, old_v, ref_lp = recompute(trainer, gen, micro)
+    old_lp, old_v, ref_lp, first = recompute(trainer, gen, micro, folds_first_forward(cfg, trainer))
     mask = gen.completion_mask
     scores = scores_of(cfg, rewards, gen.truncated, w)
     beta = trainer.kl_ctl.value
@@ -283,4 +300,5 @@ def make_rollout(trainer, step: int) -> PPORollout:
         ret,
         metrics,
         is_w,
+        first,
     )

@@ -16,6 +16,7 @@ from posttrain.rewards.reward_model import load_reward_model
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
+from posttrain.trainers import ppo_rollout
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.ppo import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, PRESETS, PPOConfig, PPOTrainer, train_ppo
 from posttrain.trainers.ppo_rollout import make_rollout
@@ -81,6 +82,52 @@ def test_first_minibatch_ratio_is_exactly_one(sft_dir, tmp_path, kw):
     assert first["ratio_max"] == first["ratio_min"] == 1.0  # bit for bit: pi_old is recomputed by the same forward
     assert first["approx_kl"] == 0.0 and first["clip_frac_low"] == first["clip_frac_high"] == 0.0
     assert later["ratio_max"] != 1.0  # the later minibatches do see a moved policy
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"value_model": "shared", "critic_warmup": 1},
+        {"beta": 0.0, "target_kl": 1e-4},  # no reference model; the target-KL stop fires in the second epoch
+        {"lora_r": 4},  # the reference is the policy with its adapters off
+    ],
+)
+def test_folding_the_first_forward_into_the_rollout_changes_nothing(sft_dir, tmp_path, monkeypatch, kw):
+    """minibatches = grad_accum = 1: the pi_old pass is the first update's forward (its graph kept); the run ends
+    bitwise equal to one that runs that forward again, metrics and all."""
+    if kw.get("lora_r"):
+        pytest.importorskip("peft")
+    runs = {}
+    for fold in (True, False):
+        monkeypatch.setattr(ppo_rollout, "folds_first_forward", lambda cfg, trainer, f=fold: f)
+        out = tmp_path / f"fold{int(fold)}"
+        t = PPOTrainer(cfg(sft_dir, out, minibatches=1, steps=3, save_every=0, **kw))
+        before, folded = {k: v.clone() for k, v in t.model.state_dict().items()}, []
+        for step in range(3):
+            ro = make_rollout(t, step)
+            folded.append(ro.first_forward is not None)
+            upd = t.update(ro, step, train_policy=step >= t.cfg.critic_warmup)
+            assert ro.first_forward is None  # the graph is freed by the update
+        assert any(not torch.equal(v, t.model.state_dict()[k]) for k, v in before.items())  # the policy moved
+        runs[fold] = (t, upd, folded)
+    (a, upd_a, folded_a), (b, upd_b, folded_b) = runs[True], runs[False]
+    assert folded_a == [True] * 3 and folded_b == [False] * 3
+    assert upd_a == upd_b
+    for mod_a, mod_b in ((a.model, b.model), (a._critic(), b._critic())):
+        sa, sb = mod_a.state_dict(), mod_b.state_dict()
+        assert all(torch.equal(v, sb[k]) for k, v in sa.items())
+
+
+def test_first_forward_is_folded_only_when_the_first_minibatch_is_one_micro_batch(sft_dir, tmp_path):
+    for kw, want in (
+        ({"minibatches": 1}, True),
+        ({"minibatches": 2}, False),
+        ({"minibatches": 1, "grad_accum": 2}, False),
+    ):
+        t = PPOTrainer(cfg(sft_dir, tmp_path / f"f{len(kw)}{want}", **kw))
+        assert ppo_rollout.folds_first_forward(t.cfg, t) is want
+        assert (make_rollout(t, 0).first_forward is not None) is want
 
 
 def test_a2c_gradient_is_the_policy_gradient_with_gae_advantages(sft_dir, tmp_path):
