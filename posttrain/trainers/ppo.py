@@ -74,10 +74,8 @@ from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 
-CRITIC_FILE, CRITIC_OPTIMIZER_FILE = (
-    "critic.safetensors",
-    "critic_optimizer.pt",
-)  # beside the policy in a PPO checkpoint
+# beside the policy in a PPO checkpoint
+CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"
 
 
 class PPOTrainer:
@@ -205,7 +203,7 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------ update
     def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool, outputs=None):
-        """The micro-batch's loss; ``outputs`` (logps, entropy, values): its forward, already run (the rollout's)."""
+        # outputs: (logps, entropy, values) of these rows, already run (the rollout's pass, ppo_rollout.recompute)
         cfg = self.cfg
         P = ro.prompt_length
         lp, ent, values = outputs or forward(
@@ -271,8 +269,7 @@ class PPOTrainer:
                 for k, (rows, dummy) in enumerate(mb):
                     last = k == len(mb) - 1  # FSDP reduces the gradients on the last micro-batch only
                     with sharded.no_sync(self.model, last), sharded.no_sync(critic, last):
-                        outputs = first[k] if first else None
-                        loss, met = self._micro_loss(ro, rows, norms, train_policy, outputs)
+                        loss, met = self._micro_loss(ro, rows, norms, train_policy, first[k] if first else None)
                         if dummy or self.fsdp:  # FSDP averages over ranks: W x this rank's share sums to the total
                             loss = loss * (0.0 if dummy else distributed.ddp_loss_scale(w))
                         loss.backward()
