@@ -362,7 +362,12 @@ STAGES: tuple[Stage, ...] = (
         ("sft",),
         _from_sft("grpo", "grpo"),
         _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
-        _TRAIN_SCHEMA + (Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),),
+        _TRAIN_SCHEMA
+        + (
+            Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),
+            Metric("heldout_accuracy_last_weights", "accuracy of the last weights (before tail averaging)", "{:.3f}"),
+            Metric("weight_average_steps", "the final model averages the weights at steps"),
+        ),
         inputs=_from_sft_inputs(_from_sft("grpo", "grpo")),
         resumable=True,
     ),

@@ -146,6 +146,8 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
+        if self.fsdp and self.average_last > 1:
+            raise ConfigError("average_last > 1 with fsdp is not supported: the averaged weights would be sharded")
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 
@@ -188,6 +190,13 @@ class PolicyGradientConfig(TrainerConfig):
         "the frozen reference stays whole on each, rollouts sample from a replica refreshed each step); "
         "checkpoints are then sharded (DCP) and `posttrain export` consolidates them",
     )
+    average_last: int = knob(
+        1,
+        "final model = the mean of the policy's weights at this many steps, average_every apart, ending at the "
+        "last step (tail averaging, trainers/weight_average.py; 1 = the last weights)",
+        ge=1,
+    )
+    average_every: int = knob(100, "steps between the averaged weights (with average_last > 1)", ge=1)
 
 
 PRESETS: dict[str, dict] = {

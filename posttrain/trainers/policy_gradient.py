@@ -69,12 +69,14 @@ from posttrain.trainers.checkpoint import (
     restore_rng,
     rng_state,
     save_checkpoint,
-    save_with_snapshot,
+    save_with_extras,
     start_policy,
+    write_snapshot,
 )
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
+from posttrain.trainers.weight_average import TailAverage
 
 
 class PolicyGradientTrainer:
@@ -175,6 +177,9 @@ class PolicyGradientTrainer:
         common.begin_run(self.run, cfg)
         self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
         self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
+        self.tail = TailAverage(cfg.steps, cfg.average_last, cfg.average_every)  # the final model's weight average
+        if ckpt is not None and not self.fsdp:
+            self.tail.load(ckpt.path, ckpt.state.get("weight_average"))
 
     # ------------------------------------------------------------------------------------------ rollout
     def _draw(self, step: int, rnd: int):
@@ -360,6 +365,7 @@ class PolicyGradientTrainer:
             "config": dataclasses.asdict(self.cfg),
             "kl_controller": self.kl_ctl.state_dict(),
             "alarms": self.alarms.state_dict(),
+            "weight_average": self.tail.state(),
             **(extra or {}),
         }
 
@@ -375,7 +381,7 @@ class PolicyGradientTrainer:
             return
         self.manager.save(
             done,
-            save_fn=lambda d, **kw: save_with_snapshot(d, self.snapshot, **kw),
+            save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw),
             model=self.model,
             tokenizer=self.tokenizer,
             state=self._state(done, {"collapse": self.collapse.state_dict()}),
@@ -383,12 +389,21 @@ class PolicyGradientTrainer:
             rng_state=rng_state(),
         )
 
+    def _extras(self, tmp: Path) -> None:
+        """In a periodic checkpoint: the collapse guard's snapshot and the weight average's running sum."""
+        write_snapshot(tmp, self.snapshot)
+        self.tail.write(tmp)
+
     def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
-        """``model/`` (unless the run stopped on non-finite updates), ``summary.json``; a stopped run then fails."""
+        """``model/`` (unless the run stopped on non-finite updates; the tail average of the weights when asked),
+        ``summary.json``; a stopped run then fails."""
         cfg = self.cfg
         if last_eval is None:
             last_eval = self.run_eval()
-        final = None
+        final, last_weights = None, None
+        if not stopped and self.tail.apply(self.model):  # the mean of the weights at self.tail.added
+            last_weights, last_eval = last_eval, self.run_eval()
+            print(f"final model: the mean of the weights at steps {', '.join(map(str, self.tail.added))}")
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
@@ -410,6 +425,8 @@ class PolicyGradientTrainer:
             "heldout_accuracy": last_eval.accuracy,
             "heldout_accuracy_start": initial.accuracy if initial else None,
             "heldout_n": last_eval.n,
+            "heldout_accuracy_last_weights": (last_weights or last_eval).accuracy,  # before averaging
+            "weight_average_steps": self.tail.added if last_weights else [final_step],  # the final model's steps
             "train_seconds": time.perf_counter() - t_start,
             "alarms": self.alarms.summary(),
             "restores": self.collapse.restores,
@@ -446,6 +463,7 @@ class PolicyGradientTrainer:
             if common.should_eval(done, cfg.eval_every, cfg.steps):
                 last_eval = self.run_eval()
                 metrics["heldout_accuracy"] = last_eval.accuracy
+            self.tail.add(self.model, done)
             self.logger.log(done, metrics)
             bar.set_postfix(
                 reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {})

@@ -1,7 +1,9 @@
 import json
+import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
@@ -112,7 +114,6 @@ def test_adaptive_kl_state_is_checkpointed(sft_dir, tmp_path):
 
 
 def test_resume_reproduces_uninterrupted_run(sft_dir, tmp_path):
-    import shutil
 
     full = tmp_path / "full"
     train_policy_gradient(cfg(sft_dir, full))
@@ -163,3 +164,40 @@ def test_resume_past_the_configured_steps_is_refused_like_every_trainer(sft_dir,
     train_policy_gradient(cfg(sft_dir, out, steps=2, save_every=0))
     with pytest.raises(UserError, match=r"is at step 2, beyond steps=1$"):
         PolicyGradientTrainer(cfg(sft_dir, out, steps=1), resume=str(out))
+
+
+def test_grpo_final_model_is_the_mean_of_the_weights_at_the_averaged_steps(sft_dir, tmp_path):
+    plain, avg = tmp_path / "plain", tmp_path / "avg"
+    kw = dict(steps=6, save_every=2, keep_checkpoints=10, lr=1e-2, eval_every=0)
+    s_plain = train_policy_gradient(cfg(sft_dir, plain, **kw))
+    s_avg = train_policy_gradient(cfg(sft_dir, avg, average_last=3, average_every=2, **kw))
+    # the oracle: the un-averaged run's own checkpoints at steps 2 and 4 and its final weights (the same trajectory)
+    ws = [load_file(str(plain / "checkpoints" / f"step-0000000{s}" / "model.safetensors")) for s in (2, 4)]
+    ws.append(load_file(str(plain / "model" / "model.safetensors")))
+    got = load_file(str(avg / "model" / "model.safetensors"))
+    assert any(not torch.equal(ws[0][k], ws[2][k]) for k in got)  # the weights moved between the steps
+    for k, v in got.items():
+        torch.testing.assert_close(v, (ws[0][k] + ws[1][k] + ws[2][k]) / 3, atol=1e-7, rtol=0)
+    assert s_avg["weight_average_steps"] == [2, 4, 6] and s_plain["weight_average_steps"] == [6]
+    assert s_avg["heldout_accuracy_last_weights"] == s_plain["heldout_accuracy"]
+    assert load_checkpoint(avg / "model").state["heldout_accuracy"] == s_avg["heldout_accuracy"]
+
+
+def test_resumed_run_averages_what_an_uninterrupted_one_does(sft_dir, tmp_path):
+    kw = dict(steps=6, save_every=2, keep_checkpoints=10, lr=1e-2, average_last=3, average_every=2)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    train_policy_gradient(cfg(sft_dir, full, **kw))
+    step4 = full / "checkpoints" / "step-00000004"
+    assert load_checkpoint(step4, with_training_state=True).state["weight_average"]["added"] == [2, 4]
+    shutil.copytree(step4, resumed / "checkpoints" / "step-00000004")
+    (resumed / "checkpoints" / "latest").write_text("step-00000004\n")
+    train_policy_gradient(cfg(sft_dir, resumed, **kw), resume=str(resumed))
+    a, b = (load_file(str(d / "model" / "model.safetensors")) for d in (full, resumed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_knob_errors(sft_dir, tmp_path):
+    with pytest.raises(ConfigError, match="average_last"):
+        cfg(sft_dir, tmp_path / "x", average_last=0)
+    with pytest.raises(ConfigError, match="average_last > 1 with fsdp"):
+        cfg(sft_dir, tmp_path / "x", average_last=2, fsdp=True)
