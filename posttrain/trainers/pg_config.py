@@ -23,6 +23,7 @@ from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.alarms import AlarmConfig
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.trainer_config import TrainerConfig, override
+from posttrain.trainers.weight_average import average_steps
 
 
 @dataclass
@@ -146,8 +147,11 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
-        if self.fsdp and self.average_last > 1:
-            raise ConfigError("average_last > 1 with fsdp is not supported: the averaged weights would be sharded")
+        if self.fsdp and len(average_steps(self.steps, self.average_last, self.average_every)) > 1:
+            raise ConfigError(
+                f"average_last={self.average_last} (steps {average_steps(self.steps, self.average_last, self.average_every)}"
+                f") with fsdp is not supported (the averaged weights would be sharded): set average_last = 1"
+            )
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 

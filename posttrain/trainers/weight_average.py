@@ -12,7 +12,8 @@ Only trainable parameters are averaged (a frozen LoRA base or buffer stays bitwi
 and the steps in it travel in every periodic checkpoint, so a resumed run averages exactly what an uninterrupted
 one does. K = 1 is the last weights (no averaging).
 
-Not handled: FSDP-sharded parameters (refused at config time).
+Not handled: FSDP-sharded parameters (refused at config time when there is something to average: set
+``average_last = 1`` with ``fsdp``, also in the pipeline, whose grpo stage averages by default).
 """
 
 from __future__ import annotations
