@@ -147,10 +147,11 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
-        if self.fsdp and len(average_steps(self.steps, self.average_last, self.average_every)) > 1:
+        averaged = average_steps(self.steps, self.average_last, self.average_every)
+        if self.fsdp and len(averaged) > 1:
             raise ConfigError(
-                f"average_last={self.average_last} (steps {average_steps(self.steps, self.average_last, self.average_every)}"
-                f") with fsdp is not supported (the averaged weights would be sharded): set average_last = 1"
+                f"average_last={self.average_last} (steps {averaged}) with fsdp is not supported (the averaged "
+                f"weights would be sharded): set average_last = 1"
             )
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")

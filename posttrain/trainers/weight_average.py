@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from posttrain.errors import UserError
+
 SUM_FILE = "weight_average_sum.safetensors"  # in a periodic checkpoint, beside the policy
 
 
@@ -49,7 +51,7 @@ class TailAverage:
 
     def add(self, model, done: int) -> bool:
         """Add the weights after ``done`` optimizer steps when ``done`` is one of the averaged steps."""
-        if not self.active or done not in self.at or done in self.added:
+        if not self.active or done not in self.at:
             return False
         weights = self._trainable(model)
         if self.total is None:
@@ -85,6 +87,4 @@ class TailAverage:
         path = Path(directory) / SUM_FILE
         self.total = load_file(str(path)) if self.added and path.is_file() else None
         if self.added and self.total is None:
-            from posttrain.errors import UserError
-
             raise UserError(f"{directory}: the weight average's running sum ({SUM_FILE}) is missing")
