@@ -89,6 +89,32 @@ def _make_cache(model, batch: int, max_len: int):
     return model.make_cache(batch, max_len) if isinstance(model, GPT) else None
 
 
+def _is_gpt_cache(cache) -> bool:
+    from posttrain.models.gpt import KVCache
+
+    return isinstance(cache, KVCache)
+
+
+# Fewer rows than this take another matmul kernel (a gemv) whose rounding differs from the batched one on CPU, so a
+# row's logits would depend on how many rows are left: finished rows stay in the batch to keep it this large.
+MIN_DECODE_ROWS = 4
+
+
+def _drop_finished(cache, rows: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """Remove finished rows from the cache (``rows``: the batch rows it holds, in its order); returns the rows
+    kept. Finished rows stay while fewer than ``MIN_DECODE_ROWS`` would remain."""
+    keep = ~done[rows]  # (R,)
+    short = min(MIN_DECODE_ROWS, len(rows)) - int(keep.sum())
+    if short > 0:  # keep the first finished rows as filler
+        filler = (~keep).nonzero().squeeze(1)[:short]
+        keep[filler] = True
+    if bool(keep.all()):
+        return rows
+    index = keep.nonzero().squeeze(1)
+    cache.reorder(index)
+    return rows[index]
+
+
 def _repeat_cache(cache, index: torch.Tensor, G: int):
     """Expand a prefilled cache from B prompts to B*G rows (ours: index copy; HF: its own method)."""
     from posttrain.models.gpt import KVCache
@@ -123,11 +149,15 @@ def generate(
     cfg: SamplingConfig | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    drop_finished: bool = True,
 ) -> Generation:
     """Sample ``cfg.num_samples`` completions for each prompt (token-id lists, BOS included if wanted).
 
     ``generator`` makes sampling reproducible and independent of the global RNG. ``use_cache=False``
     recomputes the full prefix every step (the slow oracle the cache is tested against).
+    ``drop_finished`` (posttrain's GPT cache only) stops running rows that have emitted EOS: the same tokens and
+    log-probs (the sampler still draws for every row, so the RNG stream is unchanged), less work once most rows
+    have ended; ``False`` runs every row to the last step (the oracle it is tested against).
     """
     cfg = cfg or SamplingConfig()
     was_training = model.training
@@ -140,8 +170,9 @@ def generate(
     ckw = cache_kwarg(model)
     logits, cache, expand = _prefill(model, ids, mask, pos, G, cfg.max_new_tokens, use_cache, ckw)
     ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)
+    rows = torch.arange(ids.shape[0], device=device) if drop_finished and _is_gpt_cache(cache) else None
     out_ids, out_mask, logps, raw_logps = _decode(
-        model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator, use_cache, ckw
+        model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator, use_cache, ckw, rows
     )
     ended = (
         (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
@@ -177,10 +208,24 @@ def _prefill(model, ids, mask, pos, G: int, T: int, use_cache: bool, ckw: str):
 
 
 def _decode(
-    model, logits, cache, ids, mask, pos, cfg: SamplingConfig, pad_id, eos_id, generator, use_cache: bool, ckw: str
+    model,
+    logits,
+    cache,
+    ids,
+    mask,
+    pos,
+    cfg: SamplingConfig,
+    pad_id,
+    eos_id,
+    generator,
+    use_cache: bool,
+    ckw: str,
+    rows: torch.Tensor | None = None,
 ):
     """Sample up to ``cfg.max_new_tokens`` tokens per row, in lock-step, stopping rows at EOS; without the
-    cache, every step re-runs the whole prefix (the oracle). Returns (ids, mask, logps, raw_logps), (N, steps)."""
+    cache, every step re-runs the whole prefix (the oracle). ``rows`` (the batch rows the cache holds) turns on
+    dropping finished rows from the forward passes; their logits stay as they were (sampled, then discarded as
+    padding). Returns (ids, mask, logps, raw_logps), (N, steps)."""
     N, T, device = ids.shape[0], cfg.max_new_tokens, ids.device
     next_pos = pos[:, -1] + 1  # (N,)
     out_ids = torch.full((N, T), pad_id, dtype=torch.long, device=device)
@@ -210,6 +255,19 @@ def _decode(
         if bool(done.all()) or t == T - 1:
             break
         full_mask = torch.cat([full_mask, live.long()[:, None]], dim=1)  # (N, P + t + 1)
+        if rows is not None:
+            rows = _drop_finished(cache, rows, done)
+            out = model(
+                input_ids=tok[rows, None],
+                attention_mask=full_mask[rows],
+                position_ids=next_pos[rows, None],
+                use_cache=True,
+                **{ckw: cache},
+            )
+            cache = _cache_of(out)
+            logits = logits.index_copy(0, rows, out.logits[:, -1].float())  # (N, V)
+            next_pos = next_pos + 1
+            continue
         if use_cache:
             out = model(
                 input_ids=tok[:, None],

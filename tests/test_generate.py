@@ -84,6 +84,48 @@ def test_eos_stops_and_masks(tiny_gpt):
     assert g.logps[:2, 1:].abs().sum() == 0
 
 
+class _EosBoost(torch.nn.Module):
+    """Wraps a model so EOS (id 2) is likely at every step (rows end at different steps) and records the rows of
+    each forward pass."""
+
+    def __init__(self, inner, boost: float, at_position: int | None = None):
+        super().__init__()
+        self.inner, self.boost, self.at, self.rows = inner, boost, at_position, []
+
+    def forward(self, input_ids, cache=None, **kw):
+        self.rows.append(input_ids.shape[0])
+        out = self.inner(input_ids, cache=cache, **kw)
+        out.logits[..., 2] += self.boost
+        if self.at is not None:  # EOS certain from this position on: rows of other prompt lengths end apart
+            out.logits[..., 2] = torch.where(kw["position_ids"] >= self.at, 100.0, out.logits[..., 2])
+        return out
+
+
+NINE = [*PROMPTS, [1, 3], [1, 4, 4], [1, 7, 8, 9, 10, 11], [1, 12], [1, 13, 3, 3, 3], [1, 6, 6]]
+
+
+@pytest.mark.parametrize("temperature,boost,at", [(1.0, 2.0, None), (0.0, 0.0, 8), (1.0, 6.0, None)])
+def test_dropping_finished_rows_changes_nothing(tiny_gpt, temperature, boost, at):
+    """Rows that have emitted EOS leave the forward passes: the same tokens and log-probs as running every row to
+    the end (the sampler still draws for all rows, so the RNG stream is the same); at least 4 rows stay."""
+    cfg = SamplingConfig(max_new_tokens=8, temperature=temperature, num_samples=4)
+    runs = {}
+    for drop in (True, False):
+        m = _EosBoost(tiny_gpt, boost, at)
+        g = generate(
+            m, PROMPTS * 3, pad_id=0, eos_id=2, cfg=cfg, generator=torch.Generator().manual_seed(3), drop_finished=drop
+        )
+        runs[drop] = (g, m.rows)
+    (a, rows), (b, full) = runs[True], runs[False]
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.completion_mask, b.completion_mask)
+    torch.testing.assert_close(a.logps, b.logps, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.raw_logps, b.raw_logps, atol=1e-5, rtol=1e-5)
+    live = [int(x) for x in a.completion_mask.sum(0)]  # rows that sample step t (the forward before it runs them)
+    assert full[1:] == [36] * (len(full) - 1)
+    assert rows[1:] == [max(n, 4) for n in live[1 : len(rows)]]
+    assert min(rows[1:]) < 36  # the test exercises the dropping
+
+
 def test_groups_are_prompt_major_and_seeded(tiny_gpt):
     cfg = SamplingConfig(max_new_tokens=4, temperature=1.0, num_samples=3)
     a = generate(tiny_gpt, PROMPTS, pad_id=0, eos_id=2, cfg=cfg, generator=torch.Generator().manual_seed(5))

@@ -30,17 +30,22 @@ def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: f
         k = k.repeat_interleave(h // hkv, dim=1)  # (B, H, Nk, D)
         v = v.repeat_interleave(h // hkv, dim=1)
     nq, nk = q.shape[2], k.shape[2]
-    if key_padding_mask is None and (not causal or nq == nk or nq == 1):
-        # fast paths: plain causal square attention, or a decode step that sees every key
+    decode = nq == 1 and not q.requires_grad
+    if key_padding_mask is None and not decode and (not causal or nq == nk or nq == 1):
+        # fast paths: plain causal square attention, or one query that sees every key
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal and nq == nk and nq > 1, scale=scale)
     mask = visible_mask(nq, nk, causal, key_padding_mask, q.device)  # (B|1, 1, Nq, Nk)
+    if decode:
+        # a decode step, padded or not, takes this one path, so a row's result does not depend on its batch mates
+        # (generate drops finished rows); two small batched matmuls beat the fused CPU kernel's masked path (~1.6x)
+        s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # (B, H, 1, Nk)
+        if mask is None:
+            return s.softmax(-1) @ v  # (B, H, 1, D)
+        has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, 1, 1)
+        out = s.masked_fill(~(mask | ~has_key), float("-inf")).softmax(-1) @ v  # (B, H, 1, D)
+        return out.masked_fill(~has_key, 0.0)
     has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, Nq, 1)
     safe = mask | ~has_key  # an empty row attends everywhere, then is zeroed: no NaN
-    if nq == 1 and not q.requires_grad:
-        # a padded decode step: two small batched matmuls beat the fused CPU kernel's masked path (~1.6x)
-        s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # (B, H, 1, Nk)
-        out = s.masked_fill(~safe, float("-inf")).softmax(-1) @ v  # (B, H, 1, D)
-        return out.masked_fill(~has_key, 0.0)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale)
     return out.masked_fill(~has_key, 0.0)
 
