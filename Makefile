@@ -37,7 +37,7 @@ demo: $(STAMP_CORE)
 test: $(STAMP_DEV)
 	$(BIN)/ruff check posttrain tests benchmarks
 	$(BIN)/ruff format --check posttrain tests benchmarks
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=15  # the slowest tests, to keep the suite well under 15 min on 2 cores
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
