@@ -122,7 +122,10 @@ def test_dropping_finished_rows_changes_nothing(tiny_gpt, temperature, boost, at
     torch.testing.assert_close(a.raw_logps, b.raw_logps, atol=1e-5, rtol=1e-5)
     live = [int(x) for x in a.completion_mask.sum(0)]  # rows that sample step t (the forward before it runs them)
     assert full[1:] == [36] * (len(full) - 1)
-    assert rows[1:] == [max(n, 4) for n in live[1 : len(rows)]]
+    for k, n in enumerate(rows[1:], start=1):  # the k-th decode pass: the rows live at step k (4 at least) ...
+        prev = rows[k - 1] if k > 1 else 36  # rows[0] is the prefill of the 9 prompts
+        if n != prev or prev - live[k] >= max(1, prev / 8):  # ... once 1/8 of the rows held have finished
+            assert n == max(live[k], 4)
     assert min(rows[1:]) < 36  # the test exercises the dropping
 
 
