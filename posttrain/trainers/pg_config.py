@@ -23,7 +23,6 @@ from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.alarms import AlarmConfig
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.trainer_config import TrainerConfig, override
-from posttrain.trainers.weight_average import average_steps
 
 
 @dataclass
@@ -147,12 +146,6 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
-        averaged = average_steps(self.steps, self.average_last, self.average_every)
-        if self.fsdp and len(averaged) > 1:
-            raise ConfigError(
-                f"average_last={self.average_last} (steps {averaged}) with fsdp is not supported (the averaged "
-                f"weights would be sharded): set average_last = 1"
-            )
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 

@@ -178,8 +178,8 @@ class PolicyGradientTrainer:
         self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
         self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
         self.tail = TailAverage(cfg.steps, cfg.average_last, cfg.average_every)  # the final model's weight average
-        if ckpt is not None and not self.fsdp:
-            self.tail.load(ckpt.path, ckpt.state.get("weight_average"))
+        if ckpt is not None:
+            self.tail.load(ckpt.path, ckpt.state.get("weight_average"), self.model)
 
     # ------------------------------------------------------------------------------------------ rollout
     def _draw(self, step: int, rnd: int):
@@ -375,7 +375,15 @@ class PolicyGradientTrainer:
         if self.fsdp:
             state = self._state(done, {"collapse": self.collapse.state_dict()})
             return sharded.save_periodic(
-                self.manager, done, self.model, self.opt, self.tokenizer, state, rng_state(), self.world
+                self.manager,
+                done,
+                self.model,
+                self.opt,
+                self.tokenizer,
+                state,
+                rng_state(),
+                self.world,
+                tensors=self.tail.sharded_tensors(),
             )
         if not self.world.is_main:
             return

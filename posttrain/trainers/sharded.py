@@ -110,12 +110,12 @@ def _config_module(model: torch.nn.Module) -> torch.nn.Module:
     return inner.model if inner is not None else model
 
 
-def _dcp_state(model, optimizer, parts: dict | None) -> dict:
+def _dcp_state(model, optimizer, parts: dict | None, tensors: dict | None = None) -> dict:
     msd, osd = _state_dicts(model, optimizer, full=False)
     sd = {"model": msd, "optim": osd}
     for name, (module, opt) in (parts or {}).items():
         sd[name], sd[f"{name}_optim"] = _state_dicts(module, opt, full=False)
-    return sd
+    return {**sd, **(tensors or {})}
 
 
 def save_sharded_checkpoint(
@@ -127,9 +127,11 @@ def save_sharded_checkpoint(
     rng_state: dict | None,
     w: distributed.World,
     parts: dict | None = None,
+    tensors: dict | None = None,
 ) -> Path:
     """Every rank writes its shards; rank 0 the rest; the directory replaces an older one by one rename.
-    ``parts``: {name: (module, optimizer)} saved beside the model (PPO's critic), each rebuilt from ``NAME_config.json``."""
+    ``parts``: {name: (module, optimizer)} saved beside the model (PPO's critic), each rebuilt from ``NAME_config.json``.
+    ``tensors``: {name: {key: tensor}} more (sharded) tensors in the DCP, read back by :func:`load_sharded_tensors`."""
     import torch.distributed.checkpoint as dcp
 
     directory = Path(directory)
@@ -138,7 +140,7 @@ def save_sharded_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     distributed.barrier(w)
-    dcp.save(_dcp_state(model, optimizer, parts), checkpoint_id=str(tmp / DCP_DIR))
+    dcp.save(_dcp_state(model, optimizer, parts, tensors), checkpoint_id=str(tmp / DCP_DIR))
     if w.is_main:
         from posttrain.models import model_config_dict
 
@@ -188,6 +190,15 @@ def load_sharded_checkpoint(directory: str | Path, model, optimizer, parts: dict
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
     for name, (module, opt) in (parts or {}).items():
         set_state_dict(module, opt, model_state_dict=sd[name], optim_state_dict=sd[f"{name}_optim"])
+
+
+def load_sharded_tensors(directory: str | Path, templates: dict) -> None:
+    """Fill ``templates`` ({name: {key: tensor}}, sharded like the ones saved or plain in one process) in place from
+    the ``tensors`` a sharded checkpoint was saved with (DCP reshards: any world size)."""
+    import torch.distributed.checkpoint as dcp
+
+    with _single_process_ok():
+        dcp.load(templates, checkpoint_id=str(Path(directory) / DCP_DIR), no_dist=not dist.is_initialized())
 
 
 def read_sharded_checkpoint(directory: str | Path, expect_trainer: str):
@@ -322,10 +333,13 @@ def consolidate(directory: str | Path, out: str | Path) -> Path:
     )
 
 
-def save_periodic(manager, done: int, model, optimizer, tokenizer, state: dict, rng, w, parts=None) -> None:
+def save_periodic(
+    manager, done: int, model, optimizer, tokenizer, state: dict, rng, w, parts=None, tensors=None
+) -> None:
     """A trainer's periodic sharded checkpoint ``step-N`` (every rank), then ``checkpoints/latest`` and pruning
     through its ``CheckpointManager`` (rank 0), as for a plain checkpoint."""
-    save_sharded_checkpoint(manager.root / f"step-{done:08d}", model, optimizer, tokenizer, state, rng, w, parts)
+    directory = manager.root / f"step-{done:08d}"
+    save_sharded_checkpoint(directory, model, optimizer, tokenizer, state, rng, w, parts, tensors)
     if w.is_main:
         manager.save(done, save_fn=lambda d, **kw: d)
 

@@ -10,10 +10,9 @@ checkpoint averaging) lands nearer the middle of where it wanders, at no cost in
 
 Only trainable parameters are averaged (a frozen LoRA base or buffer stays bitwise what it is). The running sum
 and the steps in it travel in every periodic checkpoint, so a resumed run averages exactly what an uninterrupted
-one does. K = 1 is the last weights (no averaging).
-
-Not handled: FSDP-sharded parameters (refused at config time when there is something to average: set
-``average_last = 1`` with ``fsdp``, also in the pipeline, whose grpo stage averages by default).
+one does. K = 1 is the last weights (no averaging). Under FSDP the sum is sharded like the parameters (each rank
+adds its own shards) and travels in the sharded checkpoint's DCP, which reshards it on load: such a run resumes on
+any number of processes, as its weights do.
 """
 
 from __future__ import annotations
@@ -24,8 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from posttrain.errors import UserError
+from posttrain.trainers import sharded
 
 SUM_FILE = "weight_average_sum.safetensors"  # in a periodic checkpoint, beside the policy
+SUM_KEY = "weight_average_sum"  # in a sharded checkpoint's DCP
 
 
 def average_steps(steps: int, count: int, every: int) -> list[int]:
@@ -78,13 +79,36 @@ class TailAverage:
         return {"at": self.at, "added": list(self.added)}
 
     def write(self, directory: Path) -> None:
+        """Into a plain checkpoint (one process holds every weight)."""
         if self.total is not None:
             save_file({n: t.contiguous() for n, t in self.total.items()}, str(Path(directory) / SUM_FILE))
 
-    def load(self, directory: Path, state: dict | None) -> None:
-        """Restore from a checkpoint written by :meth:`write` with :meth:`state` in its trainer state."""
+    def sharded_tensors(self) -> dict | None:
+        """For a sharded checkpoint (``sharded.save_periodic(..., tensors=)``): every rank its shards of the sum."""
+        return {SUM_KEY: self.total} if self.total is not None else None
+
+    def load(self, directory: Path, state: dict | None, model) -> None:
+        """Restore from a checkpoint written with :meth:`state` in its trainer state and the sum by :meth:`write`
+        (plain) or :meth:`sharded_tensors` (DCP), into ``model``'s layout: plain, or sharded like its parameters."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         self.added = list((state or {}).get("added", []))
-        path = Path(directory) / SUM_FILE
-        self.total = load_file(str(path)) if self.added and path.is_file() else None
-        if self.added and self.total is None:
+        self.total = None
+        if not self.added:
+            return
+        directory, params = Path(directory), self._trainable(model)
+        if (directory / SUM_FILE).is_file():
+            full = load_file(str(directory / SUM_FILE))
+            self.total = {
+                n: distribute_tensor(full[n], p.device_mesh, p.placements) if isinstance(p, DTensor) else full[n]
+                for n, p in params.items()
+            }
+        elif sharded.is_sharded_checkpoint(directory):
+            templates = {n: torch.zeros_like(p) for n, p in params.items()}  # sharded like the parameters
+            try:
+                sharded.load_sharded_tensors(directory, {SUM_KEY: templates})
+            except Exception as e:  # DCP names the missing key in a long traceback
+                raise UserError(f"{directory}: the weight average's running sum is not in its shards ({e})") from e
+            self.total = templates
+        else:
             raise UserError(f"{directory}: the weight average's running sum ({SUM_FILE}) is missing")

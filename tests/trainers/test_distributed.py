@@ -459,3 +459,49 @@ def test_fsdp_reward_model_two_processes_equal_one_export_and_resume_in_one_proc
     shutil.rmtree(resumed / "model")  # written again by the resumed run
     _run_script(RM_SCRIPT, tmp_path, 1, "resumed", init, "plain", str(resumed / "checkpoints" / "step-00000002"))
     _same_rm(rm_one / "model", resumed / "model")
+
+
+AVG_SCRIPT = textwrap.dedent("""
+    import os, sys, torch.distributed as dist
+    from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
+    rank, world, init_file, out, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    if world > 1:
+        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    cfg = PolicyGradientConfig(out=out, init=init, steps=4, prompts_per_step=4, num_generations=4, max_new_tokens=4,
+                               eval_every=0, save_every=2, progress=False, lr=1e-3, warmup_steps=0,
+                               dynamic_sampling=False, fsdp=True, average_last=int(sys.argv[6]), average_every=2)
+    train_policy_gradient(cfg, resume=sys.argv[7] if len(sys.argv) > 7 else None)
+    if world > 1:
+        dist.barrier()  # no rank tears gloo down while another is still in a collective
+        dist.destroy_process_group()
+""")
+
+
+def test_fsdp_grpo_tail_average_is_the_mean_of_the_weights_and_resumes(tmp_path, one):
+    """grpo --fsdp --average-last 2 --average-every 2 on 2 processes (4 steps): model/ is the mean of the weights at
+    steps 2 and 4 of the same run without averaging (its step-2 shards, consolidated, and its model/: the oracle),
+    and a run resumed from the averaged run's step-2 shards, whose DCP carries the running sum, ends the same."""
+    import shutil
+
+    from posttrain.trainers.sharded import consolidate
+
+    init = str(one / "model")
+    avg = _run_script(AVG_SCRIPT, tmp_path, 2, "avg", init, "2")
+    last = _run_script(AVG_SCRIPT, tmp_path, 2, "last", init, "1")
+    assert json.loads((avg / "summary.json").read_text())["weight_average_steps"] == [2, 4]
+    w2 = load_file(consolidate(last / "checkpoints" / "step-00000002", tmp_path / "c2") / "model.safetensors")
+    w4 = load_file(last / "model" / "model.safetensors")
+    final = load_file(avg / "model" / "model.safetensors")
+    assert final.keys() == w2.keys() == w4.keys()
+    for k in final:
+        torch.testing.assert_close(final[k], (w2[k] + w4[k]) / 2, atol=1e-5, rtol=1e-5, msg=k)
+    assert any((w2[k] - w4[k]).abs().max() > 1e-3 for k in final)  # two different weights were averaged
+    resumed = tmp_path / "resumed"
+    shutil.copytree(avg, resumed)
+    shutil.rmtree(resumed / "model")
+    (resumed / "checkpoints" / "latest").write_text("step-00000002\n")
+    _run_script(AVG_SCRIPT, tmp_path, 2, "resumed", init, "2", str(resumed / "checkpoints" / "step-00000002"))
+    again = load_file(resumed / "model" / "model.safetensors")
+    for k in final:
+        torch.testing.assert_close(again[k], final[k], atol=1e-5, rtol=1e-5, msg=k)

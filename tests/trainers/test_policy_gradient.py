@@ -199,6 +199,4 @@ def test_resumed_run_averages_what_an_uninterrupted_one_does(sft_dir, tmp_path):
 def test_knob_errors(sft_dir, tmp_path):
     with pytest.raises(ConfigError, match="average_last"):
         cfg(sft_dir, tmp_path / "x", average_last=0)
-    with pytest.raises(ConfigError, match=r"average_last=2 \(steps \[2, 4\]\) with fsdp .*: set average_last = 1"):
-        cfg(sft_dir, tmp_path / "x", average_last=2, average_every=2, fsdp=True)
-    cfg(sft_dir, tmp_path / "x", average_last=3, fsdp=True)  # 4 steps, every 100: nothing to average, accepted
+    cfg(sft_dir, tmp_path / "x", average_last=2, average_every=2, fsdp=True)  # sharded averaging: test_distributed
