@@ -282,9 +282,11 @@ def run_ours(args, init_dir: Path, task_cfg: ArithmeticConfig, work: Path) -> di
         threads=args.threads,
         progress=False,
         task=task_cfg,
-        # like for like with TRL's GRPOTrainer: no dynamic sampling, no collapse restore (posttrain's defaults have both)
+        # like for like with TRL's GRPOTrainer: no dynamic sampling, no collapse restore, the last weights (no tail
+        # averaging; posttrain's defaults have all three)
         dynamic_sampling=False,
         alarms=AlarmConfig(collapse_fraction=0.0),
+        average_last=1,
     )
     trainer = PolicyGradientTrainer(cfg, overwrite=True)
     clock = Stopwatch()

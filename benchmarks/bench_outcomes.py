@@ -113,6 +113,13 @@ def aggregate(results: dict[int, dict[str, dict]]) -> dict:
                 if "accuracy" in r.get(st, {}) and "accuracy" in r.get("sft", {})
             }
             row["gain"] = describe(gain)
+            last = {  # a tail-averaged GRPO run also reports its last weights (trainers/weight_average.py)
+                seed: r[st]["heldout_accuracy_last_weights"] - r["sft"]["accuracy"]
+                for seed, r in results.items()
+                if len(r.get(st, {}).get("weight_average_steps") or []) > 1 and "accuracy" in r.get("sft", {})
+            }
+            if last:
+                row["gain_last_weights"] = describe(last)
         out[st] = row
     return out
 
@@ -153,6 +160,8 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
         )
         if "gain" in row:
             print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
+        if "gain_last_weights" in row:
+            print(f"{st:<5} gain of the last weights (before averaging) {fmt(row['gain_last_weights'], pct=True)}")
         for key in ("train_seconds", "cpu_seconds", "max_rss_mb"):
             xs = {seed: r[st][key] for seed, r in results.items() if r.get(st, {}).get(key) is not None}
             if xs:
@@ -236,7 +245,16 @@ def run_one(
     if rec["rc"] == 0 and summary_path.exists():
         summ = json.loads(summary_path.read_text())
         res["accuracy"] = float(summ[METRIC[stage]])
-        for k in ("train_seconds", "steps", "heldout_accuracy_start", "best_step", "stopped_early", "restores"):
+        for k in (
+            "train_seconds",
+            "steps",
+            "heldout_accuracy_start",
+            "best_step",
+            "stopped_early",
+            "restores",
+            "heldout_accuracy_last_weights",  # grpo with tail averaging: the last weights' accuracy, and
+            "weight_average_steps",  # the steps the final model averages
+        ):
             if k in summ:
                 res[k] = summ[k]
     msg = (

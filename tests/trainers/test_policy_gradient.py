@@ -169,7 +169,7 @@ def test_resume_past_the_configured_steps_is_refused_like_every_trainer(sft_dir,
 def test_grpo_final_model_is_the_mean_of_the_weights_at_the_averaged_steps(sft_dir, tmp_path):
     plain, avg = tmp_path / "plain", tmp_path / "avg"
     kw = dict(steps=6, save_every=2, keep_checkpoints=10, lr=1e-2, eval_every=0)
-    s_plain = train_policy_gradient(cfg(sft_dir, plain, **kw))
+    s_plain = train_policy_gradient(cfg(sft_dir, plain, average_last=1, **kw))
     s_avg = train_policy_gradient(cfg(sft_dir, avg, average_last=3, average_every=2, **kw))
     # the oracle: the un-averaged run's own checkpoints at steps 2 and 4 and its final weights (the same trajectory)
     ws = [load_file(str(plain / "checkpoints" / f"step-0000000{s}" / "model.safetensors")) for s in (2, 4)]
