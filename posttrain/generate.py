@@ -123,9 +123,7 @@ def _drop_finished(cache, rows: torch.Tensor, done: torch.Tensor) -> torch.Tenso
 
 def _repeat_cache(cache, index: torch.Tensor, G: int):
     """Expand a prefilled cache from B prompts to B*G rows (ours: index copy; HF: its own method)."""
-    from posttrain.models.gpt import KVCache
-
-    if isinstance(cache, KVCache):
+    if _is_gpt_cache(cache):
         cache.reorder(index)
         return cache
     if hasattr(cache, "batch_repeat_interleave"):  # transformers DynamicCache
@@ -261,24 +259,14 @@ def _decode(
         if bool(done.all()) or t == T - 1:
             break
         full_mask = torch.cat([full_mask, live.long()[:, None]], dim=1)  # (N, P + t + 1)
-        if rows is not None:
-            rows = _drop_finished(cache, rows, done)
-            out = model(
-                input_ids=tok[rows, None],
-                attention_mask=full_mask[rows],
-                position_ids=next_pos[rows, None],
-                use_cache=True,
-                **{ckw: cache},
-            )
-            cache = _cache_of(out)
-            logits = logits.index_copy(0, rows, out.logits[:, -1].float())  # (N, V)
-            next_pos = next_pos + 1
-            continue
         if use_cache:
+            if rows is not None:
+                rows = _drop_finished(cache, rows, done)
+            run = slice(None) if rows is None else rows  # the rows this pass runs
             out = model(
-                input_ids=tok[:, None],
-                attention_mask=full_mask,
-                position_ids=next_pos[:, None],
+                input_ids=tok[run, None],
+                attention_mask=full_mask[run],
+                position_ids=next_pos[run, None],
                 use_cache=True,
                 **{ckw: cache},
             )
@@ -288,7 +276,8 @@ def _decode(
             allpos = torch.cat([pos, next_pos[:, None] - t + torch.arange(t + 1, device=device)], dim=1)
             out = model(input_ids=seq, attention_mask=full_mask, position_ids=allpos)
         next_pos = next_pos + 1
-        logits = out.logits[:, -1].float()
+        step_logits = out.logits[:, -1].float()
+        logits = step_logits if rows is None else logits.index_copy(0, rows, step_logits)  # (N, V)
     return out_ids[:, :steps], out_mask[:, :steps], logps[:, :steps], raw_logps[:, :steps]
 
 

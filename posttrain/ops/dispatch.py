@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 
 from posttrain.ops.flash import flash_attention_backend
@@ -35,17 +36,16 @@ def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: f
         # fast paths: plain causal square attention, or one query that sees every key
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal and nq == nk and nq > 1, scale=scale)
     mask = visible_mask(nq, nk, causal, key_padding_mask, q.device)  # (B|1, 1, Nq, Nk)
+    if mask is None:  # a non-causal decode step with no padding: it sees every key
+        mask = torch.ones((1, 1, nq, nk), dtype=torch.bool, device=q.device)
+    has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, Nq, 1)
+    safe = mask | ~has_key  # an empty row attends everywhere, then is zeroed: no NaN
     if decode:
         # a decode step, padded or not, takes this one path, so a row's result does not depend on its batch mates
         # (generate drops finished rows); two small batched matmuls beat the fused CPU kernel's masked path (~1.6x)
         s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # (B, H, 1, Nk)
-        if mask is None:
-            return s.softmax(-1) @ v  # (B, H, 1, D)
-        has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, 1, 1)
-        out = s.masked_fill(~(mask | ~has_key), float("-inf")).softmax(-1) @ v  # (B, H, 1, D)
+        out = s.masked_fill(~safe, float("-inf")).softmax(-1) @ v  # (B, H, 1, D)
         return out.masked_fill(~has_key, 0.0)
-    has_key = mask.any(dim=-1, keepdim=True)  # (B|1, 1, Nq, 1)
-    safe = mask | ~has_key  # an empty row attends everywhere, then is zeroed: no NaN
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale)
     return out.masked_fill(~has_key, 0.0)
 

@@ -220,18 +220,11 @@ PPO_PIPELINE: dict = {"steps": 200}
 # so dropping the last one changes the kept model only where restart 4 won: on seeds 0-2 the clean SFT keeps
 # restart 3 / 0 / 1 either way), ~25 s off the demo's critical path.
 SFT_PIPELINE: dict = _merge(json.loads(json.dumps(SFT_PRESETS["tiny_v5"])), {"restarts": 4})
-# The grpo stage: `grpo --preset tiny` (700 steps), whose final model is the mean of its weights at steps 500, 600 and
-# 700 (tail averaging, trainers/weight_average.py; the trainer's default since stop 30). On an AVX2 machine, where the
-# same seeds follow other trajectories than on the AVX-512 one the presets were tuned on, the last weights gave
-# +21.9 / +32.0 / +30.5 held-out points over SFT on seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
-GRPO_PIPELINE: dict = {}
-_TINY: dict = {
-    "dedup": DEDUP_DEFAULTS,
-    "rm": RM_PIPELINE,
-    "sft": SFT_PIPELINE,
-    "ppo": PPO_PIPELINE,
-    "grpo": GRPO_PIPELINE,
-}
+# The grpo and dpo stages are their trainers' defaults: GRPO's final model is the mean of its weights at steps 500, 600
+# and 700 (tail averaging, trainers/weight_average.py; the pipeline's setting at stop 29, the trainer's default since
+# stop 30). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
+# seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
+_TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": SFT_PIPELINE, "ppo": PPO_PIPELINE}
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,  # every trainer's own tiny preset (the RM's recipe included): what `make demo` runs
     "micro": _merge(
