@@ -87,6 +87,15 @@ class PolicyGradientConfig(TrainerConfig):
     max_sample_rounds: int = knob(
         4, "dynamic sampling: prompt batches drawn per step at most (the first is the usual one)", ge=1
     )
+    prompt_filter: bool = knob(
+        False,
+        "GRESO pre-rollout filtering (trainers/prompt_filter.py): dynamic sampling's refill rounds sample a prompt "
+        "with probability prompt_filter_p ** z, z = its rollouts in a row whose rewards were all equal",
+    )
+    prompt_filter_p: float = knob(0.5, "prompt_filter: the factor p of P(sample) = p ** z", gt=0, le=1)
+    prompt_filter_pool: int = knob(
+        4, "prompt_filter: candidates looked at per refill round, in multiples of prompts_per_step", ge=1
+    )
     share_prompt_prefix: bool = knob(
         True,
         "run each prompt once per update and share its keys/values across its G "
@@ -146,6 +155,8 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
+        if self.prompt_filter and not self.dynamic_sampling:
+            raise ConfigError("prompt_filter acts on dynamic sampling's refill rounds: it needs dynamic_sampling")
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 

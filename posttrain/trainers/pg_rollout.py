@@ -3,7 +3,8 @@
 Key insight: everything the update needs is fixed here, at sampling time: pi_old (the sampler's own log-probs of
 the distribution it sampled from), the reference log-probs, and the advantages, so the mu x minibatches updates
 that follow reuse one batch. ``draw`` is one round (prompts of step ``step``, round ``rnd``; round 0 is the classic
-batch); ``rollout`` adds DAPO dynamic sampling (keep groups whose rewards differ, draw more rounds to refill), the
+batch); ``rollout`` adds DAPO dynamic sampling (keep groups whose rewards differ, draw more rounds to refill, with
+``prompt_filter`` the refill rounds' prompts filtered by their history: trainers/prompt_filter.py), the
 reference log-probs, the optional KL-in-reward shaping and the advantage estimator.
 
 Under ``torchrun`` each rank draws its own contiguous share of the step's prompts (whole groups) with its own
@@ -15,6 +16,7 @@ off-policy rollouts.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -27,7 +29,7 @@ from posttrain.generate import decode_completions
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
 from posttrain.scoring import completion_logps
-from posttrain.trainers import distributed, engine_rollout
+from posttrain.trainers import distributed, engine_rollout, prompt_filter
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
@@ -59,10 +61,23 @@ class Rollout:
     is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights (trainers/engine_rollout.py)
 
 
+def filter_generator(seed: int, step: int, rnd: int) -> torch.Generator:
+    """The prompt filter's draws of (step, round): apart from the sampling streams."""
+    h = hashlib.blake2b(f"prompt-filter:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
+
+
 def draw(tr, step: int, rnd: int):
     """Round ``rnd`` of step ``step``: prompts, samples, rewards. Round 0 is the classic batch."""
     cfg = tr.cfg
-    idx = batch_indices(len(tr.prompts), cfg.prompts_per_step, step, cfg.seed + 17 + rnd * 2**32)
+    stream, history = cfg.seed + 17 + rnd * 2**32, tr.prompt_history
+    if history is not None and rnd > 0:  # GRESO: skip prompts that were uninformative in a row (one process)
+        pool = batch_indices(len(tr.prompts), cfg.prompts_per_step * cfg.prompt_filter_pool, step, stream)
+        gen = filter_generator(cfg.seed, step, rnd)
+        idx, passed = prompt_filter.select(pool, history.streak, cfg.prompt_filter_p, cfg.prompts_per_step, gen)
+        history.pass_rates.append(passed)
+    else:
+        idx = batch_indices(len(tr.prompts), cfg.prompts_per_step, step, stream)
     idx = distributed.shard(idx, tr.world)  # this rank's prompts (all of them on one process)
     problems = [tr.prompts[i] for i in idx.tolist()]
     if tr.world.distributed:  # each rank its own sampling stream
@@ -81,6 +96,8 @@ def draw(tr, step: int, rnd: int):
     if fading is not None:
         cut, _ = tr.data.score(fading, problems, texts, G)  # sum_k (1 - f) w_k r_k over the annealed terms k
         rewards = base - torch.tensor(cut, dtype=torch.float32)
+    if history is not None:
+        history.update(idx, ~informative_groups(rewards, G))
     return gen, rewards, correct, base
 
 
@@ -162,6 +179,9 @@ def rollout(tr, step: int) -> Rollout:
         metrics["reward_optimised"] = rewards.mean().item()  # round 0 under the annealed weights
     if cfg.dynamic_sampling:
         metrics.update(groups_drawn=drawn, groups_kept=groups_kept, no_signal_step=int(not apply))
+    if tr.prompt_history is not None:  # the share of the refill rounds' candidate pools that passed the filter
+        rates, tr.prompt_history.pass_rates = tr.prompt_history.pass_rates, []
+        metrics["filter_pass_rate"] = sum(rates) / len(rates) if rates else 1.0
     shaped = torch.cat(kept)
     if ref_logps is not None and cfg.kl_in == "reward":
         shaped = kl_penalized_rewards(

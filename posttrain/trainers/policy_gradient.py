@@ -76,6 +76,7 @@ from posttrain.trainers.checkpoint import (
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
+from posttrain.trainers.prompt_filter import PromptHistory
 from posttrain.trainers.weight_average import TailAverage
 
 
@@ -105,6 +106,8 @@ class PolicyGradientTrainer:
                     "batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
                     "are per rank under several processes; use group statistics or one process"
                 )
+            if cfg.prompt_filter:
+                raise ConfigError("prompt_filter keeps one prompt history: it runs on one process only")
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
@@ -137,6 +140,7 @@ class PolicyGradientTrainer:
             on_bad_line=cfg.on_bad_line,
         )
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
+        self.prompt_history = PromptHistory(len(self.prompts)) if cfg.prompt_filter else None
         self.fsdp = cfg.fsdp and w.distributed  # then rollouts sample from a replica (trainers/sharded.py)
         self.replica = sharded.rollout_replica(self.model) if self.fsdp else None
         sampler = self.replica if self.fsdp else self.model
@@ -168,6 +172,8 @@ class PolicyGradientTrainer:
                 restore_rng(ckpt.rng_state)
             self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
             self.alarms.load_state_dict(ckpt.state["alarms"])
+            if self.prompt_history is not None and ckpt.state.get("prompt_history"):
+                self.prompt_history.load_state_dict(ckpt.state["prompt_history"])
             if ckpt.state.get("collapse"):
                 self.collapse.load_state_dict(ckpt.state["collapse"])
                 self.snapshot = load_snapshot(ckpt.path)
@@ -182,9 +188,6 @@ class PolicyGradientTrainer:
             self.tail.load(ckpt.path, ckpt.state.get("weight_average"), self.model)
 
     # ------------------------------------------------------------------------------------------ rollout
-    def _draw(self, step: int, rnd: int):
-        return pg_rollout.draw(self, step, rnd)
-
     def rollout(self, step: int) -> Rollout:
         sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
         return engine_rollout.correct_rollout(self, pg_rollout.rollout(self, step))  # pi_old and TIS weights
@@ -366,6 +369,7 @@ class PolicyGradientTrainer:
             "kl_controller": self.kl_ctl.state_dict(),
             "alarms": self.alarms.state_dict(),
             "weight_average": self.tail.state(),
+            "prompt_history": self.prompt_history.state_dict() if self.prompt_history is not None else None,
             **(extra or {}),
         }
 

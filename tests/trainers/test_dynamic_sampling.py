@@ -142,3 +142,53 @@ def test_all_uniform_groups_make_no_update(sft_dir, tmp_path):
     rows = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines() if '"groups_kept"' in ln]
     assert [r["groups_kept"] for r in rows] == [0, 0] and [r["groups_drawn"] for r in rows] == [12, 12]
     assert all(r["no_signal_step"] == 1 for r in rows)
+
+
+def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_path):
+    from posttrain.data.batches import batch_indices
+    from posttrain.trainers import pg_rollout
+
+    if "always_zero" not in REWARD_FUNCTIONS:
+        register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
+    c = cfg(sft_dir, tmp_path / "f", reward="always_zero", prompt_filter=True, prompt_filter_p=1e-9)
+    t = PolicyGradientTrainer(c)
+    n = len(t.prompts)
+    fresh = torch.arange(n) % 3 == 0  # z = 0 on every third prompt, z = 5 elsewhere
+    t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
+    before = t.prompt_history.streak.clone()
+    pg_rollout.draw(t, 2, 1)  # a refill round: the filter applies
+    pool = batch_indices(n, c.prompts_per_step * c.prompt_filter_pool, 2, c.seed + 17 + 2**32)
+    expect = [int(i) for i in pool if fresh[i]][: c.prompts_per_step]
+    assert len(expect) == c.prompts_per_step  # the pool holds enough fresh prompts for the test to mean something
+    changed = (t.prompt_history.streak != before).nonzero().flatten().tolist()
+    assert sorted(changed) == sorted(expect)  # exactly those were sampled (each now z = 1: all rewards 0)
+    assert (t.prompt_history.streak[expect] == 1).all()
+    before = t.prompt_history.streak.clone()
+    pg_rollout.draw(t, 2, 0)  # round 0 is never filtered: the classic batch, whatever the prompts' history
+    round0 = batch_indices(n, c.prompts_per_step, 2, c.seed + 17)
+    assert sorted((t.prompt_history.streak != before).nonzero().flatten().tolist()) == sorted(set(round0.tolist()))
+
+
+def test_resume_is_bitwise_with_the_prompt_filter(sft_dir, tmp_path):
+    if "coin" not in REWARD_FUNCTIONS:
+        register_reward("coin", lambda **_: coin_reward())
+    kw = dict(reward="coin", temperature=2.0, prompt_filter=True, prompt_filter_p=1e-3, steps=10, save_every=5)
+    kw.update(num_generations=2)  # groups of 2 are often uniform: refill rounds, where the history acts
+    full = tmp_path / "full"
+    train_policy_gradient(cfg(sft_dir, full, **kw))
+    state = load_checkpoint(full / "checkpoints" / "step-00000005", with_training_state=True).state
+    assert state["prompt_history"]["index"]  # some prompts had uniform groups: the history is in the checkpoint
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "checkpoints" / "step-00000005", resumed / "checkpoints" / "step-00000005")
+    (resumed / "checkpoints" / "latest").write_text("step-00000005\n")
+    train_policy_gradient(cfg(sft_dir, resumed, **kw), resume=str(resumed))
+    a, b = load_checkpoint(full).model.state_dict(), load_checkpoint(resumed).model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_prompt_filter_needs_dynamic_sampling(sft_dir, tmp_path):
+    from posttrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="needs dynamic_sampling"):
+        cfg(sft_dir, tmp_path, prompt_filter=True, dynamic_sampling=False)
