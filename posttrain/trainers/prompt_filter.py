@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from posttrain.errors import UserError
+
 
 def sample_mask(streak: torch.Tensor, p: float, generator: torch.Generator) -> torch.Tensor:
     """(K,) counts z -> (K,) bool: True where the candidate is sampled, with probability p ** z."""
@@ -62,8 +64,9 @@ class PromptHistory:
 
     def load_state_dict(self, state: dict) -> None:
         if int(state["num_prompts"]) != len(self.streak):
-            raise ValueError(
-                f"the checkpoint's prompt history has {state['num_prompts']} prompts, the data {len(self.streak)}"
+            raise UserError(
+                f"the checkpoint's prompt history has {state['num_prompts']} prompts, the data {len(self.streak)}: "
+                "resume with the prompts the run started with"
             )
         self.streak.zero_()
         self.streak[torch.tensor(state["index"], dtype=torch.int64)] = torch.tensor(state["streak"], dtype=torch.int64)

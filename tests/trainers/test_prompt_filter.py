@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from posttrain.errors import UserError
 from posttrain.trainers.prompt_filter import PromptHistory, sample_mask, select
 
 
@@ -47,5 +48,5 @@ def test_history_counts_uninformative_rollouts_in_a_row_and_round_trips():
     g.streak.fill_(9)
     g.load_state_dict(h.state_dict())
     assert torch.equal(g.streak, h.streak)
-    with pytest.raises(ValueError, match="has 6 prompts, the data 7"):
+    with pytest.raises(UserError, match="has 6 prompts, the data 7"):
         PromptHistory(7).load_state_dict(h.state_dict())
