@@ -215,14 +215,16 @@ RM_PIPELINE: dict = _merge(
 # The ppo stage: `ppo --preset tiny` at 200 of its 300 steps (its LR is constant, so the run is the first 200 steps of
 # the 300-step one: held-out +19.9 / +32.0 / +35.1 points over SFT at step 200 on seeds 0-2; ~105 s given to rm).
 PPO_PIPELINE: dict = {"steps": 200}
-# The sft and sft_raw stages: `sft --preset tiny_v5` (the tiny recipe before 8 restarts halved at step 300, which
-# costs 5 runs: over the demo's budget) with 4 of its 5 restarts (each restart is trained alone, seeded by (seed, K),
-# so dropping the last one changes the kept model only where restart 4 won: on seeds 0-2 the clean SFT keeps
-# restart 3 / 0 / 1 either way), ~25 s off the demo's critical path.
-SFT_PIPELINE: dict = _merge(json.loads(json.dumps(SFT_PRESETS["tiny_v5"])), {"restarts": 4})
+# The sft and sft_raw stages: `sft --preset tiny` (8 restarts, each to step 300, the best 2 finish) since stop 31.
+# Until then `tiny_v5` with 4 restarts (the best at step 400 finishes; ~100 s less on the demo's critical path), which
+# on an Intel Xeon (AVX-512) kept a 0.195 SFT on seed 0, where all four restarts were weak (validation 0.11-0.18 at
+# step 400) and GRPO / PPO then gained +16 / +10 points only; `tiny` drew restart 5 there (0.25 at step 300 against
+# <= 0.145 for the others) and kept 0.383 (docs/pipeline.md).
+SFT_PIPELINE: dict = json.loads(json.dumps(SFT_PRESETS["tiny"]))
 # The grpo and dpo stages are their trainers' defaults: GRPO's final model is the mean of its weights at steps 500, 600
 # and 700 (tail averaging, trainers/weight_average.py; the pipeline's setting at stop 29, the trainer's default since
-# stop 30). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
+# stop 30), and its refill rounds skip prompts that were uninformative in a row (the GRESO prompt filter,
+# trainers/prompt_filter.py; the default since stop 31). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
 # seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
 _TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": SFT_PIPELINE, "ppo": PPO_PIPELINE}
 PRESETS: dict[str, dict] = {
@@ -242,6 +244,7 @@ PRESETS: dict[str, dict] = {
                 "model": _MICRO_MODEL,
                 "restarts": 2,
                 "restart_probe": 0.5,
+                "restart_keep": 1,
                 "val_problems": 64,
             },
             "rm": {

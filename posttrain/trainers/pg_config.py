@@ -88,9 +88,10 @@ class PolicyGradientConfig(TrainerConfig):
         4, "dynamic sampling: prompt batches drawn per step at most (the first is the usual one)", ge=1
     )
     prompt_filter: bool = knob(
-        False,
+        True,
         "GRESO pre-rollout filtering (trainers/prompt_filter.py): dynamic sampling's refill rounds sample a prompt "
-        "with probability prompt_filter_p ** z, z = its rollouts in a row whose rewards were all equal",
+        "with probability prompt_filter_p ** z, z = its rollouts in a row whose rewards were all equal (one "
+        "process only; no effect without dynamic_sampling; on by the 5-seed sweep of docs/outcomes.md)",
     )
     prompt_filter_p: float = knob(0.5, "prompt_filter: the factor p of P(sample) = p ** z", gt=0, le=1)
     prompt_filter_pool: int = knob(
@@ -155,8 +156,6 @@ class PolicyGradientConfig(TrainerConfig):
             )
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
-        if self.prompt_filter and not self.dynamic_sampling:
-            raise ConfigError("prompt_filter acts on dynamic sampling's refill rounds: it needs dynamic_sampling")
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
 
@@ -220,8 +219,10 @@ PRESETS: dict[str, dict] = {
         "alarms": {"collapse_fraction": 0.0},
         "reward": "exact_match:1.0",
         "average_last": 1,
+        "prompt_filter": False,
     },
     "last_weights": {"average_last": 1},  # the default before tail averaging (stop 30)
+    "unfiltered": {"prompt_filter": False},  # the default before the prompt filter (stop 31)
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},

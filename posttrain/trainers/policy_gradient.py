@@ -106,8 +106,6 @@ class PolicyGradientTrainer:
                     "batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
                     "are per rank under several processes; use group statistics or one process"
                 )
-            if cfg.prompt_filter:
-                raise ConfigError("prompt_filter keeps one prompt history: it runs on one process only")
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
         self.task = ArithmeticTask(cfg.task)
@@ -140,7 +138,11 @@ class PolicyGradientTrainer:
             on_bad_line=cfg.on_bad_line,
         )
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-        self.prompt_history = PromptHistory(len(self.prompts)) if cfg.prompt_filter else None
+        self.prompt_history = None  # the prompt filter's: one process, refill rounds (dynamic sampling) only
+        if cfg.prompt_filter and cfg.dynamic_sampling and not w.distributed:
+            self.prompt_history = PromptHistory(len(self.prompts))
+        elif cfg.prompt_filter and cfg.dynamic_sampling and w.is_main:
+            print("prompt_filter: off under several processes (its prompt history is one process's)")
         self.fsdp = cfg.fsdp and w.distributed  # then rollouts sample from a replica (trainers/sharded.py)
         self.replica = sharded.rollout_replica(self.model) if self.fsdp else None
         sampler = self.replica if self.fsdp else self.model

@@ -187,8 +187,6 @@ def test_resume_is_bitwise_with_the_prompt_filter(sft_dir, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-def test_prompt_filter_needs_dynamic_sampling(sft_dir, tmp_path):
-    from posttrain.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="needs dynamic_sampling"):
-        cfg(sft_dir, tmp_path, prompt_filter=True, dynamic_sampling=False)
+def test_prompt_filter_is_off_without_dynamic_sampling(sft_dir, tmp_path):
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, prompt_filter=True, dynamic_sampling=False))
+    assert t.prompt_history is None  # no refill rounds to filter
