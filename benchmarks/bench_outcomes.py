@@ -330,21 +330,14 @@ def versions() -> dict:
     import torch
 
     from posttrain.pipeline.run import cpu_description
+    from posttrain.provenance import git_commit, git_dirty
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
-            ).stdout.strip()
-        )
-    except OSError:
-        commit, dirty = None, None
+    tree = ROOT / "posttrain"  # the tree the runs use (PYTHONPATH=ROOT), a checkout or a `git archive` snapshot
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "git_commit": commit,
-        "git_dirty": dirty,
+        "git_commit": git_commit(short=False, package_dir=tree),
+        "git_dirty": git_dirty(tree),
         "machine": platform.machine(),
         "cpu": cpu_description(),  # the kernel ISA decides the rounding, so the trajectories
         "cpus": os.cpu_count(),

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from posttrain.errors import UserError
 from posttrain.pipeline import cache
 from posttrain.pipeline.base import LABELS, heldout_table
 from posttrain.pipeline.stages import BY_NAME, RUN_ORDER, STAGES, Context, get
+from posttrain.provenance import git_commit
 
 
 def cpu_description() -> str:
@@ -59,18 +59,7 @@ def cpu_description() -> str:
 
 
 def header(cfg, preset: str | None) -> dict:
-    commit = "unknown"
-    try:
-        r = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        )
-        if r.returncode == 0:
-            commit = r.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
+    commit = git_commit()
     import os
 
     return {
