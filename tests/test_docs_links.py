@@ -8,6 +8,7 @@ silently. Anchors follow GitHub's rule: the heading lower-cased, characters othe
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -33,13 +34,14 @@ def prose_lines(path: Path, keep_code: bool = False):
             yield line if keep_code else re.sub(r"`[^`]*`", "", line)
 
 
-def anchors(path: Path) -> set[str]:
+@cache  # each doc's headings are read once, however many links point into it
+def anchors(path: Path) -> frozenset[str]:
     seen: dict[str, int] = {}
     for line in prose_lines(path, keep_code=True):
         if m := re.match(r"^#{1,6}\s+(.*)", line):
             s = slug(m.group(1))
             seen[s] = seen.get(s, -1) + 1
-    return {s if n == 0 else f"{s}-{k}" for s, n in seen.items() for k in range(n + 1)}
+    return frozenset(s if k == 0 else f"{s}-{k}" for s, n in seen.items() for k in range(n + 1))
 
 
 def test_slug_follows_github():

@@ -31,6 +31,9 @@ def _head() -> str | None:
     return r.stdout.strip() if r.returncode == 0 and tracked.returncode == 0 else None
 
 
+HEAD = _head()  # None: not a git checkout of posttrain (a tarball, or no git)
+
+
 def test_archived_commit_reads_a_hash_and_refuses_the_placeholder(tmp_path):
     f = tmp_path / "COMMIT"
     f.write_text("$Format:%H$\n")
@@ -42,15 +45,14 @@ def test_archived_commit_reads_a_hash_and_refuses_the_placeholder(tmp_path):
     assert archived_commit(tmp_path / "missing") is None
 
 
-@pytest.mark.skipif(_head() is None, reason="not a git checkout of posttrain")
+@pytest.mark.skipif(HEAD is None, reason="not a git checkout of posttrain")
 def test_a_checkout_reports_its_head():
-    head = _head()
-    assert git_commit(short=False) == head
-    assert git_commit() == head[:7]
+    assert git_commit(short=False) == HEAD
+    assert git_commit() == HEAD[:7]
     assert git_dirty() in (True, False)
 
 
-@pytest.mark.skipif(_head() is None, reason="not a git checkout of posttrain")
+@pytest.mark.skipif(HEAD is None, reason="not a git checkout of posttrain")
 def test_a_git_archive_copy_carries_its_commit(tmp_path):
     """What a release tarball or a sweep's snapshot is: no .git, the commit written by export-subst."""
     blob = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "posttrain"], check=True, capture_output=True)
@@ -60,7 +62,7 @@ def test_a_git_archive_copy_carries_its_commit(tmp_path):
         except TypeError:  # Python before the extraction filters (3.10.11 and older)
             tar.extractall(tmp_path)
     pkg = tmp_path / "posttrain"
-    assert git_commit(short=False, package_dir=pkg) == _head()
+    assert git_commit(short=False, package_dir=pkg) == HEAD
     assert git_dirty(pkg) is None
 
 

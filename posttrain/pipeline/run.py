@@ -59,11 +59,10 @@ def cpu_description() -> str:
 
 
 def header(cfg, preset: str | None) -> dict:
-    commit = git_commit()
     import os
 
     return {
-        "commit": commit,
+        "commit": git_commit(),
         "machine": f"{platform.machine()} {platform.system()} {platform.release()}, "
         f"{os.cpu_count()} CPUs ({cpu_description()}), threads={cfg.threads}",
         "python": platform.python_version(),
