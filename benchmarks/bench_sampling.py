@@ -8,7 +8,9 @@ sampler, separating sampler overhead from model speed.
 With ``--init SFT_DIR`` (a trained posttrain checkpoint, e.g. a pipeline run's ``sft/model``) the model is that
 checkpoint (and its exact GPT-2 conversion for HF), the prompts are arithmetic problems in its tokenizer, and EOS is
 on: rows end at different steps, as in RL. A fourth row runs our sampler with ``drop_finished=False`` (every row
-to the last step, as HF does): what dropping finished rows from the forward passes saves.
+to the last step, as HF does): what dropping finished rows from the forward passes saves. Another row draws the tokens
+with ``torch.multinomial`` (the draw before stop 33; an exponential per vocabulary entry) instead of the inverse CDF
+(one uniform per row): what the draw costs.
 
     .venv/bin/python benchmarks/bench_sampling.py [--repeats 5] [--threads 2] [--init runs/demo/sft/model]
 """
@@ -66,7 +68,7 @@ def main():
         ]
     cfg = SamplingConfig(max_new_tokens=args.new_tokens, temperature=1.0, num_samples=args.samples)
 
-    def run_ours(model, drop_finished=True):
+    def run_ours(model, drop_finished=True, draw="inverse_cdf"):
         return lambda: generate(
             model,
             prompts,
@@ -75,6 +77,7 @@ def main():
             cfg=cfg,
             generator=torch.Generator().manual_seed(1),
             drop_finished=drop_finished,
+            draw=draw,
         )
 
     gen = run_ours(ours)()
@@ -106,6 +109,7 @@ def main():
         ("HF generate + HF GPT-2", run_hf),
         ("posttrain sampler + HF GPT-2", run_ours(hf)),
     ]
+    sides.insert(1, ("  the same, torch.multinomial draw (before stop 33)", run_ours(ours, draw="multinomial")))
     if args.init:
         sides.insert(1, ("  the same, every row to the last step", run_ours(ours, drop_finished=False)))
     results = {}

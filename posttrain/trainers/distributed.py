@@ -111,14 +111,23 @@ def row_offsets(n: int, w: World) -> tuple[int, int]:
 
 
 def mean_metrics(metrics: dict, w: World) -> dict:
-    """Finite float metrics averaged over ranks (SUM / W), for logging on rank 0; other values kept as they are."""
+    """Numeric metrics averaged over the ranks that report them, for logging on rank 0; other values kept as they
+    are. Ranks may report different keys (a rank with no rows of a step has no loss statistics): the key sets are
+    gathered first, so every rank reduces the same vector (else gloo fails on a size mismatch), and a key is the
+    mean over the ranks that have it (SUM / W when all do)."""
     if not w.distributed:
         return metrics
-    keys = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    mine = sorted(k for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    gathered: list = [None] * w.world_size
+    dist.all_gather_object(gathered, mine)
+    keys = sorted(set().union(*gathered))
     if not keys:
         return metrics
-    summed = all_reduce_sum(torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64), w) / w.world_size
-    return {**metrics, **{k: v for k, v in zip(keys, summed.tolist())}}
+    values = torch.tensor([float(metrics[k]) if k in mine else 0.0 for k in keys], dtype=torch.float64)
+    present = torch.tensor([float(k in mine) for k in keys], dtype=torch.float64)
+    summed = all_reduce_sum(torch.cat([values, present]), w)
+    means = summed[: len(keys)] / summed[len(keys) :]
+    return {**metrics, **dict(zip(keys, means.tolist()))}
 
 
 def all_reduce_grads(model: torch.nn.Module, w: World) -> None:

@@ -114,6 +114,32 @@ def test_two_process_sft_equals_one_process_and_only_rank0_writes(tmp_path, one)
         assert abs(r1["grad_norm"] - r2["grad_norm"]) < 1e-5 * max(1.0, r1["grad_norm"])
 
 
+METRICS_SCRIPT = textwrap.dedent("""
+    import json, sys, torch.distributed as dist
+    from posttrain.trainers.distributed import World, mean_metrics
+    rank, world, init_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
+    w = World(rank, world)
+    # rank 1 had no rows this step: no loss statistics (as a policy-gradient update with no signal on that rank)
+    step = mean_metrics({"reward": 1.0, "clip_frac": 0.25, "note": "x"} if rank == 0 else {"reward": 3.0}, w)
+    after = mean_metrics({"loss": 2.0 * rank}, w)  # the collectives that follow still line up
+    with open(f"{out}.{rank}.json", "w") as f:
+        json.dump({"step": step, "after": after}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def test_mean_metrics_when_ranks_report_different_keys(tmp_path):
+    """A rank whose step had no rows reports fewer metrics: every rank still reduces the same vector (gloo aborts the
+    run on a size mismatch), and a metric is the mean over the ranks that report it."""
+    out = _run_script(METRICS_SCRIPT, tmp_path, 2, "m")
+    r0, r1 = (json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(2))
+    assert r0["step"] == {"reward": 2.0, "clip_frac": 0.25, "note": "x"}  # clip_frac: rank 0's alone
+    assert r1["step"] == {"reward": 2.0, "clip_frac": 0.25}
+    assert r0["after"] == r1["after"] == {"loss": 1.0}  # reported by both: SUM / W
+
+
 FSDP_SCRIPT = SCRIPT.replace(
     "train_sft(cfg)",
     "import dataclasses\n"

@@ -78,6 +78,7 @@ def _ppo(sft_dir, out, **kw):
         lr=1e-3,
         mu=2,
         minibatches=2,
+        missing_eos_penalty=-1.0,  # a reward that varies whatever the tiny SFT start samples: real updates
     )
     return PPOConfig(**{**base, **kw})
 
@@ -155,7 +156,10 @@ def test_skewed_engine_weights_multiply_the_policy_loss(sft_dir, tmp_path, kind)
         loss = lambda r: tr._micro_loss(r, torch.arange(r.sequences.shape[0]), batch_normalizers(r.completion_mask))  # noqa: E731
     else:
         tr = PPOTrainer(_ppo(sft_dir, tmp_path / "p", engine="skewed", minibatches=1))
-        ro = make_rollout(tr, 0)
+        ro = make_rollout(tr, 0)  # advantages of both signs (they are 0 where every reward and value is)
+        ro = dataclasses.replace(
+            ro, advantages=torch.randn(ro.advantages.shape, generator=torch.Generator().manual_seed(0))
+        )
         adv = ro.advantages
         loss = lambda r: tr._micro_loss(
             r,

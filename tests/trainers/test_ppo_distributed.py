@@ -129,7 +129,7 @@ def test_a_two_process_checkpoint_resumes_in_one_process_to_the_uninterrupted_en
 
 
 def _assert_same_weights(one: Path, two: Path) -> None:
-    """model/'s policy and critic of two runs, to 1e-5 (the attention key bias to 1e-4: see inside)."""
+    """model/'s policy and critic of two runs, to 5e-5 (the attention key bias to 1e-4: see inside)."""
     for f in ("model.safetensors", "critic.safetensors"):
         a, b = load_file(one / "model" / f), load_file(two / "model" / f)
         assert a.keys() == b.keys()
@@ -140,7 +140,9 @@ def _assert_same_weights(one: Path, two: Path) -> None:
                 d = x.numel() // 3
                 torch.testing.assert_close(y[d : 2 * d], x[d : 2 * d], atol=1e-4, rtol=0, msg=f"{f}: {k} (keys)")
                 x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
-            torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5, msg=f"{f}: {k}")
+            # Adam's steps are lr-sized whatever a gradient's scale, so the float noise of a small entry (summed in
+            # another order) can move it by a fraction of lr = 1e-3 a step (~1e-5 seen after 12): a 5e-5 floor
+            torch.testing.assert_close(y, x, atol=5e-5, rtol=1e-5, msg=f"{f}: {k}")
 
 
 def _metrics(d: Path) -> list[dict]:
