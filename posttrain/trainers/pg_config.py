@@ -94,6 +94,11 @@ class PolicyGradientConfig(TrainerConfig):
         "process only; no effect without dynamic_sampling; on by the 5-seed sweep of docs/outcomes.md)",
     )
     prompt_filter_p: float = knob(0.5, "prompt_filter: the factor p of P(sample) = p ** z", gt=0, le=1)
+    prompt_filter_fill: bool = knob(
+        True,
+        "prompt_filter: fill a refill round with skipped prompts when fewer than prompts_per_step pass (else the "
+        "round is only the prompts that passed: fewer samples once most prompts are solved)",
+    )
     prompt_filter_pool: int = knob(
         4, "prompt_filter: candidates looked at per refill round, in multiples of prompts_per_step", ge=1
     )

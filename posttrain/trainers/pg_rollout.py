@@ -68,14 +68,19 @@ def filter_generator(seed: int, step: int, rnd: int) -> torch.Generator:
 
 
 def draw(tr, step: int, rnd: int):
-    """Round ``rnd`` of step ``step``: prompts, samples, rewards. Round 0 is the classic batch."""
+    """Round ``rnd`` of step ``step``: prompts, samples, rewards (None: a filtered round with no prompt). Round 0 is
+    the classic batch."""
     cfg = tr.cfg
     stream, history = cfg.seed + 17 + rnd * 2**32, tr.prompt_history
     if history is not None and rnd > 0:  # GRESO: skip prompts that were uninformative in a row (one process)
         pool = batch_indices(len(tr.prompts), cfg.prompts_per_step * cfg.prompt_filter_pool, step, stream)
         gen = filter_generator(cfg.seed, step, rnd)
-        idx, passed = prompt_filter.select(pool, history.streak, cfg.prompt_filter_p, cfg.prompts_per_step, gen)
+        idx, passed = prompt_filter.select(
+            pool, history.streak, cfg.prompt_filter_p, cfg.prompts_per_step, gen, fill=cfg.prompt_filter_fill
+        )
         history.pass_rates.append(passed)
+        if not len(idx):  # no candidate passed and the round is not filled: nothing is sampled
+            return None
     else:
         idx = batch_indices(len(tr.prompts), cfg.prompts_per_step, step, stream)
     idx = distributed.shard(idx, tr.world)  # this rank's prompts (all of them on one process)
@@ -121,8 +126,12 @@ def rollout(tr, step: int) -> Rollout:
             rnd += 1
             if n_kept >= want or rnd >= cfg.max_sample_rounds:
                 break
-            gen, rewards, _, _ = draw(tr, step, rnd)
-            drawn += want
+            res = draw(tr, step, rnd)
+            if res is None:  # the prompt filter passed no prompt of this round (prompt_filter_fill off)
+                rewards = torch.zeros(0)
+                continue
+            gen, rewards, _, _ = res
+            drawn += len(rewards) // G
     t1 = time.perf_counter()
     gen, rewards, correct, base = first  # the round-0 batch: an unfiltered measure of the policy
     if len(parts) == 1 and len(parts[0][1]) == len(rewards):

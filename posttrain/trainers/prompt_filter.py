@@ -13,7 +13,8 @@ show it has become informative again (the paper's exploration). One informative 
 Here the filter acts on dynamic sampling's refill rounds only: round 0 stays the classic, unfiltered batch, an
 unbiased measure of the policy for the metrics, the alarms and the collapse guard. A filtered round takes its
 prompts from a pool ``pool`` times the round's size (the next positions of its own prompt stream): the first
-``want`` that pass, then, if too few pass, the skipped ones in stream order, so a round always has ``want`` prompts.
+``want`` that pass, then, if too few pass, the skipped ones in stream order, so a round always has ``want`` prompts;
+with ``prompt_filter_fill`` off a round is only the prompts that passed (fewer samples when most prompts are solved).
 
 Here: :func:`sample_mask` (which candidates pass), :func:`select` (a round's prompts from its pool) and
 :class:`PromptHistory` (the counts z, updated after every round and saved in checkpoints for an exact resume).
@@ -32,17 +33,20 @@ def sample_mask(streak: torch.Tensor, p: float, generator: torch.Generator) -> t
     return u < torch.pow(torch.full(streak.shape, p, dtype=torch.float64), streak.to(torch.float64))
 
 
-def select(pool: torch.Tensor, streak: torch.Tensor, p: float, want: int, generator: torch.Generator):
-    """A round's ``want`` prompts from its candidate pool (prompt indices, stream order).
+def select(
+    pool: torch.Tensor, streak: torch.Tensor, p: float, want: int, generator: torch.Generator, fill: bool = True
+):
+    """A round's prompts from its candidate pool (prompt indices, stream order).
 
     Returns (chosen indices, the fraction of the pool that passed). The chosen are the first ``want`` candidates
-    that pass :func:`sample_mask`; if fewer pass, the round is filled with the first skipped ones.
+    that pass :func:`sample_mask`; if fewer pass, the round is filled with the first skipped ones (``fill``), or
+    is that smaller round (``fill=False``: no samples paid for prompts the filter skipped; possibly none).
     """
     if len(pool) < want:
         raise ValueError(f"a pool of {len(pool)} candidates cannot give {want} prompts")
     ok = sample_mask(streak[pool], p, generator)
     passed, skipped = pool[ok], pool[~ok]
-    chosen = torch.cat([passed[:want], skipped[: max(0, want - len(passed))]])
+    chosen = torch.cat([passed[:want], skipped[: max(0, want - len(passed)) if fill else 0]])
     return chosen, ok.double().mean().item()
 
 

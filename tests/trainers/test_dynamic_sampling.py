@@ -1,5 +1,6 @@
 """Dynamic sampling (DAPO): kept groups carry signal, draws are a function of (seed, step), degrade gracefully."""
 
+import dataclasses
 import shutil
 
 import pytest
@@ -167,6 +168,32 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
     pg_rollout.draw(t, 2, 0)  # round 0 is never filtered: the classic batch, whatever the prompts' history
     round0 = batch_indices(n, c.prompts_per_step, 2, c.seed + 17)
     assert sorted((t.prompt_history.streak != before).nonzero().flatten().tolist()) == sorted(set(round0.tolist()))
+
+
+def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir, tmp_path, monkeypatch):
+    """prompt_filter_fill off: a refill round is the prompts that passed (none: nothing is sampled, the step goes on),
+    and groups_drawn counts the groups actually drawn."""
+    from posttrain.trainers import pg_rollout
+
+    if "always_zero" not in REWARD_FUNCTIONS:
+        register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
+    c = cfg(sft_dir, tmp_path / "nf", reward="always_zero", prompt_filter=True, prompt_filter_p=1e-9)
+    t = PolicyGradientTrainer(dataclasses.replace(c, prompt_filter_fill=False))
+    n = len(t.prompts)
+    fresh = torch.arange(n) % 3 == 0
+    t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
+    calls, real_sample = [], pg_rollout.engine_rollout.sample
+    monkeypatch.setattr(
+        pg_rollout.engine_rollout, "sample", lambda tr, ps, *a: calls.append(len(ps)) or real_sample(tr, ps, *a)
+    )
+    gen, rewards, _, _ = pg_rollout.draw(t, 2, 1)  # enough fresh prompts in the pool: a full round of them
+    assert len(rewards) == c.prompts_per_step * c.num_generations
+    t.prompt_history.streak[:] = 5  # now every prompt was uninformative 5 times in a row: none passes
+    assert pg_rollout.draw(t, 3, 1) is None and calls == [c.prompts_per_step]  # nothing sampled
+    calls.clear()
+    ro = pg_rollout.rollout(t, 4)  # round 0 (all rewards 0: no signal), then rounds 1-2 pass nothing
+    assert calls == [c.prompts_per_step]  # only round 0 was sampled
+    assert ro.metrics["groups_drawn"] == c.prompts_per_step and ro.metrics["groups_kept"] == 0 and not ro.apply
 
 
 def test_resume_is_bitwise_with_the_prompt_filter(sft_dir, tmp_path):

@@ -39,6 +39,20 @@ def test_select_takes_the_first_passing_then_fills_with_the_skipped(streaks, wan
     assert all(k for i, k in zip(pool.tolist(), ok) if streak[i] == 0)  # z = 0 is always sampled
 
 
+@settings(max_examples=100, deadline=None)
+@given(streaks=st.lists(st.integers(0, 6), min_size=1, max_size=40), want=st.integers(1, 10), seed=st.integers(0, 99))
+def test_select_without_fill_takes_only_the_passing(streaks, want, seed):
+    streak = torch.tensor(streaks)
+    pool = torch.randperm(len(streaks), generator=torch.Generator().manual_seed(seed))
+    if len(pool) < want:
+        return
+    chosen, _ = select(pool, streak, 0.5, want, torch.Generator().manual_seed(seed), fill=False)
+    filled, _ = select(pool, streak, 0.5, want, torch.Generator().manual_seed(seed))
+    ok = sample_mask(streak[pool], 0.5, torch.Generator().manual_seed(seed))
+    assert chosen.tolist() == [int(i) for i, k in zip(pool, ok) if k][:want]  # possibly fewer than want, or none
+    assert filled[: len(chosen)].tolist() == chosen.tolist()  # the filled round starts with the same prompts
+
+
 def test_history_counts_uninformative_rollouts_in_a_row_and_round_trips():
     h = PromptHistory(6)
     h.update(torch.tensor([0, 1, 2]), torch.tensor([True, True, False]))
