@@ -137,6 +137,12 @@ def shared_prefix_forward(
     )
     last_logits = out.logits[:, -1][inv]  # (N, V)
     last_hidden = out.hidden_states[:, -1][inv] if output_hidden_states else None  # (N, D)
+    if input_ids.shape[1] == P:  # no completion position to run
+        n = len(inv)
+        hidden = last_hidden.new_zeros((n, 0, last_hidden.shape[-1])) if output_hidden_states else None
+        return SharedPrefixOutput(
+            last_logits, last_hidden, last_logits.new_zeros((n, 0, last_logits.shape[-1])), hidden
+        )
     cache.reorder(inv)
     out = model(
         input_ids=input_ids[:, P:],
@@ -162,9 +168,13 @@ def prefix_shared_completion_logps(
     completion_mask: torch.Tensor | None = None,
 ):
     """:func:`completion_logps` (with entropies) computed with each distinct prompt run once
-    (:func:`shared_prefix_forward`: rows sharing ``prompt_index`` share the prompt's keys and values)."""
+    (:func:`shared_prefix_forward`: rows sharing ``prompt_index`` share the prompt's keys and values).
+
+    The last completion position is not run: its logits would predict a token after the completion, and no other
+    position attends to it (causal), so dropping it changes no output and saves 1/T of the completion work (the
+    update's micro-batches are trimmed to their longest completion, T ~ 4-6 on the embedded task)."""
     P = completion_start
-    out = shared_prefix_forward(model, input_ids, attention_mask, P, prompt_index)
-    logits = torch.cat([out.last_logits[:, None], out.logits[:, :-1]], dim=1)  # (N, T, V)
+    out = shared_prefix_forward(model, input_ids[:, :-1], attention_mask[:, :-1], P, prompt_index)
+    logits = torch.cat([out.last_logits[:, None], out.logits], dim=1)  # (N, T, V)
     lp, warped = completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
     return lp, token_entropy(warped)

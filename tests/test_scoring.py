@@ -35,3 +35,20 @@ def test_prefix_shared_logps_equal_full_forward_with_gradients():
         torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=1e-5)
         for a, b in zip(grads_a, [p.grad for p in m.parameters()]):
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_prefix_shared_logps_of_one_token_completions():
+    """A micro-batch whose longest completion is one token: only the prompts run (no completion position), and the
+    log-probs are the full forward's."""
+    from posttrain.models.gpt import GPT, GPTConfig
+    from posttrain.scoring import completion_logps, prefix_shared_completion_logps
+
+    torch.manual_seed(1)
+    m = GPT(GPTConfig(vocab_size=17, n_layer=2, n_head=2, d_model=32, max_seq_len=32))
+    seqs = torch.tensor([[0, 1, 5, 6, 3], [0, 1, 5, 6, 9], [1, 9, 16, 4, 2]])  # P = 4, one completion token each
+    mask = torch.tensor([[0, 1, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    lp_a, ent_a = completion_logps(m, seqs, mask, 4, return_entropy=True)
+    lp_b, ent_b = prefix_shared_completion_logps(m, seqs, mask, 4, torch.tensor([0, 0, 1]))
+    assert lp_b.shape == (3, 1)
+    torch.testing.assert_close(lp_b, lp_a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=1e-5)

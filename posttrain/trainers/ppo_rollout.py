@@ -41,7 +41,7 @@ from posttrain.losses.kl import kl_estimate, kl_penalized_token_rewards
 from posttrain.losses.logprobs import token_entropy
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
-from posttrain.scoring import completion_token_logps, shared_prefix_forward
+from posttrain.scoring import completion_token_logps, prefix_shared_completion_logps, shared_prefix_forward
 from posttrain.trainers import distributed, engine_rollout, ppo_distributed, sharded
 from posttrain.trainers.distributed import World
 
@@ -87,10 +87,11 @@ def micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int) -> lis
 def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
     """posttrain GPT over [prompt | completion] with each distinct prompt run once (``scoring.shared_prefix_forward``):
     -> (logits (N, W, V), final hidden states (N, W, D)) at the W positions that predict the completion tokens,
-    P-1 .. P+W-2 (as ``scoring.prefix_shared_completion_logps``)."""
-    out = shared_prefix_forward(gpt, seqs, attn, P, prompt_index, output_hidden_states=True)
-    logits = torch.cat([out.last_logits[:, None], out.logits[:, :-1]], dim=1)
-    hidden = torch.cat([out.last_hidden[:, None], out.hidden[:, :-1]], dim=1)
+    P-1 .. P+W-2 (as ``scoring.prefix_shared_completion_logps``). The last completion position predicts nothing
+    that is scored and no position attends to it (causal), so it is not run (1/W of the completion work)."""
+    out = shared_prefix_forward(gpt, seqs[:, :-1], attn[:, :-1], P, prompt_index, output_hidden_states=True)
+    logits = torch.cat([out.last_logits[:, None], out.logits], dim=1)
+    hidden = torch.cat([out.last_hidden[:, None], out.hidden], dim=1)
     return logits, hidden
 
 
@@ -180,10 +181,23 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: b
             if ref_lp is not None:
                 ids, am = seqs[:, : P + w], attn[:, : P + w]
                 with torch.no_grad():
-                    out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am))
-                    rlp, _ = completion_token_logps(
-                        out.logits[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p, cmask[:, :w]
-                    )
+                    if trainer.share_prefix:  # each prompt once, as the policy's pass (the reference is a GPT copy)
+                        rlp, _ = prefix_shared_completion_logps(
+                            trainer.ref_model,
+                            ids,
+                            am,
+                            P,
+                            gen.prompt_index[rows],
+                            temperature=cfg.temperature,
+                            top_k=cfg.top_k,
+                            top_p=cfg.top_p,
+                            completion_mask=cmask[:, :w],
+                        )
+                    else:
+                        out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am))
+                        rlp, _ = completion_token_logps(
+                            out.logits[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p, cmask[:, :w]
+                        )
                 ref_lp[rows, :w] = rlp
     return old_lp, old_v, ref_lp, (kept if keep_graph else None)
 
