@@ -221,10 +221,11 @@ PPO_PIPELINE: dict = {"steps": 200}
 # step 400) and GRPO / PPO then gained +16 / +10 points only; `tiny` drew restart 5 there (0.25 at step 300 against
 # <= 0.145 for the others) and kept 0.383 (docs/pipeline.md).
 SFT_PIPELINE: dict = json.loads(json.dumps(SFT_PRESETS["tiny"]))
-# The grpo and dpo stages are their trainers' defaults: GRPO's final model is the mean of its weights at steps 500, 600
-# and 700 (tail averaging, trainers/weight_average.py; the pipeline's setting at stop 29, the trainer's default since
-# stop 30), and its refill rounds skip prompts that were uninformative in a row (the GRESO prompt filter,
-# trainers/prompt_filter.py; the default since stop 31). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
+# The grpo and dpo stages are their trainers' defaults: GRPO runs 500 steps (700 until stop 33) and its final model is
+# the mean of its weights at steps 300, 400 and 500 (tail averaging, trainers/weight_average.py; the pipeline's setting
+# at stop 29, the trainer's default since stop 30), and its refill rounds sample only prompts that pass the GRESO
+# filter of prompts uninformative in a row (trainers/prompt_filter.py; the filter since stop 31, unfilled rounds since
+# stop 33). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
 # seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
 _TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": SFT_PIPELINE, "ppo": PPO_PIPELINE}
 PRESETS: dict[str, dict] = {

@@ -30,7 +30,12 @@ class PolicyGradientConfig(TrainerConfig):
     out: str = override("out", "runs/grpo")
     init: str | None = knob(None, "SFT checkpoint (or run directory) to start from; required")
     algo: str = knob("grpo", "advantage estimator: reinforce | rloo | grpo", choices=tuple(ADVANTAGE_ESTIMATORS))
-    steps: int = override("steps", 700, "optimizer steps (one rollout batch each when mu=1 and minibatches=1)")
+    steps: int = override(
+        "steps",
+        500,
+        "optimizer steps (one rollout batch each when mu=1 and minibatches=1; 500 by the 5-seed sweep of stop 33, "
+        "docs/outcomes.md; --preset long: 700)",
+    )
     prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
     num_generations: int = knob(8, "samples per prompt (G)", gt=0)
     max_new_tokens: int = knob(6, "completion length limit in tokens (EOS included)", gt=0)
@@ -95,9 +100,9 @@ class PolicyGradientConfig(TrainerConfig):
     )
     prompt_filter_p: float = knob(0.5, "prompt_filter: the factor p of P(sample) = p ** z", gt=0, le=1)
     prompt_filter_fill: bool = knob(
-        True,
-        "prompt_filter: fill a refill round with skipped prompts when fewer than prompts_per_step pass (else the "
-        "round is only the prompts that passed: fewer samples once most prompts are solved)",
+        False,
+        "prompt_filter: fill a refill round with skipped prompts when fewer than prompts_per_step pass (off by the "
+        "5-seed sweep of stop 33: the round is only the prompts that passed, fewer samples once most are solved)",
     )
     prompt_filter_pool: int = knob(
         4, "prompt_filter: candidates looked at per refill round, in multiples of prompts_per_step", ge=1
@@ -226,8 +231,10 @@ PRESETS: dict[str, dict] = {
         "average_last": 1,
         "prompt_filter": False,
     },
-    "last_weights": {"average_last": 1},  # the default before tail averaging (stop 30)
-    "unfiltered": {"prompt_filter": False},  # the default before the prompt filter (stop 31)
+    # the default before stop 33: 700 steps (tail average of steps 500/600/700), refill rounds filled to 32 prompts
+    "long": {"steps": 700, "prompt_filter_fill": True},
+    "last_weights": {"steps": 700, "average_last": 1, "prompt_filter": False},  # the default before stop 30
+    "unfiltered": {"steps": 700, "prompt_filter": False},  # the default before the prompt filter (stop 31)
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
