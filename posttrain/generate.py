@@ -271,13 +271,13 @@ def _decode(
     done = torch.zeros(N, dtype=torch.bool, device=device)
     full_mask = mask
     steps = 0
+    warped = cfg.temperature != 1.0 or cfg.top_k is not None or cfg.top_p is not None  # else sample from raw
     for t in range(T):
         raw = torch.log_softmax(logits, dim=-1)  # (N, V)
         if cfg.greedy:
             tok = logits.argmax(-1)  # (N,)
             lp_all = raw
         else:
-            warped = cfg.temperature != 1.0 or cfg.top_k is not None or cfg.top_p is not None
             lp_all = (
                 torch.log_softmax(warp_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p), dim=-1) if warped else raw
             )

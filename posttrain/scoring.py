@@ -166,8 +166,9 @@ def prefix_shared_completion_logps(
     top_k: int | None = None,
     top_p: float | None = None,
     completion_mask: torch.Tensor | None = None,
+    return_entropy: bool = True,
 ):
-    """:func:`completion_logps` (with entropies) computed with each distinct prompt run once
+    """:func:`completion_logps` (with entropies unless ``return_entropy=False``) computed with each distinct prompt run once
     (:func:`shared_prefix_forward`: rows sharing ``prompt_index`` share the prompt's keys and values).
 
     The last completion position is not run: its logits would predict a token after the completion, and no other
@@ -177,4 +178,4 @@ def prefix_shared_completion_logps(
     out = shared_prefix_forward(model, input_ids[:, :-1], attention_mask[:, :-1], P, prompt_index)
     logits = torch.cat([out.last_logits[:, None], out.logits], dim=1)  # (N, T, V)
     lp, warped = completion_token_logps(logits, input_ids[:, P:], temperature, top_k, top_p, completion_mask)
-    return lp, token_entropy(warped)
+    return (lp, token_entropy(warped)) if return_entropy else lp

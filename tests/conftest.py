@@ -31,6 +31,23 @@ def tiny_gpt():
     return GPT(GPTConfig(vocab_size=17, n_layer=2, n_head=2, d_model=32, max_seq_len=32))
 
 
+def _assert_close_but_key_bias(got: dict, want: dict, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Weights after Adam steps, the attention key bias left out: its exact gradient is 0 (softmax ignores a shift),
+    so Adam scales its float noise (summed in another order: ranks, micro-batches, another forward) up to lr-sized
+    steps, and comparing it says nothing about the update."""
+    for k in want:
+        x, y = want[k], got[k]
+        if k.endswith("attn.qkv.bias"):
+            d = x.numel() // 3
+            x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
+        torch.testing.assert_close(y, x, atol=atol, rtol=rtol, msg=k)
+
+
+@pytest.fixture
+def assert_close_but_key_bias():
+    return _assert_close_but_key_bias
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -182,7 +182,7 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: b
                 ids, am = seqs[:, : P + w], attn[:, : P + w]
                 with torch.no_grad():
                     if trainer.share_prefix:  # each prompt once, as the policy's pass (the reference is a GPT copy)
-                        rlp, _ = prefix_shared_completion_logps(
+                        rlp = prefix_shared_completion_logps(
                             trainer.ref_model,
                             ids,
                             am,
@@ -192,6 +192,7 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: b
                             top_k=cfg.top_k,
                             top_p=cfg.top_p,
                             completion_mask=cmask[:, :w],
+                            return_entropy=False,
                         )
                     else:
                         out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am))
