@@ -106,6 +106,18 @@ class BestOfNResult:
 
 
 @torch.no_grad()
+def accuracy_by(samples: Sequence[dict], key: Callable[[str], str]) -> dict[str, dict]:
+    """Accuracy per group of prompts: ``{key(prompt): {"n", "correct", "accuracy"}}``, groups sorted by name.
+
+    ``samples`` are :class:`EvalResult` samples (``evaluate(..., keep_samples=n)`` keeps all n of them)."""
+    groups: dict[str, list[int]] = {}
+    for s in samples:
+        g = groups.setdefault(key(s["prompt"]), [0, 0])
+        g[0] += 1
+        g[1] += bool(s["correct"])
+    return {k: {"n": n, "correct": c, "accuracy": c / n} for k, (n, c) in sorted(groups.items())}
+
+
 def best_of_n_evaluate(
     model,
     tokenizer,

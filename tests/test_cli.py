@@ -126,3 +126,35 @@ def test_eval_bad_data_file(tmp_path, capsys):
     empty.write_text("")
     assert main(["eval", str(run), "--data", str(empty)]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_eval_heldout_all_by_layout(tmp_path, capsys):
+    """--heldout all scores every held-out problem; --by-layout splits the same verdicts by operand layout."""
+    from posttrain.evaluation import accuracy_by
+    from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, layout
+
+    run = tmp_path / "run"
+    assert main(["sft", "--out", str(run), *TINY]) == 0
+    assert main(["eval", str(run), "--heldout", "all", "--by-layout", "--out", str(tmp_path / "ev")]) == 0
+    s = json.loads((tmp_path / "ev" / "summary.json").read_text())
+    task = ArithmeticConfig(**json.loads((run / "config.resolved.json").read_text())["task"])  # TINY: 1 digit
+    held = ArithmeticTask(task).heldout_problems
+    assert s["n"] == len(held) > task.num_eval
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "completions.jsonl").read_text().splitlines()]
+    assert sorted(r["prompt"] for r in rows) == sorted(p.prompt for p in held)
+    by = s["by_layout"]
+    assert sum(v["n"] for v in by.values()) == s["n"] and sum(v["correct"] for v in by.values()) == s["correct"]
+    for name, v in by.items():  # brute force: recount each layout's verdicts from the completions
+        mine = [r for r in rows if layout(r["prompt"]) == name]
+        assert v["n"] == len(mine) and v["correct"] == sum(r["correct"] for r in mine)
+    assert accuracy_by(rows, layout) == by
+    assert "by operand layout:" in capsys.readouterr().out
+    assert main(["eval", str(run), "--out", str(tmp_path / "ev2")]) == 0  # the default: the 256-problem sample
+    assert json.loads((tmp_path / "ev2" / "summary.json").read_text())["n"] == task.num_eval
+
+
+def test_eval_heldout_all_with_data_is_a_user_error(tmp_path, capsys):
+    data = tmp_path / "e.jsonl"
+    data.write_text('{"prompt": "1+2=", "answer": "3"}\n')
+    assert main(["eval", str(tmp_path), "--data", str(data), "--heldout", "all"]) == 2
+    assert "--heldout all" in capsys.readouterr().err

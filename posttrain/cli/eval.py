@@ -1,7 +1,9 @@
 """``posttrain eval CHECKPOINT [--data FILE.jsonl]``: accuracy of a checkpoint on {prompt, answer} lines.
 
 Without ``--data`` the embedded task's held-out evaluation problems are used (the task the checkpoint was
-trained on, from its saved config). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
+trained on, from its saved config): its ``num_eval`` sample (256 by default; what every trainer reports), or with
+``--heldout all`` the whole held-out split (1,051 two-digit additions: half the sampling noise of 256).
+``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; :func:`posttrain.tasks.arithmetic.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
 prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside
 greedy accuracy and the oracle pass@N (:func:`posttrain.evaluation.best_of_n_evaluate`).
 """
@@ -23,6 +25,18 @@ def add_arguments(p):
         metavar="FILE.jsonl",
         help='lines {"prompt": ..., "answer": ...} (default: the embedded '
         "task's held-out evaluation problems, as configured when the checkpoint was trained)",
+    )
+    p.add_argument(
+        "--heldout",
+        choices=("sample", "all"),
+        default="sample",
+        help="without --data: the task's num_eval held-out sample (default; what the trainers report) or all of "
+        "its held-out split",
+    )
+    p.add_argument(
+        "--by-layout",
+        action="store_true",
+        help="also report accuracy per operand layout ('2+2', '1+2', ...: the operands' digit counts)",
     )
     p.add_argument("--out", metavar="DIR", help="write summary.json (accuracy, n) and completions.jsonl here")
     p.add_argument(
@@ -60,12 +74,15 @@ def add_arguments(p):
     )
 
 
-def _embedded(ckpt):
+def _embedded(ckpt, heldout: str = "sample"):
     from posttrain.config import from_dict
     from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 
     saved = (ckpt.state.get("config") or {}).get("task")
     task = ArithmeticTask(from_dict(ArithmeticConfig, saved) if isinstance(saved, dict) else ArithmeticConfig())
+    if heldout == "all":
+        problems = task.heldout_problems
+        return [(p.prompt, p.answer) for p in problems], f"all {len(problems)} of the embedded task's held-out problems"
     return [(p.prompt, p.answer) for p in task.eval_problems()], "the embedded task's held-out problems"
 
 
@@ -75,8 +92,9 @@ def run(args) -> int:
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.data.pairs import load_pairs
     from posttrain.errors import UserError
-    from posttrain.evaluation import best_of_n_evaluate, evaluate, fit_prompts, prompt_window
+    from posttrain.evaluation import accuracy_by, best_of_n_evaluate, evaluate, fit_prompts, prompt_window
     from posttrain.generate import SamplingConfig
+    from posttrain.tasks.arithmetic import layout
     from posttrain.text import printable
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
     from posttrain.trainers.common import write_summary
@@ -92,6 +110,10 @@ def run(args) -> int:
         raise UserError("--best-of needs --temperature > 0: greedy samples are all identical")
     if args.batch_size < 1:
         raise UserError("--batch-size must be >= 1")
+    if args.data and args.heldout != "sample":
+        raise UserError(
+            "--heldout all chooses the embedded task's problems; with --data the file is the evaluation set"
+        )
     pairs = load_pairs(args.data, "evaluation") if args.data else None
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
     scorer = None
@@ -101,7 +123,7 @@ def run(args) -> int:
         scorer = reward_model_reward(rm_path=args.reward_model)  # loaded once; a policy here is a one-line error
     data_name = args.data
     if pairs is None:
-        pairs, data_name = _embedded(ckpt)
+        pairs, data_name = _embedded(ckpt, args.heldout)
     pairs = fit_prompts(ckpt.tokenizer, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
     prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
     window = prompt_window(ckpt.model, args.max_new_tokens)
@@ -115,7 +137,7 @@ def run(args) -> int:
         temperature=0.0 if best_of else temperature,
         batch_size=args.batch_size,
         generator=gen,
-        keep_samples=len(pairs) if args.out else args.show,
+        keep_samples=len(pairs) if args.out or args.by_layout else args.show,
         max_prompt_tokens=window,
     )
     label = "greedy accuracy" if best_of or temperature == 0 else "accuracy"
@@ -124,6 +146,13 @@ def run(args) -> int:
         verdict = "ok" if s["correct"] else f"want '{printable(s['answer'])}'"
         print(f"  '{printable(s['prompt'])}' -> '{printable(s['completion'])}'  {verdict}")
     summary = {**r.summary(), "checkpoint": str(ckpt.path), "data": data_name, "temperature": temperature}
+    if args.by_layout:
+        by = accuracy_by(r.samples, layout)
+        print(
+            "by operand layout:  "
+            + "   ".join(f"{k} {v['accuracy']:.3f} ({v['correct']}/{v['n']})" for k, v in by.items())
+        )
+        summary["by_layout"] = by
     if best_of:
         b = best_of_n_evaluate(
             ckpt.model,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -66,6 +67,20 @@ def is_heldout(prompt: str, fraction: float) -> bool:
     return stable_fraction("arithmetic-split:" + prompt) < fraction
 
 
+_LAYOUT = re.compile(r"(\d+)([+-])(\d+)=")
+
+
+def layout(prompt: str) -> str:
+    """The operands' digit counts around the operator: ``"37+4="`` -> ``"2+1"``; ``"other"`` for any other text.
+
+    The layout decides where each digit sits in the sequence. With learned absolute positions a model that has
+    learned ``"ab+cd="`` (81 % of two-digit problems) does not get the shifted ``"a+cd="`` for free:
+    ``posttrain eval --by-layout`` shows it (docs/outcomes.md).
+    """
+    m = _LAYOUT.fullmatch(prompt)
+    return f"{len(m[1])}{m[2]}{len(m[3])}" if m else "other"
+
+
 def verify(completion: str, answer: str) -> bool:
     """Exact match after stripping surrounding whitespace: "85" vs "85" -> True, "085" -> False."""
     return completion.strip() == answer.strip()
@@ -108,7 +123,7 @@ class ArithmeticTask:
         return random.Random(f"demos:{self.cfg.seed}").sample(self.train_problems, self.cfg.num_demos)
 
     def eval_problems(self) -> list[Problem]:
-        """A fixed seeded sample of ``num_eval`` held-out problems."""
+        """A fixed seeded sample of ``num_eval`` held-out problems (``heldout_problems``: all of them)."""
         return random.Random(f"eval:{self.cfg.seed}").sample(self.heldout_problems, self.cfg.num_eval)
 
     def rl_prompts(self) -> list[Problem]:

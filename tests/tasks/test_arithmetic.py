@@ -2,6 +2,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from posttrain.errors import ConfigError
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction, verify
@@ -46,3 +48,28 @@ def test_verify():
 def test_bad_config(kw):
     with pytest.raises(ConfigError):
         ArithmeticConfig(**kw)
+
+
+@given(a=st.integers(0, 9999), b=st.integers(0, 9999), op=st.sampled_from("+-"))
+def test_layout_is_the_operands_digit_counts(a, b, op):
+    from posttrain.tasks.arithmetic import layout
+
+    assert layout(f"{a}{op}{b}=") == f"{len(str(a))}{op}{len(str(b))}"
+
+
+@pytest.mark.parametrize("text", ["", "37+48", "37+48=5", "+4=", "3*4=", "-3+4=", "3 + 4=", "Q: 3+4="])
+def test_layout_of_anything_else_is_other(text):
+    from posttrain.tasks.arithmetic import layout
+
+    assert layout(text) == "other"
+
+
+def test_layouts_partition_the_heldout_split():
+    from posttrain.tasks.arithmetic import layout
+
+    held = ArithmeticTask().heldout_problems
+    counts = {}
+    for p in held:
+        counts[layout(p.prompt)] = counts.get(layout(p.prompt), 0) + 1
+    assert set(counts) == {"1+1", "1+2", "2+1", "2+2"} and sum(counts.values()) == len(held)
+    assert 0.75 < counts["2+2"] / len(held) < 0.87  # 90 x 90 of the 100 x 100 operand pairs, give or take the hash

@@ -49,3 +49,26 @@ def test_extra_flags_take_per_seed_paths(tmp_path):
     i = cmd.index("--init")
     assert cmd[i + 1] == str(tmp_path / "s" / "seed3" / "sft") and "s3" in cmd and str(tmp_path / "w" / "y") in cmd
     assert "--init" not in bo.command("rm", 0, tmp_path, "")  # rm has no SFT start unless asked
+
+
+def test_heldout_all_gain_and_layouts_are_per_seed():
+    results = {
+        0: {
+            "sft": {"accuracy": 0.2, "heldout_all": 0.25, "by_layout": {"1+2": 0.1, "2+2": 0.3}},
+            "grpo": {"accuracy": 0.6, "heldout_all": 0.65, "by_layout": {"1+2": 0.2, "2+2": 0.8}},
+        },
+        1: {
+            "sft": {"accuracy": 0.1, "heldout_all": 0.15, "by_layout": {"1+2": 0.0, "2+2": 0.2}},
+            "grpo": {"accuracy": 0.3, "heldout_all": 0.5, "by_layout": {"1+2": 0.3, "2+2": 0.6, "1+1": 1.0}},
+        },
+    }
+    agg = aggregate(results)
+    g = agg["grpo"]["gain_heldout_all"]
+    assert g["mean"] == pytest.approx(statistics.fmean([0.4, 0.35])) and g["worst_seed"] == 1
+    assert agg["grpo"]["heldout_all"]["mean"] == pytest.approx(0.575)
+    lay = agg["grpo"]["by_layout"]
+    assert list(lay) == ["1+1", "1+2", "2+2"] and lay["1+1"]["n"] == 1  # a layout only one seed's run saw
+    assert lay["2+2"]["mean"] == pytest.approx(0.7) and lay["1+2"]["worst_seed"] == 0
+    assert (
+        "gain_heldout_all" not in agg["sft"] and "heldout_all" not in aggregate({0: {"sft": {"accuracy": 0.1}}})["sft"]
+    )
