@@ -3,11 +3,15 @@
 A stage's key is the SHA-256 of one canonical JSON object (sorted keys, no whitespace)::
 
     {"stage": NAME, "config": <resolved config, EXCLUDED fields dropped>, "inputs": {label: digest of the bytes},
-     "deps": {stage: key}, "seed": N, "posttrain": __version__, "torch": torch.__version__}
+     "deps": {stage: key}, "seed": N, "posttrain": __version__, "code": <digest of posttrain's .py files>,
+     "torch": torch.__version__}
 
 Paths never enter a key (a moved run directory or a renamed input file keeps its keys); their contents do,
 through ``inputs`` (a file's bytes; a directory's files, by relative name and bytes), and the keys of the
-stages a stage reads from are chained into it, so a changed tokenizer changes every key after it.
+stages a stage reads from are chained into it, so a changed tokenizer changes every key after it. ``code`` is
+the package's own source (every ``.py`` file's relative name and bytes; :func:`code_digest`): the version number
+alone let an edited trainer reuse the stages the old code had made, so a run mixed two codes without saying so.
+Any edit, a comment's included, re-runs the stages (and never resumes across it): the price of never mixing.
 
 ``DONE.json`` in the stage directory ({key, fields, summary, wall_s, peak_rss_mb, finished}) is written
 atomically and last: a stage with a ``DONE.json`` whose key matches is complete and skipped. A stage that
@@ -22,6 +26,7 @@ Not handled: two pipeline processes writing one run directory at once (no lock).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -86,6 +91,19 @@ def digest_path(path: str | Path) -> str:
     return h.hexdigest()
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # posttrain/
+
+
+@functools.cache
+def code_digest(package_dir: Path = PACKAGE_DIR) -> str:
+    """The posttrain source the stages run: every ``.py`` file under ``package_dir``, relative name and bytes."""
+    h = hashlib.sha256()
+    for f in sorted(package_dir.rglob("*.py")):
+        if "__pycache__" not in f.parts:
+            h.update(f.relative_to(package_dir).as_posix().encode() + b"\0" + digest_file(f).encode() + b"\n")
+    return h.hexdigest()[:20]
+
+
 def torch_version() -> str:
     try:
         import torch
@@ -103,6 +121,7 @@ def key_fields(stage: str, config, inputs: dict[str, str | Path], deps: dict[str
         "deps": dict(sorted(deps.items())),
         "seed": seed,
         "posttrain": __version__,
+        "code": code_digest(),
         "torch": torch_version(),
     }
 

@@ -55,3 +55,27 @@ def test_done_file_is_read_back_and_a_torn_one_counts_as_absent(tmp_path):
     assert cache.read_done(tmp_path)["summary"] == {"acc": 0.5}
     (tmp_path / cache.DONE_FILE).write_text('{"key": "k", "summ')
     assert cache.read_done(tmp_path) is None
+
+
+def test_the_code_enters_the_key(tmp_path, monkeypatch):
+    """An edited posttrain source tree changes every stage key (a stale stage is never reused across code)."""
+    import shutil
+
+    pkg = tmp_path / "posttrain"
+    shutil.copytree(cache.PACKAGE_DIR, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    before = cache.code_digest(pkg)
+    assert before == cache.code_digest(cache.PACKAGE_DIR)  # the same bytes under another path: the same digest
+    (pkg / "__pycache__").mkdir(exist_ok=True)
+    (pkg / "__pycache__" / "x.cpython-311.py").write_text("junk")  # not source
+    (pkg / "notes.txt").write_text("not a .py file")
+    assert cache.code_digest.__wrapped__(pkg) == before
+    trainer = pkg / "trainers" / "sft.py"
+    trainer.write_text(trainer.read_text() + "\n# an edit\n")
+    edited = cache.code_digest.__wrapped__(pkg)
+    assert edited != before
+    base = cache.key_fields("sft", SFTConfig(), {}, {}, 0)
+    monkeypatch.setattr(cache, "code_digest", lambda: edited)
+    other = cache.key_fields("sft", SFTConfig(), {}, {}, 0)
+    assert cache.key_of(other) != cache.key_of(base) and cache.changed_fields(base, other) == [
+        f"code {base['code']!r} -> {edited!r}"
+    ]
