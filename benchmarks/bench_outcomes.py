@@ -18,10 +18,11 @@ to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is no
 
 ``--jobs`` runs that many CLI processes at once (each with ``--threads 1``); a stage starts as soon as its
 seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
-GRPO hyper-parameters then reuse the SFT runs). ``--heldout-all`` also scores every policy (SFT, GRPO, DPO, PPO) on the task's whole held-out split, 1,051
-problems instead of the 256 the trainers report (half the binomial noise: sd ~0.015 against ~0.03 at p = 0.4),
-with the accuracy per operand layout (``posttrain eval --heldout all --by-layout``); it is cheap (~2 s a run)
-and works on reused runs. ``{seed}``, ``{sft}`` (the seed's SFT run) and ``{work}`` in the
+GRPO hyper-parameters then reuse the SFT runs). ``--heldout-all`` (on by default; ``--no-heldout-all`` skips
+it) also scores every policy (SFT, GRPO, DPO, PPO) on the task's whole held-out split, 1,051 problems instead of
+the 256 the trainers report (half the binomial noise: sd ~0.015 against ~0.03 at p = 0.4), with the accuracy per
+operand layout (``posttrain eval --heldout all --by-layout``); it is cheap (~3 s a run) and works on reused
+runs. ``{seed}``, ``{sft}`` (the seed's SFT run) and ``{work}`` in the
 extra flags are replaced per seed: ``--rm-args "--init {sft}"``, ``--ppo-args "--reward-model RMWORK/seed{seed}/rm"``.
 No number is hand-entered: every one is read from a run.
 
@@ -411,8 +412,10 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before a run counts as failed")
     ap.add_argument(
         "--heldout-all",
-        action="store_true",
-        help="also score every policy on the whole held-out split (1,051 problems), per operand layout too",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also score every policy on the whole held-out split (1,051 problems), per operand layout too "
+        "(default: on; ~3 s a run)",
     )
     args = ap.parse_args(argv)
     if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
