@@ -59,6 +59,11 @@ class EvalStageConfig:
     samples: int = knob(8, "samples per prompt at temperature 1 (pass@1 over them, pass@k, RM best-of-N)", ge=1)
     temperature: float = knob(1.0, "sampling temperature of the sampled evaluation", gt=0)
     max_new_tokens: int = knob(6, "generation length", gt=0)
+    heldout_all: bool = knob(
+        True,
+        "embedded task: also score every policy greedily on the whole held-out split (1,051 problems, not only "
+        "the num_eval sample) and per operand layout ('2+2', '1+2', ...)",
+    )
 
     def __post_init__(self):
         check_fields(self, "eval.")

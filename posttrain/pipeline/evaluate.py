@@ -15,7 +15,9 @@ Correct is exact match against the ``answer`` column, or, with the pipeline's ``
 term scoring >= 1 on the completion and the held-out record's columns (as GRPO/PPO count it on user files).
 
 On the embedded corpus the raw-corpus SFT is also scored on the leaked items and on the rest separately:
-the difference is what contamination inflates.
+the difference is what contamination inflates. On the embedded task (``eval.heldout_all``) every policy is also
+scored greedily on the whole held-out split and per operand layout (``tasks.arithmetic.layout``): the sample of
+``num_eval`` prompts carries binomial noise, and a model's errors gather in the one-digit-operand layouts.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from pathlib import Path
 import torch
 
 from posttrain.data.io import atomic_write_json, iter_jsonl
-from posttrain.evaluation import encode_prompt, evaluate
+from posttrain.evaluation import accuracy_by, encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.pipeline.base import POLICY_STAGES
-from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.arithmetic import ArithmeticTask, layout
 from posttrain.tasks.arithmetic import verify as exact_verify
 
 
@@ -38,6 +40,19 @@ def heldout_pairs(ctx) -> list[tuple[str, str]]:
     if ctx.cfg.eval_file:
         return [(r["prompt"], _Row(r)) for _, r in iter_jsonl(ctx.dir("dedup") / "eval.jsonl")]
     return [(p.prompt, p.answer) for p in ArithmeticTask(ctx.cfg.task).eval_problems()]
+
+
+def heldout_all_pairs(ctx) -> list[tuple[str, str]] | None:
+    """Every problem of the embedded task's held-out split (None with the user's own eval_file)."""
+    if ctx.cfg.eval_file:
+        return None
+    return [(p.prompt, p.answer) for p in ArithmeticTask(ctx.cfg.task).heldout_problems]
+
+
+def layout_line(r: dict) -> str:
+    """``all 1051 0.412 (2+2 0.47, 1+2 0.05, ...)``: a ``heldout_all`` result on one line."""
+    parts = ", ".join(f"{k} {v['accuracy']:.2f}" for k, v in r["by_layout"].items())
+    return f"all {r['n']} {r['greedy_accuracy']:.3f} ({parts})"
 
 
 class _Row(str):
@@ -86,8 +101,17 @@ def sample_k(
 
 
 def evaluate_policy(
-    path: Path, pairs, k: int, temperature: float, max_new_tokens: int, seed: int, verifier=exact_verify
+    path: Path,
+    pairs,
+    k: int,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int,
+    verifier=exact_verify,
+    all_pairs: list[tuple[str, str]] | None = None,
 ) -> dict:
+    """Greedy accuracy, pass@1 and pass@k on ``pairs``; with ``all_pairs`` also greedy accuracy on them, overall and
+    per operand layout (``heldout_all``)."""
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint
 
     ckpt = load_checkpoint(path, accept_kinds=POLICY, role="pipeline eval")
@@ -99,6 +123,18 @@ def evaluate_policy(
     samples = sample_k(model, tok, prompts, k, temperature, max_new_tokens, seed)
     correct = [[bool(verifier(c, a)) for c in row] for row, a in zip(samples, answers)]
     n = len(pairs)
+    if all_pairs:
+        full = evaluate(
+            model,
+            tok,
+            [p for p, _ in all_pairs],
+            [a for _, a in all_pairs],
+            max_new_tokens=max_new_tokens,
+            keep_samples=len(all_pairs),
+            verifier=verifier,
+        )
+        by = accuracy_by(full.samples, layout)
+        all_result = {"greedy_accuracy": full.accuracy, "n": len(all_pairs), "by_layout": by}
     return {
         "greedy_accuracy": greedy.accuracy,
         "pass@1": sum(map(sum, correct)) / (n * k),
@@ -108,6 +144,7 @@ def evaluate_policy(
         "greedy_correct": [s["correct"] for s in greedy.samples],
         "samples": samples,
         "correct": correct,
+        **({"heldout_all": all_result} if all_pairs else {}),
     }
 
 
@@ -144,19 +181,28 @@ def run_eval_stage(ctx, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     results, details = {}, {}
     verifier = make_verifier(cfg.reward)
+    all_pairs = heldout_all_pairs(ctx) if e.heldout_all else None
+    heldout_all = {}
     for name in POLICY_STAGES:
         if name not in ctx.done or not ctx.model(name).is_dir():
             continue
         seed = zlib.crc32(f"{cfg.seed}:{name}".encode())
-        r = evaluate_policy(ctx.model(name), pairs, e.samples, e.temperature, e.max_new_tokens, seed, verifier)
+        r = evaluate_policy(
+            ctx.model(name), pairs, e.samples, e.temperature, e.max_new_tokens, seed, verifier, all_pairs
+        )
         details[name] = r
         results[name] = {k: r[k] for k in ("greedy_accuracy", "pass@1", "pass@k", "n", "k")}
+        if "heldout_all" in r:
+            heldout_all[name] = r["heldout_all"]
         if not ctx.quiet:
             print(
                 f"eval {name:<8} greedy {r['greedy_accuracy']:.3f}  pass@1 {r['pass@1']:.3f}  "
                 f"pass@{e.samples} {r['pass@k']:.3f}"
+                + (f"  {layout_line(r['heldout_all'])}" if "heldout_all" in r else "")
             )
     summary = {"n": len(pairs), "samples": e.samples, "temperature": e.temperature, "models": results}
+    if heldout_all:
+        summary["heldout_all"] = heldout_all
     if "rm" in ctx.done and "sft" in details and ctx.model("rm").is_dir():
         b = best_of_n(ctx.model("rm"), pairs, details["sft"]["samples"], details["sft"]["correct"])
         results["rm_best_of_n"] = {"greedy_accuracy": b["accuracy"], "n": b["n"], "k": b["N"]}

@@ -97,6 +97,42 @@ def test_summaries_agree(run):
     assert json.loads((out / "summary.json").read_text())["heldout"] == result["heldout"]
 
 
+def test_eval_scores_the_whole_heldout_split_by_layout(run):
+    """Every policy greedily on all held-out problems, per operand layout; oracle: the layouts counted by brute
+    force, and the SFT model decoded one prompt at a time by argmax over a full forward (no batch, no cache)."""
+    from collections import Counter
+
+    from posttrain.evaluation import encode_prompt
+    from posttrain.tasks.arithmetic import ArithmeticTask, layout
+    from posttrain.trainers.checkpoint import POLICY, load_checkpoint
+
+    out, _ = run
+    cfg = micro()
+    ev = json.loads((out / "eval" / "DONE.json").read_text())["summary"]
+    problems = ArithmeticTask(cfg.task).heldout_problems
+    want = Counter(layout(p.prompt) for p in problems)
+    assert set(ev["heldout_all"]) == {k for k in ev["models"] if k in ("sft", "sft_raw", "dpo", "grpo", "ppo")}
+    for name, r in ev["heldout_all"].items():
+        assert r["n"] == len(problems) and {k: g["n"] for k, g in r["by_layout"].items()} == want, name
+        assert sum(g["correct"] for g in r["by_layout"].values()) == round(r["greedy_accuracy"] * r["n"]), name
+    ckpt = load_checkpoint(out / "sft" / "model", accept_kinds=POLICY, role="test")
+    model, tok = ckpt.model.eval(), ckpt.tokenizer
+    right = Counter()
+    with torch.no_grad():
+        for p in problems:
+            ids = encode_prompt(tok, p.prompt)
+            n0 = len(ids)
+            for _ in range(cfg.eval.max_new_tokens):
+                nxt = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+                if nxt == tok.eos_id:
+                    break
+                ids.append(nxt)
+            right[layout(p.prompt)] += tok.decode(ids[n0:]).strip() == p.answer
+    assert {k: g["correct"] for k, g in ev["heldout_all"]["sft"]["by_layout"].items()} == {k: right[k] for k in want}
+    md = (out / "report" / "report.md").read_text()
+    assert f"all {len(problems)}" in md and "2+2 (n=" in md
+
+
 def test_rerun_is_all_cached_even_after_moving_the_run(run, tmp_path):
     out, _ = run
     moved = tmp_path / "moved"
