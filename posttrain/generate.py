@@ -27,6 +27,7 @@ import torch
 
 from posttrain.config import check_fields, knob
 from posttrain.losses.logprobs import warp_logits
+from posttrain.models.digit_slots import model_positions
 from posttrain.models.heads import positions_from_mask
 
 
@@ -201,7 +202,7 @@ def generate(
     ids, mask = left_pad(prompts, pad_id, device)  # (B, P)
     G = cfg.num_samples
     P = ids.shape[1]
-    pos = positions_from_mask(mask)  # (B, P)
+    pos = model_positions(model, ids, positions_from_mask(mask))  # (B, P); digit slots for a model with them
     ckw = cache_kwarg(model)
     logits, cache, expand = _prefill(model, ids, mask, pos, G, cfg.max_new_tokens, use_cache, ckw)
     ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)

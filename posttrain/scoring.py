@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.losses.logprobs import token_entropy, token_logps, warp_logits
+from posttrain.models.digit_slots import model_positions
 from posttrain.models.heads import positions_from_mask
 
 
@@ -124,7 +125,7 @@ def shared_prefix_forward(
     first = torch.zeros(len(uniq), dtype=torch.long, device=input_ids.device).scatter_(
         0, inv, torch.arange(len(inv), device=input_ids.device)
     )  # a representative row per prompt
-    pos = positions_from_mask(attention_mask)  # (N, T)
+    pos = model_positions(model, input_ids, positions_from_mask(attention_mask))  # (N, T)
     cache = ConcatKVCache()
     kw = {"output_hidden_states": True} if output_hidden_states else {}
     out = model(

@@ -98,6 +98,11 @@ def gpt_to_hf_gpt2(
         raise UserError(f"GPT-2 has no grouped-query attention (n_kv_head={c.n_kv_head}, n_head={c.n_head})")
     if not c.bias:
         raise UserError("GPT-2 always has biases; a model built with bias=False cannot be converted")
+    if c.digit_slots:
+        raise UserError(
+            f"this model positions digits by place value (model.digit_slots={c.digit_slots}), which Hugging Face's "
+            "GPT-2 does not compute: its outputs there would be wrong; use it with posttrain (models/digit_slots.py)"
+        )
     hf_cfg = tf.GPT2Config(
         vocab_size=c.vocab_size,
         n_positions=c.max_seq_len,

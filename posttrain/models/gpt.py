@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from posttrain.config import check_choice, check_fields, knob
 from posttrain.errors import ConfigError
+from posttrain.models.digit_slots import slot_positions
 from posttrain.ops import ATTENTION_BACKENDS, attention
 
 
@@ -45,6 +46,13 @@ class GPTConfig:
     dropout: float = knob(0.0, "dropout on attention output and MLP (0 keeps runs bitwise reproducible)", ge=0, lt=1)
     bias: bool = knob(True, "bias in linear layers and LayerNorm")
     attn_backend: str = knob("sdpa", "attention implementation: sdpa | naive | flash | triton")
+    digit_slots: int = knob(
+        0,
+        "position each operand digit of an embedded-task problem by its place value, operands of up to this many "
+        "digits right-aligned as if zero-padded (models/digit_slots.py; 0 = GPT-2's positions; such a model cannot "
+        "be exported to Hugging Face GPT-2)",
+        ge=0,
+    )
 
     def __post_init__(self):
         check_fields(self, "model.")  # bounds and finiteness, from the knobs above
@@ -214,6 +222,8 @@ class GPT(nn.Module):
             past_key_values = self.make_cache(B, min(self.config.max_seq_len, T + self.config.max_seq_len))
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
+        if self.config.digit_slots and past == 0:  # a whole row: its digits' slots (the cache path gets them from
+            position_ids = slot_positions(input_ids, position_ids, self.config.digit_slots)  # its prefill's)
         if int(position_ids.max()) >= self.config.max_seq_len:
             raise ValueError(
                 f"sequence position {int(position_ids.max())} exceeds max_seq_len={self.config.max_seq_len}"

@@ -5,28 +5,24 @@
 N_tok counts completion tokens (EOS included) over the whole optimizer batch, so the loss and its
 gradient are the same however the batch is split into micro-batches for gradient accumulation.
 
-A step whose loss or gradient norm is NaN/Inf is skipped (``trainers/guards.py``); ``nan_patience`` such
-steps in a row stop the run with a one-line error (exit 2) and no final model, and no checkpoint with a
-non-finite parameter is ever written.
+A step whose loss or gradient norm is NaN/Inf is skipped (``trainers/guards.py``); ``nan_patience`` such steps in a
+row stop the run with a one-line error (exit 2) and no final model; no checkpoint with a non-finite parameter is written.
 
-Model selection: ``val_fraction`` of the *training demonstrations* (chosen by a stable hash of the prompt,
-the same on every seed and machine; the task's evaluation split is never looked at) is held out as a
-validation set. Every ``eval_every`` steps the greedy validation accuracy is measured; the weights with the
-best one so far (the earliest on ties; validation loss breaks no ties) are kept, and ``model/`` holds
-*those* weights, not the last step's (``summary.json``: ``best_step``, ``best_val_accuracy``). With
-``patience`` > 0 training stops after that many evaluations in a row without a new best. The default,
-``val_fraction=0``, turns selection off (``model/`` = the last step): on the embedded task, with 320
-demonstrations, a 30-47 problem validation split costs more than it selects (docs/outcomes.md); use e.g.
-``--val-fraction 0.1 --eval-every 25``. Held-out accuracy in the summary is measured on the selected model.
+Model selection: ``val_fraction`` of the *training demonstrations* (chosen by a stable hash of the prompt, the same on
+every seed and machine; the task's evaluation split is never looked at) is held out as a validation set. Every
+``eval_every`` steps the greedy validation accuracy is measured; the weights with the best one so far (the earliest on
+ties; validation loss breaks no ties) are kept, and ``model/`` holds *those* weights, not the last step's
+(``summary.json``: ``best_step``, ``best_val_accuracy``). With ``patience`` > 0 training stops after that many
+evaluations in a row without a new best. The default, ``val_fraction=0``, turns selection off (``model/`` = the last
+step): on the embedded task, with 320 demonstrations, a 30-47 problem validation split costs more than it selects
+(docs/outcomes.md); use e.g. ``--val-fraction 0.1 --eval-every 25``. Held-out accuracy is the selected model's.
 
-Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> SFTState``,
-``train_step(state, step) -> metrics``, ``run_eval`` (held-out) and ``run_val`` (selection), ``save`` (a periodic
-checkpoint), ``finish`` (``model/``, ``summary.json``); :func:`train_sft` is the loop over them.
+Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> SFTState``, ``train_step(state,
+step) -> metrics``, ``run_eval`` (held-out), ``run_val`` (selection), ``save``, ``finish``; :func:`train_sft` loops them.
 
-Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by
-(seed, epoch). Together with the saved weights, optimizer state, torch RNG state and the best-so-far
-weights and patience counter (``best.safetensors`` + ``trainer_state.json`` in each checkpoint) this makes
-a run resumed at step k end bitwise equal to an uninterrupted run on CPU.
+Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by (seed, epoch).
+With the saved weights, optimizer state, torch RNG state and the best-so-far weights and patience counter
+(``best.safetensors`` + ``trainer_state.json``) a run resumed at step k ends bitwise equal to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -48,6 +44,7 @@ from posttrain.data.demos import fit_demos
 from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
+from posttrain.models import digit_slots
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
@@ -177,6 +174,8 @@ PRESETS: dict[str, dict] = {
     # and the better of those at step 600 is kept (the seed's lottery over initialisations drawn 8 times for 5 runs'
     # cost; chosen on 60 runs of seeds 0-4, docs/outcomes.md); `--restarts 1` (or --preset single) is one plain run
     "tiny": {"restarts": 8, "restart_probe": 0.5, "restart_keep": 2},
+    # tiny with digit-slot positions (models/digit_slots.py): GRPO then learns every layout (docs/outcomes.md)
+    "slots": {"restarts": 8, "restart_probe": 0.5, "restart_keep": 2, "model": {"digit_slots": 2}},
     "tiny_v5": {"restarts": 5, "restart_probe": 0.667},  # the previous tiny: 5 restarts, the best at step 400 finishes
     "single": {},
     "small": {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},
@@ -250,6 +249,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         model, tokenizer = init.model, init.tokenizer
     else:
         tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(task.alphabet)
+        digit_slots.check_tokenizer(tokenizer, cfg.model.digit_slots, cfg.task.digits)  # with model.digit_slots
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     model = apply_lora(model, lora_config(cfg))  # lora_r > 0: adapters on a frozen base (a resumed one has them)
     chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
