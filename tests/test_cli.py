@@ -158,3 +158,33 @@ def test_eval_heldout_all_with_data_is_a_user_error(tmp_path, capsys):
     data.write_text('{"prompt": "1+2=", "answer": "3"}\n')
     assert main(["eval", str(tmp_path), "--data", str(data), "--heldout", "all"]) == 2
     assert "--heldout all" in capsys.readouterr().err
+
+
+def test_digit_slots_travel_from_sft_to_grpo_and_block_export(tmp_path, capsys):
+    """sft --model.digit-slots: the checkpoint carries them, grpo --init runs with them, export refuses the model,
+    and options that would make them do nothing are one-line errors."""
+    sft, grpo = tmp_path / "sft", tmp_path / "grpo"
+    assert main(["sft", "--out", str(sft), *TINY, "--model.digit-slots", "1"]) == 0
+    assert json.loads((sft / "model" / "config.json").read_text())["config"]["digit_slots"] == 1
+    rl = ["--init", str(sft), "--out", str(grpo), "--steps", "1", "--prompts-per-step", "2", "--num-generations", "2"]
+    rl += [
+        "--eval-every",
+        "0",
+        "--save-every",
+        "0",
+        "--progress",
+        "false",
+        "--task.digits",
+        "1",
+        "--task.num-demos",
+        "20",
+        "--task.num-eval",
+        "8",
+    ]
+    assert main(["grpo", *rl]) == 0
+    assert json.loads((grpo / "model" / "config.json").read_text())["config"]["digit_slots"] == 1
+    capsys.readouterr()
+    assert main(["export", str(grpo), "--out", str(tmp_path / "hf")]) == 2
+    assert "digit_slots" in capsys.readouterr().err
+    assert main(["sft", "--out", str(tmp_path / "x"), *TINY, "--model.digit-slots", "1", "--task.digits", "2"]) == 2
+    assert "task.digits" in capsys.readouterr().err
