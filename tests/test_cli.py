@@ -8,6 +8,7 @@ import pytest
 
 from posttrain.cli import main
 
+TASK = ["--task.digits", "1", "--task.num-demos", "20", "--task.num-eval", "8"]  # a small embedded task
 TINY = [
     "--steps",
     "4",
@@ -27,12 +28,7 @@ TINY = [
     "32",
     "--model.n-head",
     "2",
-    "--task.digits",
-    "1",
-    "--task.num-demos",
-    "20",
-    "--task.num-eval",
-    "8",
+    *TASK,
 ]
 
 
@@ -167,20 +163,7 @@ def test_digit_slots_travel_from_sft_to_grpo_and_block_export(tmp_path, capsys):
     assert main(["sft", "--out", str(sft), *TINY, "--model.digit-slots", "1"]) == 0
     assert json.loads((sft / "model" / "config.json").read_text())["config"]["digit_slots"] == 1
     rl = ["--init", str(sft), "--out", str(grpo), "--steps", "1", "--prompts-per-step", "2", "--num-generations", "2"]
-    rl += [
-        "--eval-every",
-        "0",
-        "--save-every",
-        "0",
-        "--progress",
-        "false",
-        "--task.digits",
-        "1",
-        "--task.num-demos",
-        "20",
-        "--task.num-eval",
-        "8",
-    ]
+    rl += ["--eval-every", "0", "--save-every", "0", "--progress", "false", *TASK]
     assert main(["grpo", *rl]) == 0
     assert json.loads((grpo / "model" / "config.json").read_text())["config"]["digit_slots"] == 1
     capsys.readouterr()

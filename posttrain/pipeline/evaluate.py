@@ -123,6 +123,16 @@ def evaluate_policy(
     samples = sample_k(model, tok, prompts, k, temperature, max_new_tokens, seed)
     correct = [[bool(verifier(c, a)) for c in row] for row, a in zip(samples, answers)]
     n = len(pairs)
+    out = {
+        "greedy_accuracy": greedy.accuracy,
+        "pass@1": sum(map(sum, correct)) / (n * k),
+        "pass@k": sum(any(r) for r in correct) / n,
+        "n": n,
+        "k": k,
+        "greedy_correct": [s["correct"] for s in greedy.samples],
+        "samples": samples,
+        "correct": correct,
+    }
     if all_pairs:
         full = evaluate(
             model,
@@ -133,19 +143,12 @@ def evaluate_policy(
             keep_samples=len(all_pairs),
             verifier=verifier,
         )
-        by = accuracy_by(full.samples, layout)
-        all_result = {"greedy_accuracy": full.accuracy, "n": len(all_pairs), "by_layout": by}
-    return {
-        "greedy_accuracy": greedy.accuracy,
-        "pass@1": sum(map(sum, correct)) / (n * k),
-        "pass@k": sum(any(r) for r in correct) / n,
-        "n": n,
-        "k": k,
-        "greedy_correct": [s["correct"] for s in greedy.samples],
-        "samples": samples,
-        "correct": correct,
-        **({"heldout_all": all_result} if all_pairs else {}),
-    }
+        out["heldout_all"] = {
+            "greedy_accuracy": full.accuracy,
+            "n": len(all_pairs),
+            "by_layout": accuracy_by(full.samples, layout),
+        }
+    return out
 
 
 def best_of_n(rm_path: Path, pairs, samples: list[list[str]], correct: list[list[bool]]) -> dict:
