@@ -19,10 +19,11 @@ to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is no
 ``--jobs`` runs that many CLI processes at once (each with ``--threads 1``); a stage starts as soon as its
 seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
 GRPO hyper-parameters then reuse the SFT runs). ``--heldout-all`` (on by default; ``--no-heldout-all`` skips
-it) also scores every policy (SFT, GRPO, DPO, PPO) on the task's whole held-out split, 1,051 problems instead of
-the 256 the trainers report (half the binomial noise: sd ~0.015 against ~0.03 at p = 0.4), with the accuracy per
-operand layout (``posttrain eval --heldout all --by-layout``); it is cheap (~3 s a run) and works on reused
-runs. ``{seed}``, ``{sft}`` (the seed's SFT run) and ``{work}`` in the
+it) also scores every policy (SFT, GRPO, DPO, PPO) on the task's whole held-out split, 1,051 problems, with the
+accuracy per operand layout (``posttrain eval --heldout all --by-layout``): what the trainers report since stop 35
+(before, a fixed sample of 256, with twice the binomial noise: sd ~0.03 against ~0.015 at p = 0.4, which is what
+``--sft-args "--task.num-eval 256"`` etc. still give); it is cheap (~3 s a run) and works on reused runs, old ones
+included. ``{seed}``, ``{sft}`` (the seed's SFT run) and ``{work}`` in the
 extra flags are replaced per seed: ``--rm-args "--init {sft}"``, ``--ppo-args "--reward-model RMWORK/seed{seed}/rm"``.
 No number is hand-entered: every one is read from a run.
 

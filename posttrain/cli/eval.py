@@ -1,8 +1,9 @@
 """``posttrain eval CHECKPOINT [--data FILE.jsonl]``: accuracy of a checkpoint on {prompt, answer} lines.
 
 Without ``--data`` the embedded task's held-out evaluation problems are used (the task the checkpoint was
-trained on, from its saved config): its ``num_eval`` sample (256 by default; what every trainer reports), or with
-``--heldout all`` the whole held-out split (1,051 two-digit additions: half the sampling noise of 256).
+trained on, from its saved config), as its trainer scored them: the whole held-out split (1,051 two-digit additions;
+the default since stop 35) or, where its ``task.num_eval`` was set (256 up to stop 34, and the pipeline's), that seeded
+sample; ``--heldout all`` takes the whole split either way (half the sampling noise of 256).
 ``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; :func:`posttrain.tasks.arithmetic.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
 prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside
 greedy accuracy and the oracle pass@N (:func:`posttrain.evaluation.best_of_n_evaluate`).
@@ -30,8 +31,8 @@ def add_arguments(p):
         "--heldout",
         choices=("sample", "all"),
         default="sample",
-        help="without --data: the task's num_eval held-out sample (default; what the trainers report) or all of "
-        "its held-out split",
+        help="without --data: the problems the checkpoint's trainer evaluated on (default: its task.num_eval, "
+        "a seeded sample where that was set, else the whole held-out split) or all of the held-out split",
     )
     p.add_argument(
         "--by-layout",

@@ -232,7 +232,16 @@ SFT_PIPELINE: dict = json.loads(json.dumps(SFT_PRESETS["tiny"]))
 # filter of prompts uninformative in a row (trainers/prompt_filter.py; the filter since stop 31, unfilled rounds since
 # stop 33). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
 # seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
-_TINY: dict = {"dedup": DEDUP_DEFAULTS, "rm": RM_PIPELINE, "sft": SFT_PIPELINE, "ppo": PPO_PIPELINE}
+# The task's held-out sample of 256 (the trainers' default until stop 35, now the whole split): the contamination
+# leaks are drawn from it and every stage reports on it, so the pipeline's numbers stay comparable with earlier stops;
+# eval.heldout_all scores every policy on all of the held-out split as well.
+_TINY: dict = {
+    "dedup": DEDUP_DEFAULTS,
+    "rm": RM_PIPELINE,
+    "sft": SFT_PIPELINE,
+    "ppo": PPO_PIPELINE,
+    "task": {"num_eval": 256},
+}
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,  # every trainer's own tiny preset (the RM's recipe included): what `make demo` runs
     "micro": _merge(

@@ -20,6 +20,16 @@ def test_split_is_a_partition_of_the_problem_space():
     assert {p.prompt for p in t.eval_problems()} <= held
 
 
+def test_eval_problems_are_the_whole_heldout_split_by_default():
+    t = ArithmeticTask(ArithmeticConfig())
+    assert t.eval_problems() == t.heldout_problems and len(t.heldout_problems) == 1051
+    sample = ArithmeticTask(ArithmeticConfig(num_eval=256)).eval_problems()
+    assert len(sample) == len(set(sample)) == 256 and set(sample) <= set(t.heldout_problems)
+    assert sample == ArithmeticTask(ArithmeticConfig(num_eval=256)).eval_problems()  # a fixed sample
+    with pytest.raises(ConfigError, match="exceeds the 1051 held-out problems"):
+        ArithmeticTask(ArithmeticConfig(num_eval=1052)).eval_problems()
+
+
 def test_answers_are_correct():
     t = ArithmeticTask(ArithmeticConfig(digits=2, ops="+-", num_demos=50))
     for p in t.demonstrations():
@@ -44,7 +54,9 @@ def test_verify():
     assert verify(" 85 ", "85") and not verify("085", "85") and not verify("8", "85")
 
 
-@pytest.mark.parametrize("kw", [{"digits": 0}, {"ops": "*"}, {"heldout_fraction": 1.5}, {"num_demos": 0}])
+@pytest.mark.parametrize(
+    "kw", [{"digits": 0}, {"ops": "*"}, {"heldout_fraction": 1.5}, {"num_demos": 0}, {"num_eval": 0}]
+)
 def test_bad_config(kw):
     with pytest.raises(ConfigError):
         ArithmeticConfig(**kw)
