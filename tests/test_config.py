@@ -392,3 +392,37 @@ def test_help_text_with_a_percent_sign_is_printed_verbatim():
     p = argparse.ArgumentParser(prog="x")
     add_config_flags(p, Pct)
     assert "every 10% when" in " ".join(p.format_help().split())
+
+
+_PRESET_TABLES = [
+    ("posttrain.trainers.sft", "PRESETS", "SFTConfig"),
+    ("posttrain.trainers.pg_config", "PRESETS", "PolicyGradientConfig"),
+    ("posttrain.trainers.ppo_config", "PRESETS", "PPOConfig"),
+    ("posttrain.trainers.dpo_config", "PRESETS", "DPOConfig"),
+    ("posttrain.trainers.reward_config", "PRESETS", "RMConfig"),
+    ("posttrain.pipeline.config", "PRESETS", "PipelineConfig"),
+]
+
+
+@pytest.mark.parametrize(
+    "module,table,cls,name",
+    [
+        (m, t, c, n)
+        for m, t, c in _PRESET_TABLES
+        for n in getattr(importlib.import_module(m), t)  # every preset `--preset NAME` accepts
+    ],
+)
+def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, table, cls, name):
+    mod = importlib.import_module(module)
+    preset = getattr(mod, table)[name]
+    cfg = build_config(getattr(mod, cls), preset)  # a misspelt key or an out-of-bounds value raises here
+
+    def check(obj, values, path):
+        for k, v in values.items():
+            got = obj[k] if isinstance(obj, dict) else getattr(obj, k)
+            if isinstance(v, dict):
+                check(got, v, f"{path}{k}.")
+            else:
+                assert got == (tuple(v) if isinstance(got, tuple) else v), f"{name}: {path}{k}"
+
+    check(cfg, preset, "")
