@@ -394,27 +394,22 @@ def test_help_text_with_a_percent_sign_is_printed_verbatim():
     assert "every 10% when" in " ".join(p.format_help().split())
 
 
-_PRESET_TABLES = [
-    ("posttrain.trainers.sft", "PRESETS", "SFTConfig"),
-    ("posttrain.trainers.pg_config", "PRESETS", "PolicyGradientConfig"),
-    ("posttrain.trainers.ppo_config", "PRESETS", "PPOConfig"),
-    ("posttrain.trainers.dpo_config", "PRESETS", "DPOConfig"),
-    ("posttrain.trainers.reward_config", "PRESETS", "RMConfig"),
-    ("posttrain.pipeline.config", "PRESETS", "PipelineConfig"),
+_PRESET_TABLES = [  # (module, config class): each module's PRESETS is what `--preset NAME` accepts
+    ("posttrain.trainers.sft", "SFTConfig"),
+    ("posttrain.trainers.pg_config", "PolicyGradientConfig"),
+    ("posttrain.trainers.ppo_config", "PPOConfig"),
+    ("posttrain.trainers.dpo_config", "DPOConfig"),
+    ("posttrain.trainers.reward_config", "RMConfig"),
+    ("posttrain.pipeline.config", "PipelineConfig"),
 ]
 
 
 @pytest.mark.parametrize(
-    "module,table,cls,name",
-    [
-        (m, t, c, n)
-        for m, t, c in _PRESET_TABLES
-        for n in getattr(importlib.import_module(m), t)  # every preset `--preset NAME` accepts
-    ],
+    "module,cls,name", [(m, c, n) for m, c in _PRESET_TABLES for n in importlib.import_module(m).PRESETS]
 )
-def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, table, cls, name):
+def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, cls, name):
     mod = importlib.import_module(module)
-    preset = getattr(mod, table)[name]
+    preset = mod.PRESETS[name]
     cfg = build_config(getattr(mod, cls), preset)  # a misspelt key or an out-of-bounds value raises here
 
     def check(obj, values, path):
