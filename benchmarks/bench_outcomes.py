@@ -29,6 +29,11 @@ No number is hand-entered: every one is read from a run.
 
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
+
+``--combine A/outcomes.json B/outcomes.json ...`` runs nothing: it reports over the union of the seeds of earlier
+sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample checks of a recipe. It refuses
+(exit 2) sweeps whose stages' extra flags or CPU kernels differ (another recipe, or other trajectories), a seed
+present twice with different numbers, and says so when the sweeps ran different commits.
 """
 
 from __future__ import annotations
@@ -297,6 +302,7 @@ def run_one(
             "train_seconds",
             "steps",
             "heldout_accuracy_start",
+            "heldout_n",  # how many held-out problems the trainer scored (1,051 = all; 256 up to stop 34)
             "best_step",
             "stopped_early",
             "restores",
@@ -377,6 +383,66 @@ def write_curves(results, agg, work: Path) -> list[str]:
     return written
 
 
+class CombineError(ValueError):
+    """Sweeps that cannot be reported together (the message names the file)."""
+
+
+def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
+    """Union of the per-seed results of several outcomes.json files -> (results, notes). CombineError when the
+    sweeps ran other settings (a stage's extra flags), on other CPU kernels, or disagree on a seed they share."""
+    results: dict[int, dict[str, dict]] = {}
+    first, notes, commits, measures = None, [], {}, {}
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text())
+            runs, ver = report["results"], report.get("versions") or {}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CombineError(f"{path}: not a bench_outcomes.py outcomes.json ({e})") from None
+        used = {st for r in runs.values() for st in r}
+        flags = {st: (report.get("extra_args") or {}).get(st, "") for st in used}
+        if report.get("sft_from"):
+            flags["sft"] = f"(SFT runs from {report['sft_from']})"
+        if first is None:
+            first = (path, flags, ver.get("cpu"))
+        else:
+            for st in used & set(first[1]):
+                if flags[st] != first[1][st]:
+                    raise CombineError(
+                        f"{path}: {st} ran with {flags[st]!r}, {first[0]} with {first[1][st]!r}: another recipe"
+                    )
+            if ver.get("cpu") != first[2]:
+                raise CombineError(
+                    f"{path}: ran on {ver.get('cpu')!r}, {first[0]} on {first[2]!r}: other kernels, other trajectories"
+                )
+        commits.setdefault(ver.get("git_commit"), []).append(path)
+        both = [r for st in runs.values() for name, r in st.items() if name != "rm" and "heldout_all" in r]
+        if both:  # the trainers scored the whole split where their accuracy is its accuracy on every run
+            whole = all(r.get("accuracy") == r["heldout_all"] for r in both)
+            measures.setdefault("the whole held-out split" if whole else "a sample of the held-out split", []).append(path)
+        for seed, stages in runs.items():
+            seed = int(seed)
+            for st, r in stages.items():
+                old = results.get(seed, {}).get(st)
+                if old is not None and (old.get("accuracy"), old.get("heldout_all")) != (
+                    r.get("accuracy"),
+                    r.get("heldout_all"),
+                ):
+                    raise CombineError(f"{path}: seed {seed}'s {st} differs from an earlier file's")
+                results.setdefault(seed, {})[st] = r
+    if len(commits) > 1:
+        notes.append(
+            "the sweeps ran different commits: "
+            + "; ".join(f"{c or 'unknown'} ({', '.join(p)})" for c, p in commits.items())
+        )
+    if len(measures) > 1:
+        notes.append(
+            "the trainers' accuracy is "
+            + "; ".join(f"{m} in {', '.join(p)}" for m, p in measures.items())
+            + ": compare the 'all held-out problems' rows"
+        )
+    return results, notes
+
+
 def versions() -> dict:
     import torch
 
@@ -418,7 +484,25 @@ def main(argv=None) -> int:
         help="also score every policy on the whole held-out split (1,051 problems), per operand layout too "
         "(default: on; ~3 s a run)",
     )
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        metavar="OUTCOMES_JSON",
+        help="run nothing: report over the union of the seeds of these earlier sweeps' outcomes.json "
+        "(the same flags and CPU kernels)",
+    )
     args = ap.parse_args(argv)
+    if args.combine:
+        try:
+            results, notes = combine(args.combine)
+        except CombineError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"{len(results)} seeds from {len(args.combine)} sweeps: {', '.join(map(str, sorted(results)))}")
+        for note in notes:
+            print(f"note: {note}")
+        print_report(results, aggregate(results))
+        return 0
     if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
         args.stages = ["sft", *args.stages]  # each stage starts from its own seed's SFT
     work = Path(args.work).resolve()

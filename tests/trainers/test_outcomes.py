@@ -1,5 +1,6 @@
 """benchmarks/bench_outcomes.py's aggregation over seeds: mean, sample sd, worst seed, gain over each seed's own SFT."""
 
+import json
 import statistics
 
 import pytest
@@ -72,3 +73,55 @@ def test_heldout_all_gain_and_layouts_are_per_seed():
     assert (
         "gain_heldout_all" not in agg["sft"] and "heldout_all" not in aggregate({0: {"sft": {"accuracy": 0.1}}})["sft"]
     )
+
+
+def _sweep_file(path, seeds, sft_flags="", cpu="kernels A", commit="c1", whole=True):
+    results = {
+        str(s): {
+            "sft": {"accuracy": 0.3 + s / 100, "heldout_all": 0.3 + s / 100 if whole else 0.31, "by_layout": {}},
+            "grpo": {"accuracy": 0.7 + s / 100, "heldout_all": 0.7 + s / 100 if whole else 0.69, "by_layout": {}},
+        }
+        for s in seeds
+    }
+    report = {
+        "results": results,
+        "extra_args": {"sft": sft_flags, "grpo": ""},
+        "versions": {"cpu": cpu, "git_commit": commit},
+    }
+    path.write_text(json.dumps(report))
+    return str(path)
+
+
+def test_combine_reports_over_the_union_of_the_sweeps_seeds(tmp_path, capsys):
+    a = _sweep_file(tmp_path / "a.json", [0, 1, 2])
+    b = _sweep_file(tmp_path / "b.json", [2, 3], commit="c2", whole=False)  # seed 2 again, other numbers
+    with pytest.raises(bo.CombineError, match="seed 2's sft differs"):
+        bo.combine([a, b])
+    b = _sweep_file(tmp_path / "b.json", [3, 4], commit="c2", whole=False)
+    results, notes = bo.combine([a, b])
+    assert sorted(results) == [0, 1, 2, 3, 4]
+    assert aggregate(results)["grpo"]["gain"]["n"] == 5
+    assert any("different commits" in n for n in notes)
+    assert any("a sample of the held-out split in " + b in n for n in notes)  # the trainers' measures differ
+    assert bo.main(["--combine", a, b]) == 0
+    assert "5 seeds from 2 sweeps: 0, 1, 2, 3, 4" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "other, message", [({"sft_flags": "--restarts 16"}, "another recipe"), ({"cpu": "kernels B"}, "other kernels")]
+)
+def test_combine_refuses_sweeps_of_other_settings(tmp_path, capsys, other, message):
+    a = _sweep_file(tmp_path / "a.json", [0, 1])
+    b = _sweep_file(tmp_path / "b.json", [2, 3], **other)
+    with pytest.raises(bo.CombineError, match=message):
+        bo.combine([a, b])
+    assert bo.main(["--combine", a, b]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: " + b) and message in err
+
+
+def test_combine_names_a_file_that_is_not_a_sweep(tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(bo.CombineError, match="x.json: not a bench_outcomes.py outcomes.json"):
+        bo.combine([str(bad)])
