@@ -418,7 +418,8 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
         both = [r for st in runs.values() for name, r in st.items() if name != "rm" and "heldout_all" in r]
         if both:  # the trainers scored the whole split where their accuracy is its accuracy on every run
             whole = all(r.get("accuracy") == r["heldout_all"] for r in both)
-            measures.setdefault("the whole held-out split" if whole else "a sample of the held-out split", []).append(path)
+            measure = "the whole held-out split" if whole else "a sample of the held-out split"
+            measures.setdefault(measure, []).append(path)
         for seed, stages in runs.items():
             seed = int(seed)
             for st, r in stages.items():
