@@ -421,3 +421,12 @@ def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, cls, 
                 assert got == (tuple(v) if isinstance(got, tuple) else v), f"{name}: {path}{k}"
 
     check(cfg, preset, "")
+
+
+def test_sft_moonshot_preset_is_the_measured_command():
+    # docs/outcomes/stop36_xeon_moonshot_slots16_seeds0_9.json ran `sft --preset slots --restarts 16`
+    from posttrain.trainers.sft import PRESETS, SFTConfig
+
+    measured = build_config(SFTConfig, PRESETS["slots"], overrides={"restarts": "16"})
+    assert build_config(SFTConfig, PRESETS["moonshot"]) == measured
+    assert measured != build_config(SFTConfig, PRESETS["slots"])

@@ -235,8 +235,9 @@ PRESETS: dict[str, dict] = {
     "long": {"steps": 700, "prompt_filter_fill": True},
     "last_weights": {"steps": 700, "average_last": 1, "prompt_filter": False},  # the default before stop 30
     "unfiltered": {"steps": 700, "prompt_filter": False},  # the default before the prompt filter (stop 31)
-    # the moonshot recipe from `sft --preset slots` (stop 35, the Xeon: >= 0.8 on seeds 0-4, 177-234 s of CPU; seeds
-    # 5-7: 0.694 / 0.915 / 0.957): 1000 steps, the LR decayed to 0.1x by a cosine (constant: seed 1 swung 0.60-0.78)
+    # the moonshot recipe from `sft --preset moonshot` (stop 36, the Xeon: 0.843-0.968 on seeds 0-9, 120-174 s of CPU;
+    # from `sft --preset slots`, 8 restarts, seed 5 ended at 0.694): 1000 steps, the LR decayed to 0.1x by a cosine
+    # (constant: seed 1 swung 0.60-0.78)
     "moonshot": {"steps": 1000, "min_lr_ratio": 0.1},
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
