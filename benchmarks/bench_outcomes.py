@@ -32,8 +32,10 @@ No number is hand-entered: every one is read from a run.
 
 ``--combine A/outcomes.json B/outcomes.json ...`` runs nothing: it reports over the union of the seeds of earlier
 sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample checks of a recipe. It refuses
-(exit 2) sweeps whose stages' extra flags or CPU kernels differ (another recipe, or other trajectories), a seed
-present twice with different numbers, and says so when the sweeps ran different commits.
+(exit 2) sweeps whose stages' configs or CPU kernels differ (another recipe, or other trajectories), a seed
+present twice with different numbers, and says so when the sweeps ran different commits. Flags are compared as the
+configs they resolve to with this tree's presets: ``--sft-args "--preset slots --restarts 16"`` and ``--sft-args
+"--preset moonshot"`` are one recipe (a note says so), ``--restarts 16`` against none is another.
 """
 
 from __future__ import annotations
@@ -387,6 +389,64 @@ class CombineError(ValueError):
     """Sweeps that cannot be reported together (the message names the file)."""
 
 
+_CONFIGS = {  # stage -> (module, config class): what `posttrain STAGE` resolves its flags into (posttrain/cli/)
+    "sft": ("posttrain.trainers.sft", "SFTConfig"),
+    "grpo": ("posttrain.trainers.policy_gradient", "PolicyGradientConfig"),
+    "dpo": ("posttrain.trainers.dpo", "DPOConfig"),
+    "rm": ("posttrain.trainers.reward", "RMConfig"),
+    "ppo": ("posttrain.trainers.ppo", "PPOConfig"),
+}
+
+
+def resolved_recipe(stage: str, extra: str) -> dict | None:
+    """The config ``posttrain STAGE --preset tiny EXTRA`` resolves to with this tree's presets (the sweep's own
+    command, less seed and paths), so `--preset slots --restarts 16` and `--preset moonshot` compare equal; None
+    when this tree's CLI does not take the flags."""
+    import contextlib
+    import dataclasses
+    import importlib
+    import io
+
+    from posttrain.cli import build_parser
+    from posttrain.cli._common import resolve
+
+    argv = [stage, "--preset", "tiny", *shlex.split(extra)]
+    module, cls = _CONFIGS[stage]
+    mod = importlib.import_module(module)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            args = build_parser(argv).parse_args(argv)
+        return dataclasses.asdict(resolve(getattr(mod, cls), mod.PRESETS, args))
+    except (SystemExit, ValueError):  # argparse's exit on an unknown flag; UserError / ConfigError are ValueErrors
+        return None
+
+
+def _first_difference(a, b, path: str = "") -> str:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return _first_difference(a.get(k), b.get(k), f"{path}{k}.")
+    return f"{path.rstrip('.')}: {b!r} against {a!r}"
+
+
+def same_recipe(stage: str, flags: str, first_flags: str, path: str, first_path: str) -> str | None:
+    """None when both sweeps ran ``stage`` with the same flags; a note when other flags resolve to the same
+    config; CombineError when they do not (naming the first setting that differs)."""
+    if flags == first_flags:
+        return None
+    mine, theirs = resolved_recipe(stage, flags), resolved_recipe(stage, first_flags)
+    if mine is None or theirs is None:
+        raise CombineError(f"{path}: {stage} ran with {flags!r}, {first_path} with {first_flags!r}: another recipe")
+    if mine != theirs:
+        raise CombineError(
+            f"{path}: {stage} ran with {flags!r}, {first_path} with {first_flags!r}: another recipe "
+            f"({_first_difference(theirs, mine)})"
+        )
+    return (
+        f"{stage} ran with {flags!r} in {path}, {first_flags!r} in {first_path}: the same config (this tree's presets)"
+    )
+
+
 def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
     """Union of the per-seed results of several outcomes.json files -> (results, notes). CombineError when the
     sweeps ran other settings (a stage's extra flags), on other CPU kernels, or disagree on a seed they share."""
@@ -405,11 +465,10 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
         if first is None:
             first = (path, flags, ver.get("cpu"))
         else:
-            for st in used & set(first[1]):
-                if flags[st] != first[1][st]:
-                    raise CombineError(
-                        f"{path}: {st} ran with {flags[st]!r}, {first[0]} with {first[1][st]!r}: another recipe"
-                    )
+            for st in sorted(used & set(first[1])):
+                note = same_recipe(st, flags[st], first[1][st], path, first[0])
+                if note:
+                    notes.append(note)
             if ver.get("cpu") != first[2]:
                 raise CombineError(
                     f"{path}: ran on {ver.get('cpu')!r}, {first[0]} on {first[2]!r}: other kernels, other trajectories"

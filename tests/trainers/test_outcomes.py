@@ -1,6 +1,7 @@
 """benchmarks/bench_outcomes.py's aggregation over seeds: mean, sample sd, worst seed, gain over each seed's own SFT."""
 
 import json
+import re
 import statistics
 
 import pytest
@@ -108,7 +109,12 @@ def test_combine_reports_over_the_union_of_the_sweeps_seeds(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "other, message", [({"sft_flags": "--restarts 16"}, "another recipe"), ({"cpu": "kernels B"}, "other kernels")]
+    "other, message",
+    [
+        ({"sft_flags": "--restarts 16"}, r"another recipe \(restarts: 16 against 8\)"),
+        ({"sft_flags": "--no-such-flag 3"}, "another recipe"),  # flags this tree cannot resolve are compared as text
+        ({"cpu": "kernels B"}, "other kernels"),
+    ],
 )
 def test_combine_refuses_sweeps_of_other_settings(tmp_path, capsys, other, message):
     a = _sweep_file(tmp_path / "a.json", [0, 1])
@@ -117,7 +123,19 @@ def test_combine_refuses_sweeps_of_other_settings(tmp_path, capsys, other, messa
         bo.combine([a, b])
     assert bo.main(["--combine", a, b]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: " + b) and message in err
+    assert err.startswith("error: " + b) and re.search(message, err)
+
+
+def test_combine_takes_other_flags_that_resolve_to_the_same_config(tmp_path, capsys):
+    # stop 36's moonshot sweeps: seeds 0-9 ran `--preset slots --restarts 16`, seeds 10-14 `--preset moonshot`
+    a = _sweep_file(tmp_path / "a.json", [0, 1], sft_flags="--preset slots --restarts 16")
+    b = _sweep_file(tmp_path / "b.json", [2, 3], sft_flags="--preset moonshot")
+    results, notes = bo.combine([a, b])
+    assert sorted(results) == [0, 1, 2, 3]
+    assert any("'--preset moonshot' in " + b in n and "the same config" in n for n in notes)
+    c = _sweep_file(tmp_path / "c.json", [4], sft_flags="--preset slots")  # 8 restarts: not the same
+    with pytest.raises(bo.CombineError, match=r"restarts: 8 against 16"):
+        bo.combine([a, c])
 
 
 def test_combine_names_a_file_that_is_not_a_sweep(tmp_path):
