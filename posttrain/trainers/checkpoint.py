@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import errno
 import json
 import pickle
@@ -276,9 +277,31 @@ def start_policy(cfg, command: str) -> Checkpoint | None:
     path = cfg.model_path or cfg.init
     if not path:
         return None
-    ckpt = load_policy(path, pad_token=cfg.pad_token, role=f"{command} {'--model' if cfg.model_path else '--init'}")
+    flag = "--model" if cfg.model_path else "--init"
+    ckpt = load_policy(path, pad_token=cfg.pad_token, role=f"{command} {flag}")
     ckpt.model = merge_lora(ckpt.model)
+    unapplied = unapplied_model_settings(getattr(cfg, "model", None), ckpt.model)
+    if unapplied:  # e.g. `sft --preset moonshot --model X`: the preset's digit slots cannot reshape X
+        print(
+            f"note: {', '.join(unapplied)} not applied: {flag} brings its own architecture (model.* shapes a fresh model)"
+        )
     return ckpt
+
+
+def unapplied_model_settings(model_cfg, model) -> list[str]:
+    """The ``model.*`` settings (``model_cfg``, a GPTConfig from a preset, file or flags) that are not their default and
+    that a loaded ``model`` does not have: "model.digit_slots=2 (the model's: 0)". vocab_size comes from the tokenizer."""
+    if model_cfg is None:
+        return []
+    default, have_cfg, out = type(model_cfg)(), getattr(model, "config", None), []
+    for f in dataclasses.fields(model_cfg):
+        want = getattr(model_cfg, f.name)
+        if f.name == "vocab_size" or want == getattr(default, f.name):
+            continue
+        have = getattr(have_cfg, f.name, None) if dataclasses.is_dataclass(have_cfg) else None
+        if want != have:
+            out.append(f"model.{f.name}={want!r}" + (f" (the model's: {have!r})" if have is not None else ""))
+    return out
 
 
 def initial_model(init: Checkpoint | None, resumed: Checkpoint | None) -> torch.nn.Module:

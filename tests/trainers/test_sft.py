@@ -196,3 +196,22 @@ def test_resume_restores_the_best_so_far(tmp_path, monkeypatch):
     assert again["best_step"] == 1
     a, b = load_checkpoint(tmp_path / "full").model.state_dict(), load_checkpoint(resumed).model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_model_settings_a_loaded_start_cannot_take_are_named(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from posttrain.trainers.checkpoint import unapplied_model_settings
+
+    train_sft(tiny_cfg(tmp_path / "a"))
+    capsys.readouterr()
+    train_sft(tiny_cfg(tmp_path / "b", steps=1, init=str(tmp_path / "a")))  # the same shape: nothing to say
+    assert "note: model." not in capsys.readouterr().out
+    shape = GPTConfig(n_layer=2, n_head=2, d_model=32, max_seq_len=24, digit_slots=1)
+    train_sft(tiny_cfg(tmp_path / "c", steps=1, init=str(tmp_path / "a"), model=shape))
+    out = capsys.readouterr().out
+    assert "note: model.n_layer=2 (the model's: 1), model.digit_slots=1 (the model's: 0) not applied: --init" in out
+    assert load_checkpoint(tmp_path / "c").model.config.n_layer == 1  # the start's own architecture
+    # a model whose config is not ours (a Hugging Face one): the non-default settings, without the model's values
+    assert unapplied_model_settings(GPTConfig(n_layer=2), SimpleNamespace(config=object())) == ["model.n_layer=2"]
+    assert unapplied_model_settings(GPTConfig(), SimpleNamespace(config=object())) == []
