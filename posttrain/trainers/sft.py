@@ -169,16 +169,13 @@ class SFTConfig(TrainerConfig):
     merge_lora: bool = lora_knob("merge")
 
 
-# 8 restarts by successive halving: each to step 300, the best 2 on 1024 training-split problems there finish,
-# and the better of those at step 600 is kept (the seed's lottery over initialisations drawn 8 times for 5 runs'
-# cost; chosen on 60 runs of seeds 0-4, docs/outcomes.md); `--restarts 1` (or --preset single) is one plain run
+# 8 restarts by successive halving: each to step 300, the best 2 (on 1024 training-split problems) finish, the better
+# at step 600 is kept: 8 draws for 5 runs' cost (60 runs of seeds 0-4, docs/outcomes.md); --preset single: one run
 _TINY = {"restarts": 8, "restart_probe": 0.5, "restart_keep": 2}
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "slots": {**_TINY, "model": {"digit_slots": 2}},  # tiny + digit-slot positions (models/digit_slots.py)
-    # the moonshot's start: slots with 16 restarts (then `grpo --preset moonshot`: >= 0.84 held-out on every seed 0-9
-    # on the Xeon of stop 36, SFT + GRPO 5-6 min of CPU; with 8 restarts seed 5 ended at 0.694), docs/outcomes.md
-    "moonshot": {**_TINY, "restarts": 16, "model": {"digit_slots": 2}},
+    "moonshot": {**_TINY, "restarts": 16, "model": {"digit_slots": 2}},  # the moonshot's start (stop 37)
     "tiny_v5": {"restarts": 5, "restart_probe": 0.667},  # the previous tiny: 5 restarts, the best at step 400 finishes
     "single": {},
     "small": {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},
