@@ -429,12 +429,16 @@ def _first_difference(a, b, path: str = "") -> str:
     return f"{path.rstrip('.')}: {b!r} against {a!r}"
 
 
-def same_recipe(stage: str, flags: str, first_flags: str, path: str, first_path: str) -> str | None:
-    """None when both sweeps ran ``stage`` with the same flags; a note when other flags resolve to the same
-    config; CombineError when they do not (naming the first setting that differs)."""
-    if flags == first_flags:
+def same_recipe(stage, flags, first_flags, path, first_path, mine=None, theirs=None) -> str | None:
+    """None when both sweeps ran ``stage`` alike; a note when other flags resolve to the same config; CombineError when
+    they do not (naming the first setting that differs). ``mine`` / ``theirs``: the configs the sweeps recorded when they
+    ran (outcomes.json "recipes", since stop 37), which catch a preset that changed between them under the same flags;
+    without them the flags are resolved with this tree's presets."""
+    if flags == first_flags and (mine is None or theirs is None or mine == theirs):
         return None
-    mine, theirs = resolved_recipe(stage, flags), resolved_recipe(stage, first_flags)
+    recorded = mine is not None and theirs is not None
+    mine = mine if recorded else resolved_recipe(stage, flags)
+    theirs = theirs if recorded else resolved_recipe(stage, first_flags)
     if mine is None or theirs is None:
         raise CombineError(f"{path}: {stage} ran with {flags!r}, {first_path} with {first_flags!r}: another recipe")
     if mine != theirs:
@@ -442,9 +446,13 @@ def same_recipe(stage: str, flags: str, first_flags: str, path: str, first_path:
             f"{path}: {stage} ran with {flags!r}, {first_path} with {first_flags!r}: another recipe "
             f"({_first_difference(theirs, mine)})"
         )
-    return (
-        f"{stage} ran with {flags!r} in {path}, {first_flags!r} in {first_path}: the same config (this tree's presets)"
-    )
+    how = "as the sweeps recorded them" if recorded else "this tree's presets"
+    return f"{stage} ran with {flags!r} in {path}, {first_flags!r} in {first_path}: the same config ({how})"
+
+
+def report_sft(report: dict) -> set:
+    """{"sft"} when the sweep took its SFT runs from another one (--sft-from): its recorded sft recipe says nothing."""
+    return {"sft"} if report.get("sft_from") else set()
 
 
 def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
@@ -462,11 +470,14 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
         flags = {st: (report.get("extra_args") or {}).get(st, "") for st in used}
         if report.get("sft_from"):
             flags["sft"] = f"(SFT runs from {report['sft_from']})"
+        recipes = {
+            st: r for st, r in (report.get("recipes") or {}).items() if st in used and st not in report_sft(report)
+        }
         if first is None:
-            first = (path, flags, ver.get("cpu"))
+            first = (path, flags, ver.get("cpu"), recipes)
         else:
             for st in sorted(used & set(first[1])):
-                note = same_recipe(st, flags[st], first[1][st], path, first[0])
+                note = same_recipe(st, flags[st], first[1][st], path, first[0], recipes.get(st), first[3].get(st))
                 if note:
                     notes.append(note)
             if ver.get("cpu") != first[2]:
@@ -569,6 +580,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     extras = {st: getattr(args, f"{st}_args") for st in STAGES}
     t0, started = time.perf_counter(), versions()  # the code as it was when the runs started
+    # each stage's config as this tree resolves it (seed and paths aside): what --combine compares across sweeps
+    recipes = {st: resolved_recipe(st, extras[st]) for st in args.stages if not (st == "sft" and args.sft_from)}
     sft_root = Path(args.sft_from).resolve() if args.sft_from else None
     results = sweep(
         args.seeds,
@@ -589,6 +602,7 @@ def main(argv=None) -> int:
         "sft_from": str(sft_root) if sft_root else None,
         "stages": args.stages,
         "extra_args": extras,
+        "recipes": recipes,
         "jobs": args.jobs,
         "versions": started,
         "sweep_wall_seconds": time.perf_counter() - t0,

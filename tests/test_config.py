@@ -423,6 +423,15 @@ def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, cls, 
     check(cfg, preset, "")
 
 
+def test_sft_tiny_preset_is_the_measured_command():
+    # docs/outcomes/stop37_*: `sft --preset tiny --steps 2000 --weight-decay 3.0 --restarts 4 --restart-probe 0.5
+    # --restart-keep 1` (the tiny of stops 31-36, now tiny_v8, plus those flags)
+    from posttrain.trainers.sft import PRESETS, SFTConfig
+
+    flags = {"steps": "2000", "weight_decay": "3.0", "restarts": "4", "restart_probe": "0.5", "restart_keep": "1"}
+    assert build_config(SFTConfig, PRESETS["tiny"]) == build_config(SFTConfig, PRESETS["tiny_v8"], overrides=flags)
+
+
 def test_sft_moonshot_preset_is_the_measured_command():
     # docs/outcomes/stop36_xeon_moonshot_slots16_seeds0_9.json ran `sft --preset slots --restarts 16`
     from posttrain.trainers.sft import PRESETS, SFTConfig

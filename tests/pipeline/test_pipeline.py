@@ -271,9 +271,9 @@ def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
     assert tiny.rm == short == PipelineConfig().rm  # tiny_v1 (16 samples), 800 steps, 3000 prompts, GRM
     assert tiny.ppo == {"steps": 200}  # `posttrain ppo --preset tiny` at 200 of its 300 steps
-    sft_tiny = build_config(sft.SFTConfig, sft.PRESETS["tiny"])  # the standalone default: 8 restarts, 2 finish
-    assert (sft_tiny.restarts, sft_tiny.restart_probe, sft_tiny.restart_keep) == (8, 0.5, 2)
-    assert tiny.sft == sft_tiny  # `posttrain sft --preset tiny`, nothing else
+    sft_v8 = build_config(sft.SFTConfig, sft.PRESETS["tiny_v8"])  # the standalone default of stops 31-36
+    assert (sft_v8.restarts, sft_v8.restart_probe, sft_v8.restart_keep, sft_v8.steps) == (8, 0.5, 2, 600)
+    assert tiny.sft == sft_v8  # `posttrain sft --preset tiny_v8`, nothing else (its numbers in docs/pipeline.md)
     (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")
     cfg = build_config(PipelineConfig, PRESETS["tiny"], tmp_path / "p.toml")
     assert cfg.rm == dataclasses.replace(short, steps=10)

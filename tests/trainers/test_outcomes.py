@@ -76,7 +76,7 @@ def test_heldout_all_gain_and_layouts_are_per_seed():
     )
 
 
-def _sweep_file(path, seeds, sft_flags="", cpu="kernels A", commit="c1", whole=True):
+def _sweep_file(path, seeds, sft_flags="", cpu="kernels A", commit="c1", whole=True, recipes=None):
     results = {
         str(s): {
             "sft": {"accuracy": 0.3 + s / 100, "heldout_all": 0.3 + s / 100 if whole else 0.31, "by_layout": {}},
@@ -88,6 +88,7 @@ def _sweep_file(path, seeds, sft_flags="", cpu="kernels A", commit="c1", whole=T
         "results": results,
         "extra_args": {"sft": sft_flags, "grpo": ""},
         "versions": {"cpu": cpu, "git_commit": commit},
+        **({"recipes": recipes} if recipes is not None else {}),
     }
     path.write_text(json.dumps(report))
     return str(path)
@@ -111,7 +112,7 @@ def test_combine_reports_over_the_union_of_the_sweeps_seeds(tmp_path, capsys):
 @pytest.mark.parametrize(
     "other, message",
     [
-        ({"sft_flags": "--restarts 16"}, r"another recipe \(restarts: 16 against 8\)"),
+        ({"sft_flags": "--restarts 16"}, r"another recipe \(restarts: 16 against \d+\)"),
         ({"sft_flags": "--no-such-flag 3"}, "another recipe"),  # flags this tree cannot resolve are compared as text
         ({"cpu": "kernels B"}, "other kernels"),
     ],
@@ -143,3 +144,24 @@ def test_combine_names_a_file_that_is_not_a_sweep(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(bo.CombineError, match="x.json: not a bench_outcomes.py outcomes.json"):
         bo.combine([str(bad)])
+
+
+def test_combine_refuses_a_preset_that_changed_between_sweeps_under_the_same_flags(tmp_path):
+    # stop 37 changed what `sft --preset tiny` is: two sweeps with no extra flags ran different recipes
+    old = {"sft": {"steps": 600, "restarts": 8}, "grpo": {"steps": 500}}
+    new = {"sft": {"steps": 2000, "restarts": 4}, "grpo": {"steps": 500}}
+    a = _sweep_file(tmp_path / "a.json", [0, 1], recipes=old)
+    b = _sweep_file(tmp_path / "b.json", [2, 3], recipes=new)
+    with pytest.raises(bo.CombineError, match=r"sft .*another recipe \(restarts: 4 against 8\)"):
+        bo.combine([a, b])
+    c = _sweep_file(tmp_path / "c.json", [4], recipes=old)
+    assert sorted(bo.combine([a, c])[0]) == [0, 1, 4]
+    d = _sweep_file(tmp_path / "d.json", [5])  # recorded nothing (before stop 37): the flags are all there is
+    assert sorted(bo.combine([b, d])[0]) == [2, 3, 5]
+
+
+def test_a_sweep_records_the_configs_its_stages_resolve_to():
+    rec = bo.resolved_recipe("sft", "--restarts 3")
+    assert rec["restarts"] == 3 and rec["steps"] == bo.resolved_recipe("sft", "")["steps"]
+    assert bo.resolved_recipe("grpo", "--preset moonshot")["steps"] == 1000
+    assert bo.resolved_recipe("sft", "--no-such-flag") is None
