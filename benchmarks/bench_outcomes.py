@@ -459,7 +459,8 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
     """Union of the per-seed results of several outcomes.json files -> (results, notes). CombineError when the
     sweeps ran other settings (a stage's extra flags), on other CPU kernels, or disagree on a seed they share."""
     results: dict[int, dict[str, dict]] = {}
-    first, notes, commits, measures = None, [], {}, {}
+    first_cpu, notes, commits, measures = None, [], {}, {}
+    ref: dict[str, tuple] = {}  # stage -> (path, flags, recorded config) of the first sweep that ran it
     for path in paths:
         try:
             report = json.loads(Path(path).read_text())
@@ -467,23 +468,25 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CombineError(f"{path}: not a bench_outcomes.py outcomes.json ({e})") from None
         used = {st for r in runs.values() for st in r}
-        flags = {st: (report.get("extra_args") or {}).get(st, "") for st in used}
-        if report.get("sft_from"):
-            flags["sft"] = f"(SFT runs from {report['sft_from']})"
-        recipes = {
-            st: r for st, r in (report.get("recipes") or {}).items() if st in used and st not in report_sft(report)
-        }
-        if first is None:
-            first = (path, flags, ver.get("cpu"), recipes)
-        else:
-            for st in sorted(used & set(first[1])):
-                note = same_recipe(st, flags[st], first[1][st], path, first[0], recipes.get(st), first[3].get(st))
-                if note:
-                    notes.append(note)
-            if ver.get("cpu") != first[2]:
-                raise CombineError(
-                    f"{path}: ran on {ver.get('cpu')!r}, {first[0]} on {first[2]!r}: other kernels, other trajectories"
-                )
+        if report_sft(report) and "sft" in used:  # its SFT runs are another sweep's: their recipe is checked there
+            notes.append(
+                f"{path} took its SFT runs from {report['sft_from']} (--sft-from): combine that sweep to check them"
+            )
+        for st in sorted(used - report_sft(report)):
+            flags = (report.get("extra_args") or {}).get(st, "")
+            recipe = (report.get("recipes") or {}).get(st)
+            if st not in ref:
+                ref[st] = (path, flags, recipe)
+                continue
+            note = same_recipe(st, flags, ref[st][1], path, ref[st][0], recipe, ref[st][2])
+            if note:
+                notes.append(note)
+        if first_cpu is None:
+            first_cpu = (path, ver.get("cpu"))
+        elif ver.get("cpu") != first_cpu[1]:
+            raise CombineError(
+                f"{path}: ran on {ver.get('cpu')!r}, {first_cpu[0]} on {first_cpu[1]!r}: other kernels, other trajectories"
+            )
         commits.setdefault(ver.get("git_commit"), []).append(path)
         both = [r for st in runs.values() for name, r in st.items() if name != "rm" and "heldout_all" in r]
         if both:  # the trainers scored the whole split where their accuracy is its accuracy on every run

@@ -3,6 +3,7 @@
 import json
 import re
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -165,3 +166,16 @@ def test_a_sweep_records_the_configs_its_stages_resolve_to():
     assert rec["restarts"] == 3 and rec["steps"] == bo.resolved_recipe("sft", "")["steps"]
     assert bo.resolved_recipe("grpo", "--preset moonshot")["steps"] == 1000
     assert bo.resolved_recipe("sft", "--no-such-flag") is None
+
+
+def test_combine_leaves_borrowed_sft_runs_to_the_sweep_that_made_them(tmp_path):
+    sft = _sweep_file(tmp_path / "sft.json", [0, 1], sft_flags="--restarts 4")
+    rl = json.loads(Path(_sweep_file(tmp_path / "rl.json", [0, 1], sft_flags="--restarts 4")).read_text())
+    rl["sft_from"], rl["extra_args"]["sft"] = "/runs/sft", ""  # --sft-from: its own sft flags say nothing
+    (tmp_path / "rl.json").write_text(json.dumps(rl))
+    more = _sweep_file(tmp_path / "more.json", [2], sft_flags="--restarts 4")
+    results, notes = bo.combine([str(tmp_path / "rl.json"), sft, more])
+    assert sorted(results) == [0, 1, 2] and any("took its SFT runs from /runs/sft" in n for n in notes)
+    other = _sweep_file(tmp_path / "other.json", [3], sft_flags="--restarts 5")
+    with pytest.raises(bo.CombineError, match="restarts: 5 against 4"):
+        bo.combine([str(tmp_path / "rl.json"), sft, other])
