@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=2, help="warm-up steps left out of the median")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--init", help="SFT run directory (default: train `posttrain sft --preset tiny` for 600 steps)")
+    ap.add_argument("--init", help="SFT run directory (default: one plain 600-step SFT run, SFTConfig's defaults)")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--G", type=int, default=4)
     ap.add_argument("--minibatches", type=int, default=1)
