@@ -567,6 +567,12 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     if args.combine:
+        run_flags = ["seeds", "stages", "jobs", "work", "reuse", "sft_from", "timeout", "heldout_all"]
+        ignored = [n for n in run_flags + [f"{st}_args" for st in STAGES] if getattr(args, n) != ap.get_default(n)]
+        if ignored:  # a sweep's flags mean nothing to a report over finished sweeps: say so rather than drop them
+            ap.error(
+                f"--combine runs nothing: {', '.join('--' + n.replace('_', '-') for n in ignored)} would be ignored"
+            )
         try:
             results, notes = combine(args.combine)
         except CombineError as e:

@@ -179,3 +179,10 @@ def test_combine_leaves_borrowed_sft_runs_to_the_sweep_that_made_them(tmp_path):
     other = _sweep_file(tmp_path / "other.json", [3], sft_flags="--restarts 5")
     with pytest.raises(bo.CombineError, match="restarts: 5 against 4"):
         bo.combine([str(tmp_path / "rl.json"), sft, other])
+
+
+def test_combine_refuses_flags_it_would_ignore(tmp_path, capsys):
+    a = _sweep_file(tmp_path / "a.json", [0])
+    with pytest.raises(SystemExit) as e:
+        bo.main(["--combine", a, "--seeds", "1", "--grpo-args", "--steps 3"])
+    assert e.value.code == 2 and "--seeds, --grpo-args would be ignored" in capsys.readouterr().err
