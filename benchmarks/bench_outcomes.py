@@ -34,8 +34,9 @@ No number is hand-entered: every one is read from a run.
 sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample checks of a recipe. It refuses
 (exit 2) sweeps whose stages' configs or CPU kernels differ (another recipe, or other trajectories), a seed
 present twice with different numbers, and says so when the sweeps ran different commits. Flags are compared as the
-configs they resolve to with this tree's presets: ``--sft-args "--preset slots --restarts 16"`` and ``--sft-args
-"--preset moonshot"`` are one recipe (a note says so), ``--restarts 16`` against none is another.
+configs the sweeps recorded (``recipes``, since stop 37) or, for older files, the configs their flags resolve to with
+this tree's presets: ``--sft-args "--preset slots --restarts 16"`` and ``--sft-args "--preset moonshot"`` are one recipe
+(a note says so), ``--restarts 16`` against none is another.
 """
 
 from __future__ import annotations
@@ -457,7 +458,8 @@ def report_sft(report: dict) -> set:
 
 def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
     """Union of the per-seed results of several outcomes.json files -> (results, notes). CombineError when the
-    sweeps ran other settings (a stage's extra flags), on other CPU kernels, or disagree on a seed they share."""
+    sweeps ran other settings (a stage's config: recorded, or its flags resolved), on other CPU kernels, or disagree on a
+    seed they share."""
     results: dict[int, dict[str, dict]] = {}
     first_cpu, notes, commits, measures = None, [], {}, {}
     ref: dict[str, tuple] = {}  # stage -> (path, flags, recorded config) of the first sweep that ran it
