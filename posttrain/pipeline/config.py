@@ -242,6 +242,7 @@ _TINY: dict = {
     "rm": RM_PIPELINE,
     "sft": SFT_PIPELINE,
     "ppo": PPO_PIPELINE,
+    "dpo": {"loss": "rpo"},  # the dpo trainer's tiny preset (its own default is plain DPO, for user data)
     "task": {"num_eval": 256},
 }
 PRESETS: dict[str, dict] = {

@@ -23,10 +23,10 @@ class DPOConfig(TrainerConfig):
     out: str = override("out", "runs/dpo")
     init: str | None = knob(None, "SFT checkpoint: the policy's starting point and the frozen reference (required)")
     loss: str = knob(
-        "rpo",
-        f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}; or several joined by commas "
-        "(weighted sum). Default rpo (DPO + NLL of the chosen answer): it beat SFT on every seed "
-        "of docs/outcomes.md; plain DPO: --loss dpo",
+        "dpo",
+        f"preference loss: one of {', '.join(PREFERENCE_LOSSES)}, or TRL's loss_type name (sigmoid = dpo); or "
+        "several joined by commas (weighted sum). Default dpo; the embedded task's presets use rpo (DPO + NLL of "
+        "the chosen answer: it beat SFT on every seed of docs/outcomes.md)",
     )
     loss_weights: str | None = knob(
         None, "weights of a combined --loss a,b,c, e.g. '0.8,0.2,1.0' (default 1 each; TRL's loss_weights)"
@@ -61,7 +61,7 @@ class DPOConfig(TrainerConfig):
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
-        resolve_loss(self.loss, self.loss_weights)  # names, weights, combinability
+        self.loss = resolve_loss(self.loss, self.loss_weights).name  # names (TRL's -> ours), weights, combinability
         check_loss_kwargs(self.loss, self.loss_kwargs)
         if self.fsdp and self.lora_r > 0:
             raise ConfigError("fsdp with LoRA (lora_r > 0) is not supported yet; LoRA alone usually fits one device")
@@ -83,9 +83,9 @@ class DPOConfig(TrainerConfig):
 
 
 PRESETS: dict[str, dict] = {
-    "tiny": {},
-    "classic": {"loss": "dpo"},  # the default before the seed sweep of docs/outcomes.md
-    "small": {"steps": 500, "pairs": {"num_prompts": 8192}},
+    "tiny": {"loss": "rpo"},
+    "classic": {"loss": "dpo"},  # the embedded task's recipe before the seed sweep of docs/outcomes.md
+    "small": {"loss": "rpo", "steps": 500, "pairs": {"num_prompts": 8192}},
 }
 
 

@@ -33,6 +33,7 @@ the distributed all-gather that beta-DPO's batch statistics would need on severa
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -74,6 +75,9 @@ __all__ = [
     "LOSS_EXTRAS",
     "LOSS_STATES",
     "TRL_LOSS_TYPES",
+    "LOSS_ALIASES",
+    "NO_EQUIVALENT",
+    "canonical_loss",
     "F_DIVERGENCES",
     "LossChoice",
     "resolve_loss",
@@ -205,11 +209,52 @@ UNPAIRED_LOSSES = frozenset(n for n, spec in LOSS_SPECS.items() if spec.unpaired
 LOSS_EXTRAS = {n: spec.extras for n, spec in LOSS_SPECS.items() if spec.extras}
 LOSS_STATES = {n: spec.state for n, spec in LOSS_SPECS.items() if spec.state is not None}
 
+LOSS_ALIASES: dict[str, str] = {
+    **{spec.trl: name for name, spec in LOSS_SPECS.items() if spec.trl and "," not in spec.trl and " " not in spec.trl},
+    "sigmoid": "dpo",  # TRL's DPOConfig.loss_type default
+    "aot_pair": "aot_unpaired",  # TRL before 0.20: sorted chosen vs sorted rejected log-ratios
+    "simpo": "simpo",  # CPOTrainer loss_type="simpo" (with cpo_alpha=0)
+}
+"""TRL's ``loss_type`` names (DPOTrainer, and CPOTrainer/KTOTrainer where they name the same loss) -> ours.
+Every name of TRL 1.16's ``DPOConfig.loss_type`` is here; ``--loss sigmoid`` is ``--loss dpo``."""
+
+NO_EQUIVALENT: dict[str, tuple[str, ...]] = {
+    "kto_pair": ("kto", "bco_pair"),  # removed from TRL; paired KTO
+    "apo_zero_unpaired": ("kto", "apo_zero"),  # KTOTrainer's unpaired APO-zero
+    "alphapo": ("simpo",),  # CPOTrainer: SimPO with an alpha-shaped reward
+    "orpo": ("rpo", "simpo"),  # ORPOTrainer: odds ratio + NLL, reference-free
+    "cpo": ("simpo", "rpo"),  # CPOTrainer's default: sigmoid + NLL without a reference
+    "bco": ("bco_pair", "kto"),  # BCOTrainer: unpaired, with a density-ratio classifier
+    "dpop": ("rpo", "apo_down"),  # DPO-Positive
+    "slic": ("hinge",),
+}
+"""Loss names from TRL and the literature that we do not implement -> the closest ones we do."""
+
+
+def canonical_loss(name: str) -> str:
+    """Our name for one loss name (ours, or TRL's ``loss_type``); ConfigError naming the closest ones otherwise.
+
+    Example: ``canonical_loss("sigmoid")`` -> "dpo"; ``canonical_loss("orpo")`` raises "loss='orpo' is not
+    implemented; closest: rpo, simpo".
+    """
+    if name in LOSS_SPECS:
+        return name
+    if name in LOSS_ALIASES:
+        return LOSS_ALIASES[name]
+    if name in NO_EQUIVALENT:
+        raise ConfigError(f"loss={name!r} is not implemented; closest: {', '.join(NO_EQUIVALENT[name])}")
+    close = difflib.get_close_matches(name, [*LOSS_SPECS, *LOSS_ALIASES], n=3, cutoff=0.6)
+    hint = f"closest: {', '.join(dict.fromkeys(close))}; " if close else ""
+    raise ConfigError(
+        f"loss={name!r} is not valid; {hint}choose one of: {', '.join(PREFERENCE_LOSSES)} "
+        "or a TRL loss_type (or several joined by commas)"
+    )
+
 
 class LossChoice(NamedTuple):
     """What a trainer needs to know about the loss it was asked for (one name, or several combined)."""
 
-    name: str  # as given, e.g. "dpo" or "dpo,bco_pair,sft"
+    name: str  # our names, e.g. "dpo" or "dpo,bco_pair,sft" (TRL's "sigmoid" -> "dpo")
     fn: Callable  # the loss (a combined_loss for several names)
     components: tuple[str, ...]
     weights: tuple[float, ...]
@@ -243,18 +288,14 @@ def parse_loss_weights(weights, n: int) -> tuple[float, ...]:
 
 
 def resolve_loss(spec: str, weights=None) -> LossChoice:
-    """The loss named by ``spec``: a key of :data:`PREFERENCE_LOSSES`, or several joined by commas (weighted sum).
+    """The loss named by ``spec``: a key of :data:`PREFERENCE_LOSSES` or a TRL name of one (:data:`LOSS_ALIASES`), or
+    several joined by commas (weighted sum). The choice's ``name`` is ours (``"sigmoid,sft"`` -> ``"dpo,sft"``).
 
     ConfigError for an unknown or repeated name, a weight count that does not match, KTO in a
     combination, or two stateful components. Example: ``resolve_loss("dpo,sft", "1,0.5").extras`` ->
     ("chosen_lengths", "rejected_lengths").
     """
-    names = tuple(n.strip() for n in str(spec).split(","))
-    for n in names:
-        if n not in PREFERENCE_LOSSES:
-            raise ConfigError(
-                f"loss={n!r} is not valid; choose one of: {', '.join(PREFERENCE_LOSSES)} (or several joined by commas)"
-            )
+    names = tuple(canonical_loss(n.strip()) for n in str(spec).split(","))
     if len(set(names)) != len(names):
         raise ConfigError(f"loss={spec!r} names a loss twice")
     w = parse_loss_weights(weights, len(names))
