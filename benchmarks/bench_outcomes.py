@@ -20,7 +20,7 @@ to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is no
 seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
 GRPO hyper-parameters then reuse the SFT runs). ``--heldout-all`` (on by default; ``--no-heldout-all`` skips
 it) also scores every policy (SFT, GRPO, DPO, PPO) on the task's whole held-out split, 1,051 problems, with the
-accuracy per operand layout (``posttrain eval --heldout all --by-layout``): what the trainers report since stop 35
+accuracy per operand layout (``posttrain eval --heldout all --by-layout``): what the trainers report since 2026-12-03
 (before, a fixed sample of 256, with twice the binomial noise: sd ~0.03 against ~0.015 at p = 0.4, which is what
 ``--sft-args "--task.num-eval 256"`` etc. still give); it is cheap (~3 s a run) and works on reused runs, old ones
 included. ``{seed}``, ``{sft}`` (the seed's SFT run) and ``{work}`` in the
@@ -34,8 +34,8 @@ No number is hand-entered: every one is read from a run.
 sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample checks of a recipe. It refuses
 (exit 2) sweeps whose stages' configs or CPU kernels differ (another recipe, or other trajectories), a seed
 present twice with different numbers, and says so when the sweeps ran different commits. Flags are compared as the
-configs the sweeps recorded (``recipes``, since stop 37) or, for older files, the configs their flags resolve to with
-this tree's presets: ``--sft-args "--preset slots --restarts 16"`` and ``--sft-args "--preset moonshot"`` are one recipe
+configs the sweeps recorded (``recipes``, since 2026-12-04) or, for older files, the configs their flags resolve to with
+this tree's presets: ``--sft-args "--preset slots --restarts 16"`` and ``--sft-args "--preset slots16"`` are one recipe
 (a note says so), ``--restarts 16`` against none is another.
 """
 
@@ -305,7 +305,7 @@ def run_one(
             "train_seconds",
             "steps",
             "heldout_accuracy_start",
-            "heldout_n",  # how many held-out problems the trainer scored (1,051 = all; 256 up to stop 34)
+            "heldout_n",  # how many held-out problems the trainer scored (1,051 = all; 256 until 2026-12-03)
             "best_step",
             "stopped_early",
             "restores",
@@ -401,7 +401,7 @@ _CONFIGS = {  # stage -> (module, config class): what `posttrain STAGE` resolves
 
 def resolved_recipe(stage: str, extra: str) -> dict | None:
     """The config ``posttrain STAGE --preset tiny EXTRA`` resolves to with this tree's presets (the sweep's own
-    command, less seed and paths), so `--preset slots --restarts 16` and `--preset moonshot` compare equal; None
+    command, less seed and paths), so `--preset slots --restarts 16` and `--preset slots16` compare equal; None
     when this tree's CLI does not take the flags."""
     import contextlib
     import dataclasses
@@ -433,7 +433,7 @@ def _first_difference(a, b, path: str = "") -> str:
 def same_recipe(stage, flags, first_flags, path, first_path, mine=None, theirs=None) -> str | None:
     """None when both sweeps ran ``stage`` alike; a note when other flags resolve to the same config; CombineError when
     they do not (naming the first setting that differs). ``mine`` / ``theirs``: the configs the sweeps recorded when they
-    ran (outcomes.json "recipes", since stop 37), which catch a preset that changed between them under the same flags;
+    ran (outcomes.json "recipes", since 2026-12-04), which catch a preset that changed between them under the same flags;
     without them the flags are resolved with this tree's presets."""
     if flags == first_flags and (mine is None or theirs is None or mine == theirs):
         return None

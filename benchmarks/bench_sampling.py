@@ -9,7 +9,7 @@ With ``--init SFT_DIR`` (a trained posttrain checkpoint, e.g. a pipeline run's `
 checkpoint (and its exact GPT-2 conversion for HF), the prompts are arithmetic problems in its tokenizer, and EOS is
 on: rows end at different steps, as in RL. A fourth row runs our sampler with ``drop_finished=False`` (every row
 to the last step, as HF does): what dropping finished rows from the forward passes saves. Another row draws the tokens
-with ``torch.multinomial`` (the draw before stop 33; an exponential per vocabulary entry) instead of the inverse CDF
+with ``torch.multinomial`` (the draw until 2026-12-03; an exponential per vocabulary entry) instead of the inverse CDF
 (one uniform per row): what the draw costs.
 
     .venv/bin/python benchmarks/bench_sampling.py [--repeats 5] [--threads 2] [--init runs/demo/sft/model]
@@ -109,7 +109,7 @@ def main():
         ("HF generate + HF GPT-2", run_hf),
         ("posttrain sampler + HF GPT-2", run_ours(hf)),
     ]
-    sides.insert(1, ("  the same, torch.multinomial draw (before stop 33)", run_ours(ours, draw="multinomial")))
+    sides.insert(1, ("  the same, torch.multinomial draw (until 2026-12-03)", run_ours(ours, draw="multinomial")))
     if args.init:
         sides.insert(1, ("  the same, every row to the last step", run_ours(ours, drop_finished=False)))
     results = {}

@@ -117,7 +117,7 @@ def inverse_cdf(logps: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def draw_multinomial(logps: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The same draw with ``torch.multinomial`` (the sampler's default up to stop 32; the oracle of the above)."""
+    """The same draw with ``torch.multinomial`` (the sampler's default until 2026-12-03; the oracle of the above)."""
     return torch.multinomial(logps.exp(), 1, generator=generator).squeeze(-1)
 
 

@@ -74,7 +74,7 @@ def test_flags_roundtrip():
 
 
 # ---------------------------------------------------------------------------------------------
-# validation declared on the knob: finiteness, bounds, choices (issue 12)
+# validation declared on the knob: finiteness, bounds, choices
 
 import dataclasses
 import importlib
@@ -247,7 +247,7 @@ def test_every_config_field_is_validated(cls):
     assert checked  # every command config has numeric fields to check
 
 
-# the flags named in issue 12: exit 2, one line naming the field, nothing created
+# flags a hostile user passes: exit 2, one line naming the field, nothing created
 CLI_CASES = [
     (["sft", "--lr", "inf"], "lr=inf is not a finite number"),
     (["sft", "--lr", "nan"], "lr=nan is not a finite number"),
@@ -424,18 +424,19 @@ def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, cls, 
 
 
 def test_sft_tiny_preset_is_the_measured_command():
-    # docs/outcomes/stop37_*: `sft --preset tiny --steps 2000 --weight-decay 3.0 --restarts 4 --restart-probe 0.5
-    # --restart-keep 1` (the tiny of stops 31-36, now tiny_v8, plus those flags)
+    # docs/outcomes/2026-12-04_xeon_tiny_*: `sft --preset tiny
+    # --steps 2000 --weight-decay 3.0 --restarts 4 --restart-probe 0.5
+    # --restart-keep 1` (the tiny until 2026-12-04, now tiny_v8, plus those flags)
     from posttrain.trainers.sft import PRESETS, SFTConfig
 
     flags = {"steps": "2000", "weight_decay": "3.0", "restarts": "4", "restart_probe": "0.5", "restart_keep": "1"}
     assert build_config(SFTConfig, PRESETS["tiny"]) == build_config(SFTConfig, PRESETS["tiny_v8"], overrides=flags)
 
 
-def test_sft_moonshot_preset_is_the_measured_command():
-    # docs/outcomes/stop36_xeon_moonshot_slots16_seeds0_9.json ran `sft --preset slots --restarts 16`
+def test_sft_slots16_preset_is_the_measured_command():
+    # docs/outcomes/2026-12-04_xeon_slots16_seeds0_9.json ran `sft --preset slots --restarts 16`
     from posttrain.trainers.sft import PRESETS, SFTConfig
 
     measured = build_config(SFTConfig, PRESETS["slots"], overrides={"restarts": "16"})
-    assert build_config(SFTConfig, PRESETS["moonshot"]) == measured
+    assert build_config(SFTConfig, PRESETS["slots16"]) == measured
     assert measured != build_config(SFTConfig, PRESETS["slots"])

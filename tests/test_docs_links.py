@@ -45,13 +45,13 @@ def anchors(path: Path) -> frozenset[str]:
 
 
 def test_slug_follows_github():
-    assert slug("Stop 31: an Intel Xeon, the SFT recipe and the prompt filter") == (
-        "stop-31-an-intel-xeon-the-sft-recipe-and-the-prompt-filter"
+    assert slug("2026-12-03: an Intel Xeon, the SFT recipe and the prompt filter") == (
+        "2026-12-03-an-intel-xeon-the-sft-recipe-and-the-prompt-filter"
     )
     assert slug("Pre-rollout prompt filter (GRESO)") == "pre-rollout-prompt-filter-greso"
     assert slug("Partial credit: the `digits` reward") == "partial-credit-the-digits-reward"
-    assert slug("Results on an AVX2 machine (stop 30): the defaults, GRPO tail-averaged, seeds 0–4") == (
-        "results-on-an-avx2-machine-stop-30-the-defaults-grpo-tail-averaged-seeds-04"
+    assert slug("Results on an AVX2 machine (commit 6c68cb2): the defaults, GRPO tail-averaged, seeds 0–4") == (
+        "results-on-an-avx2-machine-commit-6c68cb2-the-defaults-grpo-tail-averaged-seeds-04"
     )
 
 

@@ -2,7 +2,7 @@
 
 Without ``--data`` the embedded task's held-out evaluation problems are used (the task the checkpoint was
 trained on, from its saved config), as its trainer scored them: the whole held-out split (1,051 two-digit additions;
-the default since stop 35) or, where its ``task.num_eval`` was set (256 up to stop 34, and the pipeline's), that seeded
+the default since 2026-12-03) or, where its ``task.num_eval`` was set (256 before that, and the pipeline's), that seeded
 sample; ``--heldout all`` takes the whole split either way (half the sampling noise of 256).
 ``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; :func:`posttrain.tasks.arithmetic.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
 prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside

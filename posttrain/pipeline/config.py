@@ -220,22 +220,22 @@ RM_PIPELINE: dict = _merge(
 # The ppo stage: `ppo --preset tiny` at 200 of its 300 steps (its LR is constant, so the run is the first 200 steps of
 # the 300-step one: held-out +19.9 / +32.0 / +35.1 points over SFT at step 200 on seeds 0-2; ~105 s given to rm).
 PPO_PIPELINE: dict = {"steps": 200}
-# The sft and sft_raw stages: `sft --preset tiny_v8` (8 restarts, each to step 300, the best 2 finish; `tiny` from stop 31
-# to 36). The standalone `tiny` since stop 37 (2000 steps, weight decay 3.0, 4 restarts) is not yet measured in the
-# pipeline, whose documented numbers (docs/pipeline.md) were made with this one.
+# The sft and sft_raw stages: `sft --preset tiny_v8` (8 restarts, each to step 300, the best 2 finish; `tiny` until
+# 2026-12-04). The standalone `tiny` since 2026-12-04 (2000 steps, weight decay 3.0, 4 restarts) is not yet measured
+# in the pipeline, whose documented numbers (docs/pipeline.md) were made with this one.
 # Until then `tiny_v5` with 4 restarts (the best at step 400 finishes; ~100 s less on the demo's critical path), which
 # on an Intel Xeon (AVX-512) kept a 0.195 SFT on seed 0, where all four restarts were weak (validation 0.11-0.18 at
 # step 400) and GRPO / PPO then gained +16 / +10 points only; `tiny` drew restart 5 there (0.25 at step 300 against
 # <= 0.145 for the others) and kept 0.383 (docs/pipeline.md).
 SFT_PIPELINE: dict = json.loads(json.dumps(SFT_PRESETS["tiny_v8"]))
-# The grpo and dpo stages are their trainers' defaults: GRPO runs 500 steps (700 until stop 33) and its final model is
-# the mean of its weights at steps 300, 400 and 500 (tail averaging, trainers/weight_average.py; the pipeline's setting
-# at stop 29, the trainer's default since stop 30), and its refill rounds sample only prompts that pass the GRESO
-# filter of prompts uninformative in a row (trainers/prompt_filter.py; the filter since stop 31, unfilled rounds since
-# stop 33). On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
+# The grpo and dpo stages are their trainers' defaults: GRPO runs 500 steps (700 until 2026-12-03) and its final model
+# is the mean of its weights at steps 300, 400 and 500 (tail averaging, trainers/weight_average.py; the pipeline's setting
+# first, then the trainer's default), and its refill rounds sample only prompts that pass the GRESO
+# filter of prompts uninformative in a row (trainers/prompt_filter.py; unfilled rounds since 2026-12-03).
+# On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
 # seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
-# The task's held-out sample of 256 (the trainers' default until stop 35, now the whole split): the contamination
-# leaks are drawn from it and every stage reports on it, so the pipeline's numbers stay comparable with earlier stops;
+# The task's held-out sample of 256 (the trainers' default until 2026-12-03, now the whole split): the contamination
+# leaks are drawn from it and every stage reports on it, so the pipeline's numbers stay comparable with earlier runs;
 # eval.heldout_all scores every policy on all of the held-out split as well.
 _TINY: dict = {
     "dedup": DEDUP_DEFAULTS,

@@ -14,7 +14,7 @@ scorer that reuses it for every call.
 Layering: the checkpoint reader is :func:`posttrain.trainers.checkpoint.load_checkpoint`, which this module
 imports. It was left there on purpose: the reader needs ``trainers/run_dir.py`` (which checkpoint of a run
 directory, run ids, kind checks) and ``trainers/guards.py``, so moving it below ``trainers/`` means moving those
-reading halves too, a change to modules other trainers own (issue 19).
+reading halves too, a change to modules other trainers own.
 
 Training the model is :mod:`posttrain.trainers.reward`; the checkpoint format (a backbone LM checkpoint +
 ``reward_head.safetensors`` + ``reward_stats.json``) is read here.

@@ -42,7 +42,7 @@ class ArithmeticConfig:
     num_eval: int | None = knob(
         None,
         "held-out problems the trainers evaluate on: None = the whole held-out split (1,051 problems by default); N = "
-        "a fixed seeded sample of N (256 was the default up to stop 34: ~0.03 of binomial sd of its own)",
+        "a fixed seeded sample of N (256 was the default until 2026-12-03: ~0.03 of binomial sd of its own)",
         gt=0,
     )
     seed: int = knob(0, "seed for choosing demonstrations and evaluation problems")

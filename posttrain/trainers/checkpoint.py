@@ -281,7 +281,7 @@ def start_policy(cfg, command: str) -> Checkpoint | None:
     ckpt = load_policy(path, pad_token=cfg.pad_token, role=f"{command} {flag}")
     ckpt.model = merge_lora(ckpt.model)
     unapplied = unapplied_model_settings(getattr(cfg, "model", None), ckpt.model)
-    if unapplied:  # e.g. `sft --preset moonshot --model X`: the preset's digit slots cannot reshape X
+    if unapplied:  # e.g. `sft --preset slots16 --model X`: the preset's digit slots cannot reshape X
         print(
             f"note: {', '.join(unapplied)} not applied: {flag} brings its own architecture (model.* shapes a fresh model)"
         )

@@ -33,7 +33,7 @@ class PolicyGradientConfig(TrainerConfig):
     steps: int = override(
         "steps",
         500,
-        "optimizer steps (one rollout batch each when mu=1 and minibatches=1; 500 by the 5-seed sweep of stop 33, "
+        "optimizer steps (one rollout batch each when mu=1 and minibatches=1; 500: chosen on a 5-seed sweep, "
         "docs/outcomes.md; --preset long: 700)",
     )
     prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
@@ -101,8 +101,8 @@ class PolicyGradientConfig(TrainerConfig):
     prompt_filter_p: float = knob(0.5, "prompt_filter: the factor p of P(sample) = p ** z", gt=0, le=1)
     prompt_filter_fill: bool = knob(
         False,
-        "prompt_filter: fill a refill round with skipped prompts when fewer than prompts_per_step pass (off by the "
-        "5-seed sweep of stop 33: the round is only the prompts that passed, fewer samples once most are solved)",
+        "prompt_filter: fill a refill round with skipped prompts when fewer than prompts_per_step pass (off: chosen "
+        "on a 5-seed sweep, docs/outcomes.md: the round is only the prompts that passed, fewer samples once most are solved)",
     )
     prompt_filter_pool: int = knob(
         4, "prompt_filter: candidates looked at per refill round, in multiples of prompts_per_step", ge=1
@@ -231,14 +231,14 @@ PRESETS: dict[str, dict] = {
         "average_last": 1,
         "prompt_filter": False,
     },
-    # the default before stop 33: 700 steps (tail average of steps 500/600/700), refill rounds filled to 32 prompts
+    # 700 steps (tail average of steps 500/600/700), refill rounds filled to 32 prompts (the default until 2026-12-03)
     "long": {"steps": 700, "prompt_filter_fill": True},
-    "last_weights": {"steps": 700, "average_last": 1, "prompt_filter": False},  # the default before stop 30
-    "unfiltered": {"steps": 700, "prompt_filter": False},  # the default before the prompt filter (stop 31)
-    # the moonshot recipe from `sft --preset moonshot` (stop 36, the Xeon: 0.843-0.968 on seeds 0-9, 120-174 s of CPU;
-    # from `sft --preset slots`, 8 restarts, seed 5 ended at 0.694): 1000 steps, the LR decayed to 0.1x by a cosine
+    "last_weights": {"steps": 700, "average_last": 1, "prompt_filter": False},  # the default until 2026-12-03
+    "unfiltered": {"steps": 700, "prompt_filter": False},  # the default before the prompt filter
+    # the GRPO half of the strongest recipe, after `sft --preset slots16` (an Intel Xeon: 0.843-0.968 on seeds 0-9,
+    # 120-174 s of CPU; from `sft --preset slots`, 8 restarts, seed 5 ended at 0.694): 1000 steps, the LR decayed to 0.1x by a cosine
     # (constant: seed 1 swung 0.60-0.78)
-    "moonshot": {"steps": 1000, "min_lr_ratio": 0.1},
+    "long_cosine": {"steps": 1000, "min_lr_ratio": 0.1},
     "rloo": {"algo": "rloo"},
     "reinforce": {"algo": "reinforce"},
     "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},

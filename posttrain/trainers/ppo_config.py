@@ -236,7 +236,7 @@ class PPOConfig(TrainerConfig):
         ``stats``: ``V = w * (RM - mean) / std``, the units of the reward term ``w * reward_model`` (the RM's score
         z-scored with those statistics) when that RM is the reward, with w its weight in the spec; the z-scored RM
         (w = 1) when it only starts the critic (``--value-init-path``, or weight 0); the raw head without statistics.
-        Copying the raw head instead starts the critic tens of units from the returns (issue 14's seeds: values
+        Copying the raw head instead starts the critic tens of units from the returns (seeds 0-2 of the embedded task: values
         -6 to -13 against returns near -0.7), so the first updates' advantages are the critic's error."""
         if stats is None:
             return 1.0, 0.0

@@ -134,6 +134,6 @@ PRESETS: dict[str, dict] = {
     "tiny_v3": RECIPE_V3,  # the recipe before the GRM regulariser (the PPO-vs-RM numbers of docs/ppo.md used it)
     "tiny_v2": RECIPE_V2,
     "tiny_v1": RECIPE_V1,
-    "classic": {},  # the field defaults: 300 steps on <= 2 on-policy pairs of each of 4096 prompts (0.553 in issue 14)
+    "classic": {},  # the field defaults: 300 steps on <= 2 on-policy pairs of each of 4096 prompts (0.553 held-out pairwise, docs/rm.md)
     "small": {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
 }

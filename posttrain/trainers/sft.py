@@ -167,15 +167,15 @@ class SFTConfig(TrainerConfig):
     merge_lora: bool = lora_knob("merge")
 
 
-# tiny (stop 37): 2000 steps, weight decay 3.0, 4 restarts ranked at step 1000, the best finishes (held-out accuracy
-# rises long after the loss is ~0.02; docs/outcomes.md). tiny_v8 (stops 31-36): 600 steps, 8 restarts, the best 2 finish
+# tiny: 2000 steps, weight decay 3.0, 4 restarts ranked at step 1000, the best finishes (held-out accuracy
+# rises long after the loss is ~0.02; docs/outcomes.md). tiny_v8 (until 2026-12-04): 600 steps, 8 restarts, the best 2 finish
 _TINY = {"steps": 2000, "weight_decay": 3.0, "restarts": 4, "restart_probe": 0.5, "restart_keep": 1}
 _TINY_V8 = {"restarts": 8, "restart_probe": 0.5, "restart_keep": 2}
 PRESETS: dict[str, dict] = {
     "tiny": _TINY,
     "tiny_v8": _TINY_V8,
     "slots": {**_TINY_V8, "model": {"digit_slots": 2}},  # tiny_v8 + digit-slot positions (models/digit_slots.py)
-    "moonshot": {**_TINY_V8, "restarts": 16, "model": {"digit_slots": 2}},  # the moonshot's start (stops 36-37)
+    "slots16": {**_TINY_V8, "restarts": 16, "model": {"digit_slots": 2}},  # then grpo --preset long_cosine
     "tiny_v5": {"restarts": 5, "restart_probe": 0.667},  # tiny before v8: 5 restarts, the best at step 400 finishes
     "single": {},
     "small": {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},

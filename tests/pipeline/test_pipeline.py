@@ -271,7 +271,7 @@ def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
     assert tiny.rm == short == PipelineConfig().rm  # tiny_v1 (16 samples), 800 steps, 3000 prompts, GRM
     assert tiny.ppo == {"steps": 200}  # `posttrain ppo --preset tiny` at 200 of its 300 steps
-    sft_v8 = build_config(sft.SFTConfig, sft.PRESETS["tiny_v8"])  # the standalone default of stops 31-36
+    sft_v8 = build_config(sft.SFTConfig, sft.PRESETS["tiny_v8"])  # the standalone default until 2026-12-04
     assert (sft_v8.restarts, sft_v8.restart_probe, sft_v8.restart_keep, sft_v8.steps) == (8, 0.5, 2, 600)
     assert tiny.sft == sft_v8  # `posttrain sft --preset tiny_v8`, nothing else (its numbers in docs/pipeline.md)
     (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")

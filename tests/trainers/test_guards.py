@@ -1,5 +1,5 @@
 """The non-finite guard shared by the trainers: a NaN/Inf step is skipped, repeats stop the run with exit 2,
-and no checkpoint with a non-finite parameter is ever written (issue 12, serious item 5)."""
+and no checkpoint with a non-finite parameter is ever written."""
 
 import functools
 import json
@@ -66,7 +66,7 @@ def test_a_non_finite_model_is_never_saved(tmp_path, tiny_gpt):
         save_checkpoint(tmp_path / "ck", tiny_gpt, tok, {"step": 2})
     n = sum(p.numel() for p in tiny_gpt.parameters())
     assert str(e.value) == (
-        f"refusing to save {tmp_path / 'ck'}: 1 of {n} parameters are NaN/Inf "
+        f"refusing to save {tmp_path / 'ck'}: 1 of {n} parameters are NaN/Inf at step 2 "
         "(the training diverged); the last good checkpoint is kept"
     )
     assert (good / "model.safetensors").read_bytes() == before  # the old checkpoint is untouched

@@ -129,12 +129,12 @@ def test_combine_refuses_sweeps_of_other_settings(tmp_path, capsys, other, messa
 
 
 def test_combine_takes_other_flags_that_resolve_to_the_same_config(tmp_path, capsys):
-    # stop 36's moonshot sweeps: seeds 0-9 ran `--preset slots --restarts 16`, seeds 10-14 `--preset moonshot`
+    # the slots16 sweeps: seeds 0-9 ran `--preset slots --restarts 16`, seeds 10-14 `--preset slots16`
     a = _sweep_file(tmp_path / "a.json", [0, 1], sft_flags="--preset slots --restarts 16")
-    b = _sweep_file(tmp_path / "b.json", [2, 3], sft_flags="--preset moonshot")
+    b = _sweep_file(tmp_path / "b.json", [2, 3], sft_flags="--preset slots16")
     results, notes = bo.combine([a, b])
     assert sorted(results) == [0, 1, 2, 3]
-    assert any("'--preset moonshot' in " + b in n and "the same config" in n for n in notes)
+    assert any("'--preset slots16' in " + b in n and "the same config" in n for n in notes)
     c = _sweep_file(tmp_path / "c.json", [4], sft_flags="--preset slots")  # 8 restarts: not the same
     with pytest.raises(bo.CombineError, match=r"restarts: 8 against 16"):
         bo.combine([a, c])
@@ -148,7 +148,7 @@ def test_combine_names_a_file_that_is_not_a_sweep(tmp_path):
 
 
 def test_combine_refuses_a_preset_that_changed_between_sweeps_under_the_same_flags(tmp_path):
-    # stop 37 changed what `sft --preset tiny` is: two sweeps with no extra flags ran different recipes
+    # 2026-12-04 changed what `sft --preset tiny` is: two sweeps with no extra flags ran different recipes
     old = {"sft": {"steps": 600, "restarts": 8}, "grpo": {"steps": 500}}
     new = {"sft": {"steps": 2000, "restarts": 4}, "grpo": {"steps": 500}}
     a = _sweep_file(tmp_path / "a.json", [0, 1], recipes=old)
@@ -157,14 +157,14 @@ def test_combine_refuses_a_preset_that_changed_between_sweeps_under_the_same_fla
         bo.combine([a, b])
     c = _sweep_file(tmp_path / "c.json", [4], recipes=old)
     assert sorted(bo.combine([a, c])[0]) == [0, 1, 4]
-    d = _sweep_file(tmp_path / "d.json", [5])  # recorded nothing (before stop 37): the flags are all there is
+    d = _sweep_file(tmp_path / "d.json", [5])  # recorded nothing (before 2026-12-04): the flags are all there is
     assert sorted(bo.combine([b, d])[0]) == [2, 3, 5]
 
 
 def test_a_sweep_records_the_configs_its_stages_resolve_to():
     rec = bo.resolved_recipe("sft", "--restarts 3")
     assert rec["restarts"] == 3 and rec["steps"] == bo.resolved_recipe("sft", "")["steps"]
-    assert bo.resolved_recipe("grpo", "--preset moonshot")["steps"] == 1000
+    assert bo.resolved_recipe("grpo", "--preset long_cosine")["steps"] == 1000
     assert bo.resolved_recipe("sft", "--no-such-flag") is None
 
 
