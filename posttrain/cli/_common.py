@@ -8,21 +8,53 @@ from pathlib import Path
 from posttrain import config as C
 from posttrain.errors import UserError
 
+USER_FIELDS = ("data", "model_path")
+"""Config fields that name the user's own data or model: given, the run is the user's, not the embedded task's."""
 
-def add_preset_flags(parser: argparse.ArgumentParser, presets: dict[str, dict], default: str = "tiny") -> None:
+
+def add_preset_flags(
+    parser: argparse.ArgumentParser, presets: dict[str, dict], default: str = "tiny", *, user_data: bool = True
+) -> None:
+    """``--preset`` and ``--config``; ``user_data``: the command takes ``--data``/``--model``, which start from no
+    preset unless ``--preset`` is given (:func:`resolve`)."""
+    user = "; none with --data or --model: the presets are recipes for the embedded task" if user_data else ""
     parser.add_argument(
-        "--preset", default=default, help=f"named starting config: {', '.join(presets)} (default: {default})"
+        "--preset", default=None, help=f"named starting config: {', '.join(presets)} (default: {default}{user})"
     )
     parser.add_argument("--config", metavar="FILE", help="YAML or TOML file overriding the preset")
+    parser.set_defaults(_preset_default=default)
 
 
 def resolve(cls, presets: dict[str, dict], args: argparse.Namespace, **fixed):
-    """preset <- --config file <- flags <- ``fixed`` (values from positional args or dedicated flags)."""
-    if args.preset not in presets:
-        raise UserError(f"unknown preset {args.preset!r}; available: {', '.join(presets)}")
+    """preset <- --config file <- flags <- ``fixed`` (values from positional args or dedicated flags).
+
+    Two rules beside the order:
+
+    - ``--resume DIR``: the run's own saved config, with only the flags given on this command line changed, and
+      only those that keep the run what it was (:func:`posttrain.trainers.run_dir.resume_config`); no preset.
+    - ``--data`` or ``--model`` (in flags or the ``--config`` file) without an explicit ``--preset``: no preset.
+      The presets are recipes tuned on the embedded arithmetic task (the ``tiny`` SFT preset's 2000 steps, weight
+      decay 3.0 and restarts); the user's model and data start from the field defaults.
+    """
     overrides = C.overrides_from_args(args)
     overrides.update({k: v for k, v in fixed.items() if v is not None})
-    return C.build_config(cls, presets[args.preset], args.config, overrides)
+    if getattr(args, "resume", None):
+        if args.preset is not None:
+            raise UserError(
+                f"--preset {args.preset} with --resume: a resumed run keeps its own saved configuration; drop --preset"
+            )
+        from posttrain.trainers.run_dir import resume_config
+
+        return resume_config(cls, args.resume, args.config, overrides, command=getattr(args, "_cmd", None))
+    name = args.preset
+    if name is None:
+        given = set(overrides) | set(C.load_config_file(args.config) if args.config else {})
+        user = any(k in given for k in USER_FIELDS) and any(n in USER_FIELDS for n, _, _ in C.leaf_fields(cls))
+        name = None if user else getattr(args, "_preset_default", "tiny")
+    args.preset = name
+    if name is not None and name not in presets:
+        raise UserError(f"unknown preset {name!r}; available: {', '.join(presets)}")
+    return C.build_config(cls, presets[name] if name else None, args.config, overrides)
 
 
 def announce(cfg, out: str | Path | None = None) -> None:

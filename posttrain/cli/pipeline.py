@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     from posttrain.pipeline.config import PRESETS, PipelineConfig
     from posttrain.pipeline.stages import BY_NAME
 
-    add_preset_flags(p, PRESETS)
+    add_preset_flags(p, PRESETS, user_data=False)
     p.add_argument("--out", required=True, help="run directory (one folder per stage, summary.json, report/)")
     p.add_argument(
         "--only",

@@ -20,7 +20,9 @@ Every checkpoint's ``trainer_state.json`` records ``run_id`` and ``trainer``. Th
   warning); the newest by step wins. Without ``run.json`` (an older layout, or checkpoints copied in by
   hand) the checkpoints must agree on one run id, which is then adopted (a checkpoint without one is
   given a new id, recorded in its ``trainer_state.json`` and in ``run.json``). ``run.json``'s trainer must be
-  the resuming command's; changed settings are listed in a warning;
+  the resuming command's. On the command line the resumed run's config is its own saved one
+  (:func:`resume_config`): only flags given explicitly may differ, and only those of :data:`RESUME_MAY_CHANGE`
+  (length, cadence, logging); through the Python API changed settings are listed in a warning;
 - nothing is written into ``--out`` (no clearing, no ``run.json``, no ``config.resolved.*``) until the
   trainer has validated its inputs and calls :func:`begin_run`; a failed start leaves the directory as it was;
 - ``checkpoints/latest`` must name ``step-NNNNNNNN`` in the same directory: anything else (``../../etc``, an
@@ -69,7 +71,10 @@ RESUME_MAY_CHANGE = (
     "keep_checkpoints",
     "fsdp",
 )
-"""Config fields that may differ on resume without a warning (outputs, logging, length, checkpoint cadence, sharding: the same update)."""
+"""Config fields that may differ on resume without a warning (outputs, logging, length, checkpoint cadence, sharding:
+the same update). On the command line (:func:`resume_config`) these are the only flags ``--resume`` accepts with a
+value other than the run's own; every other field (data, model, loss, batch size, learning rate, seed...) changes
+what the run trains, and is refused."""
 
 
 def warn(msg: str) -> None:
@@ -227,6 +232,80 @@ def run_root(resume: str | Path) -> Path:
         f"--resume {p}: a checkpoint outside a run directory; --resume takes a run directory (or a "
         f"checkpoint inside one), --init {p} starts a new run from its weights"
     )
+
+
+def saved_config(root: Path) -> tuple[dict, Path]:
+    """The config the run in ``root`` last started with (``config.resolved.json``), else, for an older layout,
+    the one recorded in its newest checkpoint's ``trainer_state.json``; and the file it came from."""
+    f = root / "config.resolved.json"
+    if f.is_file():
+        return read_json_file(f, "config file"), f
+    ckpt = find_checkpoint(root, prefer_latest=True)
+    cfg = checkpoint_state(ckpt).get("config")
+    if not isinstance(cfg, dict):
+        raise UserError(f"{root} holds no saved configuration (no config.resolved.json): start a new run with --out")
+    return cfg, ckpt / STATE_FILE
+
+
+def _known(cls, d: dict, where: Path, prefix: str = "") -> dict:
+    """``d`` without the keys ``cls`` no longer has (each named in a warning); nested configs likewise."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    out = {}
+    for k, v in d.items():
+        f = fields.get(k)
+        if f is None:
+            warn(f"{where}: ignoring the saved setting {prefix}{k} (not a setting of this version)")
+            continue
+        tp = C._hints(cls)[k]
+        out[k] = _known(tp, v, where, f"{prefix}{k}.") if C._is_dataclass_type(tp) and isinstance(v, dict) else v
+    return out
+
+
+def _trainer_of(root: Path) -> tuple[str | None, bool]:
+    """The trainer that made the run in ``root`` (``run.json``, else its newest checkpoint), and whether
+    ``run.json`` said so."""
+    info = read_run(root)
+    if info is not None:
+        return info.get("trainer"), True
+    return checkpoint_state(find_checkpoint(root, prefer_latest=True)).get("trainer"), False
+
+
+def resume_config(
+    cls, resume: str | Path, file: str | Path | None = None, flags: dict | None = None, command: str | None = None
+):
+    """The config ``--resume DIR`` continues with: the run's own saved config (:func:`saved_config`), and on top
+    only what the command line gives explicitly (``file``: a ``--config`` file; ``flags``: the flags' values).
+
+    The rule: a resumed run is the run that was started. Flags that only change how long it runs, how often it
+    evaluates, saves and logs, and where it prints (:data:`RESUME_MAY_CHANGE`) may differ, and each difference is
+    printed; any other difference (data, model, loss, batch size, learning rate, seed, ...) is an error naming
+    each, since the result would no longer be the run's. No preset applies: the saved config is already resolved.
+    Example: a run saved with ``steps: 300, batch_size: 8``; ``--resume R --steps 400`` -> steps 400 (a note),
+    ``--resume R --batch-size 64`` -> "error: ... batch_size 8 -> 64 ...".
+    """
+    root = run_root(resume)
+    trainer, from_run_file = _trainer_of(root)
+    if command is not None and trainer is not None and command_of(trainer).split()[0] != command:
+        if not from_run_file:  # an older layout: the checkpoint's own check names it (and --init)
+            return C.build_config(cls, None, file, flags)
+        raise UserError(
+            f"{root} is a `posttrain {command_of(trainer)}` run: `posttrain {command} --resume` continues only its "
+            f"own runs"
+        )
+    saved, where = saved_config(root)
+    cfg = C.build_config(cls, _known(cls, saved, where), file, flags)
+    changes = [c for c in changed_settings(saved, cfg, ignore=("out",))]
+    refused = [c for c in changes if c.split(" ", 1)[0].split(".")[0] not in RESUME_MAY_CHANGE]
+    if refused:
+        may = ", ".join(C.flag_name(n) for n in RESUME_MAY_CHANGE if n != "out")
+        raise UserError(
+            f"--resume {resume} continues the run with its own configuration ({where}); these flags would change "
+            f"what it trains: {'; '.join(refused)}. On resume only {may} may differ: drop the others, or start a "
+            f"new run with --out"
+        )
+    if changes:
+        print(f"note: resuming with changed settings: {'; '.join(changes)} (the rest as saved in {where})")
+    return cfg
 
 
 def resume_out(args) -> dict:

@@ -187,22 +187,36 @@ def test_failed_start_leaves_the_run_dir_unchanged(base, tmp_path, capsys):
     before = snapshot(run)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n')
-    for extra in (["--out", run, "--overwrite"], ["--resume", run, "--lr", "0.001"]):
-        rc, err = sft(capsys, *extra, "--data", bad)
-        assert rc == 2 and err == f"posttrain sft: error: {bad}:1: missing field 'answer' (needs prompt, answer)"
-        assert snapshot(run) == before  # config.resolved.* included: not rewritten before the inputs validate
+    rc, err = sft(capsys, "--out", run, "--overwrite", "--data", bad)
+    assert rc == 2 and err == f"posttrain sft: error: {bad}:1: missing field 'answer' (needs prompt, answer)"
+    assert snapshot(run) == before  # config.resolved.* included: not rewritten before the inputs validate
+    rc, err = sft(capsys, "--resume", run, "--lr", "0.001", "--data", bad)  # refused before anything is read
+    assert rc == 2 and "lr 0.003 -> 0.001; data None -> " in err
+    assert snapshot(run) == before
 
 
-def test_resume_with_changed_settings_warns(base, tmp_path, capsys):
+def test_resume_refuses_flags_that_change_the_run_and_lists_the_others(base, tmp_path, capsys):
+    """--resume keeps the run's saved config: a flag that changes what it trains (lr, batch size, data) is an
+    error naming each; one that only changes its length or cadence is applied with a note."""
     run = tmp_path / "run"
     shutil.copytree(base, run)
-    rc, err = sft(capsys, "--resume", run, "--steps", "6", "--lr", "0.001", "--progress", "true")
-    assert rc == 0
-    assert err.splitlines()[0] == (
-        f"warning: resuming {run / 'model'} with changed settings: lr 0.003 -> 0.001 "
-        f"(the result will differ from an uninterrupted run)"
+    before = snapshot(run)
+    rc, err = sft(capsys, "--resume", run, "--steps", "6", "--lr", "0.001", "--batch-size", "4")
+    assert rc == 2 and err == (
+        f"posttrain sft: error: --resume {run} continues the run with its own configuration "
+        f"({run / 'config.resolved.json'}); these flags would change what it trains: lr 0.003 -> 0.001; "
+        "batch_size 8 -> 4. On resume only --progress, --threads, --logger, --steps, --eval-every, --save-every, "
+        "--keep-checkpoints, --fsdp may differ: drop the others, or start a new run with --out"
     )
-    assert json.loads((run / "config.resolved.json").read_text())["lr"] == 0.001
+    assert snapshot(run) == before
+    rc, err = sft(capsys, "--resume", run, "--preset", "single")
+    assert rc == 2 and err.endswith("a resumed run keeps its own saved configuration; drop --preset")
+    assert main(["sft", *TINY, "--resume", str(run), "--steps", "6", "--progress", "true"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning" not in err
+    assert "note: resuming with changed settings: steps 4 -> 6; progress False -> True" in out
+    saved = json.loads((run / "config.resolved.json").read_text())
+    assert saved["steps"] == 6 and saved["lr"] == 0.003
 
 
 @pytest.mark.parametrize("latest", ["../../etc", "/etc", "step-2", "step-00000002/../../../x", "", "\x00\xff"])
