@@ -15,8 +15,9 @@ With ``patience`` > 0 training stops after that many evaluations without a new b
 turns it off (``model/`` = the last step): with 320 demonstrations a 30-47 problem split costs more than it selects
 (docs/outcomes.md; use e.g. ``--val-fraction 0.1 --eval-every 25``). Held-out accuracy is the selected model's.
 
-Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> SFTState``, ``train_step(state,
-step) -> metrics``, ``run_eval`` (held-out), ``run_val`` (selection), ``save``, ``finish``; :func:`train_sft` loops them.
+Shape (every trainer's, ``trainers/engine/protocol.py``): ``setup(cfg, resume, overwrite) -> SFTState`` (through the
+one ``open_training``), ``train_step(state, step) -> metrics``, ``run_eval`` (held-out), ``run_val`` (selection),
+``save``, ``finish``; the one loop (``trainers/engine/run.py``) drives them.
 
 Batches are a pure function of (seed, step): the sample order is an epoch-wise permutation seeded by (seed, epoch).
 With the saved weights, optimizer state, torch RNG state and the best-so-far weights and patience counter
@@ -46,19 +47,13 @@ from posttrain.models import digit_slots
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
-from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sft_restarts, sharded
-from posttrain.trainers.checkpoint import (
-    CheckpointManager,
-    load_checkpoint,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-    start_policy,
-)
+from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint
+from posttrain.trainers.engine.run import run as engine_run
+from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
 from posttrain.trainers.run_dir import read_run, run_root
 from posttrain.trainers.selection import BestKeeper, save_with_best, split_validation
@@ -192,12 +187,12 @@ def sft_loss(model, ids: torch.Tensor, loss_mask: torch.Tensor, n_tokens: int) -
 
 
 # ---------------------------------------------------------------------------------------------
-# the trainer: setup -> train_step / run_eval / save -> finish (the shape every trainer has; trainers/common.py)
+# the trainer: setup -> train_step / evaluate / save -> finish, driven by the one loop (trainers/engine/)
 
 
 @dataclass
 class SFTState:
-    """Everything one SFT run holds between its parts."""
+    """Everything one SFT run holds between its parts (the engine's Trainer shape: trainers/engine/protocol.py)."""
 
     cfg: SFTConfig
     run: common.Run
@@ -218,13 +213,34 @@ class SFTState:
     world: distributed.World = dataclasses.field(default_factory=distributed.World)
     train_model: torch.nn.Module | None = None  # the model, or its DDP wrapper under torchrun (forward + backward)
     tokens_seen: int = 0
+    last_eval: object = None  # the last held-out EvalResult
+    name: str = "sft"
+
+    # the engine's Trainer shape; each part is this module's function of the state (so it can be replaced in tests)
+    def train_step(self, step: int) -> dict:
+        return train_step(self, step)
+
+    def evaluate(self, done: int, metrics: dict) -> None:
+        evaluate_step(self, done, metrics)
+
+    def progress(self, metrics: dict) -> dict:
+        acc = {"acc": f"{self.last_eval.accuracy:.3f}"} if self.last_eval else {}
+        return {"loss": f"{metrics['loss']:.3f}", **acc}
+
+    def early_stop(self, done: int) -> str | None:
+        if self.cfg.patience and self.vals and self.best.since >= self.cfg.patience:
+            return f"no better validation accuracy in {self.best.since} evaluations"
+        return None
+
+    def save(self, done: int, metrics: dict) -> None:
+        save(self, done, metrics)
+
+    def finish(self, stopped_at: int | None, t_start: float) -> dict:
+        return finish(self, self.last_eval, stopped_at, t_start)
 
 
 def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> SFTState:
-    """Open the run, load or build the model, check the data, then write the run directory's header."""
-    common.set_threads(cfg.threads)
-    world = distributed.init()  # one process, or this rank under torchrun
-    run = common.open_run(cfg, "sft", resume=resume, overwrite=overwrite)
+    """Open the run (trainers/engine/setup.py), load or build the model, check the data."""
     task = ArithmeticTask(cfg.task)
     demos = (
         load_sft_data(cfg.data, on_bad_line=cfg.on_bad_line)
@@ -232,86 +248,61 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         else [(p.prompt, p.answer) for p in task.demonstrations()]
     )
 
-    common.seed_everything(cfg.seed)
-    start_step, ckpt, init = 0, None, None
-    if resume and sharded.is_sharded_checkpoint(run.resume_from):  # written under --fsdp: weights come with the
-        ckpt = sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="sft")  # optimizer state, below
-        model, tokenizer = ckpt.model, ckpt.tokenizer
-        start_step = ckpt.step
-        common.check_resume_step(ckpt.path, start_step, cfg.steps)
-    elif resume:
-        ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="sft")
-        model, tokenizer = ckpt.model, ckpt.tokenizer
-        start_step = ckpt.step
-        common.check_resume_step(ckpt.path, start_step, cfg.steps)
-    elif cfg.init or cfg.model_path:
-        init = start_policy(cfg, "sft")
-        model, tokenizer = init.model, init.tokenizer
-    else:
-        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(task.alphabet)
-        digit_slots.check_tokenizer(tokenizer, cfg.model.digit_slots, cfg.task.digits)  # with model.digit_slots
-        model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
-    model = apply_lora(model, lora_config(cfg))  # lora_r > 0: adapters on a frozen base (a resumed one has them)
-    chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
-    tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
-    evals = (
-        load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line)
-        if cfg.eval_data
-        else [(p.prompt, p.answer) for p in task.eval_problems()]
-    )
-    demos, ids, loss_mask = fit_demos(tokenizer, demos, model, cfg.long, chat)
-    train_idx, val_idx = split_validation(demos, cfg.val_fraction)
-    vals = [demos[i] for i in val_idx]
-    ids, loss_mask = ids[train_idx], loss_mask[train_idx]
-    evals = fit_prompts(tokenizer, evals, model=model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
-    eval_window = prompt_window(model, cfg.max_new_tokens)
-    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
-    best = BestKeeper()
-    if ckpt is not None and ckpt.state.get("best"):  # a periodic checkpoint (model/ holds the selection itself)
-        best.load(ckpt.state["best"], ckpt.path)
-
-    fsdp = cfg.fsdp and world.distributed
-    if fsdp:
-        sharded.shard_model(model)  # in place; FSDP's own hooks reduce the gradients (no DDP wrapper)
-    elif cfg.fsdp:
-        print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
-    opt = common.make_optimizer(model, cfg.lr, cfg.weight_decay)
-    if ckpt is not None:
-        if ckpt.optimizer_state is None:  # a sharded checkpoint (any world size): model and optimizer state
-            sharded.load_sharded_checkpoint(ckpt.path, model, opt)
+    def build(start):  # the resumed checkpoint, the --init / --model start, or a fresh model of cfg.model
+        if start.ckpt is not None or start.init is not None:
+            model, tokenizer = (start.ckpt or start.init).model, (start.ckpt or start.init).tokenizer
         else:
-            opt.load_state_dict(ckpt.optimizer_state)
-        if ckpt.rng_state is not None:
-            restore_rng(ckpt.rng_state)
-    logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
-    manager = CheckpointManager(run.dir, keep=cfg.keep_checkpoints)
-    print(
-        f"SFT: {len(train_idx)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model "
-        f"{common.n_params(model) / 1e6:.2f}M params, steps {start_step}->{cfg.steps}"
-    )
-    if world.distributed and cfg.batch_size < world.world_size * cfg.grad_accum:
-        raise ConfigError(
-            f"batch_size={cfg.batch_size} must be >= processes x grad_accum = {world.world_size} x {cfg.grad_accum}"
+            tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(task.alphabet)
+            digit_slots.check_tokenizer(tokenizer, cfg.model.digit_slots, cfg.task.digits)  # with model.digit_slots
+            model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+        return apply_lora(model, lora_config(cfg)), tokenizer  # lora_r > 0: adapters on a frozen base
+
+    def inputs(t):  # the demonstrations and evaluation problems, encoded and checked against the model's window
+        chat = resolve_chat(cfg.chat_template, t.tokenizer, [getattr(x, "path", None) for x in (t.ckpt, t.init)])
+        t.tokenizer = chat_tokenizer(t.tokenizer, chat)  # with a template, EOS is its end-of-turn token
+        evals = (
+            load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line)
+            if cfg.eval_data
+            else [(p.prompt, p.answer) for p in task.eval_problems()]
         )
+        fitted, ids, loss_mask = fit_demos(t.tokenizer, demos, t.model, cfg.long, chat)
+        train_idx, val_idx = split_validation(fitted, cfg.val_fraction)
+        evals = fit_prompts(t.tokenizer, evals, model=t.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
+        if t.world.distributed and cfg.batch_size < t.world.world_size * cfg.grad_accum:
+            raise ConfigError(
+                f"batch_size={cfg.batch_size} must be >= processes x grad_accum = "
+                f"{t.world.world_size} x {cfg.grad_accum}"
+            )
+        return fitted, ids[train_idx], loss_mask[train_idx], [fitted[i] for i in val_idx], evals
+
+    t = open_training(cfg, "sft", resume, overwrite, build=build, inputs=inputs)
+    demos, ids, loss_mask, vals, evals = t.inputs
+    best = BestKeeper()
+    if t.ckpt is not None and t.ckpt.state.get("best"):  # a periodic checkpoint (model/ holds the selection itself)
+        best.load(t.ckpt.state["best"], t.ckpt.path)
+    print(
+        f"SFT: {len(ids)} demonstrations (+{len(vals)} for validation), {len(evals)} eval problems, model "
+        f"{common.n_params(t.model) / 1e6:.2f}M params, steps {t.start_step}->{cfg.steps}"
+    )
     return SFTState(
         cfg,
-        run,
-        model,
-        tokenizer,
+        t.run,
+        t.model,
+        t.tokenizer,
         demos,
         ids,
         loss_mask,
         vals,
         evals,
-        eval_window,
-        opt,
-        logger,
-        manager,
-        start_step,
+        prompt_window(t.model, cfg.max_new_tokens),
+        t.opt,
+        t.logger,
+        t.manager,
+        t.start_step,
         best,
         NonFiniteGuard(cfg.nan_patience),
-        world=world,
-        train_model=model if fsdp else distributed.wrap_ddp(model, world),
+        world=t.world,
+        train_model=t.train_model,
     )
 
 
@@ -338,6 +329,15 @@ def train_step(s: SFTState, step: int) -> dict:
     n_real = int(distributed.global_sum(int((b_ids != s.tokenizer.pad_id).sum()), s.world))
     s.tokens_seen += n_real
     return {"loss": loss_total, "lr": lr, "grad_norm": gnorm, "step_time": dt, "tokens_per_s": n_real / max(dt, 1e-9)}
+
+
+def evaluate_step(s: SFTState, done: int, metrics: dict) -> None:
+    """Validation (offered to the best-so-far keeper) and the held-out evaluation after step ``done``."""
+    if s.vals:
+        metrics["val_accuracy"] = run_val(s)
+        s.best.offer(done, metrics["val_accuracy"], s.model)
+    s.last_eval = run_eval(s)  # logged for the curve only: selection never looks at the evaluation split
+    metrics["heldout_accuracy"] = s.last_eval.accuracy
 
 
 def run_eval(s: SFTState):
@@ -484,37 +484,4 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
         if distributed.world().distributed:
             raise ConfigError("restarts > 1 under torchrun is not supported: run the restarts in one process")
         return sft_restarts.train_restarts(cfg, train_sft, resume=resume, overwrite=overwrite)
-    s = setup(cfg, resume, overwrite)
-    last_eval, t_start, stopped_at = None, time.perf_counter(), None
-    if pause_at is not None and s.start_step >= pause_at:  # a paused run, resumed with the same pause
-        s.logger.close()
-        return {"paused_at": s.start_step, "train_seconds": 0.0}
-    bar = common.progress_bar(s.start_step, cfg.steps, "sft", cfg.progress)
-    s.model.train()
-    for step in bar:
-        metrics = train_step(s, step)
-        done = step + 1
-        if s.guard.record("sft", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            s.guard.stop("sft", done, metrics, s.logger, bar, s.run.dir)
-        if common.should_eval(done, cfg.eval_every, cfg.steps):
-            if s.vals:
-                metrics["val_accuracy"] = run_val(s)
-                s.best.offer(done, metrics["val_accuracy"], s.model)
-            last_eval = run_eval(s)  # logged for the curve only: selection never looks at the evaluation split
-            metrics["heldout_accuracy"] = last_eval.accuracy
-            s.model.train()
-        s.logger.log(done, metrics)
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {}))
-        if cfg.patience and s.vals and s.best.since >= cfg.patience:
-            tqdm.write(f"early stop at step {done}: no better validation accuracy in {s.best.since} evaluations")
-            stopped_at = done
-            break
-        if common.should_save(done, cfg.save_every, cfg.steps) or done == pause_at:
-            save(s, done, metrics)
-        if done == pause_at:
-            break
-    bar.close()
-    s.logger.close()
-    if pause_at is not None and stopped_at is None and pause_at < cfg.steps:
-        return {"paused_at": pause_at, "train_seconds": time.perf_counter() - t_start}
-    return finish(s, last_eval, stopped_at, t_start)
+    return engine_run(setup(cfg, resume, overwrite), pause_at=pause_at)

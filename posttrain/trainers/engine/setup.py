@@ -1,0 +1,144 @@
+"""One setup and resume sequence for every trainer, in one order: :func:`open_training`.
+
+    threads -> distributed.init -> open_run -> seeding -> model (sharded / plain resume, --init / --model, fresh)
+    -> check_resume_step -> the trainer's inputs (validated, nothing written yet) -> begin_run -> placement
+    (device; FSDP shards or the DDP wrapper) -> optimizer -> optimizer state and RNG restore -> MetricsLogger
+    -> CheckpointManager
+
+A trainer supplies only what is its own, as two functions of values:
+
+- ``build(start) -> (model, tokenizer)``: its model from a :class:`Start` (the resumed checkpoint, the ``--init`` /
+  ``--model`` start, or neither: a fresh model), e.g. a reward model wraps the start in a scalar head;
+- ``inputs(t) -> anything``: its data, read and checked against the model and tokenizer before ``begin_run``
+  writes the run directory (a bad file is an error with nothing written); the result is ``t.inputs``.
+
+Work that must come after ``begin_run`` (pairs sampled from the start and cached in the run directory, a reference
+model's precomputed log-probs) is the trainer's own, after this returns: nothing here draws random numbers after
+seeding except the fresh model's initialisation, so the RNG stream a fresh run sees is the same.
+
+Seeded resume: the optimizer state and the RNG state (global torch RNG and the trainer's own generators, passed as
+``generators``) come back from the checkpoint after the optimizer is built, so a run resumed at step k continues
+bitwise as the uninterrupted one.
+
+Device and precision: :func:`place_model` is the one call site where the model is placed before its optimizer is
+built; on CPU it returns the model unchanged (the CPU path stays bitwise).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from posttrain.trainers import common, distributed, sharded
+from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, start_policy
+
+
+@dataclass
+class Start:
+    """Where a run's model comes from: ``ckpt`` (the checkpoint a resumed run continues from: plain, or sharded with
+    its weights still to come with the optimizer state), ``init`` (the ``--init`` / ``--model`` start; also loaded on
+    resume for trainers that keep it, as a reference or a sampler), or neither (a fresh model)."""
+
+    ckpt: Any = None
+    init: Any = None
+
+    @property
+    def step(self) -> int:
+        return self.ckpt.step if self.ckpt is not None else 0
+
+
+@dataclass
+class Training:
+    """What :func:`open_training` hands a trainer: the run, its model, optimizer, logger and checkpoint manager."""
+
+    cfg: Any
+    run: common.Run
+    world: distributed.World
+    start: Start
+    model: torch.nn.Module
+    tokenizer: Any
+    resumed: bool = False
+    inputs: Any = None  # what the trainer's ``inputs`` returned
+    train_model: torch.nn.Module | None = None  # the model, or its DDP wrapper under torchrun (forward + backward)
+    opt: torch.optim.Optimizer | None = None
+    logger: common.MetricsLogger | None = None
+    manager: CheckpointManager | None = None
+
+    @property
+    def start_step(self) -> int:
+        return self.start.step
+
+    @property
+    def ckpt(self):
+        return self.start.ckpt
+
+    @property
+    def init(self):
+        return self.start.init
+
+
+def place_model(model: torch.nn.Module, cfg) -> torch.nn.Module:
+    """Where the model lives and in which precision, decided once before the optimizer is built. Today: the CPU in
+    fp32, the model as it is (the device and precision module will decide here)."""
+    return model
+
+
+def read_start(cfg, trainer: str, run: common.Run, resume: str | None, keep_init: bool) -> Start:
+    """The resumed checkpoint (sharded under --fsdp, else plain with its optimizer and RNG state) and/or the
+    ``--init`` / ``--model`` start (on resume only when ``keep_init``)."""
+    start = Start()
+    if resume and sharded.is_sharded_checkpoint(run.resume_from):  # written under --fsdp: weights come with the
+        start.ckpt = sharded.read_sharded_checkpoint(run.resume_from, expect_trainer=trainer)  # optimizer state
+    elif resume:
+        start.ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer=trainer)
+    if not resume or keep_init:
+        start.init = start_policy(cfg, trainer)  # None without --init / --model
+    return start
+
+
+def open_training(
+    cfg,
+    trainer: str,
+    resume: str | None = None,
+    overwrite: bool = False,
+    *,
+    build: Callable[[Start], tuple[torch.nn.Module, Any]],
+    inputs: Callable[[Training], Any] | None = None,
+    keep_init: bool = False,
+    generators: dict[str, torch.Generator] | None = None,
+) -> Training:
+    """Open a run of ``trainer`` ("sft", "rm", ...) with ``cfg`` in the one order (module docstring)."""
+    common.set_threads(cfg.threads)
+    world = distributed.init()  # one process, or this rank under torchrun
+    run = common.open_run(cfg, trainer, resume=resume, overwrite=overwrite)
+    common.seed_everything(cfg.seed)
+    start = read_start(cfg, trainer, run, resume, keep_init)
+    model, tokenizer = build(start)
+    if start.ckpt is not None:
+        common.check_resume_step(start.ckpt.path, start.step, cfg.steps)
+    t = Training(cfg, run, world, start, model, tokenizer, resumed=bool(resume))
+    if inputs is not None:
+        t.inputs = inputs(t)  # the trainer's data, validated: nothing is written before this
+    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
+
+    t.model = place_model(t.model, cfg)
+    fsdp = getattr(cfg, "fsdp", False) and world.distributed
+    if fsdp:
+        sharded.shard_model(t.model)  # in place; FSDP's own hooks reduce the gradients (no DDP wrapper)
+    elif getattr(cfg, "fsdp", False):
+        print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
+    t.train_model = t.model if fsdp else distributed.wrap_ddp(t.model, world)
+    t.opt = common.make_optimizer(t.model, cfg.lr, cfg.weight_decay)
+    ckpt = start.ckpt
+    if ckpt is not None:
+        if ckpt.optimizer_state is None:  # a sharded checkpoint (any world size): model and optimizer state
+            sharded.load_sharded_checkpoint(ckpt.path, t.model, t.opt)
+        else:
+            t.opt.load_state_dict(ckpt.optimizer_state)
+        if ckpt.rng_state is not None:
+            restore_rng(ckpt.rng_state, generators)
+    t.logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start.step if resume else None)
+    t.manager = CheckpointManager(run.dir, keep=cfg.keep_checkpoints)
+    return t
