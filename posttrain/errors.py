@@ -15,3 +15,7 @@ class DataError(UserError):
 
 class ConfigError(UserError):
     """A config field has an invalid value (the message names the field)."""
+
+
+class NonFiniteError(UserError):
+    """A model or its output holds NaN/Inf (a diverged training run): refused with one line naming the step."""

@@ -16,6 +16,10 @@ distribution; its ``logps`` are the raw log-probs.
 
 Works with posttrain's :class:`~posttrain.models.gpt.GPT` (preallocated cache) and with Hugging Face
 causal LMs (their own cache), through the shared call signature.
+
+Logits that are NaN or +Inf, or a row whose logits are all -Inf (a diverged model: nothing to sample from), are
+refused before each draw with a one-line :class:`~posttrain.errors.NonFiniteError` naming the generated token
+and, when the caller passes it, the training step.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.config import check_fields, knob
+from posttrain.errors import NonFiniteError
 from posttrain.losses.logprobs import warp_logits
 from posttrain.models.digit_slots import model_positions
 from posttrain.models.heads import positions_from_mask
@@ -183,6 +188,7 @@ def generate(
     use_cache: bool = True,
     drop_finished: bool = True,
     draw: str = "inverse_cdf",
+    step: int | None = None,
 ) -> Generation:
     """Sample ``cfg.num_samples`` completions for each prompt (token-id lists, BOS included if wanted).
 
@@ -192,6 +198,7 @@ def generate(
     log-probs (the sampler still draws for every row, so the RNG stream is unchanged), less work once most rows
     have ended; ``False`` runs every row to the last step (the oracle it is tested against).
     ``draw`` picks the token draw of :data:`TOKEN_DRAWS` (the same distribution, another random stream).
+    ``step`` (a training step, optional) is named in the :class:`NonFiniteError` raised for NaN/Inf logits.
     """
     if draw not in TOKEN_DRAWS:
         raise ValueError(f"unknown token draw {draw!r}; available: {', '.join(TOKEN_DRAWS)}")
@@ -207,9 +214,15 @@ def generate(
     logits, cache, expand = _prefill(model, ids, mask, pos, G, cfg.max_new_tokens, use_cache, ckw)
     ids, mask, pos = ids[expand], mask[expand], pos[expand]  # (N, P)
     rows = torch.arange(ids.shape[0], device=device) if drop_finished and _is_gpt_cache(cache) else None
-    out_ids, out_mask, logps, raw_logps = _decode(
-        model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator, use_cache, ckw, rows, TOKEN_DRAWS[draw]
-    )
+    draw_fn = TOKEN_DRAWS[draw]
+    try:
+        out_ids, out_mask, logps, raw_logps = _decode(
+            model, logits, cache, ids, mask, pos, cfg, pad_id, eos_id, generator, use_cache, ckw, rows, draw_fn
+        )
+    except NonFiniteError as e:
+        model.train(was_training)
+        at = f" at step {step}" if step is not None else ""
+        raise NonFiniteError(f"sampling{at}: {e} (the model diverged or its weights are corrupt)") from None
     ended = (
         (out_ids == eos_id) & out_mask.bool() if eos_id is not None else torch.zeros_like(out_mask, dtype=torch.bool)
     )
@@ -274,6 +287,7 @@ def _decode(
     steps = 0
     warped = cfg.temperature != 1.0 or cfg.top_k is not None or cfg.top_p is not None  # else sample from raw
     for t in range(T):
+        check_logits(logits, t)
         raw = torch.log_softmax(logits, dim=-1)  # (N, V)
         if cfg.greedy:
             tok = logits.argmax(-1)  # (N,)
@@ -315,6 +329,15 @@ def _decode(
         step_logits = out.logits[:, -1].float()
         logits = step_logits if rows is None else logits.index_copy(0, rows, step_logits)  # (N, V)
     return out_ids[:, :steps], out_mask[:, :steps], logps[:, :steps], raw_logps[:, :steps]
+
+
+def check_logits(logits: torch.Tensor, t: int) -> None:
+    """Raise :class:`NonFiniteError` unless every row of ``logits`` (N, V) has a finite maximum: a NaN or +Inf
+    anywhere, or a row all -Inf, has no distribution to sample (the draw would return index V, out of range)."""
+    top = logits.amax(-1)  # (N,) NaN propagates, +Inf stays +Inf, an all -Inf row gives -Inf
+    if not bool(torch.isfinite(top).all()):
+        row = int((~torch.isfinite(top)).nonzero()[0, 0])
+        raise NonFiniteError(f"the next-token logits of row {row} are NaN/Inf at generated token {t + 1}")
 
 
 def decode_completions(tokenizer, gen: Generation) -> list[str]:

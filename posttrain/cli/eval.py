@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 NAME = "eval"
+SHOW_CHARS = 200  # characters of a prompt, completion or answer printed per --show example (then "...")
 HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (greedy by default; best-of-N with an RM)"
 
 
@@ -97,7 +98,7 @@ def run(args) -> int:
     from posttrain.generate import SamplingConfig
     from posttrain.tasks.arithmetic import layout
     from posttrain.text import printable
-    from posttrain.trainers.checkpoint import POLICY, load_checkpoint
+    from posttrain.trainers.checkpoint import POLICY, load_checkpoint, refuse_nonfinite_model
     from posttrain.trainers.common import write_summary
 
     best_of = args.best_of is not None
@@ -117,6 +118,7 @@ def run(args) -> int:
         )
     pairs = load_pairs(args.data, "evaluation") if args.data else None
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
+    refuse_nonfinite_model(ckpt.model, ckpt.path, "evaluate")  # NaN/Inf weights or logits: no accuracy to report
     scorer = None
     if best_of:
         from posttrain.rewards.reward_model import reward_model_reward
@@ -143,9 +145,9 @@ def run(args) -> int:
     )
     label = "greedy accuracy" if best_of or temperature == 0 else "accuracy"
     print(f"{label}: {r.accuracy:.4f} ({r.correct}/{r.n}) on {data_name} with {ckpt.path}")
-    for s in r.samples[: args.show]:
-        verdict = "ok" if s["correct"] else f"want '{printable(s['answer'])}'"
-        print(f"  '{printable(s['prompt'])}' -> '{printable(s['completion'])}'  {verdict}")
+    for s in r.samples[: args.show]:  # each field cut to SHOW_CHARS: a 50 MB record prints as one short line
+        verdict = "ok" if s["correct"] else f"want '{printable(s['answer'], SHOW_CHARS)}'"
+        print(f"  '{printable(s['prompt'], SHOW_CHARS)}' -> '{printable(s['completion'], SHOW_CHARS)}'  {verdict}")
     summary = {**r.summary(), "checkpoint": str(ckpt.path), "data": data_name, "temperature": temperature}
     if args.by_layout:
         by = accuracy_by(r.samples, layout)

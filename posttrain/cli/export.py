@@ -43,7 +43,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from posttrain.errors import UserError
-    from posttrain.trainers.checkpoint import load_policy
+    from posttrain.trainers.checkpoint import load_policy, refuse_nonfinite_model
     from posttrain.trainers.sharded import is_sharded_checkpoint
 
     out = Path(args.out)
@@ -52,6 +52,7 @@ def run(args) -> int:
     if is_sharded_checkpoint(args.checkpoint):
         return _export_sharded(args, out)
     ckpt = load_policy(args.checkpoint, role="export")
+    refuse_nonfinite_model(ckpt.model, ckpt.path, "export")  # a diverged model (NaN/Inf weights or logits)
     if args.format == "safetensors":
         return _export_plain(ckpt, out, args.merge_lora)
     return _export_hf(ckpt, out, args.merge_lora)

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from posttrain.errors import ConfigError, UserError
+from posttrain.rewards.contract import call_reward
 from posttrain.rewards.verifiers import (
     digits_reward,
     exact_match_reward,
@@ -152,7 +153,7 @@ def load_python_reward(name: str) -> RewardFunction:
             f"reward {name!r}: cannot import module {mod_name!r} ({e}); is it on PYTHONPATH or in the "
             f"current directory?"
         ) from None
-    except Exception as e:  # noqa: BLE001 - the user's module failed while importing
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module failed (or exited) while importing
         raise ConfigError(f"reward {name!r}: importing {mod_name!r} failed: {type(e).__name__}: {e}") from None
     fn = getattr(module, fn_name, None)
     if fn is None:
@@ -184,28 +185,29 @@ def get_reward(name: str, **options) -> RewardFunction:
 class WeightedReward:
     """R = sum_k w_k * fn_k(prompts, completions, **columns); also a reward function itself.
 
-    ``components`` returns the total and each named component (for per-reward metrics). Each component
-    must return one finite float per completion, or a UserError says which reward broke the contract.
+    ``components`` returns the total and each named component (for per-reward metrics). Each component is
+    called through :func:`posttrain.rewards.contract.call_reward` (copies of the inputs; one finite float per
+    completion, or a one-line error naming the reward, what it returned and the batch: ``batches`` counts calls).
     """
 
     def __init__(self, terms: dict[str, tuple[RewardFunction, float]]):
         if not terms:
             raise ConfigError("at least one reward function is needed")
         self.terms = dict(terms)
+        self.batches = 0  # calls so far: the batch an error names
 
     def components(self, prompts: list[str], completions: list[str], **columns):
         if len(prompts) != len(completions):
             raise UserError(f"{len(prompts)} prompts for {len(completions)} completions")
         total = [0.0] * len(completions)
         parts = {}
+        self.batches += 1
         for name, (fn, weight) in self.terms.items():
-            values = [float(v) for v in fn(prompts, completions, **columns)]
-            if len(values) != len(completions):
-                raise UserError(f"reward {name!r} returned {len(values)} values for {len(completions)} completions")
-            if not all(math.isfinite(v) for v in values):
-                raise UserError(f"reward {name!r} returned a non-finite value")
+            values = call_reward(name, fn, prompts, completions, columns, self.batches)
             parts[name] = values
             total = [t + weight * v for t, v in zip(total, values)]
+        if not all(math.isfinite(t) for t in total):
+            raise UserError(f"the weighted reward overflowed (not finite) on batch {self.batches}: {_weights(self)}")
         return total, parts
 
     def __call__(self, prompts: list[str], completions: list[str], **columns) -> list[float]:
@@ -218,6 +220,10 @@ class WeightedReward:
         if unknown:
             raise ConfigError(f"reward terms {unknown} are not in this reward (terms: {', '.join(self.terms)})")
         return WeightedReward({name: (self.terms[name][0], w) for name, w in weights.items()})
+
+
+def _weights(r: WeightedReward) -> str:
+    return ", ".join(f"{name}:{w:g}" for name, (_, w) in r.terms.items())
 
 
 def _split_item(item: str, spec: str) -> tuple[str, float]:

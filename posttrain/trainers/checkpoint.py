@@ -22,10 +22,18 @@ Loading checks what it loads: ``accept_kinds`` (a policy, i.e. a language model,
 ``--init``/eval, ``expect_trainer`` (the trainer recorded in ``trainer_state.json``) for ``--resume``. A corrupt
 file (truncated weights or optimizer state, empty or garbage JSON, a pickle holding objects other than
 tensors) is a one-line :class:`UserError` naming the file; torch's own message (which suggests
-``weights_only=False``) is never shown. A periodic checkpoint that cannot be written (disk full, read-only)
-is a warning and the run goes on (:meth:`CheckpointManager.save`); the final save raises.
+``weights_only=False``) is never shown. Every reader of a checkpoint's files goes through :func:`load_tensors`
+(safetensors), :func:`load_torch_state` (``*.pt``) and :func:`read_json` (JSON objects, with required keys). A
+periodic checkpoint that cannot be written (disk full, read-only) is a warning and the run goes on
+(:meth:`CheckpointManager.save`); the final save raises.
 
-Not handled: checking that weights are finite or plausible (a bit-flipped but well-formed file loads).
+A diverged model is never written: :func:`require_finite_model` (called by every save) refuses a model with a
+NaN/Inf parameter *or* whose forward pass over a few tokens gives NaN/Inf logits. The second case is real:
+one step at ``lr=1e30`` leaves every weight finite near 1e28, and the forward overflows. The refusal is a
+one-line :class:`~posttrain.errors.NonFiniteError` naming the directory and step; the last good checkpoint
+stays as it was. ``eval`` and ``export`` run the same check on what they load.
+
+Not handled: weights that are finite but implausible (a bit-flipped but well-formed file loads).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import dataclasses
 import errno
 import json
 import pickle
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +55,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from posttrain.data.io import atomic_dir, atomic_write_text
-from posttrain.errors import UserError
+from posttrain.errors import NonFiniteError, UserError
 from posttrain.models import load_model, save_model
 from posttrain.models.loading import ModelTokenizer, is_hf_model_dir, load_hf_model, load_model_tokenizer
 from posttrain.models.lora import merge_lora
 from posttrain.tokenizers import load as load_tokenizer
-from posttrain.trainers.guards import require_finite_parameters
 from posttrain.trainers.run_dir import (
     REWARD_HEAD_FILE,
     STATE_FILE,
@@ -91,7 +99,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete checkpoint to ``directory`` atomically (replacing an older one there)."""
     directory = Path(directory)
-    require_finite_parameters(model, directory)  # a diverged (NaN/Inf) model is refused, the old one kept
+    require_finite_model(model, directory, state.get("step"))  # a diverged model is refused, the old one kept
     with atomic_dir(directory) as tmp, writing(directory):
         save_model(model, tmp)
         tokenizer.save(tmp / "tokenizer.json")
@@ -101,6 +109,76 @@ def save_checkpoint(
         if rng_state is not None:
             torch.save(rng_state, tmp / "rng.pt")
     return directory
+
+
+PROBE_TOKENS = 8  # the forward pass of the finiteness check: token ids 0..7 (mod the vocabulary), one row
+_ATOMIC_TMP = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.tmp$")  # posttrain.data.io.atomic_dir's temporary names
+
+
+def _probe_logits(model: torch.nn.Module) -> torch.Tensor | None:
+    """Logits (1, T, V) of one forward pass over token ids 0..T-1 in eval mode, no grad; None for a model that
+    cannot be probed alone (sharded across processes, no ``config.vocab_size``, no parameters). Uses no RNG."""
+    from posttrain.trainers.sharded import is_sharded
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    first = next(model.parameters(), None)
+    if first is None or not isinstance(vocab, int) or vocab < 1 or is_sharded(model):
+        return None
+    max_len = getattr(model.config, "max_seq_len", None) or getattr(model.config, "max_position_embeddings", None)
+    T = min(PROBE_TOKENS, max_len) if isinstance(max_len, int) and max_len > 0 else PROBE_TOKENS
+    ids = (torch.arange(T, device=first.device) % vocab)[None]  # (1, T)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids)
+    finally:
+        model.train(was_training)
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def nonfinite_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model`` is unusable as numbers, or None: some parameters are NaN/Inf, or (all finite) a forward
+    pass over :data:`PROBE_TOKENS` tokens gives NaN/Inf logits. Buffers are not checked (masks hold -inf)."""
+    bad = total = 0
+    with torch.no_grad():
+        for t in model.parameters():
+            if t.is_floating_point():
+                total += t.numel()
+                bad += int(t.numel() - torch.isfinite(t).sum())
+    if bad:
+        return f"{bad} of {total} parameters are NaN/Inf"
+    logits = _probe_logits(model)
+    if logits is not None and not bool(torch.isfinite(logits).all()):
+        return "its parameters are finite but its forward pass gives NaN/Inf logits"
+    return None
+
+
+def require_finite_model(model: torch.nn.Module, where, step=None) -> None:
+    """Refuse to save a diverged model: a one-line :class:`NonFiniteError` naming ``where`` (the checkpoint
+    directory; a temporary one is shown as the directory it becomes) and ``step``.
+
+    Example: after ``sft --lr 1e30`` -> "refusing to save run/model: its parameters are finite but its forward
+    pass gives NaN/Inf logits at step 2 (the training diverged); the last good checkpoint is kept"."""
+    reason = nonfinite_reason(model)
+    if reason is None:
+        return
+    where = Path(where)
+    if m := _ATOMIC_TMP.match(where.name):
+        where = where.with_name(m.group(1))
+    at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+    raise NonFiniteError(
+        f"refusing to save {where}: {reason}{at} (the training diverged); the last good checkpoint is kept"
+    )
+
+
+def refuse_nonfinite_model(model: torch.nn.Module, path, action: str) -> None:
+    """``eval``/``export``: a one-line :class:`NonFiniteError` for a loaded model that :func:`nonfinite_reason`
+    rejects (``action``: "evaluate", "export")."""
+    reason = nonfinite_reason(model)
+    if reason is not None:
+        raise NonFiniteError(f"refusing to {action} {path}: {reason} (a diverged or corrupt model)")
 
 
 @contextlib.contextmanager
@@ -164,6 +242,58 @@ def _torch_load(path: Path, **kw):
     if not isinstance(obj, dict):
         raise UserError(f"{path}: corrupt checkpoint file (expected a dict, got {type(obj).__name__})")
     return obj
+
+
+def load_torch_state(path: str | Path, **kw) -> dict:
+    """A ``*.pt`` state (optimizer, RNG) loaded with ``weights_only=True``; a missing, truncated or pickled-object
+    file is a one-line UserError naming it (never torch's advice to pass ``weights_only=False``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: missing checkpoint file")
+    return _torch_load(path, **kw)
+
+
+def load_tensors(path: str | Path, device="cpu") -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a missing, truncated or corrupt file is a one-line UserError naming it
+    (not a SafetensorError)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: missing checkpoint file")
+    with reading(path):
+        return load_file(str(path), device=str(device))
+
+
+def read_json(path: str | Path, what: str = "file", keys: dict | None = None) -> dict:
+    """A JSON object from ``path`` with the ``keys`` it must hold ({name: type or tuple of types}); anything else
+    (missing, empty, not JSON, not an object, a key absent or of another type) is a one-line UserError naming
+    the file. Example: ``read_json(p, "summary", {"stages": dict})`` on ``{"stages": 5}`` -> "p: corrupt summary
+    ('stages' is 5, expected an object)"."""
+    path = Path(path)
+    obj = read_json_file(path, what)
+    for key, types in (keys or {}).items():
+        types = types if isinstance(types, tuple) else (types,)
+        value = obj.get(key)
+        ok = key in obj and isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            want = " or ".join(_JSON_NAMES.get(t, t.__name__) for t in types)
+            got = "absent" if key not in obj else f"{_short(value)}"
+            raise UserError(f"{path}: corrupt {what} ({key!r} is {got}, expected {want})")
+    return obj
+
+
+_JSON_NAMES = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+}
+
+
+def _short(value) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_checkpoint(p: Path, state: dict, expect_trainer=None, accept_kinds=None, role: str | None = None) -> None:
@@ -315,7 +445,7 @@ def initial_model(init: Checkpoint | None, resumed: Checkpoint | None) -> torch.
 def save_with_extras(directory, write_extras, **kwargs) -> Path:
     """:func:`save_checkpoint` plus ``write_extras(tmp_dir)``'s files, as one atomic directory; errors (a refused
     non-finite model, a failed write) name ``directory``, never the temporary one."""
-    require_finite_parameters(kwargs["model"], directory)
+    require_finite_model(kwargs["model"], directory, (kwargs.get("state") or {}).get("step"))
     try:
         with atomic_dir(directory) as tmp, writing(directory):
             save_checkpoint(tmp, **kwargs)
@@ -380,13 +510,10 @@ def restore_snapshot(model, opt, snapshot: dict, critic=None) -> None:
 def load_snapshot(path: Path) -> dict | None:
     if not (path / SNAPSHOT_WEIGHTS).is_file():
         return None
-    snap = {
-        "model": load_file(str(path / SNAPSHOT_WEIGHTS)),
-        "optimizer": torch.load(path / SNAPSHOT_OPTIMIZER, weights_only=True),
-    }
+    snap = {"model": load_tensors(path / SNAPSHOT_WEIGHTS), "optimizer": load_torch_state(path / SNAPSHOT_OPTIMIZER)}
     if (path / SNAPSHOT_CRITIC).is_file():
-        snap["critic"] = load_file(str(path / SNAPSHOT_CRITIC))
-        snap["critic_optimizer"] = torch.load(path / SNAPSHOT_CRITIC_OPTIMIZER, weights_only=True)
+        snap["critic"] = load_tensors(path / SNAPSHOT_CRITIC)
+        snap["critic_optimizer"] = load_torch_state(path / SNAPSHOT_CRITIC_OPTIMIZER)
     return snap
 
 

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.data.prompts import rl_data
@@ -64,6 +64,8 @@ from posttrain.trainers.checkpoint import (
     initial_model,
     load_checkpoint,
     load_snapshot,
+    load_tensors,
+    load_torch_state,
     restore_rng,
     rng_state,
     save_with_extras,
@@ -184,10 +186,10 @@ class PPOTrainer:
         if sharded.is_sharded_checkpoint(p):  # any world size, sharded or not: policy, critic and both optimizers
             sharded.load_sharded_checkpoint(p, self.model, self.opt, parts={"critic": (critic_module, self.critic_opt)})
         else:
-            try:
-                critic_module.load_state_dict(load_file(str(p / CRITIC_FILE)))
-                self.critic_opt.load_state_dict(torch.load(p / CRITIC_OPTIMIZER_FILE, weights_only=True))
-            except (OSError, RuntimeError, ValueError) as e:
+            try:  # a corrupt or pickled file: one line naming it (load_tensors, load_torch_state)
+                critic_module.load_state_dict(load_tensors(p / CRITIC_FILE))
+                self.critic_opt.load_state_dict(load_torch_state(p / CRITIC_OPTIMIZER_FILE))
+            except (OSError, RuntimeError, ValueError, KeyError) as e:
                 raise UserError(
                     f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}"
                 ) from None
