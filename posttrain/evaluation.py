@@ -214,10 +214,13 @@ def evaluate(
     generator: torch.Generator | None = None,
     keep_samples: int = 0,
     max_prompt_tokens: int | None = None,
+    verify_batch: Callable[[list[str], list, list[list[int]]], list[bool]] | None = None,
 ) -> EvalResult:
     """Accuracy of ``model`` on (prompt, answer) pairs; ``keep_samples`` completions are kept for display.
     ``max_prompt_tokens``: prompts longer are cut to their last tokens (BOS kept); :func:`fit_prompts`
-    decides at load time whether any may be (``--long truncate``)."""
+    decides at load time whether any may be (``--long truncate``). ``verify_batch(completions, answers,
+    completion_ids)``, when given, replaces ``verifier``: one call per batch of ``batch_size`` (a reward function
+    scores a batch; ``completion_ids`` are each completion's sampled token ids)."""
     if len(prompts) != len(answers):
         raise ValueError("prompts and answers differ in length")
     cfg = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature)
@@ -234,8 +237,16 @@ def evaluate(
         )
         texts = decode_completions(tokenizer, gen)
         truncated += int(gen.truncated.sum())
-        for p, a, c in zip(ps, ans, texts):
-            ok = bool(verifier(c, a))
+        if verify_batch is not None:
+            ids = [
+                [t for t, k in zip(r, m) if k]
+                for r, m in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())
+            ]
+            oks = verify_batch(texts, list(ans), ids)
+        else:
+            oks = [verifier(c, a) for c, a in zip(texts, ans)]
+        for p, a, c, ok in zip(ps, ans, texts, oks):
+            ok = bool(ok)
             correct += ok
             if len(samples) < keep_samples:
                 samples.append({"prompt": p, "answer": a, "completion": c, "correct": ok})

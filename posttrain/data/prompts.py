@@ -6,10 +6,17 @@
 
 The prompt field (``--prompt-field``, default ``prompt``) is a string or a conversation; a conversation is
 rendered with the chat template and its generation prompt (:mod:`posttrain.chat`), and with a template
-applied to everything a string is one user turn. The reward functions get the rendered prompt texts (what
-the model saw) and the other columns as they are in the file (JSON values, Parquet values), repeated for
-the G samples of each prompt; the prompt field itself is not passed again. Columns named ``prompts`` or
-``completions`` would collide with the reward API's arguments and are refused.
+applied to everything a string is one user turn. What the reward functions get follows TRL:
+
+    conversational row  -> a Python reward (``file.py:fn``) gets prompts[i] = the row's message list and
+                           completions[i] = [{"role": "assistant", "content": text}]
+    plain-string row    -> prompts[i] = the prompt text the model saw, completions[i] = the completion text
+    built-in rewards    -> always text (the verifiers parse it; the reward model scores what the policy saw)
+
+plus ``completion_ids`` (each completion's token ids, EOS included when sampled) and the other columns as they
+are in the file (JSON values, Parquet values), repeated for the G samples of each prompt; the prompt field itself
+is not passed again. Columns named ``prompts``, ``completions`` or ``completion_ids`` would collide with the reward
+API's arguments and are refused. Held-out scoring calls the reward once per batch of completions.
 
 Correct, for user data, means the reward spec's *first* term (its verifier: ``math`` in ``math:1.0,format:0.1``)
 scores at least 1 on the completion: that is the ``accuracy`` metric of a rollout and the held-out
@@ -28,20 +35,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from posttrain.chat import is_conversation
 from posttrain.data.checks import Located, fit_sequences
 from posttrain.data.io import BadLinePolicy, load_records
 from posttrain.data.pairs import render_prompt
 from posttrain.errors import ConfigError, UserError
 
-RESERVED_COLUMNS = ("prompts", "completions")
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids")
 
 
 @dataclass(frozen=True)
 class PromptRow:
-    """One RL prompt: the text the model is prompted with, and the row's other columns by name."""
+    """One RL prompt: the text the model is prompted with, the row's other columns by name, and the prompt's
+    message list when the file gave a conversation (None for a plain string)."""
 
     prompt: str
     columns: dict = field(default_factory=dict)
+    messages: list | None = None
 
     @property
     def answer(self) -> str:
@@ -67,7 +77,8 @@ def load_prompt_rows(
             return None, reason
         if not text.strip():
             return None, f"field {prompt_field!r} is empty"
-        return PromptRow(text, {k: v for k, v in rec.items() if k != prompt_field}), None
+        msgs = rec[prompt_field] if is_conversation(rec[prompt_field]) else None
+        return PromptRow(text, {k: v for k, v in rec.items() if k != prompt_field}, msgs), None
 
     items, lines = load_records(path, validate, required=(prompt_field,), on_bad_line=on_bad_line, what=what)
     return Located(items, str(path), lines)
@@ -77,6 +88,30 @@ def reward_columns(rows: Sequence, G: int) -> dict[str, list]:
     """{column: [value for each of the G samples of each row]} over the union of the rows' columns."""
     names = list(dict.fromkeys(k for r in rows for k in r.columns))
     return {k: [r.columns.get(k) for r in rows for _ in range(G)] for k in names}
+
+
+def chat_views(rows: Sequence, completions: list[str], G: int) -> tuple[list, list] | None:
+    """What a Python reward gets for the G samples of each row, as TRL hands them: a conversational row's
+    prompt as its message list and each completion as ``[{"role": "assistant", "content": text}]``; a plain
+    row's prompt and completion as text. None when no row is conversational (the text is all there is).
+
+    Example: rows [PromptRow("<|im_start|>user\nHi...", messages=[{"role": "user", "content": "Hi"}])], G=1,
+    completions ["Hello"] -> ([[{"role": "user", "content": "Hi"}]], [[{"role": "assistant", "content": "Hello"}]]).
+    """
+    if not any(r.messages is not None for r in rows):
+        return None
+    prompts = [r.messages if r.messages is not None else r.prompt for r in rows for _ in range(G)]
+    chat_rows = [r.messages is not None for r in rows for _ in range(G)]
+    outs = [[{"role": "assistant", "content": c}] if conv else c for c, conv in zip(completions, chat_rows)]
+    return prompts, outs
+
+
+def completion_id_lists(gen) -> list[list[int]]:
+    """Each completion's token ids (the sampled ones: EOS included when it was drawn, padding dropped)."""
+    return [
+        [t for t, keep in zip(row, m) if keep]
+        for row, m in zip(gen.completion_ids.tolist(), gen.completion_mask.tolist())
+    ]
 
 
 class _Answer(str):
@@ -97,7 +132,7 @@ class TaskData:
         self.task = task
         self.train, self.evals = task.rl_prompts(), task.eval_problems()
 
-    def score(self, reward_fn, rows: Sequence, completions: list[str], G: int):
+    def score(self, reward_fn, rows: Sequence, completions: list[str], G: int, completion_ids=None):
         from posttrain.tasks.arithmetic import verify
 
         answers = [r.answer for r in rows for _ in range(G)]
@@ -133,15 +168,24 @@ class FileData:
     def _correct(self, parts: dict) -> list[float]:
         return [float(v >= 1.0 - 1e-9) for v in parts[self.verifier]]
 
-    def score(self, reward_fn, rows: Sequence, completions: list[str], G: int):
+    def score(self, reward_fn, rows: Sequence, completions: list[str], G: int, completion_ids=None):
+        """(total rewards, correctness) of G completions per row; ``completion_ids`` (one id list per completion)
+        reaches the rewards as a column, as TRL passes it."""
         prompts = [r.prompt for r in rows for _ in range(G)]
-        total, parts = reward_fn.components(prompts, completions, **reward_columns(rows, G))
+        columns = reward_columns(rows, G)
+        if completion_ids is not None:
+            columns["completion_ids"] = completion_ids
+        total, parts = reward_fn.components(prompts, completions, chat_views(rows, completions, G), **columns)
         return total, self._correct(parts)
 
-    def _verify(self, completion: str, answer: _Answer) -> bool:
-        row = answer.row
-        _, parts = self.reward_fn.components([row.prompt], [completion], **reward_columns([row], 1))
-        return bool(self._correct(parts)[0])
+    def _verify_batch(self, completions: list[str], answers: Sequence[_Answer], completion_ids) -> list[bool]:
+        """Correctness of a batch of held-out completions: one call of the reward for the whole batch."""
+        rows = [a.row for a in answers]
+        columns = {**reward_columns(rows, 1), "completion_ids": completion_ids}
+        _, parts = self.reward_fn.components(
+            [r.prompt for r in rows], completions, chat_views(rows, completions, 1), **columns
+        )
+        return [bool(c) for c in self._correct(parts)]
 
     def evaluate(self, model, tokenizer, *, max_new_tokens: int, keep_samples: int = 0):
         from posttrain.evaluation import evaluate
@@ -153,7 +197,7 @@ class FileData:
             [_Answer(r) for r in self.evals],
             max_new_tokens=max_new_tokens,
             keep_samples=keep_samples,
-            verifier=self._verify,
+            verify_batch=self._verify_batch,
         )
 
 

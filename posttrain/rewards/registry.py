@@ -21,7 +21,9 @@ built once per :func:`build_reward` call (one RM load per run). How a trainer co
     resolve_reward_spec("exact_match", "runs/rm")                  -> ConfigError (the RM would be ignored)
 
 Rewards from Python: a spec item ``MODULE:FUNCTION`` names a callable ``fn(prompts, completions, **columns)
--> list[float]`` in an importable module (``my_rewards:length_bonus``, ``pkg.sub:fn``) or in a file
+-> list[float]`` (or TRL's ``fn(completions, **kwargs)``: a function naming a ``completions`` parameter is
+called by keyword, as TRL calls it; every Python reward gets conversational rows as message lists, as TRL
+hands them) in an importable module (``my_rewards:length_bonus``, ``pkg.sub:fn``) or in a file
 (``path/to/rewards.py:fn``), beside the built-ins:
 
     spec  := item ("," item)*
@@ -164,13 +166,17 @@ def load_python_reward(name: str) -> RewardFunction:
         params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):
         return fn
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return fn
+    every = any(p.kind is p.VAR_KEYWORD for p in params)
     named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    by_name = "completions" in named  # TRL's convention: fn(prompts=..., completions=..., **kwargs), by keyword
 
     def reward(prompts, completions, **columns):
-        return fn(prompts, completions, **{k: v for k, v in columns.items() if k in named})
+        cols = columns if every else {k: v for k, v in columns.items() if k in named}
+        if by_name:
+            return fn(**({"prompts": prompts} if every or "prompts" in named else {}), completions=completions, **cols)
+        return fn(prompts, completions, **cols)
 
+    reward.conversational = True  # gets message lists for conversational rows (WeightedReward.components)
     return reward
 
 
@@ -196,14 +202,18 @@ class WeightedReward:
         self.terms = dict(terms)
         self.batches = 0  # calls so far: the batch an error names
 
-    def components(self, prompts: list[str], completions: list[str], **columns):
+    def components(self, prompts: list[str], completions: list[str], chats=None, /, **columns):
+        """(total, {name: values}). ``chats``: (prompts, completions) as TRL hands them for conversational rows
+        (message lists; :func:`posttrain.data.prompts.chat_views`), given to the Python rewards; the built-in
+        ones always read ``prompts`` and ``completions`` as text."""
         if len(prompts) != len(completions):
             raise UserError(f"{len(prompts)} prompts for {len(completions)} completions")
         total = [0.0] * len(completions)
         parts = {}
         self.batches += 1
         for name, (fn, weight) in self.terms.items():
-            values = call_reward(name, fn, prompts, completions, columns, self.batches)
+            ps, cs = chats if chats is not None and getattr(fn, "conversational", False) else (prompts, completions)
+            values = call_reward(name, fn, ps, cs, columns, self.batches)
             parts[name] = values
             total = [t + weight * v for t, v in zip(total, values)]
         if not all(math.isfinite(t) for t in total):

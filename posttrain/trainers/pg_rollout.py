@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.data.batches import batch_indices, stream_seed
+from posttrain.data.prompts import completion_id_lists
 from posttrain.errors import UserError
 from posttrain.evaluation import encode_prompt
 from posttrain.generate import decode_completions
@@ -92,14 +93,15 @@ def draw(tr, step: int, rnd: int):
     gen = engine_rollout.sample(tr, [encode_prompt(tr.tokenizer, p.prompt) for p in problems], cfg.sampling, generator)
     texts = decode_completions(tr.tokenizer, gen)
     G = cfg.num_generations
-    scores, hits = tr.data.score(tr.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)
+    ids = completion_id_lists(gen)
+    scores, hits = tr.data.score(tr.reward_fn, problems, texts, G, ids)  # reward_fn(prompts, texts, **columns)
     base = torch.tensor(scores, dtype=torch.float32)  # (N,) the reward spec's reward
     if not torch.isfinite(base).all():
         raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
     correct = torch.tensor(hits, dtype=torch.float32)
     rewards, fading = base, tr.annealed_terms(step)  # the reward optimised: annealed terms scaled down
     if fading is not None:
-        cut, _ = tr.data.score(fading, problems, texts, G)  # sum_k (1 - f) w_k r_k over the annealed terms k
+        cut, _ = tr.data.score(fading, problems, texts, G, ids)  # sum_k (1 - f) w_k r_k over the annealed terms k
         rewards = base - torch.tensor(cut, dtype=torch.float32)
     if history is not None:
         history.update(idx, ~informative_groups(rewards, G))

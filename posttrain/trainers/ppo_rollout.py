@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
+from posttrain.data.prompts import completion_id_lists
 from posttrain.evaluation import encode_prompt
 from posttrain.generate import decode_completions
 from posttrain.losses.advantages import gae
@@ -261,7 +262,8 @@ def make_rollout(trainer, step: int) -> PPORollout:
     texts = decode_completions(tok, gen)
     G = cfg.num_generations
     t1 = time.perf_counter()
-    scores, hits = trainer.data.score(trainer.reward_fn, problems, texts, G)  # reward_fn(prompts, texts, **columns)
+    ids = completion_id_lists(gen)
+    scores, hits = trainer.data.score(trainer.reward_fn, problems, texts, G, ids)  # reward_fn(prompts, texts, **cols)
     rewards = torch.tensor(scores, dtype=torch.float32)  # (N,)
     if not torch.isfinite(rewards).all():
         from posttrain.errors import UserError

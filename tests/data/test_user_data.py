@@ -180,17 +180,20 @@ def test_grpo_on_gsm8k_style_rows_passes_every_column_to_the_rewards(tmp_path, e
     summary = train_policy_gradient(cfg)
     import user_rewards_t
 
-    rollouts = [c for c in user_rewards_t.CALLS if c["n"] == 12]  # 3 prompts x 4 samples (evaluation calls: 1 each)
+    rollouts = [c for c in user_rewards_t.CALLS if c["n"] == 12]  # 3 prompts x 4 samples (evaluation: 1 call of 2)
     assert len(rollouts) == 3 and summary["heldout_n"] == 2
     for c in rollouts:
-        assert all(p.startswith("<|im_start|>") and p.endswith("<|im_start|>assistant\n") for p in c["prompts"])
-        by_prompt = {p: (lv, a) for p, lv, a in zip(c["prompts"], c["level"], c["answer"])}
-        assert len(by_prompt) == 3 and all(c["prompts"].count(p) == 4 for p in by_prompt)  # G copies of each row
-        for p, (lv, a) in by_prompt.items():
+        for p in c["prompts"]:  # a plain row: the text the model saw; the conversational row: its messages (as TRL)
+            assert p == rows[0]["question"] if isinstance(p, list) else p.endswith("<|im_start|>assistant\n")
+            assert isinstance(p, list) or p.startswith("<|im_start|>")
+        keys = [json.dumps(p) for p in c["prompts"]]
+        by_prompt = {k: (lv, a) for k, lv, a in zip(keys, c["level"], c["answer"])}
+        assert len(by_prompt) == 3 and all(keys.count(k) == 4 for k in by_prompt)  # G copies of each row
+        for k, (lv, a) in by_prompt.items():
             row = next(
                 r
                 for r in rows
-                if str(r["question"][-1]["content"] if isinstance(r["question"], list) else r["question"]) in p
+                if str(r["question"][-1]["content"] if isinstance(r["question"], list) else r["question"]) in k
             )
             assert (lv, a) == (row["level"], row["answer"])
     start, end = load_checkpoint(env["init"]).model, load_checkpoint(tmp_path / "grpo").model
