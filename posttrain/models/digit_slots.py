@@ -12,8 +12,10 @@ most D digits, in a row ``[BOS] x_1..x_m op y_1..y_n = z_1 z_2 ...`` (left paddi
 
 so units digits sit at D and 2D + 1 and the answer at 2D + 3.. for every layout. Rows that are not such a
 problem (no BOS, no operator or ``=``, an operand longer than D or with a non-digit) keep the caller's positions.
-The token ids are the embedded task's character tokenizer's (``CharTokenizer(ALPHABET)``); a model trained this
-way must be run with these positions, which Hugging Face's GPT-2 does not compute (``posttrain export`` refuses it).
+The token ids are those of the character tokenizer of :data:`SLOT_ALPHABET` (``CharTokenizer(SLOT_ALPHABET)``, the
+alphabet of the embedded arithmetic task, which keeps the same string: a task test checks that the two agree; this
+module imports no task); a model trained this way must be run with these positions, which Hugging Face's GPT-2 does
+not compute (``posttrain export`` refuses it).
 
 Here: :func:`slot_positions` (vectorised), :func:`slot_positions_reference` (one row at a time, the oracle),
 :func:`slot_digits` (a model's D, 0 = off) and :func:`model_positions` (what every caller uses).
@@ -24,10 +26,11 @@ from __future__ import annotations
 import torch
 
 from posttrain.errors import ConfigError
-from posttrain.tasks.arithmetic import ALPHABET
 from posttrain.tokenizers.char import CharTokenizer
 
-_TOK = CharTokenizer(ALPHABET)
+SLOT_ALPHABET = "0123456789+-="
+"""The characters whose ids the slots read: digits, operators and ``=`` of a character tokenizer over these."""
+_TOK = CharTokenizer(SLOT_ALPHABET)
 BOS = _TOK.bos_id
 DIGITS = tuple(_TOK.encode("0123456789"))  # consecutive ids
 OPS = tuple(_TOK.encode("+-"))
@@ -48,9 +51,9 @@ def check_tokenizer(tokenizer, digits: int, task_digits: int) -> None:
     and the task's operands fit ``digits`` slots; otherwise no row would be recognised and the option would do nothing."""
     if not digits:
         return
-    if getattr(tokenizer, "type", None) != "char" or getattr(tokenizer, "alphabet", None) != ALPHABET:
+    if getattr(tokenizer, "type", None) != "char" or getattr(tokenizer, "alphabet", None) != SLOT_ALPHABET:
         raise ConfigError(
-            f"model.digit_slots={digits} needs the embedded task's character tokenizer (alphabet {ALPHABET!r}, no "
+            f"model.digit_slots={digits} needs the embedded task's character tokenizer (alphabet {SLOT_ALPHABET!r}, no "
             "--tokenizer, no chat template): it finds the operands by their token ids"
         )
     if task_digits > digits:

@@ -17,7 +17,6 @@ operator), so "held-out" means *never seen in any form* during training.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from functools import cached_property
 
 from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError
+from posttrain.hashing import stable_fraction  # noqa: F401  (also imported from here)
 
 ALPHABET = "0123456789+-="
 
@@ -62,12 +62,6 @@ class Problem:
         return {"prompt": self.prompt, "answer": self.answer}
 
 
-def stable_fraction(text: str) -> float:
-    """A number in [0, 1) fixed by ``text`` alone (blake2b), identical on every machine and process."""
-    h = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(h, "big") / 2**64
-
-
 def is_heldout(prompt: str, fraction: float) -> bool:
     return stable_fraction("arithmetic-split:" + prompt) < fraction
 
@@ -92,9 +86,12 @@ def verify(completion: str, answer: str) -> bool:
 
 
 class ArithmeticTask:
-    """All problems of the configured size, split by stable hash; sampling helpers for each stage."""
+    """All problems of the configured size, split by stable hash; sampling helpers for each stage. One
+    implementation of :class:`posttrain.tasks.base.Task` (``demos``, ``prompts``, ``eval_set``, ``verify``)."""
 
     alphabet = ALPHABET
+    name = "arithmetic"
+    note = None  # its held-out split is its own: nothing to say
 
     def __init__(self, cfg: ArithmeticConfig | None = None):
         self.cfg = cfg or ArithmeticConfig()
@@ -137,6 +134,23 @@ class ArithmeticTask:
     def rl_prompts(self) -> list[Problem]:
         """Every training problem: RL sees the prompts and scores completions with the verifier."""
         return list(self.train_problems)
+
+    # the Task protocol (posttrain/tasks/base.py)
+    def demos(self) -> list[tuple[str, str]]:
+        return [(p.prompt, p.answer) for p in self.demonstrations()]
+
+    def prompts(self) -> list[Problem]:
+        return self.rl_prompts()
+
+    def eval_set(self, chat=None) -> list[tuple[str, str]]:
+        return [(p.prompt, p.answer) for p in self.eval_problems()]
+
+    def hold_out(self, items, key=None, as_problem=None) -> list[int]:
+        """Every item trains: the held-out problems are a split of the problem space, never of the demonstrations."""
+        return list(range(len(items)))
+
+    def verify(self, completion: str, answer: str) -> bool:
+        return verify(completion, answer)
 
     @property
     def max_prompt_len(self) -> int:

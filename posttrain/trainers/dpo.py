@@ -46,7 +46,6 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.data.batches import batch_indices
 from posttrain.data.checks import model_window
 from posttrain.data.io import iter_records
-from posttrain.data.pairs import load_pairs
 from posttrain.data.preference import (
     collate_kto,
     collate_preference,
@@ -65,6 +64,7 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
     CheckpointManager,
@@ -240,7 +240,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     init = start_policy(cfg, "dpo")
     chat = resolve_chat(cfg.chat_template, init.tokenizer, [init.path])
     tokenizer = chat_tokenizer(init.tokenizer, chat)  # with a template, EOS is its end-of-turn token
-    task = ArithmeticTask(cfg.task)
+    task = task_for(cfg, "preference pairs")  # --data (FileTask) or the embedded task: tasks/files.py
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
     if world.distributed and choice.batch_coupled:
         raise ConfigError(
@@ -251,12 +251,6 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     unpaired = choice.unpaired
     beta = cfg.beta if cfg.beta is not None else choice.default_beta
-    evals = (
-        load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line)
-        if cfg.eval_data
-        else [(p.prompt, p.answer) for p in task.eval_problems()]
-    )
-    evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
     eval_window = prompt_window(init.model, cfg.max_new_tokens)
 
     def fit(examples):  # encode once, check unknown characters and lengths (--long)
@@ -286,6 +280,14 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
 
     # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
     examples = fit(load_user_data(cfg.data, unpaired, chat, cfg.on_bad_line)) if cfg.data else None
+    if examples is not None:  # no --eval-data: a held-out slice of --data is not trained on (tasks/base.py)
+        keep = task.hold_out(examples, key=lambda x: x.prompt, as_problem=_problem)
+        if len(keep) < len(examples):
+            examples = examples.subset(keep) if hasattr(examples, "subset") else [examples[i] for i in keep]
+    evals = task.eval_set(chat)  # --eval-data, that slice as (prompt, chosen), or the embedded task's problems
+    evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
+    if task.note:
+        print(task.note)
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     pair_info: dict = {}
     if examples is None:
@@ -506,6 +508,14 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
     bar.close()
     s.logger.close()
     return finish(s, last_eval, init_eval, t_start)
+
+
+def _problem(x) -> tuple[str, str] | None:
+    """A held-out pair (or KTO example) as a generation problem: its prompt and the preferred answer (an
+    undesirable KTO completion is none)."""
+    if hasattr(x, "chosen"):
+        return x.prompt, x.chosen
+    return (x.prompt, x.completion) if x.label else None
 
 
 def _build_pairs(init, task: ArithmeticTask, pcfg: PairDataConfig):

@@ -15,7 +15,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from posttrain.errors import ConfigError, UserError
-from posttrain.tasks.arithmetic import stable_fraction
+from posttrain.hashing import stable_fraction
 from posttrain.trainers.checkpoint import save_with_extras
 
 BEST_FILE = "best.safetensors"  # in each periodic checkpoint: the best-so-far weights (for an exact resume)

@@ -193,8 +193,10 @@ def test_kto_reads_labelled_files(tmp_path, sft_ckpt):
             for a in range(6)
         )
     )
-    s = train_dpo(cfg(tmp_path / "o", sft_ckpt, loss="kto", data=str(f), steps=2))
-    assert s["num_examples"] == 6
+    e = tmp_path / "e.jsonl"
+    e.write_text(json.dumps({"prompt": "7+1=", "answer": "8"}) + "\n")
+    s = train_dpo(cfg(tmp_path / "o", sft_ckpt, loss="kto", data=str(f), eval_data=str(e), steps=2))
+    assert s["num_examples"] == 6  # with --eval-data every row trains (without, a held-out slice would not)
 
 
 def test_user_errors(tmp_path, sft_ckpt):
