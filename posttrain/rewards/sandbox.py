@@ -41,17 +41,8 @@ import sys
 import tempfile
 import time
 
-from posttrain.rewards.isolation import (
-    WORKDIR,
-    bwrap_argv,
-    find_bwrap,
-    join_cgroup_argv,
-    make_pids_cgroup,
-    pids_cgroup_root,
-    remove_cgroup,
-    resolve_isolation,
-    sandbox_env,
-)
+from posttrain.rewards import cgroups
+from posttrain.rewards.isolation import DROP, WORKDIR, resolve_isolation, sandbox_env, start_bwrap
 
 _DEFAULT_PROCESSES = 64
 _PRELUDE = """\
@@ -189,34 +180,47 @@ def run_python(
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
         return SandboxResult("crashed", None, "", f"could not start the sandbox: no executable {python}", 0.0)
     tmp = tempfile.mkdtemp(prefix="posttrain-sandbox-")
-    cgroup = None
+    run_cgroups: list[str] = []
     try:
         main_py = os.path.join(tmp, "main.py")
         with open(main_py, "w", encoding="utf-8") as f:
             f.write(code)
-        argv = [python, "-I", "-c", prelude]
-        if mode == "bwrap":
-            argv = bwrap_argv(
-                find_bwrap() or "bwrap", argv, main_py=main_py, tmpfs_bytes=max(16 << 20, 4 * int(max_output_bytes))
-            )
-            env = sandbox_env(WORKDIR)
-        else:
-            env = sandbox_env(tmp)
-        root = pids_cgroup_root()
-        if root is not None:
-            try:
-                cgroup = make_pids_cgroup(root, nproc or _DEFAULT_PROCESSES)
-                argv = join_cgroup_argv(cgroup, argv)
-            except OSError:
-                cgroup = None
+        os.chmod(main_py, 0o644)  # read by uid 65534 inside bwrap (the directory stays 0700)
+        tmpfs_bytes = max(16 << 20, 4 * int(max_output_bytes))
+        # the memory cgroup caps all the run's processes together, with the files it writes in its tmpfs
+        run_cgroups = cgroups.make_run_cgroups(nproc or _DEFAULT_PROCESSES, (int(memory_mb) << 20) + tmpfs_bytes)
         # Anonymous files (no name in the work dir): the code cannot find its own stdin/stdout by path.
         with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout, tempfile.TemporaryFile() as ferr:
             fin.write(stdin.encode("utf-8"))
             fin.seek(0)
             try:
-                proc = subprocess.Popen(
-                    argv, cwd=tmp, env=env, stdin=fin, stdout=fout, stderr=ferr, start_new_session=True, close_fds=True
-                )
+                if mode == "bwrap":
+                    proc = start_bwrap(
+                        [python, "-I", "-c", DROP + prelude],
+                        main_py=main_py,
+                        tmpfs_bytes=tmpfs_bytes,
+                        cgroup_paths=run_cgroups,
+                        setup_timeout_s=max(5.0, wall_timeout_s),
+                        cwd=tmp,
+                        env=sandbox_env(WORKDIR),
+                        stdin=fin,
+                        stdout=fout,
+                        stderr=ferr,
+                    )
+                else:
+                    argv = [python, "-I", "-c", prelude]
+                    if run_cgroups:
+                        argv = cgroups.join_cgroup_argv(run_cgroups, argv)
+                    proc = subprocess.Popen(
+                        argv,
+                        cwd=tmp,
+                        env=sandbox_env(tmp),
+                        stdin=fin,
+                        stdout=fout,
+                        stderr=ferr,
+                        start_new_session=True,
+                        close_fds=True,
+                    )
             except OSError as e:
                 return SandboxResult("crashed", None, "", f"could not start the sandbox: {e}", time.monotonic() - start)
             try:
@@ -226,12 +230,15 @@ def run_python(
                 proc.wait()
             stdout = _read_capped(fout, max_output_bytes)
             stderr = _read_capped(ferr, max_output_bytes)
+        oom = sum(cgroups.oom_kills(path) for path in run_cgroups)
         rc = proc.returncode
         if mode == "bwrap" and rc is not None and 128 < rc < 128 + 65:
             rc = 128 - rc  # bwrap reports a child killed by signal N as exit 128+N: make it -N, as Popen does
         status = _classify(rc, timed_out, stderr, mode)
+        if oom and status in ("timeout", "error"):
+            status = "memory"  # the memory cgroup's OOM killer ended it
         return SandboxResult(status, rc, stdout, stderr, time.monotonic() - start)
     finally:
-        if cgroup is not None:
-            remove_cgroup(cgroup)
+        for path in run_cgroups:
+            cgroups.remove_cgroup(path)
         shutil.rmtree(tmp, ignore_errors=True)
