@@ -6,7 +6,7 @@ STAMP_CORE := $(VENV)/.installed-core
 STAMP_DEV := $(VENV)/.installed-dev
 DEMO_OUT ?= runs/demo
 
-.PHONY: demo test venv dev clean bench
+.PHONY: demo test venv dev clean bench docs docs-cli
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,15 @@ test: $(STAMP_DEV)
 	$(BIN)/ruff check posttrain tests benchmarks
 	$(BIN)/ruff format --check posttrain tests benchmarks
 	$(BIN)/python -m pytest tests --durations=15  # the slowest tests, to keep the suite well under 15 min on 2 cores
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet  # broken links, anchors and API references fail
+
+# The docs site (mkdocs + material + mkdocstrings) into site/; open site/index.html.
+docs: $(STAMP_DEV)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# Regenerate the CLI reference from the parser (a test fails when docs/reference/cli.md is stale).
+docs-cli: $(STAMP_CORE)
+	$(BIN)/python -m posttrain.cli_reference > docs/reference/cli.md
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site dist build

@@ -23,8 +23,8 @@ CPU-side economies, all exact.  On the CPU the products run at the BLAS's speed;
 every full pass over a tile besides them (a max, an exp, a sum, a mask, a copy) and each torch call's
 fixed cost.  So per forward tile we issue one bmm, one exp, one bmm-accumulate and one row sum:
   * the row shift rides inside the product through one augmented column,
-    [scale Q, -m] [K, 1]^T = S - m  (backward: [scale Q, -L] [K, 1]^T = S - L and
-    [dO, -D] [V, 1]^T = dP - D); [K_j, 1] is copied into one reused buffer whose ones column stays;
+    ``[scale Q, -m] [K, 1]^T = S - m``  (backward: ``[scale Q, -L] [K, 1]^T = S - L`` and
+    ``[dO, -D] [V, 1]^T = dP - D``); ``[K_j, 1]`` is copied into one reused buffer whose ones column stays;
   * fixed shift per query block (fast path): softmax is exact for ANY finite shift, so each query
     block takes the row max of its FIRST tile as m and keeps it: no max pass, no rescale and no
     host sync on the later tiles.  Only overflow can break this (a later logit more than ~88 above

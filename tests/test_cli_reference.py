@@ -1,0 +1,31 @@
+"""docs/reference/cli.md is what ``python -m posttrain.cli_reference`` generates from the parser (``make docs-cli``),
+and it names every command and every flag that ``posttrain CMD --help`` lists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from posttrain.cli import build_parser
+from posttrain.cli_reference import reference
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "cli.md"
+
+
+def test_the_committed_reference_is_not_stale():
+    assert PAGE.read_text(encoding="utf-8") == reference(), (
+        "docs/reference/cli.md is stale: run `make docs-cli` (python -m posttrain.cli_reference > docs/reference/cli.md)"
+    )
+
+
+def test_every_flag_of_every_command_is_in_the_reference():
+    page = reference()
+    top = build_parser()._subparsers._group_actions[0]
+    missing = []
+    for name, parser in top.choices.items():
+        assert f"## `posttrain {name}`" in page
+        section = page.split(f"## `posttrain {name}`", 1)[1]
+        for flag in re.findall(r"(--[a-z][a-z0-9-]*)", parser.format_help()):
+            if flag != "--help" and f"`{flag}" not in section:
+                missing.append(f"{name} {flag}")
+    assert not missing, missing
