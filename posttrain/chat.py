@@ -35,12 +35,24 @@ template's end-of-turn token (:func:`chat_tokenizer`: the tokenizer seen through
 is that token), the token SFT trained the model to emit; that view also saves the template as
 ``chat_template.jinja`` beside the tokenizer in every checkpoint, where the next stage (and transformers) find it.
 
-Not handled: tools, documents and multimodal content (only text parts are kept), ``continue_final_message``.
+A template is untrusted code (it comes with a model): each rendering runs under a budget (:func:`render_budget`):
+all its ``range()`` calls together may produce :data:`RANGE_ITEMS` items, the rendered text may be
+:data:`OUTPUT_CHARS` characters plus 4 per character of the conversation, and on the main thread it may take
+:data:`RENDER_SECONDS` of wall-clock time; past any of them the conversation fails with one line
+(``chat template T exceeded its rendering budget: ...``). Jinja's sandbox (transformers') already refuses
+attribute tricks and a single ``range`` over 100,000 items; the budget adds the nested loop it lets through.
+
+Not handled: tools, documents and multimodal content (only text parts are kept), ``continue_final_message``;
+a single huge allocation inside one template expression (e.g. ``'x' * 10**10``) is not interrupted midway.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
+import signal
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -126,6 +138,78 @@ class ChatML:
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
 
+RANGE_ITEMS = 1_000_000  # items all range() calls of one rendering may produce together
+OUTPUT_CHARS = 1_000_000  # rendered characters allowed beyond 4 per character of the conversation
+RENDER_SECONDS = 5.0  # wall-clock time of one rendering (main thread only: it uses SIGALRM)
+_range_left: contextvars.ContextVar[list | None] = contextvars.ContextVar("chat_range_left", default=None)
+
+
+class RenderBudgetExceeded(Exception):
+    """A chat template went past :func:`render_budget` (the message says which limit)."""
+
+
+def _budget_range(*args):
+    """The sandbox's ``range`` (one call <= 100,000 items), counted against the rendering's :data:`RANGE_ITEMS`."""
+    from jinja2.sandbox import safe_range
+
+    rng = safe_range(*args)
+    left = _range_left.get()
+    if left is not None:
+        left[0] -= len(rng)
+        if left[0] < 0:
+            raise RenderBudgetExceeded(f"its range() calls produce more than {RANGE_ITEMS:,} items")
+    return rng
+
+
+def _install_budget_range(source: str) -> None:
+    """Put :func:`_budget_range` in the environment transformers compiles (and caches) ``source`` in; a
+    transformers without that helper keeps the sandbox's own range (the time and size limits still apply)."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return
+    _compile_jinja_template(source).environment.globals["range"] = _budget_range
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float):
+    """Raise :class:`RenderBudgetExceeded` in the block after ``seconds`` (main thread, no other SIGALRM user)."""
+    usable = (
+        hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None)
+    )
+    if not usable:
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise RenderBudgetExceeded(f"rendering took more than {seconds:g} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@contextlib.contextmanager
+def render_budget():
+    """Limit one rendering: :data:`RANGE_ITEMS` range items in all, :data:`RENDER_SECONDS` of time."""
+    token = _range_left.set([RANGE_ITEMS])
+    try:
+        with _deadline(RENDER_SECONDS):
+            yield
+    finally:
+        _range_left.reset(token)
+
+
+def _conversation_chars(messages) -> int:
+    return sum(len(str(m.get("content", ""))) + len(str(m.get("role", ""))) for m in messages)
+
+
 class JinjaTemplate:
     """A Jinja chat template rendered by transformers (the tokenizer's ``apply_chat_template`` when given a
     transformers tokenizer, else ``render_jinja_template`` with its bos/eos token strings)."""
@@ -137,6 +221,23 @@ class JinjaTemplate:
     def render(self, messages: Sequence[dict], add_generation_prompt: bool = False) -> str:
         msgs = [dict(m) for m in messages]
         try:
+            with render_budget():
+                text = self._render(msgs, add_generation_prompt)
+        except RenderBudgetExceeded as e:
+            raise DataError(
+                f"chat template {self.name} exceeded its rendering budget on this conversation: {e}"
+            ) from None
+        limit = OUTPUT_CHARS + 4 * _conversation_chars(msgs)
+        if len(text) > limit:
+            raise DataError(
+                f"chat template {self.name} exceeded its rendering budget on this conversation: it rendered "
+                f"{len(text):,} characters (at most {limit:,} for this conversation)"
+            )
+        return text
+
+    def _render(self, msgs: list[dict], add_generation_prompt: bool) -> str:
+        try:
+            _install_budget_range(self.source)  # a syntax error in the template surfaces here: one line below
             if self.hf is not None:
                 return self.hf.apply_chat_template(
                     msgs, chat_template=self.source, tokenize=False, add_generation_prompt=add_generation_prompt
@@ -152,7 +253,7 @@ class JinjaTemplate:
                 [msgs], chat_template=self.source, add_generation_prompt=add_generation_prompt, **self.special
             )
             return texts[0]
-        except UserError:
+        except (UserError, RenderBudgetExceeded):
             raise
         except Exception as e:  # noqa: BLE001 - a template's own error ("raise_exception", a jinja syntax error)
             raise DataError(

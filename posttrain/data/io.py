@@ -9,7 +9,8 @@
   then ``os.replace``: a reader sees the old file or the new one, never half of one. Only regular files
   and new paths are replaced: ``-`` is stdout and a device, FIFO or socket (``--output /dev/null``) is
   written in place as a stream; a symlink is followed, so its target is replaced and the link stays a
-  link. Files get the mode a plain ``open`` would give (an existing file's, else ``0666 & ~umask``).
+  link (a dangling link whose target's directory does not exist is refused: no directories are created
+  where a link points). Files get the mode a plain ``open`` would give (an existing file's, else ``0666 & ~umask``).
   ``atomic_dir`` does the same for a directory (checkpoints; ``0777 & ~umask``), ``recover_dir`` undoes an
   interrupted directory replace and ``clean_stale_temps`` removes what killed writers left behind.
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from posttrain.errors import ConfigError, DataError
+from posttrain.errors import ConfigError, DataError, UserError
 
 BadLinePolicy = Literal["error", "skip"]
 
@@ -321,7 +322,22 @@ def write_target(path: str | Path) -> tuple[Path | None, bool]:
         st = None
     if st is not None and not stat.S_ISREG(st.st_mode):
         return p, False  # open() follows a link itself (a link to /proc/self/fd/1 may name a pipe)
-    return (Path(os.path.realpath(p)) if p.is_symlink() else p), True
+    return (link_target(p) if p.is_symlink() else p), True
+
+
+def link_target(link: Path) -> Path:
+    """Where symlink ``link`` leads (fully resolved); a one-line UserError when its target's directory does not
+    exist: writing through a dangling link never creates the directories it points into.
+
+    Example: ``out.jsonl -> /data/gone/out.jsonl`` with no ``/data/gone`` -> "out.jsonl is a symbolic link to
+    /data/gone/out.jsonl, whose directory does not exist: refusing to create it; fix the link or write elsewhere"."""
+    real = Path(os.path.realpath(link))
+    if not real.parent.is_dir():
+        raise UserError(
+            f"{link} is a symbolic link to {real}, whose directory does not exist: refusing to create it; fix the "
+            f"link or write elsewhere"
+        )
+    return real
 
 
 def sidecar(output: str | Path, suffix: str) -> str | None:
@@ -417,7 +433,7 @@ def atomic_dir(path: str | Path):
     """
     p = Path(path)
     if p.is_symlink():
-        p = Path(os.path.realpath(p))
+        p = link_target(p)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
     try:

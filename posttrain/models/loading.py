@@ -285,6 +285,28 @@ def load_hf_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> 
     return model
 
 
+def check_vocab_fits(tokenizer, model: torch.nn.Module, directory: str | Path) -> None:
+    """Refuse a tokenizer whose ids reach past the model's embedding rows (a tokenizer.json swapped or edited
+    beside the weights): a one-line UserError at load, not an IndexError at the first forward pass.
+
+    Example: a 17-row model with a 27-token tokenizer -> "DIR: the tokenizer has 27 token ids (0..26) but the
+    model's vocabulary has 17 rows: ids 17 and up would index past its embedding table"."""
+    rows = getattr(getattr(model, "config", None), "vocab_size", None)
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else getattr(model, "wte", None)
+    if isinstance(getattr(embed, "num_embeddings", None), int):
+        rows = embed.num_embeddings  # the table itself (a resized Hugging Face model keeps its config in step)
+    if not isinstance(rows, int):
+        return
+    size = int(tokenizer.vocab_size)
+    specials = {k: getattr(tokenizer, f"{k}_id", None) for k in ("pad", "bos", "eos")}
+    top = max([size - 1] + [v for v in specials.values() if isinstance(v, int)])
+    if top >= rows:
+        raise UserError(
+            f"{directory}: the tokenizer has token ids up to {top} but the model's vocabulary has {rows} rows: "
+            f"ids {rows} and up would index past its embedding table (a tokenizer from another model?)"
+        )
+
+
 def _load_base_weights(model, d: Path) -> None:
     from safetensors.torch import load_model as st_load
 

@@ -287,13 +287,33 @@ def _extra(ctx, name: str, s: dict, figs: Path) -> list[tuple]:
 
 
 def load_run_summary(run: str | Path) -> dict:
+    """A pipeline run's ``summary.json``, checked to have the shape :func:`compare_runs` reads: an object whose
+    ``stages`` and ``heldout`` (when present) map names to objects, a stage's ``metrics`` an object too. Anything
+    else (``{"stages": 5}``, a list, garbage) is a one-line UserError naming the file."""
+    from posttrain.trainers.run_dir import read_json_file  # no torch
+
     p = Path(run) / "summary.json"
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{p}: no run summary (is {run} a `posttrain pipeline` output directory?)") from None
-    except (ValueError, OSError) as e:
-        raise UserError(f"{p}: unreadable run summary ({e})") from None
+    if not p.is_file():
+        raise UserError(f"{p}: no run summary (is {run} a `posttrain pipeline` output directory?)")
+    obj = read_json_file(p, "run summary")
+    for key in ("stages", "heldout"):
+        part = obj.setdefault(key, {})
+        if not isinstance(part, dict):
+            raise UserError(f"{p}: corrupt run summary ({key!r} is {_kind(part)}, expected an object)")
+        for name, entry in part.items():
+            if not isinstance(entry, dict):
+                raise UserError(f"{p}: corrupt run summary ({key}.{name} is {_kind(entry)}, expected an object)")
+            metrics = entry.get("metrics")
+            if key == "stages" and metrics is not None and not isinstance(metrics, dict):
+                raise UserError(
+                    f"{p}: corrupt run summary ({key}.{name}.metrics is {_kind(metrics)}, expected an object)"
+                )
+    return obj
+
+
+def _kind(v) -> str:
+    text = json.dumps(v, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def compare_runs(a: str | Path, b: str | Path, stages) -> str:

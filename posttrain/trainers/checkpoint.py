@@ -57,7 +57,13 @@ from safetensors.torch import load_file, save_file
 from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import NonFiniteError, UserError
 from posttrain.models import load_model, save_model
-from posttrain.models.loading import ModelTokenizer, is_hf_model_dir, load_hf_model, load_model_tokenizer
+from posttrain.models.loading import (
+    ModelTokenizer,
+    check_vocab_fits,
+    is_hf_model_dir,
+    load_hf_model,
+    load_model_tokenizer,
+)
 from posttrain.models.lora import merge_lora
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.trainers.run_dir import (
@@ -275,7 +281,8 @@ def read_json(path: str | Path, what: str = "file", keys: dict | None = None) ->
         value = obj.get(key)
         ok = key in obj and isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
         if not ok:
-            want = " or ".join(_JSON_NAMES.get(t, t.__name__) for t in types)
+            shown = [t for t in types if not (t is int and float in types)]  # (int, float): "a number"
+            want = " or ".join(_JSON_NAMES.get(t, t.__name__) for t in shown)
             got = "absent" if key not in obj else f"{_short(value)}"
             raise UserError(f"{path}: corrupt {what} ({key!r} is {got}, expected {want})")
     return obj
@@ -288,6 +295,7 @@ _JSON_NAMES = {
     int: "an integer",
     float: "a number",
     bool: "a boolean",
+    type(None): "null",
 }
 
 
@@ -357,6 +365,7 @@ def load_checkpoint(
             raise UserError(f"{weights}: corrupt or unreadable checkpoint file ({_reason(we)})") from None
         raise UserError(f"{p / 'config.json'}: does not describe the saved model ({_reason(e)})") from None
     tokenizer = _checkpoint_tokenizer(p)
+    check_vocab_fits(tokenizer, model, p)
     ckpt = Checkpoint(path=p, model=model, tokenizer=tokenizer, state=state)
     if with_training_state:
         ckpt.optimizer_state = _torch_load(p / "optimizer.pt", map_location=device)
@@ -385,7 +394,9 @@ def load_policy(path: str | Path, pad_token: str | None = None, role: str | None
         if not p.is_dir():
             raise UserError(f"model directory not found: {p}")
         tokenizer = load_model_tokenizer(p, pad_token=pad_token)
-        return Checkpoint(path=p, model=load_hf_model(p).to(device), tokenizer=tokenizer)
+        model = load_hf_model(p)
+        check_vocab_fits(tokenizer, model, p)
+        return Checkpoint(path=p, model=model.to(device), tokenizer=tokenizer)
     ckpt = load_checkpoint(p, device=device, accept_kinds=POLICY, role=role)
     if pad_token is not None:
         if not isinstance(ckpt.tokenizer, ModelTokenizer):

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import random
 import shutil
 import time
@@ -47,7 +46,7 @@ from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.trainers import common
-from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.checkpoint import load_checkpoint, read_json
 from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
@@ -126,12 +125,23 @@ def _open(cfg, resume, overwrite: bool) -> Path:
     return root
 
 
+_NUMBER = (int, float)
+SUMMARY_KEYS = {
+    "heldout_accuracy": _NUMBER,
+    "train_seconds": _NUMBER,
+    "val_n": int,
+    "best_val_accuracy": (*_NUMBER, type(None)),
+}
+"""What a restart's ``summary.json`` must hold to be reused on resume (else a one-line error naming the file)."""
+PROBE_KEYS = {"step": int, "val_accuracy": _NUMBER, "val_n": int, "train_seconds": _NUMBER}
+
+
 def _run_one(sub, train_sft, pause_at: int | None = None) -> dict:
     """One restart: done (its summary), interrupted (resume from its checkpoint) or new; with ``pause_at``, trained
     (or resumed) up to that step only and left resumable there."""
     d = Path(sub.out)
     if (d / "summary.json").is_file():
-        return json.loads((d / "summary.json").read_text())
+        return read_json(d / "summary.json", "summary", SUMMARY_KEYS)
     if (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir()):
         return train_sft(sub, resume=str(d), pause_at=pause_at)
     return train_sft(sub, overwrite=d.exists(), pause_at=pause_at)
@@ -148,7 +158,7 @@ def _probe(sub, train_sft, cfg, val) -> dict:
     (``probe.json`` in its directory, so a resumed restarts run does not train or score it again)."""
     path = Path(sub.out) / PROBE_FILE
     if path.is_file():
-        return json.loads(path.read_text())
+        return read_json(path, "probe record", PROBE_KEYS)
     t0 = time.perf_counter()
     step = probe_step(cfg)
     s = _run_one(sub, train_sft, pause_at=step)
@@ -204,9 +214,9 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
     best = max(done, key=lambda c: (c["val_accuracy"], -c["restart"]))  # the earliest on ties
     with atomic_dir(out / "model") as tmp:  # the kept restart's model/, as a checkpoint of this run
         shutil.copytree(Path(best["dir"]) / "model", tmp, dirs_exist_ok=True)
-        state = json.loads((tmp / STATE_FILE).read_text())
+        state = read_json(tmp / STATE_FILE, "checkpoint file")
         atomic_write_json(tmp / STATE_FILE, {**state, "run_id": read_run(out)["run_id"], "restart": best["restart"]})
-    chosen = json.loads((Path(best["dir"]) / "summary.json").read_text())
+    chosen = read_json(Path(best["dir"]) / "summary.json", "summary", SUMMARY_KEYS)
     summary = {
         **chosen,
         "restarts": cfg.restarts,
