@@ -47,7 +47,6 @@ from pathlib import Path
 import torch
 
 from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.data.prompts import rl_data
 from posttrain.engines import build_engine
 from posttrain.errors import ConfigError, UserError
 from posttrain.losses.kl import AdaptiveKLController, FixedKLController, kl_controller_from_state
@@ -58,7 +57,7 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
-from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.files import rl_data, task_for
 from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
@@ -108,7 +107,7 @@ class PolicyGradientTrainer:
                 )
         self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
         self.out = self.run.dir
-        self.task = ArithmeticTask(cfg.task)
+        self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
         self.reward_fn = build_reward(cfg.reward, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
         common.seed_everything(cfg.seed)
         self.start_step = 0

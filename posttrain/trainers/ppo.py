@@ -45,7 +45,6 @@ import torch
 from safetensors.torch import save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.data.prompts import rl_data
 from posttrain.engines import build_engine
 from posttrain.errors import UserError
 from posttrain.losses.kl import AdaptiveKLController, FixedKLController, PPOKLController, kl_controller_from_state
@@ -56,7 +55,7 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.models.value import ValueHead, ValueModel
 from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward
-from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.files import rl_data, task_for
 from posttrain.trainers import common, distributed, ppo_distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
@@ -96,7 +95,7 @@ class PPOTrainer:
         self.world = distributed.init()  # one process, or this rank under torchrun (ppo_distributed.py)
         self.run = common.open_run(cfg, self.TRAINER, resume=resume, overwrite=overwrite)
         self.out = self.run.dir
-        self.task = ArithmeticTask(cfg.task)
+        self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
         self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
         common.seed_everything(cfg.seed)
         self.start_step, ckpt = 0, None

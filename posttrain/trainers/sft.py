@@ -38,16 +38,16 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices  # noqa: F401  (also imported from here by older callers)
 from posttrain.data.checks import LONG_POLICIES
-from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP, load_sft_data
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.demos import fit_demos
-from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
 from posttrain.models import digit_slots
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+from posttrain.tasks.arithmetic import ALPHABET, ArithmeticConfig
+from posttrain.tasks.files import task_for
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sft_restarts, sharded
@@ -241,18 +241,14 @@ class SFTState:
 
 def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> SFTState:
     """Open the run (trainers/engine/setup.py), load or build the model, check the data."""
-    task = ArithmeticTask(cfg.task)
-    demos = (
-        load_sft_data(cfg.data, on_bad_line=cfg.on_bad_line)
-        if cfg.data
-        else [(p.prompt, p.answer) for p in task.demonstrations()]
-    )
+    task = task_for(cfg, "demonstrations")  # --data (FileTask) or the embedded task: tasks/files.py
+    demos = task.demos()
 
     def build(start):  # the resumed checkpoint, the --init / --model start, or a fresh model of cfg.model
         if start.ckpt is not None or start.init is not None:
             model, tokenizer = (start.ckpt or start.init).model, (start.ckpt or start.init).tokenizer
         else:
-            tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(task.alphabet)
+            tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(ALPHABET)
             digit_slots.check_tokenizer(tokenizer, cfg.model.digit_slots, cfg.task.digits)  # with model.digit_slots
             model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
         return apply_lora(model, lora_config(cfg)), tokenizer  # lora_r > 0: adapters on a frozen base
@@ -260,12 +256,11 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     def inputs(t):  # the demonstrations and evaluation problems, encoded and checked against the model's window
         chat = resolve_chat(cfg.chat_template, t.tokenizer, [getattr(x, "path", None) for x in (t.ckpt, t.init)])
         t.tokenizer = chat_tokenizer(t.tokenizer, chat)  # with a template, EOS is its end-of-turn token
-        evals = (
-            load_pairs(cfg.eval_data, "evaluation", chat=chat, on_bad_line=cfg.on_bad_line)
-            if cfg.eval_data
-            else [(p.prompt, p.answer) for p in task.eval_problems()]
-        )
         fitted, ids, loss_mask = fit_demos(t.tokenizer, demos, t.model, cfg.long, chat)
+        keep = task.hold_out(fitted)  # no --eval-data: a held-out slice of --data is not trained on (tasks/base.py)
+        if len(keep) < len(fitted):
+            fitted, ids, loss_mask = [fitted[i] for i in keep], ids[keep], loss_mask[keep]
+        evals = task.eval_set(chat)  # --eval-data, that slice, or the embedded task's held-out problems
         train_idx, val_idx = split_validation(fitted, cfg.val_fraction)
         evals = fit_prompts(t.tokenizer, evals, model=t.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
         if t.world.distributed and cfg.batch_size < t.world.world_size * cfg.grad_accum:
@@ -277,6 +272,8 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
 
     t = open_training(cfg, "sft", resume, overwrite, build=build, inputs=inputs)
     demos, ids, loss_mask, vals, evals = t.inputs
+    if task.note:
+        print(task.note)
     best = BestKeeper()
     if t.ckpt is not None and t.ckpt.state.get("best"):  # a periodic checkpoint (model/ holds the selection itself)
         best.load(t.ckpt.state["best"], t.ckpt.path)

@@ -143,6 +143,7 @@ def test_grpo_with_lora_and_beta_keeps_one_model_and_merges(dirs, tmp_path):
         PolicyGradientConfig(
             out=str(out),
             model_path=str(dirs["gpt2"]),
+            data=str(demos_file(tmp_path / "prompts.jsonl")),  # a user's model trains on the user's prompts
             steps=2,
             prompts_per_step=2,
             num_generations=2,

@@ -146,8 +146,8 @@ def test_init_from_sft_samples_the_policy(tmp_path):
 def test_user_errors(tmp_path):
     with pytest.raises(UserError, match="--source policy samples the --init model"):
         train_reward_model(cfg(tmp_path / "a", source="policy"))
-    with pytest.raises(UserError, match="pass both --data and --eval-data"):
-        train_reward_model(cfg(tmp_path / "b", data=str(tmp_path / "x.jsonl")))
+    with pytest.raises(UserError, match="--eval-data needs --data"):
+        train_reward_model(cfg(tmp_path / "b", eval_data=str(tmp_path / "x.jsonl")))
     with pytest.raises(UserError, match="not a reward-model checkpoint"):
         from posttrain.trainers.sft import SFTConfig, train_sft
 
