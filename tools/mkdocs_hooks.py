@@ -33,3 +33,11 @@ def on_page_markdown(markdown, page, config, files):
             fenced = not fenced
         out.append(line if fenced else LINK.sub(outside, line))
     return "\n".join(out)
+
+
+ROLE = re.compile(r":(?:mod|func|class|meth|attr|data|obj|exc):(?=<code>)")
+
+
+def on_page_content(html, page, config, files):
+    """Docstrings cross-reference in Sphinx's roles (``:func:`x```); the site shows the code span without the role."""
+    return ROLE.sub("", html)
