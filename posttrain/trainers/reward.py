@@ -66,7 +66,9 @@ from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.models.lora import apply_lora, lora_config, merge_lora
 from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
-from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.arithmetic import ALPHABET, ArithmeticTask
+from posttrain.tasks.base import heldout_note, heldout_split
+from posttrain.tasks.files import task_for
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import (
@@ -211,7 +213,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
-    task = ArithmeticTask(cfg.task)
+    task = task_for(cfg, "preference pairs")  # --data (FileTask) or the embedded task: tasks/files.py
     init = start_policy(cfg, "rm")
     start_step, opt_state, rng, shards = 0, None, None, None
     if resume and sharded.is_sharded_checkpoint(run.resume_from):  # --fsdp: weights come with the optimizer, below
@@ -233,19 +235,23 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         tokenizer = init.tokenizer
         rm = RewardModel(init.model)  # pairs are sampled from it before any training step
     else:
-        tokenizer = CharTokenizer(task.alphabet)
+        tokenizer = CharTokenizer(ALPHABET)
         rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
     apply_lora(rm.backbone.model, lora_config(cfg))  # lora_r > 0: adapters on the frozen backbone; the head trains
 
     pair_info: dict = {}
-    if cfg.data or cfg.eval_data:
-        if not (cfg.data and cfg.eval_data):
-            raise UserError("pass both --data and --eval-data (held-out pairs), or neither for the embedded task")
+    if cfg.eval_data and not cfg.data:
+        raise UserError("--eval-data needs --data (the training pairs), or neither for the embedded task")
+    if cfg.data:
         chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(init, "path", None)])
         tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
-        train, held = (
-            load_preference_pairs(x, chat=chat, on_bad_line=cfg.on_bad_line) for x in (cfg.data, cfg.eval_data)
-        )
+        train = load_preference_pairs(cfg.data, chat=chat, on_bad_line=cfg.on_bad_line)
+        if cfg.eval_data:
+            held = load_preference_pairs(cfg.eval_data, chat=chat, on_bad_line=cfg.on_bad_line)
+        else:  # the one rule (tasks/base.py): a held-out slice of --data
+            keep, out = heldout_split([p.prompt for p in train])
+            print(heldout_note(len(out), len(train), cfg.data, "held-out pairwise accuracy"))
+            train, held = [train[i] for i in keep], [train[i] for i in out]
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if not (cfg.data or cfg.eval_data):
         with distributed.main_first(world):  # rank 0 samples and caches the pairs; the others read the cache
