@@ -5,4 +5,9 @@ Heavy modules (torch models, trainers) are imported lazily by the CLI; import wh
 e.g. ``from posttrain.models.gpt import GPT, GPTConfig``.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:  # one version, one place: pyproject.toml's, as the installed package's metadata carries it
+    __version__ = version("posttrain")
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
