@@ -6,14 +6,18 @@ spawns a BOUNDED number of children (the fork bomb is in test_sandbox_escapes.py
 trainer, files, environment, network) are in test_sandbox_escapes.py.
 """
 
+import errno
 import functools
 import os
+import re
+import struct
 import time
 import warnings
 
 import pytest
 
 from posttrain.rewards import sandbox as sandbox_module
+from posttrain.rewards import seccomp
 from posttrain.rewards.isolation import WORKDIR, WeakSandboxWarning, bwrap_problem
 
 
@@ -148,3 +152,60 @@ def test_syntax_error_and_exceptions_are_errors_not_crashes(run_python):
 def test_missing_interpreter_is_reported_not_raised(run_python):
     r = run_python("print(1)", python="/nonexistent/python")
     assert r.status == "crashed"
+
+
+# ------------------------------------------------------------------------------------------- seccomp filter
+
+
+def _run_bpf(prog: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+    """A classic-BPF interpreter (the few opcodes a seccomp filter uses) over one struct seccomp_data."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld [k]
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code in (0x15, 0x35, 0x45):  # jeq, jge, jset
+            hit = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += 1 + (jt if hit else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected opcode {code:#x}")
+
+
+@pytest.mark.parametrize("arch", sorted(seccomp.SYSCALLS))
+def test_seccomp_filter_refuses_exactly_the_listed_calls(arch):
+    """Every syscall number, both ABIs: the program agrees with the plain statement of the policy."""
+    prog, nrs, me = seccomp.build_filter(arch), seccomp.SYSCALLS[arch], seccomp.AUDIT_ARCH[arch]
+    refused = {nrs[n] for n in seccomp.REFUSED if n in nrs}
+    eperm, enosys = seccomp.RET_ERRNO | errno.EPERM, seccomp.RET_ERRNO | errno.ENOSYS
+    for nr in range(600):
+        want = eperm if nr in refused else enosys if nr == nrs["clone3"] else seccomp.RET_ALLOW
+        assert _run_bpf(prog, nr, me) == want, nr
+    assert _run_bpf(prog, nrs["clone"], me, arg0=0x01200011) == seccomp.RET_ALLOW  # fork()'s flags
+    for flag in (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000):
+        assert _run_bpf(prog, nrs["clone"], me, arg0=flag | 0x11) == eperm  # CLONE_NEW*
+    other = next(a for a in seccomp.AUDIT_ARCH.values() if a != me)
+    for foreign in (0x40000003, other):  # i386 (int 0x80), the other machine
+        assert _run_bpf(prog, 0, foreign) == seccomp.RET_KILL_PROCESS
+    if arch == "x86_64":
+        assert _run_bpf(prog, 0x40000000 | 0, me) == seccomp.RET_KILL_PROCESS  # x32
+
+
+@pytest.mark.parametrize(
+    "arch,header,pattern",
+    [
+        ("x86_64", "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", r"#define __NR_(\w+)\s+(\d+)"),
+        ("x86_64", "/usr/include/asm/unistd_64.h", r"#define __NR_(\w+)\s+(\d+)"),
+        ("aarch64", "/usr/include/asm-generic/unistd.h", r"#define __NR(?:3264)?_(\w+)\s+(\d+)"),
+    ],
+)
+def test_seccomp_syscall_numbers_match_the_kernel_headers(arch, header, pattern):
+    if not os.path.exists(header):
+        pytest.skip(f"{header} is not installed")
+    with open(header) as f:
+        numbers = {name: int(nr) for name, nr in re.findall(pattern, f.read())}
+    assert {n: numbers.get(n) for n in seccomp.SYSCALLS[arch]} == seccomp.SYSCALLS[arch]
