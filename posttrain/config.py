@@ -54,10 +54,13 @@ def knob(
     lt: float | None = None,
     allow_inf: bool = False,
     flag: str | None = None,
+    unused_with: tuple[str, ...] = (),
 ):
     """A dataclass field with help text (shown by ``--help``), allowed values and numeric bounds.
 
-    ``flag`` is one more spelling of the field's flag (``model_path`` is also ``--model``).
+    ``flag`` is one more spelling of the field's flag (``model_path`` is also ``--model``). ``unused_with`` names
+    sibling fields that, when set, make this one unread: it is then left out of :func:`resolved_dict` (the embedded
+    task's settings with ``("data", "model_path")``: a run on the user's data does not print or save them).
 
     ``ge``/``gt``/``le``/``lt`` bound a number (>=, >, <=, <; a None value of an Optional field is not
     bounded). Floats must be finite unless ``allow_inf`` (NaN never is). Example:
@@ -74,6 +77,8 @@ def knob(
         meta["allow_inf"] = True
     if flag is not None:
         meta["flag"] = flag
+    if unused_with:
+        meta["unused_with"] = tuple(unused_with)
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -438,3 +443,19 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, str]:
 
 def dump_yaml(cfg) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+
+
+def resolved_dict(cfg) -> dict:
+    """The config as a run prints and saves it: :func:`to_dict` less each top-level field whose knob's
+    ``unused_with`` names a field that is set. Example: an SFT config with ``data="d.jsonl"`` -> no ``task``
+    section (the embedded task's digits, demonstrations...), since nothing reads it."""
+    out = to_dict(cfg)
+    for f in dataclasses.fields(cfg):
+        if any(getattr(cfg, other, None) for other in f.metadata.get("unused_with", ())):
+            out.pop(f.name, None)
+    return out
+
+
+def resolved_yaml(cfg) -> str:
+    """:func:`resolved_dict` as YAML (what ``config.resolved.yaml`` holds and a run prints)."""
+    return yaml.safe_dump(resolved_dict(cfg), sort_keys=False, default_flow_style=None)

@@ -7,9 +7,7 @@ from pathlib import Path
 
 from posttrain import config as C
 from posttrain.errors import UserError
-
-USER_FIELDS = ("data", "model_path")
-"""Config fields that name the user's own data or model: given, the run is the user's, not the embedded task's."""
+from posttrain.tasks.base import USER_FIELDS  # --data / --model: the user's run, no preset
 
 
 def add_preset_flags(
@@ -60,7 +58,7 @@ def resolve(cls, presets: dict[str, dict], args: argparse.Namespace, **fixed):
 def announce(cfg, out: str | Path | None = None) -> None:
     """Print the resolved config (and where outputs go) so a run's log says what it ran."""
     print("resolved config:")
-    for line in C.dump_yaml(cfg).rstrip().splitlines():
+    for line in C.resolved_yaml(cfg).rstrip().splitlines():
         print("  " + line)
     if out is not None:
         print(f"outputs -> {out}")

@@ -35,6 +35,12 @@ from typing import Protocol, runtime_checkable
 
 from posttrain.hashing import stable_fraction
 
+USER_FIELDS = ("data", "model_path")
+"""Config fields that name the user's data or model: either set, nothing of the embedded task is read (its settings
+are declared ``knob(..., unused_with=USER_FIELDS)`` and left out of the printed and saved config)."""
+USER_REWARD = "exact_match:1.0"
+"""grpo's and ppo's reward on ``--data`` unless ``--reward`` says otherwise: exact match with the answer column (the
+embedded task's default adds ``digits:0.5``, partial credit per digit of an arithmetic answer)."""
 HELDOUT_FRACTION = 0.1
 """Share of ``--data``'s rows held out for evaluation when no ``--eval-data`` is given (by a stable hash of the
 prompt). The same 10 % the embedded task holds out of its problem space."""

@@ -15,6 +15,7 @@ from posttrain.losses.preference import PREFERENCE_LOSSES, resolve_loss
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import lora_knob
 from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.tasks.base import USER_FIELDS
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
@@ -54,8 +55,8 @@ class DPOConfig(TrainerConfig):
         "completions their start) | skip",
         choices=LONG_POLICIES,
     )
-    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded on-policy pairs", unused_with=USER_FIELDS)
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task", unused_with=USER_FIELDS)
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
 

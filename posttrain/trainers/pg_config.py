@@ -20,6 +20,7 @@ from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import lora_knob
 from posttrain.rewards.registry import parse_reward_spec, resolve_reward_spec
 from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.tasks.base import USER_FIELDS, USER_REWARD
 from posttrain.trainers.alarms import AlarmConfig
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.trainer_config import TrainerConfig, override
@@ -115,10 +116,13 @@ class PolicyGradientConfig(TrainerConfig):
     reward: str = knob(
         "exact_match:1.0,digits:0.5",
         "weighted reward spec, e.g. 'exact_match:1.0,format:0.1' "
-        "(default: exact match plus partial credit for digits right; docs/outcomes.md)",
+        "(default: exact match plus partial credit for digits right on the embedded task, docs/outcomes.md; "
+        f"{USER_REWARD} on --data)",
     )
     seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
+    task: ArithmeticConfig = knob(
+        factory=ArithmeticConfig, help="embedded task (prompts from its training split)", unused_with=USER_FIELDS
+    )
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
     data: str | None = knob(
         None,
@@ -150,6 +154,8 @@ class PolicyGradientConfig(TrainerConfig):
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above
+        if self.data and self.reward == type(self).reward:  # digits' partial credit is the embedded task's
+            self.reward = USER_REWARD
         self.reward = resolve_reward_spec(self.reward, self.reward_model, default=type(self).reward)
         unknown = sorted(set(self.anneal_names) - set(parse_reward_spec(self.reward)))
         if unknown:

@@ -16,6 +16,7 @@ from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import lora_knob
 from posttrain.rewards.registry import parse_reward_spec
 from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.tasks.base import USER_FIELDS, USER_REWARD
 from posttrain.trainers.alarms import AlarmConfig
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
@@ -35,7 +36,7 @@ class PPOConfig(TrainerConfig):
         None,
         "weighted reward spec as `posttrain grpo`'s, e.g. 'exact_match:1.0,format:0.1' or "
         "'reward_model:1.0,format:0.1'; None = reward_model:1.0 with --reward-model, else "
-        f"{DEFAULT_REWARD}",
+        f"{DEFAULT_REWARD} on the embedded task and {USER_REWARD} on --data",
     )
     steps: int = override("steps", 300, "rollout batches (each followed by mu epochs of minibatch updates)")
     prompts_per_step: int = knob(64, "distinct prompts per rollout batch", gt=0)
@@ -150,7 +151,9 @@ class PPOConfig(TrainerConfig):
         gt=0,
     )
     seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task (prompts from its training split)")
+    task: ArithmeticConfig = knob(
+        factory=ArithmeticConfig, help="embedded task (prompts from its training split)", unused_with=USER_FIELDS
+    )
     alarms: AlarmConfig = knob(factory=AlarmConfig, help="silent-failure alarms")
     share_prompt_prefix: bool = knob(
         True,
@@ -216,7 +219,9 @@ class PPOConfig(TrainerConfig):
 
     @property
     def reward_spec(self) -> str:
-        return self.reward or ("reward_model:1.0" if self.reward_model else DEFAULT_REWARD)
+        if self.reward or self.reward_model:
+            return self.reward or "reward_model:1.0"
+        return USER_REWARD if self.data else DEFAULT_REWARD  # digits' partial credit is the embedded task's
 
     @property
     def critic_init_path(self) -> str | None:

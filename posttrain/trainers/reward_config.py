@@ -16,6 +16,7 @@ from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import lora_knob
 from posttrain.on_policy_pairs import TrainPairsConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.tasks.base import USER_FIELDS
 from posttrain.trainers.reward_batches import BATCH_BY
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
@@ -28,6 +29,7 @@ class RMConfig(TrainerConfig):
         "auto",
         "embedded pairs: policy (samples of --init) | synthetic (corrupted answers) | auto",
         choices=("auto", "policy", "synthetic"),
+        unused_with=USER_FIELDS,
     )
     steps: int = override("steps", 300)
     batch_size: int = knob(
@@ -55,7 +57,7 @@ class RMConfig(TrainerConfig):
     center_coef: float = knob(0.0, "reward-centring coefficient c in c * (r_w + r_l)^2 (Eisenstein et al. 2023)", ge=0)
     use_margin: bool = knob(False, "subtract each pair's 'margin' field inside the BT loss (Llama 2)")
     bucket_edges: tuple[float, ...] = knob((1.5, 10.0, 100.0), "margin-bucket edges for held-out accuracy")
-    eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs", gt=0)
+    eval_prompts: int = knob(512, "held-out prompts used to build held-out pairs", gt=0, unused_with=USER_FIELDS)
     stats_pairs: int = knob(1024, "training pairs whose completions define the saved reward mean/std", gt=0)
     eval_every: int = override("eval_every", 100)
     data: str | None = knob(None, "JSONL of {prompt, chosen, rejected[, margin]} training pairs (default: embedded)")
@@ -67,9 +69,9 @@ class RMConfig(TrainerConfig):
         "pairs longer than the model's window: error | truncate (prompt keeps its end, completions their start) | skip",
         choices=LONG_POLICIES,
     )
-    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs")
+    pairs: PairDataConfig = knob(factory=PairDataConfig, help="embedded pairs", unused_with=USER_FIELDS)
     model: GPTConfig = knob(factory=GPTConfig, help="backbone shape (ignored with init)")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task", unused_with=USER_FIELDS)
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
 
@@ -105,6 +107,7 @@ class RMConfig(TrainerConfig):
     train_pairs: TrainPairsConfig = knob(
         factory=TrainPairsConfig,
         help="training pairs only (more samples, restarts, synthetic); held-out pairs keep --pairs",
+        unused_with=USER_FIELDS,
     )
 
 

@@ -454,7 +454,7 @@ def _begin_run(run: Run, cfg) -> Path:
     if run.clear:
         clear_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    new = dataclasses.asdict(cfg)
+    new = C.resolved_dict(cfg)  # less the settings nothing reads (the embedded task's, on the user's data)
     if run.resume_from is not None:
         old = run.resume_state.get("config")
         if not isinstance(old, dict) and (out / "config.resolved.json").is_file():
@@ -478,6 +478,6 @@ def _begin_run(run: Run, cfg) -> Path:
                 "posttrain_version": __version__,
             },
         )
-    atomic_write_text(out / "config.resolved.yaml", C.dump_yaml(cfg))
+    atomic_write_text(out / "config.resolved.yaml", C.resolved_yaml(cfg))
     atomic_write_json(out / "config.resolved.json", new)
     return out

@@ -47,6 +47,7 @@ from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
 from posttrain.tasks.arithmetic import ALPHABET, ArithmeticConfig
+from posttrain.tasks.base import USER_FIELDS
 from posttrain.tasks.files import task_for
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
@@ -97,7 +98,7 @@ class SFTConfig(TrainerConfig):
         choices=LONG_POLICIES,
     )
     model: GPTConfig = knob(factory=GPTConfig, help="model shape (ignored with init)")
-    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task")
+    task: ArithmeticConfig = knob(factory=ArithmeticConfig, help="embedded task", unused_with=USER_FIELDS)
     chat_template: str = knob("auto", CHAT_TEMPLATE_HELP)
     on_bad_line: str = knob("error", BAD_LINE_HELP, choices=("error", "skip"))
     fsdp: bool = knob(
@@ -122,6 +123,7 @@ class SFTConfig(TrainerConfig):
         "demonstrations, scored greedily to rank the restarts (256 mis-ranked runs "
         "1.5 points apart: docs/outcomes.md)",
         gt=0,
+        unused_with=USER_FIELDS,
     )
     val_data: str | None = knob(
         None,
