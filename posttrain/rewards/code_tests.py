@@ -187,6 +187,53 @@ def _template(node: ast.AST, holes: list[str]):
     return ("cmp", out, [type(op).__name__ for op in node.ops])
 
 
+_IO_KEYS = ("input", "output")
+_FORMS = 'a list of assert strings or a list of {"input": ..., "output": ...} dicts'
+
+
+def _describe(value) -> str:
+    """What a user's value is, short: "dict with keys ['input', 'output']", "str 'assert f(1) == 2'"."""
+    if isinstance(value, dict):
+        return f"dict with keys {sorted(map(str, value))[:8]}"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def check_tests(value, row: int | None = None) -> list:
+    """The ``tests`` value of one row as a list, or UserError naming the row and what it got.
+
+    Accepted: a list (or tuple) of assert strings, or of ``{"input": ..., "output": ...}`` dicts whose values are
+    text or numbers (read as their text); None or an empty list is no tests (the row scores 0). Everything else
+    is refused, because it would otherwise be read as something else: one dict iterates as its keys, which
+    would run ``input`` and ``output`` as two assert tests; one string iterates as its characters.
+
+    Example: check_tests([{"input": "1 2\\n", "output": "3"}]) -> the same list;
+    check_tests({"input": "1 2\\n", "output": "3"}, row=0) -> UserError "code tests of row 0 must be ...".
+    """
+    where = "code tests" if row is None else f"code tests of row {row}"
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        hint = " (put it in a list)" if isinstance(value, (str, dict)) else ""
+        raise UserError(f"{where} must be {_FORMS}; got {_describe(value)}{hint}")
+    tests = list(value)
+    if all(isinstance(t, str) for t in tests):
+        return tests
+    for k, t in enumerate(tests):
+        if not isinstance(t, (str, dict)):
+            raise UserError(f"{where} must be {_FORMS}; got {_describe(t)} at item {k}")
+    if not all(isinstance(t, dict) for t in tests):
+        raise UserError(f"{where} must be {_FORMS}, not a mix of both; got assert strings and dicts")
+    for k, t in enumerate(tests):
+        if sorted(t) != sorted(_IO_KEYS):
+            raise UserError(f"{where} must be {_FORMS}; got {_describe(t)} at item {k}")
+        for key in _IO_KEYS:
+            v = t[key]
+            if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                raise UserError(f"{where}: the {key!r} of item {k} must be text; got {_describe(v)}")
+    return tests
+
+
 def plan_tests(tests: list[str]) -> list[tuple[int, str, object, object]]:
     """Split assert tests into steps ``(test index, "exec", source, None)`` or ``(test, "check", holes, template)``.
 

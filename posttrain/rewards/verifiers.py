@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 from posttrain.errors import UserError
-from posttrain.rewards.code_tests import run_assert_tests
+from posttrain.rewards.code_tests import check_tests, run_assert_tests
 from posttrain.rewards.isolation import resolve_isolation
 from posttrain.rewards.sandbox import run_python
 
@@ -402,18 +402,17 @@ def run_tests(code: str, tests: list, **sandbox) -> float:
     if a later test hangs; or a list of ``{"input": stdin, "output": expected}`` dicts, one process each,
     passing when the trimmed stdout lines equal the expected ones (compared here: never seen by the child).
     """
+    tests = check_tests(tests)  # one dict or one string is refused, never read as its keys or characters
     if not tests:
         return 0.0
     if all(isinstance(t, str) for t in tests):
-        return run_assert_tests(code, list(tests), lambda program, stdin: run_python(program, stdin=stdin, **sandbox))
-    if all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
-        norm = lambda s: [line.rstrip() for line in str(s).strip().splitlines()]  # noqa: E731
-        passed = 0
-        for t in tests:
-            res = run_python(code, stdin=str(t["input"]), **sandbox)
-            passed += res.ok and norm(res.stdout) == norm(t["output"])
-        return passed / len(tests)
-    raise UserError("code tests must be a list of assert strings or of {'input': ..., 'output': ...} dicts")
+        return run_assert_tests(code, tests, lambda program, stdin: run_python(program, stdin=stdin, **sandbox))
+    norm = lambda s: [line.rstrip() for line in str(s).strip().splitlines()]  # noqa: E731
+    passed = 0
+    for t in tests:
+        res = run_python(code, stdin=str(t["input"]), **sandbox)
+        passed += res.ok and norm(res.stdout) == norm(t["output"])
+    return passed / len(tests)
 
 
 def make_code_reward(
@@ -439,7 +438,7 @@ def make_code_reward(
 
     def code_reward(prompts: list[str], completions: list[str], tests=None, **_columns) -> list[float]:
         all_tests = _column({"tests": tests}, "tests", len(completions), "code")
-        jobs = [(extract_code(c), list(t or [])) for c, t in zip(completions, all_tests)]
+        jobs = [(extract_code(c), check_tests(t, row)) for row, (c, t) in enumerate(zip(completions, all_tests))]
         with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
             return list(pool.map(lambda job: run_tests(job[0], job[1], **sandbox), jobs))
 

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.errors import UserError
-from posttrain.rewards import code_tests, isolation
+from posttrain.rewards import code_tests, isolation, verifiers
 from posttrain.rewards.code_tests import _check, plan_tests, score_reports
 from posttrain.rewards.sandbox import run_python
-from posttrain.rewards.verifiers import run_tests
+from posttrain.rewards.verifiers import make_code_reward, run_tests
 
 MODE = "bwrap" if isolation.bwrap_problem() is None else "rlimit"
 WRONG = "def add(a, b):\n    return 0\n"
@@ -214,3 +214,60 @@ def test_known_limit_an_introspecting_candidate_forges_unsealed_tests():
     )
     assert score(WRONG, UNSEALED) == 0.0
     assert score(forger, UNSEALED[:1]) == 1.0
+
+
+# ------------------------------------------------------------------------------------------- the tests column
+
+
+def test_one_dict_for_a_row_is_refused_naming_the_row_not_read_as_two_tests():
+    reward = make_code_reward(isolation=MODE)
+    with pytest.raises(UserError) as e:
+        reward(["p"], [""], tests=[{"input": "1 2\n", "output": "3"}])  # the row's value must be a list of them
+    assert str(e.value) == (
+        'code tests of row 0 must be a list of assert strings or a list of {"input": ..., "output": ...} dicts; '
+        "got dict with keys ['input', 'output'] (put it in a list)"
+    )
+    program = "a, b = map(int, input().split())\nprint(a + b)"
+    assert reward(["p"] * 2, ["", program], tests=[[{"input": "1 2\n", "output": "3"}]] * 2) == [0.0, 1.0]
+
+
+def test_a_bad_row_is_refused_before_any_code_runs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(verifiers, "run_python", lambda *a, **k: calls.append(a))
+    with pytest.raises(UserError, match="^code tests of row 2 .*got str 'assert f"):
+        make_code_reward(isolation=MODE)(["p"] * 3, ["x = 1"] * 3, tests=[["assert x == 1"], [], "assert f(1) == 2"])
+    with pytest.raises(UserError, match=r"^code tests must be .*got dict with keys \['input', 'output'\]"):
+        run_tests("print(3)", {"input": "", "output": "3"})
+    assert calls == []
+
+
+def _valid(value) -> bool:
+    """The accepted forms, stated plainly (the oracle for check_tests)."""
+    if value is None:
+        return True
+    if type(value) not in (list, tuple):
+        return False
+    if all(type(t) is str for t in value):
+        return True
+    return all(
+        type(t) is dict and sorted(t) == ["input", "output"] and all(type(v) in (str, int, float) for v in t.values())
+        for t in value
+    )
+
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8))
+_io = st.fixed_dictionaries({"input": _scalars, "output": _scalars}, optional={"expected": _scalars})
+_items = st.one_of(_scalars, _io, st.dictionaries(st.sampled_from(["input", "output", "x"]), _scalars, max_size=3))
+_values = st.one_of(_scalars, _io, st.lists(_items, max_size=4), st.lists(_items, max_size=3).map(tuple))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values, st.integers(0, 10**6))
+def test_check_tests_accepts_exactly_the_two_forms(value, row):
+    if _valid(value):
+        assert code_tests.check_tests(value, row) == ([] if value is None else list(value))
+    else:
+        with pytest.raises(UserError) as e:
+            code_tests.check_tests(value, row)
+        message = str(e.value)
+        assert message.startswith(f"code tests of row {row}") and "\n" not in message
