@@ -81,39 +81,3 @@ def task_for(cfg, what: str = "training data"):
     from posttrain.tasks.arithmetic import ArithmeticTask
 
     return ArithmeticTask(cfg.task)
-
-
-def rl_data(
-    *,
-    task,
-    data: str | None,
-    eval_data: str | None,
-    reward_fn,
-    tokenizer,
-    model,
-    max_new_tokens: int,
-    prompt_field: str = "prompt",
-    chat=None,
-    on_bad_line: str = "error",
-):
-    """What an RL trainer (grpo, ppo) samples from and scores with: the embedded ``task`` without ``data``; else the
-    user's prompt rows (``posttrain.data.prompts``), held out by the one rule: ``eval_data``'s rows, else a
-    held-out slice of ``data``'s (not trained on, with a note), else none (a note says so). Correct = the reward
-    spec's first term scores >= 1, on the training rollouts and the held-out prompts alike."""
-    from posttrain.data.prompts import FileData, TaskData, _fit, load_prompt_rows
-
-    if not data:
-        if eval_data:
-            raise UserError("--eval-data needs --data (the training prompts), or neither for the embedded task")
-        return TaskData(task)
-
-    def load(path, what):
-        rows = load_prompt_rows(path, prompt_field=prompt_field, chat=chat, on_bad_line=on_bad_line, what=what)
-        return _fit(rows, tokenizer, model, max_new_tokens, what)
-
-    train = load(data, "training")
-    if eval_data:
-        return FileData(train, load(eval_data, "evaluation"), reward_fn)
-    keep, held = heldout_split([r.prompt for r in train])
-    print(heldout_note(len(held), len(train), str(data)))
-    return FileData(train.subset(keep), train.subset(held), reward_fn)

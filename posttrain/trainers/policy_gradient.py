@@ -57,7 +57,8 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
-from posttrain.tasks.files import rl_data, task_for
+from posttrain.tasks.files import task_for
+from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (

@@ -55,7 +55,8 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.models.value import ValueHead, ValueModel
 from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward
-from posttrain.tasks.files import rl_data, task_for
+from posttrain.tasks.files import task_for
+from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, distributed, ppo_distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
