@@ -15,8 +15,8 @@ prefix by prefix), so only the tokens of assistant replies (and their end marker
 string pairs keep posttrain's layout ``[BOS] prompt | answer [EOS]`` unless the template is applied to
 everything (``--chat-template chatml``/``tokenizer``/FILE), when a pair is one user turn and one reply.
 
-Bad records (a missing field, a wrong type, an empty conversation, an unknown role, no assistant turn)
-are ``FILE:LINE: ...`` errors, or with ``--on-bad-line skip`` go to ``FILE.rejects.jsonl``
+Bad records (a missing field, a wrong type, an empty conversation, an unknown role, no assistant turn, a
+conversation whose last turn is the user's) are ``FILE:LINE: ...`` errors, or with ``--on-bad-line skip`` go to ``FILE.rejects.jsonl``
 (:func:`posttrain.data.io.load_records`). Conversations are checked against the model's window like pairs
 (``--long``: ``truncate`` keeps a conversation's first tokens).
 
@@ -55,6 +55,8 @@ def validate_sft(rec: dict):
     """One SFT record -> ((prompt, answer) strings | ChatDemo, None), or (None, why it is bad)."""
     if "messages" in rec:
         msgs, reason = check_messages(rec["messages"], "messages", need_assistant=True)
+        if reason is None and msgs[-1]["role"] == "user":
+            reason = "the conversation ends with a user turn, which nothing answers (end it with the assistant's reply)"
         return (None, reason) if reason else (ChatDemo(msgs, 0), None)
     if "prompt" not in rec:
         return None, "needs a 'messages' conversation, or 'prompt' and 'completion' (or 'answer')"
