@@ -147,5 +147,8 @@ def join(path: str, pid: int) -> None:
 def join_cgroup_argv(cgroups: list[str] | str, argv: list[str]) -> list[str]:
     """Run ``argv`` inside ``cgroups``: a shell joins them, then execs argv, so every descendant is in them."""
     paths = [cgroups] if isinstance(cgroups, str) else list(cgroups)
-    script = 'for g in "$@"; do [ "$g" = -- ] && break; echo $$ > "$g/cgroup.procs" || exit 125; shift; done; shift; exec "$@"'
+    script = (
+        'for g in "$@"; do [ "$g" = -- ] && break; echo $$ > "$g/cgroup.procs" || exit 125; shift; done; '
+        'shift; exec "$@"'
+    )
     return ["/bin/sh", "-c", script, "sh", *paths, "--", *argv]

@@ -2,27 +2,37 @@
 
 Key insight: the trainer only ever *waits* on the child, with a deadline, and then kills it, so nothing the
 code does — loop forever, allocate without bound, fork, flood stdout — outlives ``wall_timeout_s``; and
-under bubblewrap (the default) the child lives in its own user, PID, mount, network, IPC and UTS
-namespaces, so it cannot see the trainer at all:
+under bubblewrap (the default) the child is an unprivileged user (uid/gid 65534, no capabilities) in its own
+user, PID, mount, network, IPC and UTS namespaces, so it cannot see the trainer at all:
 
-    child  = [sh: join a pids cgroup] bwrap ... python -I -c PRELUDE     (layout: posttrain.rewards.isolation)
-    PRELUDE: setrlimit(AS = memory, CPU = cpu seconds, FSIZE = output cap, CORE = 0[, NPROC]) -> exec(main.py)
+    child  = bwrap ... python -I -c DROP + PRELUDE  in per-run cgroups   (layout: posttrain.rewards.isolation)
+    DROP   : become uid/gid 65534 with empty capability sets, or exit before reading the code
+    PRELUDE: setrlimit(AS = memory, CPU = cpu seconds, FSIZE = output cap, CORE = 0, NPROC) -> exec(main.py)
     parent : wait(wall_timeout_s) -> os.killpg(group, SIGKILL) always (also after a normal exit: orphans die)
     stdin/stdout/stderr are anonymous temp files (no path); RLIMIT_FSIZE caps them, we read back <= the cap
 
-What bwrap mode contains (tests/rewards/test_sandbox_escapes.py tries each): signals to the trainer (its
-PID is not in the child's namespace; ``getppid()`` is bwrap's init), writes and deletes outside the work dir
-(read-only root; /tmp, /var/tmp, /run, /root, /home and ~ are private, size-capped tmpfs), the trainer's environment (``--clearenv``, and no
-``/proc/<pid>/environ`` of any outside process), the network (a fresh network namespace: loopback only, and
-not the host's), a ``setsid()`` child (the whole PID namespace dies with bwrap, which has
-``--die-with-parent``), and a fork bomb (a pids cgroup where /sys/fs/cgroup allows one; else, as root, only
-the deadline bounds it). It does not hide world-readable files under the read-only root, and it has no
-seccomp filter and no memory cgroup (see isolation.py).
+What bwrap mode contains (tests/rewards/test_sandbox_escapes.py tries each, with the trainer as root and as
+an ordinary user): root's powers (the code is uid 65534 with every capability set empty and ``no_new_privs``,
+also when the trainer is root: it cannot write ``/proc/sys`` — read-only besides — or ``/sys``, nor read
+``/etc/shadow``, which is also hidden, or root's files), signals to the trainer (its PID is not in the
+child's namespace; ``getppid()`` is bwrap's init), writes and deletes outside the work dir (read-only root;
+/tmp, /var/tmp, /run, /root, /home and ~ — with the trainer's ``~/.ssh`` and other secrets — are private,
+size-capped tmpfs), the trainer's environment (``--clearenv``, and no ``/proc/<pid>/environ`` of any outside
+process), the network (a fresh network namespace: loopback only, and not the host's), system calls for
+debugging, mounts, namespaces, kernel keys, bpf, perf events, modules and the like (a seccomp filter:
+posttrain.rewards.seccomp; they fail with EPERM), a ``setsid()`` child (the whole PID namespace dies with
+bwrap, which has ``--die-with-parent``), a fork bomb (a pids cgroup where /sys/fs/cgroup allows one, and
+RLIMIT_NPROC, enforced now that the code is not root) and memory spread over many processes (a memory cgroup
+of ``memory_mb`` plus the /tmp size over all of them, where one can be had: posttrain.rewards.cgroups; its
+OOM kills report status "memory"). It does not hide world-readable files under the read-only root, nor, when
+the trainer is not root, what the trainer's own user and groups may read there; it does not stop kernel bugs
+reachable through the allowed system calls.
 
 The rlimit-only mode (``isolation="rlimit"``, an explicit opt-in with a WeakSandboxWarning) runs the same
-prelude in a temp dir with a scrubbed environment and its own session, and nothing more: there the code CAN
-signal and kill the trainer, read and write the user's files, read ``/proc/<ppid>/environ``, use the network,
-and leave the process group with ``setsid()`` before the kill. It guards against buggy or runaway code only.
+prelude (without DROP) in a temp dir with a scrubbed environment, its own session and the same cgroups, and
+nothing more: there the code runs as the trainer's user (root, if the trainer is root) and CAN signal and
+kill the trainer, read and write the user's files, read ``/proc/<ppid>/environ``, use the network, and leave
+the process group with ``setsid()`` before the kill. It guards against buggy or runaway code only.
 
 The limits are set by the child on itself before the untrusted code runs (no ``preexec_fn``, which is unsafe
 in a multi-threaded trainer). ``-I`` ignores PYTHON* variables and the user site.
@@ -162,8 +172,10 @@ def run_python(
     cpu_time_s: RLIMIT_CPU (default: ceil(wall_timeout_s)). memory_mb: RLIMIT_AS. max_output_bytes:
     RLIMIT_FSIZE, which caps stdout, stderr and any file the code writes. max_processes (default 64): the
     processes and threads the code may have — a pids cgroup where one can be made, and RLIMIT_NPROC under
-    bwrap (counted in its user namespace; not enforced for uid 0) or when given in rlimit mode (counted per
-    user, ignored for root). isolation: "auto" | "bwrap" | "rlimit" (None: ``$POSTTRAIN_SANDBOX`` or "auto");
+    bwrap (counted in its own user namespace, for uid 65534) or when given in rlimit mode (counted per user,
+    ignored for root). A memory cgroup, where one can be made, caps all the run's processes together at
+    ``memory_mb`` plus the size of its /tmp. isolation: "auto" | "bwrap" | "rlimit" (None:
+    ``$POSTTRAIN_SANDBOX`` or "auto");
     raises UserError when bwrap is required and does not work here (see posttrain.rewards.isolation).
     """
     mode = resolve_isolation(isolation)
