@@ -30,6 +30,7 @@ import functools
 import json
 import math
 import numbers
+import os
 import re
 import sys
 import types
@@ -55,6 +56,7 @@ def knob(
     allow_inf: bool = False,
     flag: str | None = None,
     unused_with: tuple[str, ...] = (),
+    check: Any = None,
 ):
     """A dataclass field with help text (shown by ``--help``), allowed values and numeric bounds.
 
@@ -79,6 +81,8 @@ def knob(
         meta["flag"] = flag
     if unused_with:
         meta["unused_with"] = tuple(unused_with)
+    if check is not None:
+        meta["check"] = check  # check(name, value): ConfigError when the value is not valid (a parsed spec)
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -144,6 +148,8 @@ def check_value(
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         check_choice(name, value, choices)
+    if meta.get("check") is not None and value is not None:
+        meta["check"](name, value)
     check_finite(name, value, meta.get("allow_inf", False))
     bounds = bounds or meta.get("bounds")
     if not bounds:
@@ -392,6 +398,25 @@ def flag_name(dotted: str) -> str:
     return "--" + dotted.replace("_", "-")
 
 
+TRL_FLAGS: dict[str, str] = {
+    "lr": "--learning-rate",
+    "steps": "--max-steps",
+    "grad_accum": "--gradient-accumulation-steps",
+    "max_new_tokens": "--max-completion-length",  # TRL's GRPO/RLOO/PPO: the generation length
+}
+"""Our field -> the TRL ``TrainingArguments`` spelling accepted as one more flag for it (where the config does not
+already have a field of that name: DPO's and the RM's ``max_completion_length`` is their own, as in TRL)."""
+
+PER_DEVICE_BATCH = "per_device_train_batch_size"
+
+
+def _trl_spellings(name: str, cls) -> list[str]:
+    trl = TRL_FLAGS.get(name)
+    if trl is None or trl[2:].replace("-", "_") in {f.name for f in dataclasses.fields(cls)}:
+        return []
+    return [trl, "--" + trl[2:].replace("-", "_")]
+
+
 def add_config_flags(
     parser: argparse.ArgumentParser,
     cls,
@@ -403,7 +428,10 @@ def add_config_flags(
     """Add one ``--flag`` per leaf field of ``cls``; values stay strings until :func:`build_config`.
 
     With ``switches`` a bool field is a switch pair (``--bloom`` / ``--no-bloom``) instead of taking a value
-    (``--bloom true``), and a tuple or list field takes one or more values (``--contamination A.jsonl B.jsonl``)."""
+    (``--bloom true``), and a tuple or list field takes one or more values (``--contamination A.jsonl B.jsonl``).
+    Without it a bool field is a switch that also takes a value: ``--merge-lora``, ``--merge-lora true`` and
+    ``--no-merge-lora``. TRL's names are more spellings of the same flags (:data:`TRL_FLAGS`), and a config with a
+    ``batch_size`` takes ``--per-device-train-batch-size B`` (batch_size = B x grad_accum x processes)."""
     group = parser.add_argument_group(title or f"{cls.__name__} fields (override preset and --config)")
     for name, f, tp in leaf_fields(cls):
         if name in skip:
@@ -423,6 +451,17 @@ def add_config_flags(
         kind: dict[str, Any] = {"metavar": getattr(base, "__name__", "V").upper()}
         if switches and base is bool:
             kind = {"action": argparse.BooleanOptionalAction}
+        elif base is bool and "." not in name:
+            kind = {"nargs": "?", "const": "true", "metavar": "BOOL"}
+            group.add_argument(
+                "--no-" + name.replace("_", "-"),
+                dest="cfg:" + name,
+                action="store_const",
+                const="false",
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
+            help_text += f" (a switch: {flag_name(name)} / --no-{name.replace('_', '-')}, or a value true/false)"
         elif switches and get_origin(base) in (tuple, list):
             item = (get_args(base) or (str,))[0]
             kind = {"nargs": "+", "metavar": getattr(item, "__name__", "V").upper()}
@@ -430,15 +469,41 @@ def add_config_flags(
             flag_name(name),
             *([("--" + name)] if "_" in name and "action" not in kind else []),
             *([f.metadata["flag"]] if f.metadata.get("flag") else []),
+            *(_trl_spellings(name, cls) if "." not in name else []),
             dest="cfg:" + name,
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default})".replace("%", "%%"),  # argparse %-formats help
             **kind,
         )
 
+    names = {n for n, _, _ in leaf_fields(cls)}
+    if "batch_size" in names and "batch_size" not in skip:
+        accum = " x --grad-accum (as given here)" if "grad_accum" in names else ""
+        group.add_argument(
+            "--per-device-train-batch-size",
+            "--" + PER_DEVICE_BATCH,
+            dest="trl:" + PER_DEVICE_BATCH,
+            type=int,
+            metavar="B",
+            default=argparse.SUPPRESS,
+            help=f"TRL's spelling of the batch: sets --batch-size to B{accum} x processes (torchrun's WORLD_SIZE)",
+        )
+
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, str]:
-    return {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:")}
+    """{field: flag value}; TRL's ``--per-device-train-batch-size B`` becomes ``batch_size`` = B x the
+    ``--grad-accum`` given with it (1 if none) x WORLD_SIZE (1 outside torchrun)."""
+    out = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg:")}
+    per_device = getattr(args, "trl:" + PER_DEVICE_BATCH, None)
+    if per_device is not None:
+        if "batch_size" in out:
+            raise ConfigError("--batch-size and --per-device-train-batch-size both given; pass one")
+        if per_device <= 0:
+            raise ConfigError(f"--per-device-train-batch-size={per_device} must be > 0")
+        accum = coerce("grad_accum", out.get("grad_accum", 1), int, {})
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        out["batch_size"] = str(per_device * accum * world)
+    return out
 
 
 def dump_yaml(cfg) -> str:

@@ -20,6 +20,10 @@ def add_preset_flags(
         "--preset", default=None, help=f"named starting config: {', '.join(presets)} (default: {default}{user})"
     )
     parser.add_argument("--config", metavar="FILE", help="YAML or TOML file overriding the preset")
+    if user_data:  # a trainer command (announce)
+        parser.add_argument(
+            "--verbose", action="store_true", help="print the whole resolved configuration before the run starts"
+        )
     parser.set_defaults(_preset_default=default)
 
 
@@ -55,10 +59,12 @@ def resolve(cls, presets: dict[str, dict], args: argparse.Namespace, **fixed):
     return C.build_config(cls, presets[name] if name else None, args.config, overrides)
 
 
-def announce(cfg, out: str | Path | None = None) -> None:
-    """Print the resolved config (and where outputs go) so a run's log says what it ran."""
-    print("resolved config:")
-    for line in C.resolved_yaml(cfg).rstrip().splitlines():
-        print("  " + line)
+def announce(cfg, out: str | Path | None = None, *, verbose: bool = False) -> None:
+    """One line saying where the resolved config is written (``OUT/config.resolved.yaml``, beside the run's
+    outputs); with ``verbose`` the whole config too, so a run's log says what it ran."""
+    if verbose or out is None:
+        print("resolved config:")
+        for line in C.resolved_yaml(cfg).rstrip().splitlines():
+            print("  " + line)
     if out is not None:
-        print(f"outputs -> {out}")
+        print(f"outputs -> {out} (config: {Path(out) / 'config.resolved.yaml'}; --verbose prints it here)")

@@ -29,6 +29,6 @@ def run(args) -> int:
     from posttrain.trainers.run_dir import resume_out
 
     cfg = resolve(PPOConfig, PRESETS, args, **resume_out(args))
-    announce(cfg, cfg.out)
+    announce(cfg, cfg.out, verbose=args.verbose)
     train_ppo(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0

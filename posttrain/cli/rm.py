@@ -42,6 +42,6 @@ def run(args) -> int:
     if args.eval_only:
         eval_reward_model(cfg, overwrite=args.overwrite)
         return 0
-    announce(cfg, cfg.out)
+    announce(cfg, cfg.out, verbose=args.verbose)
     train_reward_model(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0

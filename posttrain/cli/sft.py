@@ -29,6 +29,6 @@ def run(args) -> int:
     from posttrain.trainers.sft import PRESETS, SFTConfig, train_sft
 
     cfg = resolve(SFTConfig, PRESETS, args, **resume_out(args))
-    announce(cfg, cfg.out)
+    announce(cfg, cfg.out, verbose=args.verbose)
     train_sft(cfg, resume=args.resume, overwrite=args.overwrite)
     return 0
