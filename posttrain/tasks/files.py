@@ -62,6 +62,33 @@ class FileTask:
         return exact_match(completion, answer)
 
 
+class WithEvalFile:
+    """A task whose held-out set is ``--eval-data``'s problems and everything else the wrapped task's (``--eval-data``
+    without ``--data``: the embedded task's demonstrations, scored on the user's problems)."""
+
+    def __init__(self, task, eval_data: str, *, on_bad_line: str = "error"):
+        self.task, self.files = task, FileTask(eval_data, eval_data, on_bad_line=on_bad_line)
+        self.name, self.note = task.name, None
+
+    def demos(self):
+        return self.task.demos()
+
+    def prompts(self):
+        return self.task.prompts()
+
+    def eval_set(self, chat=None):
+        return self.files.eval_set(chat)
+
+    def hold_out(self, items, key=None, as_problem=None) -> list[int]:
+        return self.task.hold_out(items, key, as_problem)
+
+    def verify(self, completion: str, answer: str) -> bool:
+        return self.task.verify(completion, answer)
+
+    def __getattr__(self, name):  # the embedded task's own helpers (rl_prompts, alphabet, ...)
+        return getattr(self.task, name)
+
+
 def is_user_run(cfg) -> bool:
     """Whether ``cfg`` names the user's data or model (``data`` / ``model_path``): then no embedded task."""
     return bool(getattr(cfg, "data", None) or getattr(cfg, "model_path", None))
@@ -69,7 +96,7 @@ def is_user_run(cfg) -> bool:
 
 def task_for(cfg, what: str = "training data"):
     """The task a trainer config runs on: :class:`FileTask` for ``--data``, the embedded arithmetic task for
-    neither ``--data`` nor ``--model``; ``--model`` alone is refused (one line naming what to add; with ``--init``
+    neither ``--data`` nor ``--model`` (scored on ``--eval-data`` where given: :class:`WithEvalFile`); ``--model`` alone is refused (one line naming what to add; with ``--init``
     too, the starting policy's own check names the clash)."""
     if getattr(cfg, "model_path", None) and not getattr(cfg, "data", None) and not getattr(cfg, "init", None):
         raise UserError(
@@ -80,4 +107,5 @@ def task_for(cfg, what: str = "training data"):
         return FileTask(cfg.data, getattr(cfg, "eval_data", None), on_bad_line=getattr(cfg, "on_bad_line", "error"))
     from posttrain.tasks.arithmetic import ArithmeticTask
 
-    return ArithmeticTask(cfg.task)
+    task, eval_data = ArithmeticTask(cfg.task), getattr(cfg, "eval_data", None)
+    return WithEvalFile(task, eval_data, on_bad_line=getattr(cfg, "on_bad_line", "error")) if eval_data else task

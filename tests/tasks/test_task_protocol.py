@@ -66,9 +66,24 @@ def test_task_for_follows_one_rule():
     assert isinstance(task_for(c), ArithmeticTask)
     c.data = "d.jsonl"
     assert isinstance(task_for(c), FileTask)
+    c.data, c.eval_data = None, "e.jsonl"  # the embedded task's demonstrations, scored on the user's problems
+    assert task_for(c).demos() == ArithmeticTask(c.task).demos()
+    c.eval_data = None
     c.data, c.model_path = None, "mymodel"
     with pytest.raises(UserError, match=r"^--model mymodel needs --data \(your training data\)"):
         task_for(c)
+
+
+def test_eval_data_without_data_scores_the_users_problems(tmp_path):
+    e = tmp_path / "e.jsonl"
+    e.write_text(json.dumps({"prompt": "12+3=", "answer": "15"}) + "\n")
+
+    class Cfg:
+        task, data, model_path, eval_data, on_bad_line = ArithmeticConfig(), None, None, str(e), "error"
+
+    t = task_for(Cfg())
+    assert isinstance(t, Task) and list(t.eval_set()) == [("12+3=", "15")]
+    assert t.rl_prompts() == ArithmeticTask().rl_prompts()  # the rest is the embedded task's
 
 
 def test_arithmetic_task_keeps_its_own_split():
