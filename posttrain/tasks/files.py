@@ -37,8 +37,11 @@ class FileTask:
 
         return load_sft_data(self.data, on_bad_line=self.on_bad_line)
 
-    def prompts(self):
-        raise NotImplementedError("RL prompt rows are read with their reward columns: posttrain.data.prompts")
+    def prompts(self, chat=None, prompt_field: str = "prompt"):
+        """RL prompt rows of ``--data`` with their other columns (what the rewards read; ``posttrain.tasks.rl``)."""
+        from posttrain.data.prompts import load_prompt_rows
+
+        return load_prompt_rows(self.data, prompt_field=prompt_field, chat=chat, on_bad_line=self.on_bad_line)
 
     def eval_set(self, chat=None) -> Sequence[tuple[str, str]]:
         """``--eval-data``'s (prompt, answer) problems; else what :meth:`hold_out` set aside (empty before it)."""

@@ -103,3 +103,12 @@ def test_models_import_no_task():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_file_task_prompts_are_the_users_rows(tmp_path):
+    d = tmp_path / "p.jsonl"
+    d.write_text(
+        "".join(json.dumps({"prompt": f"say {w}", "answer": w, "level": i}) + "\n" for i, w in enumerate("ab"))
+    )
+    rows = FileTask(str(d)).prompts()
+    assert [(r.prompt, r.answer, r.columns["level"]) for r in rows] == [("say a", "a", 0), ("say b", "b", 1)]
