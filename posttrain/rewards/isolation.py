@@ -192,11 +192,14 @@ def _write_id_maps(pid: int) -> None:
     """uid/gid maps of the child's new user namespace: root for bwrap's setup, and the sandbox's ids."""
     line = f"0 0 1\n{SANDBOX_UID} {SANDBOX_UID} 1\n"
     for name, text in (("uid_map", line), ("gid_map", line.replace(str(SANDBOX_UID), str(SANDBOX_GID)))):
-        fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
         try:
-            os.write(fd, text.encode())  # one write: the kernel takes a map in a single write only
-        finally:
-            os.close(fd)
+            fd = os.open(f"/proc/{pid}/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())  # one write: the kernel takes a map in a single write only
+            finally:
+                os.close(fd)
+        except OSError as e:  # e.g. a container whose root has no uid 65534 to give
+            raise SandboxStartError(f"cannot map uid/gid {SANDBOX_UID} into the sandbox ({e.strerror})") from None
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -573,3 +573,16 @@ print([os.waitpid(p, 0)[1] for p in pids])
     monkeypatch.setattr(cgroups, "memory_cgroup_root", lambda: None)
     r = run_python(code, isolation="bwrap", memory_mb=128, wall_timeout_s=20.0)
     assert r.status == "ok" and json.loads(r.stdout) == [0] * 5
+
+
+@needs_bwrap
+def test_a_sandbox_that_cannot_drop_to_65534_never_runs_the_code(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("the id maps are written by the trainer only when it is root")
+
+    def refuse(pid):
+        raise isolation.SandboxStartError("cannot map uid/gid 65534 into the sandbox (Operation not permitted)")
+
+    monkeypatch.setattr(isolation, "_write_id_maps", refuse)
+    r = run_python("print('ran')", isolation="bwrap")
+    assert r.status == "crashed" and r.stdout == "" and "cannot map uid/gid 65534" in r.stderr
