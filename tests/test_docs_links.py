@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+DOCS = [
+    *(p for p in (ROOT / "README.md", ROOT / "README_draft.md", ROOT / "CHANGELOG.md") if p.exists()),
+    *sorted((ROOT / "docs").rglob("*.md")),
+]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
