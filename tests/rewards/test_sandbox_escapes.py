@@ -351,6 +351,9 @@ def write_sysctl():
     fd = os.open("/proc/sys/kernel/core_uses_pid", os.O_WRONLY)
     os.write(fd, NEW_VALUE)
 attempt("sysctl_write", write_sysctl)
+with open("/proc/self/mountinfo") as f:  # mount point -> its per-mount options
+    mounts = {line.split()[4]: line.split()[5].split(",") for line in f}
+out["read_only"] = {p: "ro" in mounts.get(p, []) for p in ("/proc/sys", "/sys", "/")}
 for path in ("/sys/kernel/uevent_helper", "/sys/fs/cgroup/memory/release_agent", "/proc/sysrq-trigger"):
     if os.path.exists(path):  # opened, never written: nothing changes even where it would succeed
         attempt("open_for_write " + path, lambda: os.close(os.open(path, os.O_WRONLY)))
@@ -433,6 +436,7 @@ def _check_contained(out: dict, key: str) -> None:
     assert out["caps"] == dict.fromkeys(("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"), 0)
     assert out["no_new_privs"] == 1 and out["seccomp"] == 2
     assert out["sysctl_write"] in (errno.EACCES, errno.EROFS, errno.EPERM)
+    assert out["read_only"] == {"/proc/sys": True, "/sys": True, "/": True}  # also for root inside, if it were
     for name, value in out.items():
         if name.startswith("open_for_write "):
             assert value in (errno.EACCES, errno.EROFS, errno.EPERM), name
