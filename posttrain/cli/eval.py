@@ -68,6 +68,13 @@ def add_arguments(p):
     )
     p.add_argument("--reward-model", metavar="RM", help="a `posttrain rm` checkpoint that ranks the --best-of samples")
     p.add_argument(
+        "--chat-template",
+        default="auto",
+        metavar="T",
+        help="chat template for conversational prompts: auto (the model's own: its chat_template.jinja or "
+        "tokenizer_config.json, as trained with) | tokenizer | chatml | none | a .jinja file",
+    )
+    p.add_argument(
         "--best-of-rule",
         choices=BEST_OF_RULES,
         default="max",
@@ -91,6 +98,7 @@ def _embedded(ckpt, heldout: str = "sample"):
 def run(args) -> int:
     import torch
 
+    from posttrain.chat import chat_tokenizer, resolve_chat
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.data.pairs import load_pairs
     from posttrain.errors import UserError
@@ -116,9 +124,11 @@ def run(args) -> int:
         raise UserError(
             "--heldout all chooses the embedded task's problems; with --data the file is the evaluation set"
         )
-    pairs = load_pairs(args.data, "evaluation") if args.data else None
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
     refuse_nonfinite_model(ckpt.model, ckpt.path, "evaluate")  # NaN/Inf weights or logits: no accuracy to report
+    chat = resolve_chat(args.chat_template, ckpt.tokenizer, [ckpt.path])  # the template the model was trained with
+    tok = chat_tokenizer(ckpt.tokenizer, chat)  # with a template, generation stops at its end-of-turn token
+    pairs = load_pairs(args.data, "evaluation", chat=chat) if args.data else None
     scorer = None
     if best_of:
         from posttrain.rewards.reward_model import reward_model_reward
@@ -127,13 +137,13 @@ def run(args) -> int:
     data_name = args.data
     if pairs is None:
         pairs, data_name = _embedded(ckpt, args.heldout)
-    pairs = fit_prompts(ckpt.tokenizer, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
+    pairs = fit_prompts(tok, pairs, model=ckpt.model, max_new_tokens=args.max_new_tokens, long=args.long)
     prompts, answers = [p for p, _ in pairs], [a for _, a in pairs]
     window = prompt_window(ckpt.model, args.max_new_tokens)
     gen = torch.Generator().manual_seed(args.seed)
     r = evaluate(
         ckpt.model,
-        ckpt.tokenizer,
+        tok,
         prompts,
         answers,
         max_new_tokens=args.max_new_tokens,
@@ -159,7 +169,7 @@ def run(args) -> int:
     if best_of:
         b = best_of_n_evaluate(
             ckpt.model,
-            ckpt.tokenizer,
+            tok,
             prompts,
             answers,
             scorer=scorer,

@@ -5,7 +5,8 @@ written for transformers (``models/loading.py``: subword tokenizers as tokenizer
 the char tokenizer as a WordLevel tokenizer.json); a Hugging Face model is written in its own layout. With
 ``--merge-lora`` the LoRA adapters are merged into full weights (needed for a GPT trained with LoRA, whose
 adapter names have no GPT-2 equivalent). The result loads with ``AutoModelForCausalLM.from_pretrained(DIR)``
-and ``AutoTokenizer.from_pretrained(DIR)``.
+and ``AutoTokenizer.from_pretrained(DIR)``, whose ``chat_template`` is the template the model was trained with
+(``chat_template.jinja`` of the checkpoint, written as ``chat_template.jinja`` and into ``tokenizer_config.json``).
 
 A sharded checkpoint (``--fsdp``: a ``dcp/`` directory of per-rank shards, for resuming only) is consolidated by
 this one process, with no process group (``trainers/sharded.consolidate``): by default into a plain posttrain
@@ -87,6 +88,7 @@ def _export_hf(ckpt, out: Path, merge: bool) -> int:
             model_max_length=getattr(model.config, "n_positions", None)
             or getattr(model.config, "max_position_embeddings", None),
         )
+        copy_chat_template(ckpt.path, tmp)
     kind = "base + LoRA adapter" if has_lora(model) else "full weights"
     print(
         f"exported {ckpt.path} -> {out} ({model.config.model_type}, {kind}); load it with "
@@ -107,8 +109,28 @@ def _export_plain(ckpt, out: Path, merge: bool) -> int:
         model = merge_lora(model)
     state = {k: v for k, v in (ckpt.state or {}).items()}
     save_checkpoint(out, model=model, tokenizer=ckpt.tokenizer, state={**state, "exported_from": str(ckpt.path)})
+    copy_chat_template(ckpt.path, out)
     print(f"exported {ckpt.path} -> {out} (plain checkpoint: {out / 'model.safetensors'})")
     return 0
+
+
+def copy_chat_template(src, dst: Path) -> None:
+    """The chat template the model was trained with (``chat_template.jinja`` or ``tokenizer_config.json`` in
+    ``src``) written where transformers reads it: ``chat_template.jinja`` and the ``chat_template`` of
+    ``tokenizer_config.json`` (created if absent), so ``AutoTokenizer.from_pretrained(dst).chat_template`` is it."""
+    import json
+
+    from posttrain.chat import template_in_dir
+
+    found = template_in_dir(src)
+    if found is None:
+        return
+    source = found[0]
+    (dst / "chat_template.jinja").write_text(source, encoding="utf-8")
+    cfg_path = dst / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+    cfg["chat_template"] = source
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _export_sharded(args, out: Path) -> int:
