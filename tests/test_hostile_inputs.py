@@ -200,6 +200,31 @@ def test_ppo_resume_with_a_corrupt_critic_file_names_it(ppo_run, tmp_path, capsy
     assert "weights_only" not in line and "SafetensorError" not in line
 
 
+def test_sft_resume_with_a_truncated_best_weights_file_names_it(tmp_path, capsys):
+    """Validation selection keeps the best-so-far weights in each checkpoint (best.safetensors)."""
+    run = tmp_path / "run"
+    args = [
+        "sft",
+        "--out",
+        str(run),
+        "--steps",
+        "2",
+        "--val-fraction",
+        "0.25",
+        "--eval-every",
+        "1",
+        "--save-every",
+        "1",
+    ]
+    assert main([*args, *SFT[:4], *SFT[6:8], *MODEL, "--task.digits", "1", "--task.num-demos", "16"]) == 0
+    best = run / "checkpoints" / "step-00000001" / "best.safetensors"
+    _truncate(best)
+    shutil.rmtree(run / "model")  # so that --resume continues from the damaged checkpoint
+    capsys.readouterr()
+    assert main(["sft", "--resume", str(run), "--steps", "3"]) == 2
+    _one_line(capsys, str(best), "corrupt or unreadable")
+
+
 @pytest.fixture(scope="module")
 def restarts(tmp_path_factory):
     out = tmp_path_factory.mktemp("restarts") / "run"

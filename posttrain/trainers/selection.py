@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from posttrain.errors import ConfigError, UserError
 from posttrain.hashing import stable_fraction
-from posttrain.trainers.checkpoint import save_with_extras
+from posttrain.trainers.checkpoint import load_tensors, save_with_extras
 
 BEST_FILE = "best.safetensors"  # in each periodic checkpoint: the best-so-far weights (for an exact resume)
 
@@ -62,7 +62,7 @@ class BestKeeper:
                 raise UserError(
                     f"{path}: checkpoint has no {BEST_FILE} (the best weights so far); cannot resume exactly"
                 )
-            self.weights = load_file(str(path / BEST_FILE))
+            self.weights = load_tensors(path / BEST_FILE)  # corrupt: one line naming the file
 
 
 def save_with_best(directory, best: BestKeeper, **kwargs) -> Path:

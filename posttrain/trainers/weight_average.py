@@ -20,10 +20,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from posttrain.errors import UserError
 from posttrain.trainers import sharded
+from posttrain.trainers.checkpoint import load_tensors
 
 SUM_FILE = "weight_average_sum.safetensors"  # in a periodic checkpoint, beside the policy
 SUM_KEY = "weight_average_sum"  # in a sharded checkpoint's DCP
@@ -98,7 +99,7 @@ class TailAverage:
             return
         directory, params = Path(directory), self._trainable(model)
         if (directory / SUM_FILE).is_file():
-            full = load_file(str(directory / SUM_FILE))
+            full = load_tensors(directory / SUM_FILE)  # corrupt: one line naming the file
             self.total = {
                 n: distribute_tensor(full[n], p.device_mesh, p.placements) if isinstance(p, DTensor) else full[n]
                 for n, p in params.items()
