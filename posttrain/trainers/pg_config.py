@@ -115,9 +115,8 @@ class PolicyGradientConfig(TrainerConfig):
     )
     reward: str = knob(
         "exact_match:1.0,digits:0.5",
-        "weighted reward spec, e.g. 'exact_match:1.0,format:0.1' "
-        "(default: exact match plus partial credit for digits right on the embedded task, docs/outcomes.md; "
-        f"{USER_REWARD} on --data)",
+        "weighted reward spec, e.g. 'exact_match:1.0,format:0.1'; the default adds partial credit for digits right "
+        f"on the embedded task (docs/outcomes.md); on --data it is {USER_REWARD}",
     )
     seed: int = override("seed", 0, "seed for prompt order, sampling and minibatch order")
     task: ArithmeticConfig = knob(
