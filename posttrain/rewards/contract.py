@@ -120,12 +120,24 @@ def check_rewards(fn_name: str, out, n: int, batch_index: int) -> list[float]:
     return floats
 
 
+def _copies(prompts, completions, columns) -> tuple[tuple, dict]:
+    """Deep copies of a reward's inputs; a column value that cannot be deep-copied is copied one level (a list)."""
+    args = copy.deepcopy((list(prompts), list(completions)))
+    kwargs = {}
+    for k, v in columns.items():
+        try:
+            kwargs[k] = copy.deepcopy(v)
+        except Exception:  # noqa: BLE001 - e.g. a column of objects holding locks: a shallow copy still protects it
+            kwargs[k] = list(v) if isinstance(v, (list, tuple)) else v
+    return args, kwargs
+
+
 def call_reward(fn_name: str, fn, prompts: list, completions: list, columns: dict, batch_index: int) -> list[float]:
     """``fn(prompts, completions, **columns)`` on deep copies, checked by :func:`check_rewards`; whatever it raises
     (``sys.exit`` included; not ``KeyboardInterrupt``, and a UserError as it is) becomes one
     :class:`RewardContractError` line."""
     n = len(completions)
-    args, kwargs = copy.deepcopy((list(prompts), list(completions))), copy.deepcopy(dict(columns))
+    args, kwargs = _copies(prompts, completions, columns)
     try:
         out = fn(*args, **kwargs)
     except (KeyboardInterrupt, UserError):

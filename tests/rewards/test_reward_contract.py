@@ -208,3 +208,13 @@ def test_a_run_stopped_by_a_broken_reward_resumes_once_it_is_fixed(sft, rewards,
     (tmp_path / "fixed").touch()
     assert main(["grpo", "--resume", str(out)]) == 0
     assert json.loads((out / "model" / "trainer_state.json").read_text())["step"] == 3
+
+
+def test_a_reward_module_that_exits_while_importing_is_a_config_error(tmp_path):
+    from posttrain.errors import ConfigError
+    from posttrain.rewards.registry import load_python_reward
+
+    path = tmp_path / "exits.py"
+    path.write_text("import sys\nsys.exit(0)\ndef fn(prompts, completions):\n    return [0.0] * len(completions)\n")
+    with pytest.raises(ConfigError, match=r"importing .*exits.py' failed: SystemExit"):
+        load_python_reward(f"{path}:fn")
