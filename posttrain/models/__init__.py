@@ -6,7 +6,8 @@ heads (``heads.py``), LoRA adapters (``lora.py``).
 "posttrain-gpt", "config": ...}``; a Hugging Face model is written in transformers' own layout
 (``save_pretrained``: its config.json, generation_config.json, model.safetensors), so
 ``AutoModelForCausalLM.from_pretrained`` opens the directory. Older checkpoints with the wrapped
-``{"model_type": "hf", "config": ...}`` still load. A model with LoRA adapters also writes
+``{"model_type": "hf", "config": ...}`` still load. Weights are written as fp32 CPU tensors whatever device and
+dtype the model trained in, so a checkpoint from a GPU run loads on a CPU-only machine. A model with LoRA adapters also writes
 ``adapter_config.json`` + ``adapter_model.safetensors`` (base weights stay in model.safetensors), and loads back
 with its adapters attached.
 """
@@ -53,8 +54,11 @@ def save_model(model: torch.nn.Module, directory: str | Path) -> None:
         sd.pop("lm_head.weight", None)  # tied to wte.weight
         _st_save_file({k: v.detach().contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
         save_adapter(model, d)
-    else:
+    elif all(t.device.type == "cpu" and t.dtype == torch.float32 for t in model.state_dict().values()):
         _st_save_model(model, str(d / "model.safetensors"))  # handles tied weights
+    else:  # trained on a GPU or in another dtype: written as fp32 CPU tensors, loadable anywhere
+        sd = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        _st_save_file({k: v.contiguous() for k, v in sd.items()}, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from posttrain.config import check_choice, check_fields, knob
 from posttrain.errors import ConfigError
@@ -183,6 +184,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings
+        self.grad_checkpointing = False  # gradient_checkpointing_enable(): recompute each block in the backward
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2 scaled init of residual projections
             if name.endswith("proj.weight"):
@@ -196,6 +198,17 @@ class GPT(nn.Module):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Per-block activation checkpointing in training forwards (Hugging Face's method name and arguments):
+        each block's activations are recomputed in the backward pass instead of kept, trading one more block
+        forward for memory. Non-reentrant (``use_reentrant=False``) unless the kwargs say otherwise; the RNG state
+        is restored for the recomputation, so dropout masks and gradients are those of the plain forward."""
+        self.grad_checkpointing = True
+        self._ckpt_kwargs = {"use_reentrant": False, **(gradient_checkpointing_kwargs or {})}
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.grad_checkpointing = False
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -232,8 +245,12 @@ class GPT(nn.Module):
         kpm = None if attention_mask is None or bool(attention_mask.all()) else attention_mask.bool()  # (B, Nk)
         x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
         cache = past_key_values if (use_cache or past_key_values is not None) else None
+        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled() and cache is None
         for block in self.blocks:
-            x = block(x, kpm, cache)
+            if recompute:
+                x = torch.utils.checkpoint.checkpoint(block, x, kpm, None, **self._ckpt_kwargs)  # (B, T, C)
+            else:
+                x = block(x, kpm, cache)  # (B, T, C)
         if cache is not None:
             cache.length += T
         h = self.ln_f(x)  # (B, T, C)

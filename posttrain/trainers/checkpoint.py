@@ -2,7 +2,7 @@
 
 Layout of a checkpoint directory::
 
-    model.safetensors     weights (safetensors; tied weights stored once)
+    model.safetensors     weights (safetensors; fp32 CPU tensors whatever the run's device and dtype; tied weights once)
     config.json           {"model_type": "posttrain-gpt", "config": {...}}, or a Hugging Face model's own config
     tokenizer.json        the tokenizer (posttrain.tokenizers.load reads it)
     generation_config.json, tokenizer_config.json, ...   Hugging Face models: transformers' layout (models/loading.py)
@@ -66,6 +66,7 @@ from posttrain.models.loading import (
 )
 from posttrain.models.lora import merge_lora
 from posttrain.tokenizers import load as load_tokenizer
+from posttrain.trainers.engine.device import portable
 from posttrain.trainers.run_dir import (
     REWARD_HEAD_FILE,
     STATE_FILE,
@@ -111,7 +112,7 @@ def save_checkpoint(
         tokenizer.save(tmp / "tokenizer.json")
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=str) + "\n")
         if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(portable(optimizer.state_dict()), tmp / "optimizer.pt")  # CPU tensors: any machine loads it
         if rng_state is not None:
             torch.save(rng_state, tmp / "rng.pt")
     return directory

@@ -38,6 +38,7 @@ from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.trainers import distributed
+from posttrain.trainers.engine import device
 from posttrain.trainers.run_dir import Run, begin_run, open_run  # noqa: F401  (re-exported for the trainers)
 
 
@@ -108,10 +109,12 @@ def seed_everything(seed: int) -> None:
 
 def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
     """The global gradient L2 norm (before clipping), clipping to ``max_norm`` when it is > 0. Sharded (FSDP)
-    gradients give the norm over all shards."""
+    gradients give the norm over all shards. Under ``--dtype fp16`` the gradients are unscaled first, and an
+    overflow drops them (the optimizer step then changes nothing) and reads 0 (``engine/device.py``)."""
     params = [p for p in model.parameters() if p.grad is not None]
+    device.unscale_grads(params)  # fp16: the loss-scaled gradients back to their size (else nothing)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm and max_norm > 0 else float("inf"))
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    return device.after_clip(params, float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
 
 
 class MetricsLogger:
@@ -170,8 +173,11 @@ def _plain(v):
 
 
 def write_summary(out: str | Path, summary: dict) -> Path:
-    """``out/summary.json`` (atomically; rank 0 only under ``torchrun``)."""
+    """``out/summary.json`` (atomically; rank 0 only under ``torchrun``); during a training run with the run's device
+    figures added (``engine/device.py``: device, dtype, train_tokens_per_s, mfu, peak_memory_gb, ...)."""
     path = Path(out) / "summary.json"
+    run_device = device.active()  # a training run: its device, dtype, tokens/s, MFU and peak memory
+    summary = {**summary, **run_device.summary()} if run_device is not None else summary
     if distributed.world().is_main:
         atomic_write_json(path, {k: _plain(v) for k, v in summary.items()})
     return path
@@ -185,7 +191,9 @@ def set_threads(n: int | None) -> None:
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` as a reference: eval mode (no dropout) and no gradients; returns it (in place)."""
+    """``model`` as a reference: eval mode (no dropout) and no gradients; during a training run also on its device
+    with weights in the compute dtype (``engine/device.py``; on the CPU in fp32 unchanged). Returns it (in place)."""
     model.eval()
     model.requires_grad_(False)
-    return model
+    run_device = device.active()
+    return device.place_frozen(model, run_device) if run_device is not None else model

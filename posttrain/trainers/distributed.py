@@ -160,7 +160,8 @@ def wrap_ddp(model: torch.nn.Module, w: World) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[w.local_rank] if torch.cuda.is_available() else None)
+    on_gpu = next(model.parameters()).is_cuda  # --device cpu on a GPU machine: a CPU model, no device_ids
+    return DDP(model, device_ids=[w.local_rank] if on_gpu else None)
 
 
 def no_sync(model: torch.nn.Module, last: bool):

@@ -25,6 +25,7 @@ from posttrain.engines import push_weights
 from posttrain.losses.importance import truncated_is_weights
 from posttrain.models.gpt import GPT
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
+from posttrain.trainers.engine import device
 
 
 def sample(tr, prompt_ids: list[list[int]], sampling, generator: torch.Generator):
@@ -32,7 +33,10 @@ def sample(tr, prompt_ids: list[list[int]], sampling, generator: torch.Generator
     engine holds the trainer's replica (``trainers/sharded.py``), refreshed from the shards once per step."""
     replica = getattr(tr, "replica", None)
     push_weights(tr.engine, tr.model if replica is None else replica)
-    return tr.engine.generate(prompt_ids, sampling.num_samples, sampling, generator)
+    gen = None
+    with device.rollout_timer(lambda: int(gen.completion_mask.sum())):  # the step's rollout_tokens_per_s
+        gen = tr.engine.generate(prompt_ids, sampling.num_samples, sampling, generator)
+    return gen
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""The fields every trainer config shares, declared once: outputs, length, optimiser, schedule, cadence, seed, logs.
+"""The fields every trainer config shares, declared once: outputs, length, optimiser, schedule, cadence, seed, logs,
+device and precision (``trainers/engine/device.py``).
 
 Key insight: torchtune's lesson — share a *shape*, not behaviour. Every trainer's config (``SFTConfig``,
 ``RMConfig``, ``DPOConfig``, ``PolicyGradientConfig``, ``PPOConfig``) is a dataclass that *includes* these
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from posttrain.config import check_fields, knob
+from posttrain.loggers import LOGGER_HELP, check_loggers
+from posttrain.trainers.engine.device import DEVICE_HELP, DTYPES, check_device_spec
 
 
 @dataclass
@@ -46,18 +49,28 @@ class TrainerConfig:
     save_every: int = knob(100, "steps between checkpoints (0 = only the final model)", ge=0)
     keep_checkpoints: int = knob(2, "periodic checkpoints to keep", gt=0)
     seed: int = knob(0, "seed for init, data order, sampling and dropout", ge=0, lt=2**32)
-    logger: str = knob(
-        "jsonl", "metrics sink: jsonl | tensorboard (also writes jsonl)", choices=("jsonl", "tensorboard")
-    )
+    logger: str = knob("jsonl", LOGGER_HELP, check=check_loggers)
     threads: int | None = knob(
         1,
         "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)",
         ge=1,
     )
     progress: bool = knob(True, "show a progress bar (plain lines every 10% when not a terminal)")
+    device: str = knob("auto", DEVICE_HELP)
+    dtype: str = knob(
+        "fp32",
+        "compute precision: fp32 | bf16 | fp16 (weights and optimizer state stay fp32; bf16/fp16 compute under "
+        "autocast, fp16 with a dynamic loss scale; checkpoints are written in fp32)",
+        choices=tuple(DTYPES),
+    )
+    grad_checkpointing: bool = knob(
+        False, "recompute each transformer block's activations in the backward pass (less memory, ~1/3 more compute)"
+    )
+    compile: bool = knob(False, "torch.compile the model's blocks (opt-in; the eager path is the default)")
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs (subclasses' included)
+        check_device_spec(self.device)  # cpu | cuda | cuda:N | auto; whether the device exists is checked at setup
 
 
 def override(name: str, default: Any, help: str | None = None) -> Any:

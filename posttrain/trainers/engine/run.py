@@ -21,6 +21,7 @@ import time
 
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.trainers import common
+from posttrain.trainers.engine import device
 from posttrain.trainers.engine.protocol import Trainer
 
 
@@ -33,8 +34,12 @@ def run(t: Trainer, pause_at: int | None = None) -> dict:
     t_start, stopped_at = time.perf_counter(), None
     bar = common.progress_bar(t.start_step, cfg.steps, t.name, cfg.progress)
     t.model.train()
+    run_device = device.active()
     for step in bar:
+        t0 = time.perf_counter()
         metrics = t.train_step(step)
+        if run_device is not None:  # train_tokens_per_s, mfu, rollout_tokens_per_s, loss_scale (engine/device.py)
+            metrics.update(run_device.step_metrics(time.perf_counter() - t0))
         done = step + 1
         if t.guard.record(t.name, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
             t.guard.stop(t.name, done, metrics, t.logger, bar, t.run.dir)
@@ -55,5 +60,9 @@ def run(t: Trainer, pause_at: int | None = None) -> dict:
     bar.close()
     t.logger.close()
     if pause_at is not None and stopped_at is None and pause_at < cfg.steps:
+        device.activate(None)
         return {"paused_at": pause_at, "train_seconds": time.perf_counter() - t_start}
-    return t.finish(stopped_at, t_start)
+    try:
+        return t.finish(stopped_at, t_start)  # summary.json gets the run's device figures
+    finally:
+        device.activate(None)  # the run is over: nothing after it is placed or summarised as its part

@@ -33,6 +33,7 @@ import torch
 
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, start_policy
+from posttrain.trainers.engine import device
 
 
 @dataclass
@@ -80,9 +81,12 @@ class Training:
 
 
 def place_model(model: torch.nn.Module, cfg) -> torch.nn.Module:
-    """Where the model lives and in which precision, decided once before the optimizer is built. Today: the CPU in
-    fp32, the model as it is (the device and precision module will decide here)."""
-    return model
+    """Where the model lives and in which precision, decided once before the optimizer is built: the run's device
+    (:func:`open_training` resolves ``cfg.device`` first of all), fp32 weights, every forward under the
+    ``cfg.dtype`` autocast, ``--grad-checkpointing`` and ``--compile`` (``engine/device.py``). On the CPU in fp32 the
+    model computes bitwise as it is; its training forwards are counted (tokens/s)."""
+    run_device = device.active()
+    return model if run_device is None else device.place(model, run_device)
 
 
 def read_start(cfg, trainer: str, run: common.Run, resume: str | None, keep_init: bool) -> Start:
@@ -112,6 +116,10 @@ def open_training(
     """Open a run of ``trainer`` ("sft", "rm", ...) with ``cfg`` in the one order (module docstring)."""
     common.set_threads(cfg.threads)
     world = distributed.init()  # one process, or this rank under torchrun
+    where = device.resolve_device(getattr(cfg, "device", "cpu"), world.local_rank)  # --device cuda without one: exit 2
+    device.activate(
+        device.RunDevice(where, cfg.dtype, cfg.grad_checkpointing, getattr(cfg, "compile", False))
+    )  # before any model is built: references made from here on (common.frozen) go to the device too
     run = common.open_run(cfg, trainer, resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
     start = read_start(cfg, trainer, run, resume, keep_init)

@@ -1,0 +1,480 @@
+"""Device and precision, decided once per training run, and what a step costs: tokens/s, MFU, peak memory.
+
+Key insight (mixed precision, Micikevicius et al. 2018): parameters and optimizer state stay fp32 (the "master
+weights"); only the compute is lowered, under ``torch.autocast``. bf16 keeps fp32's 8-bit exponent and needs nothing
+more; fp16's 5-bit exponent underflows small gradients, so its gradients are computed for ``S x loss`` and divided
+by ``S`` before clipping (dynamic loss scaling: ``S`` halves when a step's gradients overflow, that step is dropped,
+and doubles after 2000 clean steps: ``torch.amp.GradScaler``'s schedule). Frozen models (the reference, a reward
+model) hold their weights in the compute dtype: nothing updates them, and half the memory is theirs to save.
+
+How a run uses it, in one place (``engine/setup.py``): ``resolve_device(cfg.device)`` -> :class:`RunDevice` ->
+:func:`place` (the trained model: fp32 on the device, gradient checkpointing, ``torch.compile``, every forward
+under autocast, and its forwards counted) and :func:`place_frozen` (references: the compute dtype on the device).
+The trainers call nothing new: ``common.grad_norm_and_clip`` unscales fp16 gradients (:func:`unscale_grads`),
+``common.frozen`` places a reference, the loop adds :meth:`RunDevice.step_metrics` to each step's metrics and
+``common.write_summary`` adds :meth:`RunDevice.summary`. On the CPU in fp32, :func:`place` changes nothing: the
+model, its forward and every number stay bitwise what they were.
+
+MFU (model FLOPs utilisation; PaLM, Chowdhery et al. 2022, appendix B; nanoGPT's ``estimate_mfu``)::
+
+    flops_per_token = 6 N + 12 L H Q T        MFU = flops_per_token x tokens/s / peak FLOP/s
+
+``N``: the parameters that multiply (every weight but the lookup-only embeddings: position embeddings and an input
+embedding not tied to the output projection), ``L`` layers, ``H`` query heads of width ``Q``, ``T`` the sequence
+length: 6N is a matmul's forward (2N) and backward (4N); 12LHQT the attention scores and the weighted sum of values,
+counted over the full T x T square (the causal half is not subtracted, as PaLM and nanoGPT count). Worked number,
+GPT-2 small (L=12, H=12, Q=64, d=768, V=50257, T=1024, tied embeddings): N = 124,439,808 - 786,432 (positions) =
+123,653,376; 6N = 741,920,256; 12LHQT = 113,246,208; 855,166,464 FLOPs per token, so 40 % MFU of an H100 SXM's
+989 TFLOP/s dense bf16 is 463k tokens/s. The peaks are :func:`peak_flops`'s table (datasheet dense tensor-core
+figures; fp32 is the non-tensor-core figure); an unlisted GPU and the CPU give MFU None.
+
+Tokens are counted where the compute is: every forward of the trained model with gradients on adds its input's
+``B x T`` positions (padding included: the model computed them) and their FLOPs. Rollout tokens/s (GRPO, PPO) are the
+completion tokens the sampler generated over its wall time (``engine_rollout.sample``). Peak memory is
+``torch.cuda.max_memory_allocated`` on CUDA (reset when a run starts); on the CPU the process's maximum resident set
+size (``ru_maxrss``: the whole process since it started, not this run alone), named as such in ``peak_memory_kind``.
+
+Not handled: the FLOPs of a reference or reward model's forward, of generation, or of a value head (MFU counts the
+trained model's training forwards and backwards only); fp16 gradients of parameters outside the placed models (an
+error names them: train in bf16).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import resource
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from posttrain.errors import ConfigError, UserError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICE_HELP = "where the model trains: auto (CUDA when present, else the CPU) | cpu | cuda | cuda:N"
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+# ---------------------------------------------------------------------------------------------
+# which device
+
+
+def check_device_spec(spec: str) -> None:
+    """A ConfigError unless ``spec`` is auto, cpu, cuda or cuda:N (availability is checked by :func:`resolve_device`)."""
+    if not isinstance(spec, str) or not _DEVICE.match(spec):
+        raise ConfigError(f"device={spec!r} is not valid; choose auto, cpu, cuda or cuda:N")
+
+
+def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
+    """``auto`` -> CUDA when present (under torchrun, this rank's ``cuda:LOCAL_RANK``), else the CPU; ``cuda`` /
+    ``cuda:N`` without such a device is a one-line :class:`UserError`. Example: on a CPU-only machine
+    ``resolve_device("cuda")`` -> "--device cuda: no CUDA device is available (...); use --device cpu or auto"."""
+    check_device_spec(spec)
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise UserError(f"--device {spec}: no CUDA device is available ({why}); use --device cpu or auto")
+    n = torch.cuda.device_count()
+    index = int(spec.split(":")[1]) if ":" in spec else (local_rank or 0)
+    if index >= n:
+        raise UserError(f"--device {spec}: this machine has {n} CUDA device{'s' if n != 1 else ''} (cuda:0..{n - 1})")
+    return torch.device("cuda", index)
+
+
+def available_devices() -> list[str]:
+    """The devices tests can run on here: ``["cpu"]``, plus ``"cuda"`` when a GPU is visible."""
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# ---------------------------------------------------------------------------------------------
+# accounting: FLOPs per token, the peak table, memory
+
+
+def flop_shape(model: nn.Module) -> tuple[int, int, int]:
+    """(layers, query heads, head width) of the transformer inside ``model`` (posttrain's GPT, a Hugging Face model,
+    or either wrapped in a reward/value head)."""
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is None:
+            continue
+        if hasattr(c, "n_layer") and hasattr(c, "n_head"):  # GPTConfig, GPT2Config
+            d = getattr(c, "d_model", None) or getattr(c, "n_embd")
+            return int(c.n_layer), int(c.n_head), int(d // c.n_head)
+        if hasattr(c, "num_hidden_layers") and hasattr(c, "num_attention_heads"):  # Llama, Qwen2, ...
+            q = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            return int(c.num_hidden_layers), int(c.num_attention_heads), int(q)
+    raise TypeError(f"{type(model).__name__}: no transformer config to count FLOPs from")
+
+
+def matmul_params(model: nn.Module) -> int:
+    """N of the FLOP count: every parameter once, less the embedding tables used only as lookups (position
+    embeddings; an input embedding whose weight is not also an output projection's)."""
+    params = {id(p): p.numel() for p in model.parameters()}
+    projected = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)} - projected
+    return sum(n for k, n in params.items() if k not in lookups)
+
+
+def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, seq_len: int) -> int:
+    """Training FLOPs per token, ``6 N + 12 L H Q T`` (module docstring). Example: N=1000, L=2, H=2, Q=8, T=16 ->
+    6000 + 12*2*2*8*16 = 12144."""
+    return 6 * n_params + 12 * n_layer * n_head * head_dim * seq_len
+
+
+# Dense (no structured sparsity) datasheet peaks in FLOP/s: (bf16/fp16 tensor cores, fp32 without tensor cores).
+# The first name that occurs in torch.cuda.get_device_name() wins, so longer names come first.
+PEAK_FLOPS = (
+    ("GH200", 989e12, 67e12),
+    ("H200", 989e12, 67e12),
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100 NVL", 835e12, 60e12),
+    ("H100", 989e12, 67e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H800", 989e12, 67e12),
+    ("B200", 2250e12, 80e12),
+    ("A100", 312e12, 19.5e12),
+    ("A800", 312e12, 19.5e12),
+    ("L40S", 362e12, 91.6e12),
+    ("L40", 181e12, 90.5e12),
+    ("L4", 121e12, 30.3e12),
+    ("A10G", 70e12, 31.2e12),
+    ("A10", 125e12, 31.2e12),
+    ("RTX 4090", 165e12, 82.6e12),
+    ("RTX 3090", 71e12, 35.6e12),
+    ("A6000", 155e12, 38.7e12),
+    ("V100", 125e12, 15.7e12),  # fp16 only: no bf16 tensor cores
+    ("T4", 65e12, 8.1e12),  # fp16 only
+)
+
+
+def peak_flops(device: torch.device | str, dtype: str = "bf16") -> float | None:
+    """The device's peak FLOP/s for ``dtype`` (fp32 | bf16 | fp16) from :data:`PEAK_FLOPS`; None on the CPU and
+    for a GPU the table does not list. Example: "NVIDIA H100 80GB HBM3", bf16 -> 989e12."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return peak_flops_of(torch.cuda.get_device_name(device), dtype)
+
+
+def peak_flops_of(name: str, dtype: str = "bf16") -> float | None:
+    """:func:`peak_flops` by the GPU's name (testable without one)."""
+    for key, half, fp32 in PEAK_FLOPS:
+        if key in name:
+            return fp32 if dtype == "fp32" else half
+    return None
+
+
+def peak_memory(device: torch.device | str) -> tuple[float | None, str]:
+    """(peak bytes, what was measured): ``cuda_max_allocated`` (tensors torch allocated on the device since the run
+    started) or ``cpu_max_rss`` (the process's maximum resident set size since it started, all memory included)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return float(rss if sys.platform == "darwin" else rss * 1024), "cpu_max_rss"
+
+
+# ---------------------------------------------------------------------------------------------
+# the run's device: precision, loss scale, counters
+
+
+@dataclass
+class LossScale:
+    """fp16's dynamic loss scale, on ``torch.amp.GradScaler``'s schedule: start at 2**16, halve on an overflow (that
+    step is dropped), double after ``growth_interval`` steps without one. An update decided after a step is applied
+    before the next scaled forward, so every backward pass of one optimizer step sees the same scale."""
+
+    scale: float = 2.0**16
+    growth_interval: int = 2000
+    clean: int = 0
+    pending: bool | None = None  # an unscale happened: True = it overflowed, False = it did not
+    overflows: int = 0
+
+    def for_forward(self) -> float:
+        if self.pending is not None:
+            if self.pending:
+                self.scale, self.clean = self.scale / 2, 0
+            else:
+                self.clean += 1
+                if self.clean >= self.growth_interval:
+                    self.scale, self.clean = self.scale * 2, 0
+            self.pending = None
+        return self.scale
+
+
+@dataclass
+class RunDevice:
+    """One run's device and precision, and its counters since the last :meth:`step_metrics`."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: str = "fp32"
+    grad_checkpointing: bool = False
+    compile: bool = False
+    loss_scale: LossScale | None = None
+    scaled: set = field(default_factory=set)  # ids of parameters under the fp16 loss scale
+    tokens: int = 0
+    flops: float = 0.0
+    rollout_tokens: int = 0
+    rollout_seconds: float = 0.0
+    totals: dict = field(default_factory=lambda: {"tokens": 0, "flops": 0.0, "seconds": 0.0, "rollout": [0, 0.0]})
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is not valid; choose one of: {', '.join(DTYPES)}")
+        if self.dtype == "fp16" and self.loss_scale is None:
+            self.loss_scale = LossScale()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def plain(self) -> bool:
+        """The CPU in fp32 without checkpointing or compile: nothing to change (the bitwise path)."""
+        return self.device.type == "cpu" and self.dtype == "fp32" and not self.grad_checkpointing and not self.compile
+
+    def autocast(self):
+        """The compute context: ``torch.autocast`` in the compute dtype, or nothing for fp32."""
+        if self.dtype == "fp32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype)
+
+    def count(self, input_ids: torch.Tensor, n_params: int, shape: tuple[int, int, int]) -> None:
+        B, T = input_ids.shape[0], input_ids.shape[-1]
+        self.tokens += B * T
+        self.flops += B * T * flops_per_token(n_params, *shape, T)
+
+    def count_rollout(self, tokens: int, seconds: float) -> None:
+        self.rollout_tokens += int(tokens)
+        self.rollout_seconds += seconds
+
+    def step_metrics(self, seconds: float) -> dict:
+        """The counters of one step that took ``seconds`` as metrics, then reset: ``train_tokens_per_s`` (positions
+        through the trained models' forwards with gradients), ``mfu`` (left out where the peak is unknown: the CPU),
+        ``rollout_tokens_per_s`` (when the step sampled), ``loss_scale`` (fp16)."""
+        tot = self.totals
+        tot["tokens"] += self.tokens
+        tot["flops"] += self.flops
+        tot["seconds"] += seconds
+        out = {}
+        if self.tokens:
+            out["train_tokens_per_s"] = self.tokens / max(seconds, 1e-9)
+            mfu = self._mfu(self.flops, seconds)
+            if mfu is not None:  # None on the CPU and on a GPU the peak table does not list
+                out["mfu"] = mfu
+        if self.rollout_tokens:
+            out["rollout_tokens_per_s"] = self.rollout_tokens / max(self.rollout_seconds, 1e-9)
+            tot["rollout"][0] += self.rollout_tokens
+            tot["rollout"][1] += self.rollout_seconds
+        if self.loss_scale is not None:
+            out["loss_scale"] = self.loss_scale.scale
+        self.tokens, self.flops, self.rollout_tokens, self.rollout_seconds = 0, 0.0, 0, 0.0
+        return out
+
+    def _mfu(self, flops: float, seconds: float) -> float | None:
+        peak = peak_flops(self.device, self.dtype)
+        return None if peak is None or seconds <= 0 else flops / seconds / peak
+
+    def summary(self) -> dict:
+        """What ``summary.json`` keeps: the device, dtype, tokens/s and MFU over all steps, peak memory."""
+        tot, (mem, kind) = self.totals, peak_memory(self.device)
+        out = {"device": str(self.device), "dtype": self.dtype}
+        if tot["tokens"]:
+            out["train_tokens_per_s"] = tot["tokens"] / max(tot["seconds"], 1e-9)
+            out["mfu"] = self._mfu(tot["flops"], tot["seconds"])
+        if tot["rollout"][0]:
+            out["rollout_tokens_per_s"] = tot["rollout"][0] / max(tot["rollout"][1], 1e-9)
+        out["peak_memory_gb"] = None if mem is None else mem / 2**30
+        out["peak_memory_kind"] = kind
+        if self.loss_scale is not None:
+            out["fp16_overflow_steps"] = self.loss_scale.overflows
+        return out
+
+
+_ACTIVE: RunDevice | None = None
+
+
+def activate(rd: RunDevice | None) -> RunDevice | None:
+    """Make ``rd`` the device of the training run in this process (None: no run); returns it."""
+    global _ACTIVE
+    _ACTIVE = rd
+    return rd
+
+
+def active() -> RunDevice | None:
+    """The device of the training run in this process, or None outside one."""
+    return _ACTIVE
+
+
+@contextlib.contextmanager
+def rollout_timer(count_tokens):
+    """Time a sampling call for ``rollout_tokens_per_s``: ``with rollout_timer(lambda: n_tokens): ...``."""
+    import time
+
+    t0 = time.perf_counter()
+    yield
+    if _ACTIVE is not None:
+        _ACTIVE.count_rollout(count_tokens(), time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------
+# placing models
+
+
+def _placed_class(cls: type) -> type:
+    """A subclass of ``cls`` (same name, so ``save_pretrained`` records the same architecture) whose forward runs
+    under the run's autocast, counts its training tokens and scales fp16 gradients at the output."""
+    if getattr(cls, "_posttrain_placed", False):
+        return cls
+
+    def forward(self, *args, **kwargs):
+        rd: RunDevice = self.__dict__["_posttrain_device"]
+        training = self.training and torch.is_grad_enabled() and self.__dict__.get("_posttrain_counted", False)
+        scale = rd.loss_scale.for_forward() if training and rd.loss_scale is not None else None
+        if training:
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if isinstance(ids, torch.Tensor):
+                n_params, *shape = self.__dict__["_posttrain_flop_shape"]
+                rd.count(ids, n_params, tuple(shape))
+        with rd.autocast():
+            out = cls.forward(self, *args, **kwargs)
+        return _scale_outputs(out, scale) if scale is not None else out
+
+    return type(cls.__name__, (cls,), {"forward": forward, "_posttrain_placed": True, "__module__": cls.__module__})
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient times ``scale`` backward (fp16 loss scaling at a model's output)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.scale, None
+
+
+def _scale_outputs(out, scale: float):
+    if isinstance(out, torch.Tensor):
+        return _ScaleGrad.apply(out, scale) if out.is_floating_point() and out.requires_grad else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_scale_outputs(o, scale) for o in out)
+    if isinstance(out, dict):  # a Hugging Face ModelOutput (its items are its attributes)
+        for k in list(out.keys()):
+            out[k] = _scale_outputs(out[k], scale)
+        return out
+    if hasattr(out, "__dataclass_fields__"):  # posttrain's LMOutput and head outputs
+        for k in out.__dataclass_fields__:
+            setattr(out, k, _scale_outputs(getattr(out, k), scale))
+    return out
+
+
+def enable_grad_checkpointing(model: nn.Module) -> None:
+    """Per-block activation checkpointing: posttrain's GPT and Hugging Face models through their own
+    ``gradient_checkpointing_enable()`` (the outermost such module of each branch)."""
+    done = False
+    for m in model.modules():
+        if hasattr(m, "gradient_checkpointing_enable") and not getattr(m, "_posttrain_ckpt", False):
+            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            for sub in m.modules():
+                sub._posttrain_ckpt = True
+            done = True
+    if not done:
+        raise ConfigError(f"--grad-checkpointing: {type(model).__name__} has no transformer blocks to checkpoint")
+
+
+def place(model: nn.Module, rd: RunDevice, *, count: bool = True) -> nn.Module:
+    """The trained model on ``rd``'s device in fp32, with gradient checkpointing and ``torch.compile`` when asked,
+    its forward under autocast and (``count``) its training forwards counted. On the CPU in fp32 the model is
+    returned untouched (the bitwise path) but its tokens are still counted."""
+    if rd.grad_checkpointing:
+        enable_grad_checkpointing(model)
+    model.to(rd.device)
+    model.__class__ = _placed_class(type(model))
+    model.__dict__["_posttrain_device"] = rd
+    model.__dict__["_posttrain_counted"] = count
+    model.__dict__["_posttrain_flop_shape"] = (matmul_params(model), *_shape_or_zero(model))
+    if rd.loss_scale is not None and count:
+        rd.scaled |= {id(p) for p in model.parameters()}
+    if rd.compile:
+        _compile(model)
+    return model
+
+
+def _shape_or_zero(model: nn.Module) -> tuple[int, int, int]:
+    try:
+        return flop_shape(model)
+    except TypeError:
+        return 0, 0, 0  # not a transformer: 6N only
+
+
+def _compile(model: nn.Module) -> None:
+    """``torch.compile`` each transformer block (the top-level forward, the cache and the counting stay eager),
+    or the whole model when it has no ``blocks``."""
+    blocks = [m for m in model.modules() if isinstance(getattr(m, "blocks", None), nn.ModuleList)]
+    if blocks:
+        for b in blocks[0].blocks:
+            b.compile()
+    else:
+        model.compile()
+
+
+def place_frozen(model: nn.Module, rd: RunDevice) -> nn.Module:
+    """A frozen model (reference, reward model) on ``rd``'s device with its weights in the compute dtype and its
+    forward under autocast; on the CPU in fp32, untouched."""
+    if rd.device.type == "cpu" and rd.dtype == "fp32":
+        return model
+    model.to(device=rd.device, dtype=rd.compute_dtype)
+    model.__class__ = _placed_class(type(model))
+    model.__dict__["_posttrain_device"] = rd
+    model.__dict__["_posttrain_counted"] = False
+    return model
+
+
+def portable(obj):
+    """``obj`` (a state dict, an optimizer state, nested dicts and lists) with every tensor on the CPU and every
+    floating one in fp32: what checkpoints hold, loadable on any machine. CPU fp32 tensors are returned as they are."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", torch.float32) if obj.is_floating_point() else obj.detach().to("cpu")
+    if isinstance(obj, dict):
+        return {k: portable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(portable(v) for v in obj)
+    return obj
+
+
+def unscale_grads(params: list[torch.nn.Parameter]) -> bool:
+    """fp16: divide the gradients by the loss scale (before clipping); returns False when the run has no loss
+    scale. A gradient of a parameter outside the placed models was never scaled: a ConfigError names it."""
+    rd = _ACTIVE
+    if rd is None or rd.loss_scale is None:
+        return False
+    grads = [p.grad for p in params if p.grad is not None]
+    if any(id(p) not in rd.scaled for p in params if p.grad is not None):
+        raise ConfigError("--dtype fp16: this trainer updates parameters outside its placed models; use --dtype bf16")
+    if grads:
+        torch._foreach_mul_(grads, 1.0 / rd.loss_scale.scale)
+    return True
+
+
+def after_clip(params: list[torch.nn.Parameter], norm: float) -> float:
+    """fp16: a non-finite gradient norm is an overflow, not a divergence: drop the gradients (the optimizer skips
+    parameters without one: weights and moments stay), halve the scale, report the norm as 0. Else ``norm``."""
+    rd = _ACTIVE
+    if rd is None or rd.loss_scale is None:
+        return norm
+    ok = math.isfinite(norm)
+    rd.loss_scale.pending = not ok
+    if ok:
+        return norm
+    rd.loss_scale.overflows += 1
+    for p in params:
+        p.grad = None
+    return 0.0
