@@ -76,6 +76,7 @@ from posttrain.trainers.checkpoint import (
 )
 from posttrain.trainers.dpo_config import PRESETS, DPOConfig, check_loss_kwargs, loss_options  # noqa: F401  (also imported from here)
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.preference_eval import PairEval, is_pairs_file, pair_eval_metrics
 
 # ---------------------------------------------------------------------------------------------
 # what a loss needs, by declaration
@@ -223,6 +224,7 @@ class DPOState:
     guard: NonFiniteGuard
     world: distributed.World = dataclasses.field(default_factory=distributed.World)
     train_model: torch.nn.Module | None = None  # the policy, or its DDP wrapper under torchrun (forward + backward)
+    pair_eval: PairEval | None = None  # held-out pairs: eval_loss, eval_rewards/* (trainers/preference_eval.py)
 
     @property
     def reference(self) -> str:
@@ -280,11 +282,25 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
 
     # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
     examples = fit(load_user_data(cfg.data, unpaired, chat, cfg.on_bad_line)) if cfg.data else None
+    held_pairs = None  # held-out (prompt, chosen, rejected): TRL's eval metrics (paired losses)
     if examples is not None:  # no --eval-data: a held-out slice of --data is not trained on (tasks/base.py)
         keep = task.hold_out(examples, key=lambda x: x.prompt, as_problem=_problem)
         if len(keep) < len(examples):
+            kept = set(keep)
+            held_pairs = [examples[i] for i in range(len(examples)) if i not in kept]
             examples = examples.subset(keep) if hasattr(examples, "subset") else [examples[i] for i in keep]
-    evals = task.eval_set(chat)  # --eval-data, that slice as (prompt, chosen), or the embedded task's problems
+    if cfg.eval_data and is_pairs_file(cfg.eval_data):  # --eval-data of pairs: scored by the loss, and generation
+        held_pairs = fit_pairs(
+            load_preference_pairs(cfg.eval_data, chat=chat, on_bad_line=cfg.on_bad_line),
+            tokenizer,
+            window=model_window(init.model),
+            long=cfg.long,
+            max_prompt_length=cfg.max_prompt_length,
+            max_completion_length=cfg.max_completion_length,
+        )
+        evals = [(p.prompt, p.chosen) for p in held_pairs]  # generation: the preferred answer, exact match
+    else:
+        evals = task.eval_set(chat)  # --eval-data, that slice as (prompt, chosen), or the embedded task's problems
     evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
     if task.note:
         print(task.note)
@@ -306,9 +322,12 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
 
     ref_model = None if choice.reference_free else reference_model(policy, lambda: common.frozen(init.model))
     ref_table = None
+    pair_eval = PairEval(PairedData(held_pairs, tokenizer, cfg)) if held_pairs and not unpaired else None
     if ref_model is not None and cfg.precompute_ref:
         t0 = time.perf_counter()
         ref_table = data.precompute(ref_model)  # (N, 2) or (N, 1)
+        if pair_eval is not None:
+            pair_eval.ref_table = pair_eval.data.precompute(ref_model)  # (M, 2)
         print(f"reference log-probs precomputed for {len(examples)} examples in {time.perf_counter() - t0:.1f}s")
         if not unpaired:
             ref_model = None  # no longer needed: one forward pass per step
@@ -347,6 +366,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         NonFiniteGuard(cfg.nan_patience),
         world,
         policy if fsdp else distributed.wrap_ddp(policy, world),
+        pair_eval,
     )
     print(
         f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
@@ -391,6 +411,23 @@ def run_eval(s: DPOState):
         max_new_tokens=s.cfg.max_new_tokens,
         keep_samples=5,
         max_prompt_tokens=s.eval_window,
+    )
+
+
+def pair_metrics(s: DPOState) -> dict:
+    """TRL's held-out preference metrics (``eval_loss``, ``eval_rewards/accuracies``, ...), or {} without pairs."""
+    if s.pair_eval is None:
+        return {}
+    return pair_eval_metrics(
+        s.pair_eval,
+        policy=s.policy,
+        ref_model=s.ref_model,
+        choice=s.choice,
+        beta=s.beta,
+        loss_kwargs=s.cfg.loss_kwargs,
+        state=s.loss_state,
+        seed=s.cfg.seed,
+        batch=s.cfg.batch_size,
     )
 
 
@@ -462,6 +499,7 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
         "heldout_accuracy": last_eval.accuracy,
         "heldout_n": last_eval.n,
         **({"heldout_accuracy_init": init_eval.accuracy} if init_eval is not None else {}),
+        **({**pair_metrics(s), "eval_pairs": len(s.pair_eval)} if s.pair_eval is not None else {}),
         "num_examples": len(s.data.examples),
         "pairs": s.pair_info,
         "params": common.n_params(s.policy),
@@ -496,6 +534,7 @@ def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False
         if common.should_eval(done, cfg.eval_every, cfg.steps):
             last_eval = run_eval(s)
             metrics["heldout_accuracy"] = last_eval.accuracy
+            metrics.update(pair_metrics(s))
             s.policy.train()
         s.logger.log(done, metrics)
         bar.set_postfix(

@@ -38,7 +38,7 @@ from posttrain.chat import chat_tokenizer, resolve_chat
 from posttrain.config import check_fields, knob
 from posttrain.data.batches import batch_indices  # noqa: F401  (also imported from here by older callers)
 from posttrain.data.checks import LONG_POLICIES
-from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
+from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP, load_sft_data
 from posttrain.data.demos import fit_demos
 from posttrain.errors import ConfigError
 from posttrain.evaluation import evaluate, fit_prompts, prompt_window, sample_line
@@ -58,6 +58,7 @@ from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
 from posttrain.trainers.run_dir import read_run, run_root
 from posttrain.trainers.selection import BestKeeper, save_with_best, split_validation
+from posttrain.trainers.sft_eval import heldout_loss, is_demos_file
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
@@ -217,6 +218,7 @@ class SFTState:
     tokens_seen: int = 0
     last_eval: object = None  # the last held-out EvalResult
     name: str = "sft"
+    held: tuple | None = None  # (ids, loss mask) of held-out demonstrations: eval_loss
 
     # the engine's Trainer shape; each part is this module's function of the state (so it can be replaced in tests)
     def train_step(self, step: int) -> dict:
@@ -260,9 +262,17 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         t.tokenizer = chat_tokenizer(t.tokenizer, chat)  # with a template, EOS is its end-of-turn token
         fitted, ids, loss_mask = fit_demos(t.tokenizer, demos, t.model, cfg.long, chat)
         keep = task.hold_out(fitted)  # no --eval-data: a held-out slice of --data is not trained on (tasks/base.py)
+        held = None  # (ids, loss mask) of held-out demonstrations: eval_loss (trainers/sft_eval.py)
         if len(keep) < len(fitted):
+            out_idx = sorted(set(range(len(fitted))) - set(keep))
+            held = (ids[out_idx], loss_mask[out_idx])
             fitted, ids, loss_mask = [fitted[i] for i in keep], ids[keep], loss_mask[keep]
-        evals = task.eval_set(chat)  # --eval-data, that slice, or the embedded task's held-out problems
+        if getattr(cfg, "eval_data", None) and is_demos_file(cfg.eval_data):  # conversations: loss + generation
+            e_demos = load_sft_data(cfg.eval_data, "evaluation", on_bad_line=cfg.on_bad_line)
+            e_fitted, e_ids, e_mask = fit_demos(t.tokenizer, e_demos, t.model, cfg.long, chat)
+            held, evals = (e_ids, e_mask), list(e_fitted)  # generation: each one's prompt and last reply
+        else:
+            evals = task.eval_set(chat)  # --eval-data, that slice, or the embedded task's held-out problems
         train_idx, val_idx = split_validation(fitted, cfg.val_fraction)
         evals = fit_prompts(t.tokenizer, evals, model=t.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
         if t.world.distributed and cfg.batch_size < t.world.world_size * cfg.grad_accum:
@@ -270,10 +280,10 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
                 f"batch_size={cfg.batch_size} must be >= processes x grad_accum = "
                 f"{t.world.world_size} x {cfg.grad_accum}"
             )
-        return fitted, ids[train_idx], loss_mask[train_idx], [fitted[i] for i in val_idx], evals
+        return fitted, ids[train_idx], loss_mask[train_idx], [fitted[i] for i in val_idx], evals, held
 
     t = open_training(cfg, "sft", resume, overwrite, build=build, inputs=inputs)
-    demos, ids, loss_mask, vals, evals = t.inputs
+    demos, ids, loss_mask, vals, evals, held = t.inputs
     if task.note:
         print(task.note)
     best = BestKeeper()
@@ -302,6 +312,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         NonFiniteGuard(cfg.nan_patience),
         world=t.world,
         train_model=t.train_model,
+        held=held,
     )
 
 
@@ -337,6 +348,8 @@ def evaluate_step(s: SFTState, done: int, metrics: dict) -> None:
         s.best.offer(done, metrics["val_accuracy"], s.model)
     s.last_eval = run_eval(s)  # logged for the curve only: selection never looks at the evaluation split
     metrics["heldout_accuracy"] = s.last_eval.accuracy
+    if s.held is not None:
+        metrics["eval_loss"] = heldout_loss(s.model, *s.held, sft_loss)
 
 
 def run_eval(s: SFTState):
@@ -446,6 +459,7 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
         "val_n": len(s.vals),
         "heldout_accuracy": last_eval.accuracy,
         "heldout_n": last_eval.n,
+        **({"eval_loss": heldout_loss(s.model, *s.held, sft_loss), "eval_demos": len(s.held[0])} if s.held else {}),
         "num_demos": len(s.demos),
         "train_demos": len(s.ids),
         "params": common.n_params(s.model),
