@@ -75,10 +75,14 @@ def fit_prompts(tokenizer, pairs, *, model, max_new_tokens: int, long: str = "er
     return pairs.subset(kept) if hasattr(pairs, "subset") else [pairs[i] for i in kept]
 
 
+SHOW_CHARS = 200  # characters of a printed prompt, completion or answer (then "..."): a 50 MB record prints short
+
+
 def sample_line(s: dict) -> str:
-    """One printed line for an evaluation sample, prompt/completion/answer escaped (untrusted text)."""
-    verdict = "ok" if s["correct"] else "want " + printable(s["answer"])
-    return f"  {printable(s['prompt'])}{printable(s['completion']):<6} {verdict}"
+    """One printed line for an evaluation sample, prompt/completion/answer escaped (untrusted text) and each cut to
+    :data:`SHOW_CHARS` characters."""
+    verdict = "ok" if s["correct"] else "want " + printable(s["answer"], SHOW_CHARS)
+    return f"  {printable(s['prompt'], SHOW_CHARS)}{printable(s['completion'], SHOW_CHARS):<6} {verdict}"
 
 
 BEST_OF_RULES = ("max", "weighted")

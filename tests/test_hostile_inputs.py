@@ -320,6 +320,15 @@ def test_eval_long_truncate_prints_short_examples_of_a_huge_record(sft, tmp_path
     assert len(out) < 5_000, len(out)
 
 
+def test_the_trainers_sample_lines_are_short_for_huge_records():
+    from posttrain.evaluation import SHOW_CHARS, sample_line
+
+    big = {"prompt": "7" * 10**6, "completion": "\x1b" * 10**6, "answer": "9" * 10**6, "correct": False}
+    line = sample_line(big)
+    assert len(line) <= 3 * (4 * SHOW_CHARS + 3) + 20  # each field cut, escapes (\\x1b) at most 4 characters each
+    assert line.startswith("  " + "7" * SHOW_CHARS + "...") and "\x1b" not in line
+
+
 def test_a_nested_range_template_fails_within_its_budget():
     from posttrain.chat import RANGE_ITEMS, JinjaTemplate
 

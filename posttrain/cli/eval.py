@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 NAME = "eval"
-SHOW_CHARS = 200  # characters of a prompt, completion or answer printed per --show example (then "...")
 HELP = "evaluate a checkpoint on a JSONL of {prompt, answer} by generation (greedy by default; best-of-N with an RM)"
 
 
@@ -102,7 +101,7 @@ def run(args) -> int:
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.data.pairs import load_pairs
     from posttrain.errors import UserError
-    from posttrain.evaluation import accuracy_by, best_of_n_evaluate, evaluate, fit_prompts, prompt_window
+    from posttrain.evaluation import SHOW_CHARS, accuracy_by, best_of_n_evaluate, evaluate, fit_prompts, prompt_window
     from posttrain.generate import SamplingConfig
     from posttrain.tasks.arithmetic import layout
     from posttrain.text import printable
