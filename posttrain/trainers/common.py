@@ -16,26 +16,25 @@ top to bottom in one file.
 
 - ``lr_at(step)``: linear warmup to the peak, then cosine decay to ``min_lr_ratio * peak``. A pure function
   of the step, so resuming needs no scheduler state.
-- ``MetricsLogger``: one JSON line per step in ``metrics.jsonl`` (and TensorBoard when asked and installed);
-  on resume, lines past the resumed step are dropped first, so the file reads like one uninterrupted run.
+- ``MetricsLogger`` (:mod:`posttrain.loggers`): one JSON line per step in ``metrics.jsonl``, plus TensorBoard and
+  W&B when asked; on resume, lines past the resumed step are dropped first, so the file reads like one run.
 - ``make_optimizer``: AdamW with weight decay on matrices (linear and embedding weights), none on biases and norms:
   the usual GPT recipe.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
+from posttrain.loggers import MetricsLogger  # noqa: F401 - the trainers' logger (metrics.jsonl + sinks)
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.trainers import distributed
 from posttrain.trainers.engine import device
@@ -115,53 +114,6 @@ def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
     device.unscale_grads(params)  # fp16: the loss-scaled gradients back to their size (else nothing)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm and max_norm > 0 else float("inf"))
     return device.after_clip(params, float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
-
-
-class MetricsLogger:
-    """Append-only ``metrics.jsonl`` (+ optional TensorBoard); under ``torchrun`` only rank 0 writes."""
-
-    def __init__(self, out_dir: str | Path, kind: str = "jsonl", resume_step: int | None = None):
-        self.path = Path(out_dir) / "metrics.jsonl"
-        self._fh = self._tb = None
-        if not distributed.world().is_main:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is not None and self.path.exists():
-            kept = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()  # a fresh run starts a fresh log
-        self._fh = open(self.path, "a", encoding="utf-8")
-        self._tb = None
-        if kind == "tensorboard":
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                print("warning: --logger tensorboard needs the tensorboard package; logging to metrics.jsonl only")
-            else:
-                self._tb = SummaryWriter(log_dir=str(Path(out_dir) / "tensorboard"))
-
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        if self._fh is None:
-            return
-        rec = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
-        self._fh.write(json.dumps(rec) + "\n")
-        self._fh.flush()
-        if self._tb is not None:
-            for k, v in rec.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        if self._fh is None:
-            return
-        self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
 
 
 def _plain(v):
