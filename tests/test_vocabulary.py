@@ -44,15 +44,27 @@ JSON_SUFFIXES = {".json", ".jsonl"}
 SELF = Path(__file__).resolve()
 
 
+SKIP_DIRS = {".git", ".venv", "build", "dist", "site", "runs", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+
+
 def user_files() -> list[Path]:
-    """Tracked files and untracked ones git does not ignore (a fresh clone and a working tree alike)."""
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    """Tracked files and untracked ones git does not ignore (a fresh clone and a working tree alike); outside a git
+    checkout (an sdist, a ``git archive``), every file but build outputs and caches."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(
+            p
+            for p in ROOT.rglob("*")
+            if p.is_file()
+            and not any(part in SKIP_DIRS or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts)
+        )
     return sorted({ROOT / p for p in out.split("\0") if p and (ROOT / p).is_file()})
 
 
