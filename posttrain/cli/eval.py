@@ -7,6 +7,8 @@ sample; ``--heldout all`` takes the whole split either way (half the sampling no
 ``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; :func:`posttrain.tasks.arithmetic.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
 prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside
 greedy accuracy and the oracle pass@N (:func:`posttrain.evaluation.best_of_n_evaluate`).
+A diverged checkpoint (NaN/Inf weights or logits) is refused with one line; the ``--show`` examples print each
+field cut to 200 characters (``evaluation.SHOW_CHARS``), however long the record.
 """
 
 from __future__ import annotations

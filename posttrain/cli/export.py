@@ -13,6 +13,9 @@ this one process, with no process group (``trainers/sharded.consolidate``): by d
 checkpoint (one ``model.safetensors`` with the tokenizer and state: what ``--init`` and ``eval`` read),
 or with ``--format hf`` into the Hugging Face layout as above. ``--format safetensors`` writes the plain
 checkpoint for any input (LoRA merged with ``--merge-lora``).
+
+A diverged model (a NaN/Inf weight, or finite weights whose forward pass gives NaN/Inf logits) is refused with one
+line (:func:`posttrain.trainers.checkpoint.refuse_nonfinite_model`): nothing is written.
 """
 
 from __future__ import annotations
