@@ -44,7 +44,7 @@ JSON_SUFFIXES = {".json", ".jsonl"}
 SELF = Path(__file__).resolve()
 
 
-SKIP_DIRS = {".git", ".venv", "build", "dist", "site", "runs", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+SKIP_DIRS = set(".git .venv build dist site runs __pycache__ .pytest_cache .hypothesis .ruff_cache".split())
 
 
 def user_files() -> list[Path]:
