@@ -35,8 +35,8 @@ demo: $(STAMP_CORE)
 	$(BIN)/posttrain pipeline --preset tiny --jobs 2 --out $(DEMO_OUT)
 
 test: $(STAMP_DEV)
-	$(BIN)/ruff check posttrain tests benchmarks
-	$(BIN)/ruff format --check posttrain tests benchmarks
+	$(BIN)/ruff check posttrain tests benchmarks tools
+	$(BIN)/ruff format --check posttrain tests benchmarks tools
 	$(BIN)/python -m pytest tests --durations=15  # the slowest tests, to keep the suite well under 15 min on 2 cores
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet  # broken links, anchors and API references fail
 
