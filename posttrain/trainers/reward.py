@@ -31,10 +31,10 @@ Checkpoint = an ordinary LM checkpoint of the backbone (loadable by ``load_check
 :func:`posttrain.rewards.reward_model.load_reward_model` reads it back; the reward registry lists a
 ``reward_model`` entry (``fn(prompts, completions) -> list[float]``) so RL can train against it.
 
-Shape (every trainer's, ``trainers/common.py``): ``setup(cfg, resume, overwrite) -> RMState``,
+Shape (every trainer's, ``trainers/engine/protocol.py``): ``setup(cfg, resume, overwrite) -> RMState``,
 ``train_step(state, step) -> metrics``, ``run_eval`` (held-out pairs), ``save`` (a periodic checkpoint through
 the run's one ``CheckpointManager``), ``finish`` (reward mean/std, ``model/``, ``summary.json``);
-:func:`train_reward_model` is the loop over them. ``reward_eval.eval_reward_model`` (``--eval-only``) scores any RM
+the one loop (``trainers/engine/run.py``) drives them. ``reward_eval.eval_reward_model`` (``--eval-only``) scores any RM
 checkpoint on a ``{prompt, chosen, rejected}`` file: ``summary.json`` with ``pairwise_accuracy`` and ``n``.
 
 Not handled: Plackett-Luce rankings and pointwise scores from files (the losses exist in
@@ -71,16 +71,9 @@ from posttrain.tasks.base import heldout_note, heldout_split
 from posttrain.tasks.files import task_for
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
-from posttrain.trainers.checkpoint import (
-    CheckpointManager,
-    load_checkpoint,
-    load_policy,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-    start_policy,
-    writing,
-)
+from posttrain.trainers.checkpoint import CheckpointManager, load_policy, rng_state, save_checkpoint, writing
+from posttrain.trainers.engine.run import run as engine_run
+from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
 from posttrain.trainers.reward_batches import (
     batch_rewards,
@@ -186,7 +179,7 @@ def _embedded_pairs(cfg: RMConfig, task: ArithmeticTask, init, out: Path):
 
 @dataclass
 class RMState:
-    """Everything one reward-model run holds between its parts."""
+    """Everything one reward-model run holds between its parts (the engine's Trainer shape)."""
 
     cfg: RMConfig
     run: common.Run
@@ -203,108 +196,110 @@ class RMState:
     world: distributed.World = dataclasses.field(default_factory=distributed.World)
     train_model: torch.nn.Module | None = None  # the RM, or its DDP wrapper under torchrun (forward + backward)
     groups: list = dataclasses.field(default_factory=list)  # batch_by=prompt: the training pairs' indices per prompt
+    last_eval: dict | None = None
+    name: str = "rm"
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.rm
+
+    # the engine's Trainer shape; each part is this module's function of the state
+    def train_step(self, step: int) -> dict:
+        return train_step(self, step)
+
+    def evaluate(self, done: int, metrics: dict) -> None:
+        self.last_eval = run_eval(self)
+        metrics.update(self.last_eval)
+
+    def progress(self, metrics: dict) -> dict:
+        heldout = {"heldout": f"{self.last_eval['heldout/accuracy']:.3f}"} if self.last_eval else {}
+        return {"loss": f"{metrics['loss']:.3f}", "acc": f"{metrics['accuracy']:.2f}", **heldout}
+
+    def early_stop(self, done: int) -> None:
+        return None
+
+    def save(self, done: int, metrics: dict) -> None:
+        save(self, done, metrics)
+
+    def finish(self, stopped_at: int | None, t_start: float) -> dict:
+        return finish(self, self.last_eval, t_start)
 
 
 def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> RMState:
-    """Open the run, load or build the reward model, load (or build and cache) and check the pairs."""
-    common.set_threads(cfg.threads)
-    world = distributed.init()  # one process, or this rank under torchrun
-    if world.distributed and cfg.batch_size < world.world_size:
-        raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
-    run = common.open_run(cfg, "rm", resume=resume, overwrite=overwrite)
-    common.seed_everything(cfg.seed)
+    """Open the run (trainers/engine/setup.py), load or build the reward model, load (or build and cache) and
+    check the pairs."""
     task = task_for(cfg, "preference pairs")  # --data (FileTask) or the embedded task: tasks/files.py
-    init = start_policy(cfg, "rm")
-    start_step, opt_state, rng, shards = 0, None, None, None
-    if resume and sharded.is_sharded_checkpoint(run.resume_from):  # --fsdp: weights come with the optimizer, below
-        ck = sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="rm")
-        rm, tokenizer, start_step, rng, shards = RewardModel(ck.model), ck.tokenizer, ck.step, ck.rng_state, ck.path
-        common.check_resume_step(shards, start_step, cfg.steps)
-    elif resume:
-        ck = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="rm")
-        loaded = load_reward_model(ck.path)
-        rm, tokenizer, start_step, opt_state, rng = (
-            loaded.model,
-            loaded.tokenizer,
-            ck.step,
-            ck.optimizer_state,
-            ck.rng_state,
-        )
-        common.check_resume_step(loaded.path, start_step, cfg.steps)
-    elif init is not None:
-        tokenizer = init.tokenizer
-        rm = RewardModel(init.model)  # pairs are sampled from it before any training step
-    else:
-        tokenizer = CharTokenizer(ALPHABET)
-        rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
-    apply_lora(rm.backbone.model, lora_config(cfg))  # lora_r > 0: adapters on the frozen backbone; the head trains
 
-    pair_info: dict = {}
-    if cfg.eval_data and not cfg.data:
-        raise UserError("--eval-data needs --data (the training pairs), or neither for the embedded task")
-    if cfg.data:
-        chat = resolve_chat(cfg.chat_template, tokenizer, [getattr(init, "path", None)])
-        tokenizer = chat_tokenizer(tokenizer, chat)  # with a template, EOS is its end-of-turn token
+    def build(start):  # the resumed RM, a head on the --init / --model start, or a fresh GPT with a head
+        if start.ckpt is not None and sharded.is_sharded_checkpoint(start.ckpt.path):  # weights come with the optimizer
+            rm, tokenizer = RewardModel(start.ckpt.model), start.ckpt.tokenizer
+        elif start.ckpt is not None:
+            loaded = load_reward_model(start.ckpt.path)
+            rm, tokenizer = loaded.model, loaded.tokenizer
+        elif start.init is not None:
+            rm, tokenizer = RewardModel(start.init.model), start.init.tokenizer  # pairs are sampled from it first
+        else:
+            tokenizer = CharTokenizer(ALPHABET)
+            rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
+        apply_lora(rm.backbone.model, lora_config(cfg))  # lora_r > 0: adapters on the frozen backbone; the head trains
+        return rm, tokenizer
+
+    def inputs(t):  # --data / --eval-data pairs (the embedded task's are made in the run directory, below)
+        if t.world.distributed and cfg.batch_size < t.world.world_size:
+            raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({t.world.world_size})")
+        if cfg.sft_coef > 0 and (t.world.distributed or not has_lm_head(t.model)):
+            raise UserError(
+                "--sft-coef needs a language-model backbone (posttrain's GPT or a Hugging Face causal LM, not an "
+                "encoder) on one process: the NLL comes from the backbone's own LM head; pass --sft-coef 0 to train "
+                "without it"
+            )
+        if not cfg.data:
+            if cfg.eval_data:
+                raise UserError("--eval-data needs --data (the training pairs), or neither for the embedded task")
+            return None
+        chat = resolve_chat(cfg.chat_template, t.tokenizer, [getattr(t.init, "path", None)])
+        t.tokenizer = chat_tokenizer(t.tokenizer, chat)  # with a template, EOS is its end-of-turn token
         train = load_preference_pairs(cfg.data, chat=chat, on_bad_line=cfg.on_bad_line)
         if cfg.eval_data:
-            held = load_preference_pairs(cfg.eval_data, chat=chat, on_bad_line=cfg.on_bad_line)
-        else:  # the one rule (tasks/base.py): a held-out slice of --data
-            keep, out = heldout_split([p.prompt for p in train])
-            print(heldout_note(len(out), len(train), cfg.data, "held-out pairwise accuracy"))
-            train, held = [train[i] for i in keep], [train[i] for i in out]
-    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
-    if not (cfg.data or cfg.eval_data):
-        with distributed.main_first(world):  # rank 0 samples and caches the pairs; the others read the cache
-            train, held, pair_info = _embedded_pairs(cfg, task, init, Path(run.dir))
-    train, held = (
-        fit_pairs(
-            x,
-            tokenizer,
-            window=model_window(rm),
-            long=cfg.long,
-            what=what,
-            max_prompt_length=cfg.max_prompt_length,
-            max_completion_length=cfg.max_completion_length,
-        )
-        for x, what in ((train, "training"), (held, "held-out"))
-    )
+            return train, load_preference_pairs(cfg.eval_data, chat=chat, on_bad_line=cfg.on_bad_line)
+        keep, held = heldout_split([p.prompt for p in train])  # the one rule (tasks/base.py): a slice of --data
+        print(heldout_note(len(held), len(train), cfg.data, "held-out pairwise accuracy"))
+        return [train[i] for i in keep], [train[i] for i in held]
 
-    if cfg.sft_coef > 0 and (world.distributed or not has_lm_head(rm)):
-        raise UserError(
-            "--sft-coef needs a language-model backbone (posttrain's GPT or a Hugging Face causal LM, not an "
-            "encoder) on one process: the NLL comes from the backbone's own LM head; pass --sft-coef 0 to train "
-            "without it"
+    def run_inputs(t):  # the embedded task's pairs (sampled and cached in the run directory), then all pairs fitted
+        if t.inputs is not None:
+            (train, held), pair_info = t.inputs, {}
+        else:
+            with distributed.main_first(t.world):  # rank 0 samples and caches the pairs; the others read the cache
+                train, held, pair_info = _embedded_pairs(cfg, task, t.init, Path(t.run.dir))
+        fit = dict(window=model_window(t.model), long=cfg.long, max_prompt_length=cfg.max_prompt_length)
+        fit["max_completion_length"] = cfg.max_completion_length
+        train, held = (
+            fit_pairs(x, t.tokenizer, what=what, **fit) for x, what in ((train, "training"), (held, "held-out"))
         )
-    fsdp = cfg.fsdp and world.distributed
-    if fsdp:
-        sharded.shard_model(rm)  # in place, per backbone block then the RM; FSDP's hooks reduce the gradients
-    opt = common.make_optimizer(rm, cfg.lr, cfg.weight_decay)
-    if shards is not None:  # a sharded checkpoint (any world size): weights (backbone + head) and Adam state
-        sharded.load_sharded_checkpoint(shards, rm, opt)
-    elif opt_state is not None:
-        opt.load_state_dict(opt_state)
-    if (shards is not None or opt_state is not None) and rng is not None:
-        restore_rng(rng)
-    logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
+        return train, held, pair_info
+
+    t = open_training(cfg, "rm", resume, overwrite, build=build, inputs=inputs, run_inputs=run_inputs, keep_init=True)
+    train, held, pair_info = t.inputs
     print(
-        f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(rm) / 1e6:.2f}M params, "
-        f"steps {start_step}->{cfg.steps}"
+        f"RM: {len(train)} training pairs, {len(held)} held-out pairs, {common.n_params(t.model) / 1e6:.2f}M params, "
+        f"steps {t.start_step}->{cfg.steps}"
     )
     return RMState(
         cfg,
-        run,
-        rm,
-        tokenizer,
+        t.run,
+        t.model,
+        t.tokenizer,
         train,
         held,
         pair_info,
-        opt,
-        logger,
-        CheckpointManager(run.dir, keep=cfg.keep_checkpoints),
-        start_step,
+        t.opt,
+        t.logger,
+        t.manager,
+        t.start_step,
         NonFiniteGuard(cfg.nan_patience),
-        world,
-        rm if fsdp else distributed.wrap_ddp(rm, world),
+        t.world,
+        t.train_model,
         prompt_groups(train) if cfg.batch_by == "prompt" else [],
     )
 
@@ -432,26 +427,4 @@ def finish(s: RMState, last_eval: dict | None, t_start: float) -> dict:
 
 def train_reward_model(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Train a Bradley-Terry reward model; returns the summary (also ``cfg.out/summary.json``)."""
-    s = setup(cfg, resume, overwrite)
-    last_eval, t_start = None, time.perf_counter()
-    bar = common.progress_bar(s.start_step, cfg.steps, "rm", cfg.progress)
-    s.rm.train()
-    for step in bar:
-        metrics = train_step(s, step)
-        done = step + 1
-        if s.guard.record("rm", done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            s.guard.stop("rm", done, metrics, s.logger, bar, s.run.dir)
-        if common.should_eval(done, cfg.eval_every, cfg.steps):
-            last_eval = run_eval(s)
-            metrics.update(last_eval)
-        s.logger.log(done, metrics)
-        bar.set_postfix(
-            loss=f"{metrics['loss']:.3f}",
-            acc=f"{metrics['accuracy']:.2f}",
-            **({"heldout": f"{last_eval['heldout/accuracy']:.3f}"} if last_eval else {}),
-        )
-        if common.should_save(done, cfg.save_every, cfg.steps):
-            save(s, done, metrics)
-    bar.close()
-    s.logger.close()
-    return finish(s, last_eval, t_start)
+    return engine_run(setup(cfg, resume, overwrite))

@@ -1,7 +1,8 @@
 """One setup and resume sequence for every trainer, in one order: :func:`open_training`.
 
     threads -> distributed.init -> open_run -> seeding -> model (sharded / plain resume, --init / --model, fresh)
-    -> check_resume_step -> the trainer's inputs (validated, nothing written yet) -> begin_run -> placement
+    -> check_resume_step -> the trainer's inputs (validated, nothing written yet) -> begin_run -> the inputs made in
+    the run directory -> placement
     (device; FSDP shards or the DDP wrapper) -> optimizer -> optimizer state and RNG restore -> MetricsLogger
     -> CheckpointManager
 
@@ -10,11 +11,11 @@ A trainer supplies only what is its own, as two functions of values:
 - ``build(start) -> (model, tokenizer)``: its model from a :class:`Start` (the resumed checkpoint, the ``--init`` /
   ``--model`` start, or neither: a fresh model), e.g. a reward model wraps the start in a scalar head;
 - ``inputs(t) -> anything``: its data, read and checked against the model and tokenizer before ``begin_run``
-  writes the run directory (a bad file is an error with nothing written); the result is ``t.inputs``.
-
-Work that must come after ``begin_run`` (pairs sampled from the start and cached in the run directory, a reference
-model's precomputed log-probs) is the trainer's own, after this returns: nothing here draws random numbers after
-seeding except the fresh model's initialisation, so the RNG stream a fresh run sees is the same.
+  writes the run directory (a bad file is an error with nothing written); the result is ``t.inputs``;
+- ``run_inputs(t) -> anything`` (optional): what is made into the run directory right after ``begin_run``, before
+  the model is placed or sharded (pairs sampled from the start and cached there, a reference model's precomputed
+  log-probs); its result replaces ``t.inputs``. It may draw random numbers: on a fresh run they come from the
+  seeded stream as they always did; a resumed run reads its cache and restores the RNG state after it.
 
 Seeded resume: the optimizer state and the RNG state (global torch RNG and the trainer's own generators, passed as
 ``generators``) come back from the checkpoint after the optimizer is built, so a run resumed at step k continues
@@ -110,6 +111,7 @@ def open_training(
     *,
     build: Callable[[Start], tuple[torch.nn.Module, Any]],
     inputs: Callable[[Training], Any] | None = None,
+    run_inputs: Callable[[Training], Any] | None = None,
     keep_init: bool = False,
     generators: dict[str, torch.Generator] | None = None,
 ) -> Training:
@@ -130,6 +132,8 @@ def open_training(
     if inputs is not None:
         t.inputs = inputs(t)  # the trainer's data, validated: nothing is written before this
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
+    if run_inputs is not None:
+        t.inputs = run_inputs(t)
 
     t.model = place_model(t.model, cfg)
     fsdp = getattr(cfg, "fsdp", False) and world.distributed
@@ -141,9 +145,9 @@ def open_training(
     t.opt = common.make_optimizer(t.model, cfg.lr, cfg.weight_decay)
     ckpt = start.ckpt
     if ckpt is not None:
-        if ckpt.optimizer_state is None:  # a sharded checkpoint (any world size): model and optimizer state
+        if sharded.is_sharded_checkpoint(ckpt.path):  # a sharded checkpoint (any world size): model and optimizer
             sharded.load_sharded_checkpoint(ckpt.path, t.model, t.opt)
-        else:
+        elif ckpt.optimizer_state is not None:
             t.opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
             restore_rng(ckpt.rng_state, generators)
