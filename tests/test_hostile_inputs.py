@@ -388,3 +388,29 @@ def test_writing_through_a_symlink_into_an_existing_directory_still_works(tmp_pa
     link.symlink_to(tmp_path / "real" / "out.txt")
     atomic_write_text(link, "hello")
     assert link.is_symlink() and (tmp_path / "real" / "out.txt").read_text() == "hello"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP saving without a process group: intended
+@pytest.mark.parametrize("damage", ["trainer_state.json", "config.json", "overflowing"])
+def test_a_damaged_or_diverged_sharded_checkpoint_is_not_exported(tmp_path, capsys, damage):
+    from posttrain.models.gpt import GPT, GPTConfig
+    from posttrain.tokenizers.char import CharTokenizer
+    from posttrain.trainers.distributed import World
+    from posttrain.trainers.sharded import save_sharded_checkpoint
+
+    tok = CharTokenizer("0123456789+=")
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=16, max_seq_len=16))
+    if damage == "overflowing":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(1e28)
+    opt = torch.optim.AdamW(model.parameters())
+    step = save_sharded_checkpoint(tmp_path / "step-2", model, opt, tok, {"step": 2, "trainer": "sft"}, None, World())
+    if damage != "overflowing":
+        (step / damage).write_text('{"step": ')
+    assert main(["export", str(step), "--out", str(tmp_path / "out")]) == 2
+    if damage == "overflowing":
+        _one_line(capsys, "refusing to save", "NaN/Inf logits at step 2")
+    else:
+        _one_line(capsys, str(step / damage), "not valid JSON")
+    assert not (tmp_path / "out").exists()

@@ -206,15 +206,17 @@ def read_sharded_checkpoint(directory: str | Path, expect_trainer: str):
     optimiser in :func:`load_sharded_checkpoint`), tokenizer, state and RNG, as a ``Checkpoint``."""
     from posttrain.models import build_model_from_config_dict
     from posttrain.tokenizers import load as load_tokenizer
-    from posttrain.trainers.checkpoint import Checkpoint, check_checkpoint
+    from posttrain.trainers.checkpoint import Checkpoint, check_checkpoint, load_torch_state, reading
     from posttrain.trainers.run_dir import checkpoint_state, read_json_file
 
     p = Path(directory)
     state = checkpoint_state(p)
     check_checkpoint(p, state, expect_trainer=expect_trainer)
     model = build_model_from_config_dict(read_json_file(p / "config.json"))
-    rng = torch.load(p / "rng.pt", weights_only=True) if (p / "rng.pt").is_file() else None
-    return Checkpoint(path=p, model=model, tokenizer=load_tokenizer(p / "tokenizer.json"), state=state, rng_state=rng)
+    rng = load_torch_state(p / "rng.pt") if (p / "rng.pt").is_file() else None  # corrupt: one line naming it
+    with reading(p / "tokenizer.json"):
+        tokenizer = load_tokenizer(p / "tokenizer.json")
+    return Checkpoint(path=p, model=model, tokenizer=tokenizer, state=state, rng_state=rng)
 
 
 def full_model_state(model) -> dict:
@@ -298,16 +300,16 @@ def consolidate(directory: str | Path, out: str | Path) -> Path:
     from posttrain.models.heads import REWARD_STATS_FILE
     from posttrain.tokenizers import load as load_tokenizer
     from posttrain.trainers.checkpoint import REWARD_HEAD_FILE, save_with_extras
+    from posttrain.trainers.run_dir import read_json_file  # corrupt JSON: one line naming the file
 
     src = Path(directory)
     if not (src / DCP_DIR).is_dir():
         raise UserError(f"{src} has no {DCP_DIR}/: not a sharded (--fsdp) checkpoint")
-    state = json.loads((src / "trainer_state.json").read_text())
+    state = read_json_file(src / "trainer_state.json")
     state = {k: v for k, v in state.items() if k not in ("sharded", "world_size")}
-    root = _rebuild(json.loads((src / "config.json").read_text()), "reward" if state.get("reward_model") else None)
+    root = _rebuild(read_json_file(src / "config.json"), "reward" if state.get("reward_model") else None)
     parts = {
-        f.name[: -len("_config.json")]: _rebuild(json.loads(f.read_text()), "value")
-        for f in sorted(src.glob("*_config.json"))
+        f.name[: -len("_config.json")]: _rebuild(read_json_file(f), "value") for f in sorted(src.glob("*_config.json"))
     }
     sd = {"model": root.state_dict(), **{name: m.state_dict() for name, m in parts.items()}}
     with _single_process_ok():
