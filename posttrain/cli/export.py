@@ -55,6 +55,9 @@ def run(args) -> int:
         raise UserError(f"--out {out} exists and is not an empty directory")
     if is_sharded_checkpoint(args.checkpoint):
         return _export_sharded(args, out)
+    rm_dir = _reward_model_dir(args.checkpoint)
+    if rm_dir is not None:
+        return _export_reward_model(rm_dir, out, args)
     ckpt = load_policy(args.checkpoint, role="export")
     refuse_nonfinite_model(ckpt.model, ckpt.path, "export")  # a diverged model (NaN/Inf weights or logits)
     if args.format == "safetensors":
@@ -114,6 +117,65 @@ def _export_plain(ckpt, out: Path, merge: bool) -> int:
     save_checkpoint(out, model=model, tokenizer=ckpt.tokenizer, state={**state, "exported_from": str(ckpt.path)})
     copy_chat_template(ckpt.path, out)
     print(f"exported {ckpt.path} -> {out} (plain checkpoint: {out / 'model.safetensors'})")
+    return 0
+
+
+def _reward_model_dir(path) -> Path | None:
+    """The checkpoint ``path`` names when it is a ``posttrain rm`` one (it has ``reward_head.safetensors``)."""
+    from posttrain.errors import UserError
+    from posttrain.trainers.run_dir import REWARD_HEAD_FILE, find_checkpoint
+
+    try:
+        p = find_checkpoint(path)
+    except UserError:
+        return None
+    return p if (p / REWARD_HEAD_FILE).is_file() else None
+
+
+def _export_reward_model(path: Path, out: Path, args) -> int:
+    """A reward model in transformers' sequence-classification layout (``score.weight``; models/seq_cls.py)."""
+    from posttrain.data.io import atomic_dir
+    from posttrain.errors import UserError
+    from posttrain.models.convert import gpt_to_hf_gpt2
+    from posttrain.models.gpt import GPT
+    from posttrain.models.loading import save_hf_model, save_tokenizer_for_transformers
+    from posttrain.models.lora import has_lora, merge_lora
+    from posttrain.models.seq_cls import to_sequence_classification
+    from posttrain.rewards.reward_model import load_reward_model
+    from posttrain.trainers.checkpoint import refuse_nonfinite_model
+
+    if args.format == "safetensors":
+        raise UserError(f"{path} is a reward model: it exports in the Hugging Face layout only (drop --format)")
+    loaded = load_reward_model(path)
+    backbone, tok = loaded.model.backbone.model, loaded.tokenizer
+    refuse_nonfinite_model(backbone, path, "export")
+    if has_lora(backbone):
+        if not args.merge_lora:
+            raise UserError(f"{path} holds a LoRA adapter: pass --merge-lora (the classification layout has none)")
+        backbone = merge_lora(backbone)
+    if isinstance(backbone, GPT):
+        backbone = gpt_to_hf_gpt2(backbone, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
+    if tok.pad_id is not None and tok.pad_id == tok.eos_id:
+        print(
+            "warning: the pad token is the EOS token: transformers finds the last real token as the last non-pad "
+            "one, so it scores completions at the token before their EOS (posttrain scores the EOS)"
+        )
+    head = loaded.model.head.proj
+    stats = {"mean": loaded.stats.mean, "std": loaded.stats.std} if loaded.stats is not None else {}
+    model = to_sequence_classification(backbone, head.weight, tok.pad_id, {"bias": float(head.bias), **stats})
+    with atomic_dir(out) as tmp:
+        save_hf_model(model, tmp)
+        save_tokenizer_for_transformers(
+            tok,
+            tmp,
+            model_max_length=getattr(model.config, "n_positions", None)
+            or getattr(model.config, "max_position_embeddings", None),
+        )
+        copy_chat_template(path, tmp)
+    print(
+        f"exported reward model {path} -> {out} ({type(model).__name__}, score.weight from the reward head); load "
+        f"it with AutoModelForSequenceClassification.from_pretrained({str(out)!r})"
+    )
     return 0
 
 
