@@ -136,6 +136,17 @@ class TrainPairsConfig:
         )
 
 
+def _probe_step(path: Path) -> int:
+    """The step a restart's ``probe.json`` records; a corrupt file is a one-line UserError naming it."""
+    try:
+        step = json.loads(path.read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError) as e:
+        raise UserError(f"{path}: corrupt probe record ({type(e).__name__})") from None
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise UserError(f"{path}: corrupt probe record ('step' is {step!r}, expected an integer)")
+    return step
+
+
 def restart_models(init_path: str | Path, required: bool = True, limit: int | None = None) -> list[Path]:
     """The models of the restarts of the ``sft --restarts`` run at ``init_path`` (the run or its ``model/``) but the
     kept one: a finished restart's ``model/``, one that successive halving stopped its probe checkpoint; with
@@ -151,11 +162,16 @@ def restart_models(init_path: str | Path, required: bool = True, limit: int | No
         summary = json.loads((run / "summary.json").read_text())
     except (OSError, ValueError):
         summary = {}  # no (readable) summary: every restart is sampled
+    summary = summary if isinstance(summary, dict) else {}
     kept = summary.get("selected_restart")
     score = {}
-    for c in summary.get("candidates", []):
-        probe = c.get("probe") or {}
-        score[c["restart"]] = c.get("val_accuracy", probe.get("val_accuracy", 0.0))
+    candidates = summary.get("candidates")
+    for c in candidates if isinstance(candidates, list) else []:  # malformed entries are ignored, like no summary
+        if not isinstance(c, dict) or not isinstance(c.get("restart"), int):
+            continue
+        probe = c.get("probe") if isinstance(c.get("probe"), dict) else {}
+        value = c.get("val_accuracy", probe.get("val_accuracy", 0.0))
+        score[c["restart"]] = value if isinstance(value, (int, float)) else 0.0
     found = []
     for d in sorted((d for d in (run / "restarts").iterdir() if d.name.isdigit()), key=lambda d: int(d.name)):
         k = int(d.name)
@@ -164,7 +180,7 @@ def restart_models(init_path: str | Path, required: bool = True, limit: int | No
         if (d / "model").is_dir():
             found.append((k, d / "model"))
         elif (d / "probe.json").is_file():
-            step = json.loads((d / "probe.json").read_text())["step"]
+            step = _probe_step(d / "probe.json")
             if (d / "checkpoints" / f"step-{step:08d}").is_dir():
                 found.append((k, d / "checkpoints" / f"step-{step:08d}"))
     if limit is not None:

@@ -263,6 +263,23 @@ def test_sft_restarts_resume_with_a_corrupt_json_names_the_file(restarts, tmp_pa
     _one_line(capsys, str(run / rel), reason)
 
 
+def test_dpo_restart_pairs_read_a_corrupt_probe_or_summary_safely(restarts, tmp_path):
+    """``dpo/rm --train-pairs.restarts`` read the restarts run: a corrupt probe.json is one line naming it; a
+    malformed summary.json is ignored like a missing one (every restart is a source)."""
+    from posttrain.on_policy_pairs import restart_models
+
+    run = tmp_path / "run"
+    shutil.copytree(restarts, run)
+    (run / "summary.json").unlink()
+    want = [p.relative_to(run) for p in restart_models(run)]  # no summary: every restart, the kept one too
+    assert len(want) == 2
+    (run / "summary.json").write_text('{"candidates": [5, {"restart": "x"}, {"restart": 1, "probe": 3}]}')
+    assert [p.relative_to(run) for p in restart_models(run)] == want
+    (run / "restarts" / "1" / "probe.json").write_text("[1]")
+    with pytest.raises(UserError, match=r"restarts/1/probe.json: corrupt probe record"):
+        restart_models(run)
+
+
 @pytest.mark.parametrize(
     "summary, reason",
     [
