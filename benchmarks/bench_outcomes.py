@@ -410,6 +410,7 @@ def resolved_recipe(stage: str, extra: str) -> dict | None:
 
     from posttrain.cli import build_parser
     from posttrain.cli._common import resolve
+    from posttrain.errors import UserError
 
     argv = [stage, "--preset", "tiny", *shlex.split(extra)]
     module, cls = _CONFIGS[stage]
@@ -418,7 +419,7 @@ def resolved_recipe(stage: str, extra: str) -> dict | None:
         with contextlib.redirect_stderr(io.StringIO()):
             args = build_parser(argv).parse_args(argv)
         return dataclasses.asdict(resolve(getattr(mod, cls), mod.PRESETS, args))
-    except (SystemExit, ValueError):  # argparse's exit on an unknown flag; UserError / ConfigError are ValueErrors
+    except (SystemExit, ValueError, UserError):  # argparse's exit on an unknown flag; an unknown preset; a bad value
         return None
 
 

@@ -166,6 +166,7 @@ def test_a_sweep_records_the_configs_its_stages_resolve_to():
     assert rec["restarts"] == 3 and rec["steps"] == bo.resolved_recipe("sft", "")["steps"]
     assert bo.resolved_recipe("grpo", "--preset long_cosine")["steps"] == 1000
     assert bo.resolved_recipe("sft", "--no-such-flag") is None
+    assert bo.resolved_recipe("sft", "--preset no_such_preset") is None  # a preset this tree does not have
 
 
 def test_combine_leaves_borrowed_sft_runs_to_the_sweep_that_made_them(tmp_path):
