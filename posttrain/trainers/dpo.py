@@ -66,15 +66,10 @@ from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, sharded
-from posttrain.trainers.checkpoint import (
-    CheckpointManager,
-    load_checkpoint,
-    restore_rng,
-    rng_state,
-    save_checkpoint,
-    start_policy,
-)
+from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint
 from posttrain.trainers.dpo_config import PRESETS, DPOConfig, check_loss_kwargs, loss_options  # noqa: F401  (also imported from here)
+from posttrain.trainers.engine.run import run as engine_run
+from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
 from posttrain.trainers.preference_eval import PairEval, is_pairs_file, pair_eval_metrics
 
@@ -225,130 +220,164 @@ class DPOState:
     world: distributed.World = dataclasses.field(default_factory=distributed.World)
     train_model: torch.nn.Module | None = None  # the policy, or its DDP wrapper under torchrun (forward + backward)
     pair_eval: PairEval | None = None  # held-out pairs: eval_loss, eval_rewards/* (trainers/preference_eval.py)
+    last_eval: object = None  # the last held-out EvalResult
+    init_eval: object = None  # the held-out EvalResult before the first step (a fresh run)
 
     @property
     def reference(self) -> str:
         return "none" if self.choice.reference_free else "precomputed" if self.ref_table is not None else "model"
 
+    # the engine's Trainer shape (trainers/engine/protocol.py); each part is this module's function of the state
+    @property
+    def name(self) -> str:
+        return self.cfg.loss
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.policy
+
+    def train_step(self, step: int) -> dict:
+        return train_step(self, step)
+
+    def evaluate(self, done: int, metrics: dict) -> None:
+        self.last_eval = run_eval(self)
+        metrics["heldout_accuracy"] = self.last_eval.accuracy
+        metrics.update(pair_metrics(self))
+
+    def progress(self, metrics: dict) -> dict:
+        heldout = {"eval": f"{self.last_eval.accuracy:.3f}"} if self.last_eval else {}
+        return {"loss": f"{metrics['loss']:.3f}", "acc": f"{metrics.get('rewards/accuracies', 0.0):.2f}", **heldout}
+
+    def early_stop(self, done: int) -> None:
+        return None
+
+    def save(self, done: int, metrics: dict) -> None:
+        save(self, done, metrics)
+
+    def finish(self, stopped_at: int | None, t_start: float) -> dict:
+        return finish(self, self.last_eval, self.init_eval, t_start)
+
 
 def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> DPOState:
-    """Open the run, load the policy and the frozen reference, load (or sample and cache) and check the data."""
+    """Open the run (trainers/engine/setup.py), load the policy and the frozen reference, load (or sample and cache)
+    and check the data."""
     if not (cfg.init or cfg.model_path):
         raise UserError("dpo needs --init SFT_CHECKPOINT or --model DIR (the starting policy and the frozen reference)")
-    common.set_threads(cfg.threads)
-    world = distributed.init()  # one process, or this rank under torchrun
-    run = common.open_run(cfg, "dpo", resume=resume, overwrite=overwrite)
-    common.seed_everything(cfg.seed)
-    init = start_policy(cfg, "dpo")
-    chat = resolve_chat(cfg.chat_template, init.tokenizer, [init.path])
-    tokenizer = chat_tokenizer(init.tokenizer, chat)  # with a template, EOS is its end-of-turn token
     task = task_for(cfg, "preference pairs")  # --data (FileTask) or the embedded task: tasks/files.py
     choice = resolve_loss(cfg.loss, cfg.loss_weights)
-    if world.distributed and choice.batch_coupled:
-        raise ConfigError(
-            f"loss={cfg.loss!r} couples the examples of a batch (batch statistics, sorting or a shared "
-            f"state): split over {world.world_size} processes it would change; run it in one process"
-        )
-    if world.distributed and cfg.batch_size < world.world_size:
-        raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
     unpaired = choice.unpaired
     beta = cfg.beta if cfg.beta is not None else choice.default_beta
-    eval_window = prompt_window(init.model, cfg.max_new_tokens)
+    loss_gen = torch.Generator().manual_seed(cfg.seed)  # the loss's own draws (resumed with the RNG state)
+    chat = None
 
-    def fit(examples):  # encode once, check unknown characters and lengths (--long)
+    def build(start):  # the resumed policy, or the start's copy (with LoRA: the start itself, its base = reference)
+        nonlocal chat
+        chat = resolve_chat(cfg.chat_template, start.init.tokenizer, [start.init.path])
+        tokenizer = chat_tokenizer(start.init.tokenizer, chat)  # with a template, EOS is its end-of-turn token
+        if start.ckpt is not None:
+            return start.ckpt.model, tokenizer
+        return (
+            apply_lora(start.init.model, lora_config(cfg)) if cfg.lora_r else copy.deepcopy(start.init.model)
+        ), tokenizer
+
+    def fit(examples, tokenizer, init_model):  # encode once, check unknown characters and lengths (--long)
         return (fit_kto if unpaired else fit_pairs)(
             examples,
             tokenizer,
-            window=model_window(init.model),
+            window=model_window(init_model),
             long=cfg.long,
             max_prompt_length=cfg.max_prompt_length,
             max_completion_length=cfg.max_completion_length,
         )
 
-    start_step, ckpt, loss_state = 0, None, None
-    if resume:
-        ckpt = (
-            sharded.read_sharded_checkpoint(run.resume_from, expect_trainer="dpo")  # --fsdp: weights come below
-            if sharded.is_sharded_checkpoint(run.resume_from)
-            else load_checkpoint(run.resume_from, with_training_state=True, expect_trainer="dpo")
-        )
-        policy, start_step = ckpt.model, ckpt.step
-        common.check_resume_step(ckpt.path, start_step, cfg.steps)
-        if ckpt.state.get("loss_state") is not None:
-            loss_state = choice.state_type(*ckpt.state["loss_state"])
-    else:
-        # with LoRA the policy is the init model itself and the reference its base (adapters off): no copy
-        policy = apply_lora(init.model, lora_config(cfg)) if cfg.lora_r else copy.deepcopy(init.model)
-
-    # data: the user's file, or on-policy pairs sampled from the init model (cached in the run dir)
-    examples = fit(load_user_data(cfg.data, unpaired, chat, cfg.on_bad_line)) if cfg.data else None
-    held_pairs = None  # held-out (prompt, chosen, rejected): TRL's eval metrics (paired losses)
-    if examples is not None:  # no --eval-data: a held-out slice of --data is not trained on (tasks/base.py)
-        keep = task.hold_out(examples, key=lambda x: x.prompt, as_problem=_problem)
-        if len(keep) < len(examples):
-            kept = set(keep)
-            held_pairs = [examples[i] for i in range(len(examples)) if i not in kept]
-            examples = examples.subset(keep) if hasattr(examples, "subset") else [examples[i] for i in keep]
-    if cfg.eval_data and is_pairs_file(cfg.eval_data):  # --eval-data of pairs: scored by the loss, and generation
-        held_pairs = fit_pairs(
-            load_preference_pairs(cfg.eval_data, chat=chat, on_bad_line=cfg.on_bad_line),
-            tokenizer,
-            window=model_window(init.model),
-            long=cfg.long,
-            max_prompt_length=cfg.max_prompt_length,
-            max_completion_length=cfg.max_completion_length,
-        )
-        evals = [(p.prompt, p.chosen) for p in held_pairs]  # generation: the preferred answer, exact match
-    else:
-        evals = task.eval_set(chat)  # --eval-data, that slice as (prompt, chosen), or the embedded task's problems
-    evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
-    if task.note:
-        print(task.note)
-    common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
-    pair_info: dict = {}
-    if examples is None:
-        meta = {
-            "init": str(Path(cfg.init or cfg.model_path).resolve()),
-            "pairs": dataclasses.asdict(cfg.pairs),
-            "task": dataclasses.asdict(cfg.task),
-        }
-        print(f"sampling preference pairs from {cfg.init or cfg.model_path} ...")
-        with distributed.main_first(world):  # rank 0 samples and caches them; the others read the cache
-            pairs, pair_info = cached_pairs(
-                Path(run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs)
+    def inputs(
+        t,
+    ):  # the user's file (with its held-out slice) and the evaluation set, checked before anything is written
+        world, tokenizer, init = t.world, t.tokenizer, t.init
+        if world.distributed and choice.batch_coupled:
+            raise ConfigError(
+                f"loss={cfg.loss!r} couples the examples of a batch (batch statistics, sorting or a shared "
+                f"state): split over {world.world_size} processes it would change; run it in one process"
             )
-        examples = fit(pairs_to_kto(pairs) if unpaired else pairs)
-    data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
+        if world.distributed and cfg.batch_size < world.world_size:
+            raise ConfigError(f"batch_size={cfg.batch_size} must be >= the number of processes ({world.world_size})")
+        examples = (
+            fit(load_user_data(cfg.data, unpaired, chat, cfg.on_bad_line), tokenizer, init.model) if cfg.data else None
+        )
+        held_pairs = None  # held-out (prompt, chosen, rejected): TRL's eval metrics (paired losses)
+        if examples is not None:  # no --eval-data: a held-out slice of --data is not trained on (tasks/base.py)
+            keep = task.hold_out(examples, key=lambda x: x.prompt, as_problem=_problem)
+            if len(keep) < len(examples):
+                kept = set(keep)
+                held_pairs = [examples[i] for i in range(len(examples)) if i not in kept]
+                examples = examples.subset(keep) if hasattr(examples, "subset") else [examples[i] for i in keep]
+        if cfg.eval_data and is_pairs_file(cfg.eval_data):  # --eval-data of pairs: scored by the loss, and generation
+            pairs = load_preference_pairs(cfg.eval_data, chat=chat, on_bad_line=cfg.on_bad_line)
+            held_pairs = fit_pairs(
+                pairs,
+                tokenizer,
+                window=model_window(init.model),
+                long=cfg.long,
+                max_prompt_length=cfg.max_prompt_length,
+                max_completion_length=cfg.max_completion_length,
+            )
+            evals = [(p.prompt, p.chosen) for p in held_pairs]  # generation: the preferred answer, exact match
+        else:
+            evals = task.eval_set(chat)  # --eval-data, that slice as (prompt, chosen), or the embedded task's problems
+        evals = fit_prompts(tokenizer, evals, model=init.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
+        if task.note:
+            print(task.note)
+        return examples, held_pairs, evals
 
-    ref_model = None if choice.reference_free else reference_model(policy, lambda: common.frozen(init.model))
-    ref_table = None
-    pair_eval = PairEval(PairedData(held_pairs, tokenizer, cfg)) if held_pairs and not unpaired else None
-    if ref_model is not None and cfg.precompute_ref:
-        t0 = time.perf_counter()
-        ref_table = data.precompute(ref_model)  # (N, 2) or (N, 1)
-        if pair_eval is not None:
-            pair_eval.ref_table = pair_eval.data.precompute(ref_model)  # (M, 2)
-        print(f"reference log-probs precomputed for {len(examples)} examples in {time.perf_counter() - t0:.1f}s")
-        if not unpaired:
-            ref_model = None  # no longer needed: one forward pass per step
+    def run_inputs(t):  # on-policy pairs sampled from the start (cached in the run dir); the reference's log-probs
+        examples, held_pairs, evals = t.inputs
+        init, tokenizer, pair_info = t.init, t.tokenizer, {}
+        if examples is None:
+            meta = {
+                "init": str(Path(cfg.init or cfg.model_path).resolve()),
+                "pairs": dataclasses.asdict(cfg.pairs),
+                "task": dataclasses.asdict(cfg.task),
+            }
+            print(f"sampling preference pairs from {cfg.init or cfg.model_path} ...")
+            with distributed.main_first(t.world):  # rank 0 samples and caches them; the others read the cache
+                pairs, pair_info = cached_pairs(
+                    Path(t.run.dir) / PAIRS_FILE, meta, lambda: _build_pairs(init, task, cfg.pairs)
+                )
+            examples = fit(pairs_to_kto(pairs) if unpaired else pairs, tokenizer, init.model)
+        data = (UnpairedData if unpaired else PairedData)(examples, tokenizer, cfg)
+        ref_model = None if choice.reference_free else reference_model(t.model, lambda: common.frozen(init.model))
+        ref_table = None
+        pair_eval = PairEval(PairedData(held_pairs, tokenizer, cfg)) if held_pairs and not unpaired else None
+        if ref_model is not None and cfg.precompute_ref:
+            t0 = time.perf_counter()
+            ref_table = data.precompute(ref_model)  # (N, 2) or (N, 1)
+            if pair_eval is not None:
+                pair_eval.ref_table = pair_eval.data.precompute(ref_model)  # (M, 2)
+            print(f"reference log-probs precomputed for {len(examples)} examples in {time.perf_counter() - t0:.1f}s")
+            if not unpaired:
+                ref_model = None  # no longer needed: one forward pass per step
+        return data, pair_info, ref_model, ref_table, pair_eval, evals
 
-    fsdp = cfg.fsdp and world.distributed
-    if fsdp:
-        sharded.shard_model(policy)  # in place; FSDP's own hooks reduce the gradients (no DDP wrapper)
-    opt = common.make_optimizer(policy, cfg.lr, cfg.weight_decay)
-    loss_gen = torch.Generator().manual_seed(cfg.seed)
-    if ckpt is not None and ckpt.optimizer_state is None:  # a sharded checkpoint (any world size): weights + Adam
-        sharded.load_sharded_checkpoint(ckpt.path, policy, opt)
-    elif ckpt is not None:
-        opt.load_state_dict(ckpt.optimizer_state)
-        if ckpt.rng_state is not None:
-            restore_rng(ckpt.rng_state, {"loss": loss_gen})
-    logger = common.MetricsLogger(run.dir, cfg.logger, resume_step=start_step if resume else None)
+    t = open_training(
+        cfg,
+        "dpo",
+        resume,
+        overwrite,
+        build=build,
+        inputs=inputs,
+        run_inputs=run_inputs,
+        keep_init=True,
+        generators={"loss": loss_gen},
+    )
+    data, pair_info, ref_model, ref_table, pair_eval, evals = t.inputs
+    loss_state = None
+    if t.ckpt is not None and t.ckpt.state.get("loss_state") is not None:
+        loss_state = choice.state_type(*t.ckpt.state["loss_state"])
     s = DPOState(
         cfg,
-        run,
-        policy,
-        tokenizer,
+        t.run,
+        t.model,
+        t.tokenizer,
         choice,
         beta,
         data,
@@ -356,21 +385,22 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
         ref_model,
         ref_table,
         evals,
-        eval_window,
-        opt,
+        prompt_window(t.init.model, cfg.max_new_tokens),
+        t.opt,
         loss_gen,
         loss_state,
-        logger,
-        CheckpointManager(run.dir, keep=cfg.keep_checkpoints),
-        start_step,
+        t.logger,
+        t.manager,
+        t.start_step,
         NonFiniteGuard(cfg.nan_patience),
-        world,
-        policy if fsdp else distributed.wrap_ddp(policy, world),
+        t.world,
+        t.train_model,
         pair_eval,
     )
     print(
-        f"{cfg.loss}: {len(examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, beta {beta}, "
-        f"model {common.n_params(policy) / 1e6:.2f}M params, reference {s.reference}, steps {start_step}->{cfg.steps}"
+        f"{cfg.loss}: {len(data.examples)} {'examples' if unpaired else 'pairs'}, {len(evals)} eval problems, "
+        f"beta {beta}, model {common.n_params(t.model) / 1e6:.2f}M params, reference {s.reference}, "
+        f"steps {t.start_step}->{cfg.steps}"
     )
     return s
 
@@ -520,33 +550,10 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
 def train_dpo(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:
     """Run a DPO-family trainer; returns the summary dict (also written to ``cfg.out/summary.json``)."""
     s = setup(cfg, resume, overwrite)
-    init_eval = None if resume else run_eval(s)
-    if init_eval is not None:
-        print(f"held-out accuracy at init: {init_eval.accuracy:.3f}")
-    last_eval, t_start = None, time.perf_counter()
-    bar = common.progress_bar(s.start_step, cfg.steps, cfg.loss, cfg.progress)
-    s.policy.train()
-    for step in bar:
-        metrics = train_step(s, step)
-        done = step + 1
-        if s.guard.record(cfg.loss, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
-            s.guard.stop(cfg.loss, done, metrics, s.logger, bar, s.run.dir)
-        if common.should_eval(done, cfg.eval_every, cfg.steps):
-            last_eval = run_eval(s)
-            metrics["heldout_accuracy"] = last_eval.accuracy
-            metrics.update(pair_metrics(s))
-            s.policy.train()
-        s.logger.log(done, metrics)
-        bar.set_postfix(
-            loss=f"{metrics['loss']:.3f}",
-            acc=f"{metrics.get('rewards/accuracies', 0.0):.2f}",
-            **({"eval": f"{last_eval.accuracy:.3f}"} if last_eval else {}),
-        )
-        if common.should_save(done, cfg.save_every, cfg.steps):
-            save(s, done, metrics)
-    bar.close()
-    s.logger.close()
-    return finish(s, last_eval, init_eval, t_start)
+    if not resume:
+        s.init_eval = run_eval(s)
+        print(f"held-out accuracy at init: {s.init_eval.accuracy:.3f}")
+    return engine_run(s)
 
 
 def _problem(x) -> tuple[str, str] | None:
