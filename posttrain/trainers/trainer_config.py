@@ -28,7 +28,7 @@ from typing import Any
 
 from posttrain.config import check_fields, knob
 from posttrain.loggers import LOGGER_HELP, check_loggers
-from posttrain.trainers.engine.device import DEVICE_HELP, DTYPES, check_device_spec
+from posttrain.trainers.engine.device import DEVICE_HELP, DTYPES, check_device
 
 
 @dataclass
@@ -56,7 +56,7 @@ class TrainerConfig:
         ge=1,
     )
     progress: bool = knob(True, "show a progress bar (plain lines every 10% when not a terminal)")
-    device: str = knob("auto", DEVICE_HELP)
+    device: str = knob("auto", DEVICE_HELP, check=check_device)  # a device this machine has: else exit 2, no output
     dtype: str = knob(
         "fp32",
         "compute precision: fp32 | bf16 | fp16 (weights and optimizer state stay fp32; bf16/fp16 compute under "
@@ -70,7 +70,6 @@ class TrainerConfig:
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs (subclasses' included)
-        check_device_spec(self.device)  # cpu | cuda | cuda:N | auto; whether the device exists is checked at setup
 
 
 def override(name: str, default: Any, help: str | None = None) -> Any:

@@ -68,6 +68,12 @@ def check_device_spec(spec: str) -> None:
         raise ConfigError(f"device={spec!r} is not valid; choose auto, cpu, cuda or cuda:N")
 
 
+def check_device(name: str, spec: str) -> None:
+    """The ``device`` knob's check (every trainer config, when it is built): :func:`resolve_device` must succeed here,
+    so ``--device cuda`` on a machine without CUDA is a one-line error before anything is written."""
+    resolve_device(spec)
+
+
 def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
     """``auto`` -> CUDA when present (under torchrun, this rank's ``cuda:LOCAL_RANK``), else the CPU; ``cuda`` /
     ``cuda:N`` without such a device is a one-line :class:`UserError`. Example: on a CPU-only machine
@@ -88,6 +94,17 @@ def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.d
 def available_devices() -> list[str]:
     """The devices tests can run on here: ``["cpu"]``, plus ``"cuda"`` when a GPU is visible."""
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+FP16_UNSUPPORTED = ("rm", "ppo")
+"""Trainers whose loss reaches parameters outside the placed model's output (a reward head fed by a backbone called
+directly, a critic's shared head): the fp16 loss scale at the output would miss them. They train in bf16."""
+
+
+def check_precision(trainer: str, dtype: str) -> None:
+    """A ConfigError for ``--dtype fp16`` with a trainer of :data:`FP16_UNSUPPORTED`."""
+    if dtype == "fp16" and trainer in FP16_UNSUPPORTED:
+        raise ConfigError(f"--dtype fp16 is not supported by `posttrain {trainer}` (use --dtype bf16)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -334,9 +351,10 @@ def _placed_class(cls: type) -> type:
 
     def forward(self, *args, **kwargs):
         rd: RunDevice = self.__dict__["_posttrain_device"]
-        training = self.training and torch.is_grad_enabled() and self.__dict__.get("_posttrain_counted", False)
-        scale = rd.loss_scale.for_forward() if training and rd.loss_scale is not None else None
-        if training:
+        training = self.training and torch.is_grad_enabled()
+        scaled = training and rd.loss_scale is not None and self.__dict__.get("_posttrain_scale_out", False)
+        scale = rd.loss_scale.for_forward() if scaled else None
+        if training and self.__dict__.get("_posttrain_counted", False):
             ids = kwargs.get("input_ids", args[0] if args else None)
             if isinstance(ids, torch.Tensor):
                 n_params, *shape = self.__dict__["_posttrain_flop_shape"]
@@ -382,7 +400,10 @@ def enable_grad_checkpointing(model: nn.Module) -> None:
     done = False
     for m in model.modules():
         if hasattr(m, "gradient_checkpointing_enable") and not getattr(m, "_posttrain_ckpt", False):
-            m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(m, "activation_checkpointing_enable"):  # transformers >= 5's name (the old one warns)
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:  # posttrain's GPT, older transformers
+                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             for sub in m.modules():
                 sub._posttrain_ckpt = True
             done = True
@@ -390,18 +411,55 @@ def enable_grad_checkpointing(model: nn.Module) -> None:
         raise ConfigError(f"--grad-checkpointing: {type(model).__name__} has no transformer blocks to checkpoint")
 
 
-def place(model: nn.Module, rd: RunDevice, *, count: bool = True) -> nn.Module:
-    """The trained model on ``rd``'s device in fp32, with gradient checkpointing and ``torch.compile`` when asked,
-    its forward under autocast and (``count``) its training forwards counted. On the CPU in fp32 the model is
-    returned untouched (the bitwise path) but its tokens are still counted."""
+def transformer_roots(model: nn.Module) -> list[nn.Module]:
+    """The outermost transformers inside ``model`` (posttrain's GPT, a Hugging Face model): ``model`` itself for a
+    policy, the backbone's model for a reward or value model. Their forwards are the ones every path calls (a
+    trainer may call a wrapper's backbone directly), so that is where autocast and the token count sit."""
+    roots: list[str] = []
+    out = []
+    for name, m in model.named_modules():
+        if any(name == r or name.startswith(r + ".") for r in roots if r) or ("" in roots):
+            continue
+        if _is_transformer(m):
+            roots.append(name)
+            out.append(m)
+    return out
+
+
+def _is_transformer(m: nn.Module) -> bool:
+    c = getattr(m, "config", None)
+    return c is not None and (hasattr(c, "n_layer") or hasattr(c, "num_hidden_layers"))
+
+
+def _swap(m: nn.Module, rd: RunDevice, counted: bool, scale_out: bool, shape_of: nn.Module | None = None) -> None:
+    """``m``'s class becomes its placed twin (:func:`_placed_class`), reading these settings from ``m``; a counted
+    module's FLOPs per token are those of ``shape_of`` (default ``m``; a model with no transformer config: 6N)."""
+    m.__class__ = _placed_class(type(m))
+    m.__dict__["_posttrain_device"] = rd
+    m.__dict__["_posttrain_counted"] = counted
+    m.__dict__["_posttrain_scale_out"] = scale_out
+    if counted:
+        src = shape_of if shape_of is not None else m
+        m.__dict__["_posttrain_flop_shape"] = (matmul_params(src), *_shape_or_zero(src))
+
+
+def place(model: nn.Module, rd: RunDevice) -> nn.Module:
+    """The trained model on ``rd``'s device in fp32, with gradient checkpointing and ``torch.compile`` when asked.
+    ``model`` and each of its :func:`transformer_roots` run their forwards under autocast; the roots (or ``model``,
+    when it has none) count their training forwards (tokens, FLOPs); ``model``'s outputs carry the fp16 loss scale.
+    On the CPU in fp32 every number is bitwise what the unplaced model computes."""
     if rd.grad_checkpointing:
         enable_grad_checkpointing(model)
     model.to(rd.device)
-    model.__class__ = _placed_class(type(model))
-    model.__dict__["_posttrain_device"] = rd
-    model.__dict__["_posttrain_counted"] = count
-    model.__dict__["_posttrain_flop_shape"] = (matmul_params(model), *_shape_or_zero(model))
-    if rd.loss_scale is not None and count:
+    roots = transformer_roots(model)
+    for r in roots:  # a Hugging Face model's base model is counted: a reward backbone calls it directly
+        inner = getattr(r, "base_model", r)
+        _swap(r, rd, counted=inner is r, scale_out=r is model)
+        if inner is not r:
+            _swap(inner, rd, counted=True, scale_out=False, shape_of=r)
+    if not any(r is model for r in roots):
+        _swap(model, rd, counted=not roots, scale_out=True)
+    if rd.loss_scale is not None:
         rd.scaled |= {id(p) for p in model.parameters()}
     if rd.compile:
         _compile(model)
@@ -428,13 +486,13 @@ def _compile(model: nn.Module) -> None:
 
 def place_frozen(model: nn.Module, rd: RunDevice) -> nn.Module:
     """A frozen model (reference, reward model) on ``rd``'s device with its weights in the compute dtype and its
-    forward under autocast; on the CPU in fp32, untouched."""
+    forwards (and its transformers') under autocast; nothing counted. On the CPU in fp32, untouched."""
     if rd.device.type == "cpu" and rd.dtype == "fp32":
         return model
     model.to(device=rd.device, dtype=rd.compute_dtype)
-    model.__class__ = _placed_class(type(model))
-    model.__dict__["_posttrain_device"] = rd
-    model.__dict__["_posttrain_counted"] = False
+    roots = transformer_roots(model)
+    for m in {id(m): m for m in [model, *roots, *(getattr(r, "base_model", r) for r in roots)]}.values():
+        _swap(m, rd, counted=False, scale_out=False)
     return model
 
 

@@ -119,6 +119,7 @@ def open_training(
     common.set_threads(cfg.threads)
     world = distributed.init()  # one process, or this rank under torchrun
     where = device.resolve_device(getattr(cfg, "device", "cpu"), world.local_rank)  # --device cuda without one: exit 2
+    device.check_precision(trainer, cfg.dtype)
     device.activate(
         device.RunDevice(where, cfg.dtype, cfg.grad_checkpointing, getattr(cfg, "compile", False))
     )  # before any model is built: references made from here on (common.frozen) go to the device too
