@@ -27,11 +27,11 @@ tensors) is a one-line :class:`UserError` naming the file; torch's own message (
 periodic checkpoint that cannot be written (disk full, read-only) is a warning and the run goes on
 (:meth:`CheckpointManager.save`); the final save raises.
 
-A diverged model is never written: :func:`require_finite_model` (called by every save) refuses a model with a
-NaN/Inf parameter *or* whose forward pass over a few tokens gives NaN/Inf logits. The second case is real:
-one step at ``lr=1e30`` leaves every weight finite near 1e28, and the forward overflows. The refusal is a
+A diverged model is never written: every save calls :func:`~posttrain.trainers.guards.require_finite_model`,
+which refuses a model with a NaN/Inf parameter *or* whose forward pass over a few tokens gives NaN/Inf logits
+(one step at ``lr=1e30`` leaves every weight finite near 1e28, and the forward overflows). The refusal is a
 one-line :class:`~posttrain.errors.NonFiniteError` naming the directory and step; the last good checkpoint
-stays as it was. ``eval`` and ``export`` run the same check on what they load.
+stays as it was. ``eval`` and ``export`` run the same check on what they load (``refuse_nonfinite_model``).
 
 Not handled: weights that are finite but implausible (a bit-flipped but well-formed file loads).
 """
@@ -44,7 +44,6 @@ import dataclasses
 import errno
 import json
 import pickle
-import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +54,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from posttrain.data.io import atomic_dir, atomic_write_text
-from posttrain.errors import NonFiniteError, UserError
+from posttrain.errors import UserError
 from posttrain.models import load_model, save_model
 from posttrain.models.loading import (
     ModelTokenizer,
@@ -67,6 +66,7 @@ from posttrain.models.loading import (
 from posttrain.models.lora import merge_lora
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.trainers.engine.device import portable
+from posttrain.trainers.guards import refuse_nonfinite_model, require_finite_model  # noqa: F401 - eval/export's
 from posttrain.trainers.run_dir import (
     REWARD_HEAD_FILE,
     STATE_FILE,
@@ -116,76 +116,6 @@ def save_checkpoint(
         if rng_state is not None:
             torch.save(rng_state, tmp / "rng.pt")
     return directory
-
-
-PROBE_TOKENS = 8  # the forward pass of the finiteness check: token ids 0..7 (mod the vocabulary), one row
-_ATOMIC_TMP = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.tmp$")  # posttrain.data.io.atomic_dir's temporary names
-
-
-def _probe_logits(model: torch.nn.Module) -> torch.Tensor | None:
-    """Logits (1, T, V) of one forward pass over token ids 0..T-1 in eval mode, no grad; None for a model that
-    cannot be probed alone (sharded across processes, no ``config.vocab_size``, no parameters). Uses no RNG."""
-    from posttrain.trainers.sharded import is_sharded
-
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    first = next(model.parameters(), None)
-    if first is None or not isinstance(vocab, int) or vocab < 1 or is_sharded(model):
-        return None
-    max_len = getattr(model.config, "max_seq_len", None) or getattr(model.config, "max_position_embeddings", None)
-    T = min(PROBE_TOKENS, max_len) if isinstance(max_len, int) and max_len > 0 else PROBE_TOKENS
-    ids = (torch.arange(T, device=first.device) % vocab)[None]  # (1, T)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(input_ids=ids)
-    finally:
-        model.train(was_training)
-    logits = getattr(out, "logits", None)
-    return logits if isinstance(logits, torch.Tensor) else None
-
-
-def nonfinite_reason(model: torch.nn.Module) -> str | None:
-    """Why ``model`` is unusable as numbers, or None: some parameters are NaN/Inf, or (all finite) a forward
-    pass over :data:`PROBE_TOKENS` tokens gives NaN/Inf logits. Buffers are not checked (masks hold -inf)."""
-    bad = total = 0
-    with torch.no_grad():
-        for t in model.parameters():
-            if t.is_floating_point():
-                total += t.numel()
-                bad += int(t.numel() - torch.isfinite(t).sum())
-    if bad:
-        return f"{bad} of {total} parameters are NaN/Inf"
-    logits = _probe_logits(model)
-    if logits is not None and not bool(torch.isfinite(logits).all()):
-        return "its parameters are finite but its forward pass gives NaN/Inf logits"
-    return None
-
-
-def require_finite_model(model: torch.nn.Module, where, step=None) -> None:
-    """Refuse to save a diverged model: a one-line :class:`NonFiniteError` naming ``where`` (the checkpoint
-    directory; a temporary one is shown as the directory it becomes) and ``step``.
-
-    Example: after ``sft --lr 1e30`` -> "refusing to save run/model: its parameters are finite but its forward
-    pass gives NaN/Inf logits at step 2 (the training diverged); the last good checkpoint is kept"."""
-    reason = nonfinite_reason(model)
-    if reason is None:
-        return
-    where = Path(where)
-    if m := _ATOMIC_TMP.match(where.name):
-        where = where.with_name(m.group(1))
-    at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
-    raise NonFiniteError(
-        f"refusing to save {where}: {reason}{at} (the training diverged); the last good checkpoint is kept"
-    )
-
-
-def refuse_nonfinite_model(model: torch.nn.Module, path, action: str) -> None:
-    """``eval``/``export``: a one-line :class:`NonFiniteError` for a loaded model that :func:`nonfinite_reason`
-    rejects (``action``: "evaluate", "export")."""
-    reason = nonfinite_reason(model)
-    if reason is not None:
-        raise NonFiniteError(f"refusing to {action} {path}: {reason} (a diverged or corrupt model)")
 
 
 @contextlib.contextmanager

@@ -12,8 +12,10 @@ then "trains" on to the end and saves garbage. So each optimizer step goes throu
   step (it prints the skip and marks ``"skipped": 1`` in the step's metrics); the policy-gradient trainer
   reads it through :class:`~posttrain.trainers.alarms.Alarms`. Its state is a plain dict (SFT/DPO/RM do
   not checkpoint it: a resumed run starts a fresh streak).
-- :func:`require_finite_parameters` is the last line of defence, called before every checkpoint write: a
-  model whose parameters are not all finite is refused with a one-line :class:`UserError` (exit 2).
+- :func:`require_finite_model` is the last line of defence, called before every checkpoint write: a model
+  with a NaN/Inf parameter, or whose forward pass over a few tokens gives NaN/Inf logits (finite weights near 1e28
+  after one step at lr=1e30 overflow), is refused with a one-line :class:`~posttrain.errors.NonFiniteError` naming
+  the directory and step (exit 2); :func:`refuse_nonfinite_model` is the same check for ``eval`` and ``export``.
 - :class:`TrainingDiverged` is raised by a trainer that stops on the streak (a ``UserError``: one line, exit 2).
 
 Not handled: non-finite activations that do not reach the loss (masked out), and optimizer state that
@@ -23,11 +25,13 @@ went non-finite while the loss stayed finite (the parameter check catches it at 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from posttrain.errors import UserError
+from posttrain.errors import NonFiniteError, UserError
 
 
 class TrainingDiverged(UserError):
@@ -125,3 +129,73 @@ def require_finite_parameters(model: torch.nn.Module, where) -> None:
             f"refusing to save {where}: {bad} of {total} parameters are NaN/Inf "
             f"(the training diverged); the last good checkpoint is kept"
         )
+
+
+PROBE_TOKENS = 8  # the forward pass of the finiteness check: token ids 0..7 (mod the vocabulary), one row
+_ATOMIC_TMP = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.tmp$")  # posttrain.data.io.atomic_dir's temporary names
+
+
+def _probe_logits(model: torch.nn.Module) -> torch.Tensor | None:
+    """Logits (1, T, V) of one forward pass over token ids 0..T-1 in eval mode, no grad; None for a model that
+    cannot be probed alone (sharded across processes, no ``config.vocab_size``, no parameters). Uses no RNG."""
+    from posttrain.trainers.sharded import is_sharded
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    first = next(model.parameters(), None)
+    if first is None or not isinstance(vocab, int) or vocab < 1 or is_sharded(model):
+        return None
+    max_len = getattr(model.config, "max_seq_len", None) or getattr(model.config, "max_position_embeddings", None)
+    T = min(PROBE_TOKENS, max_len) if isinstance(max_len, int) and max_len > 0 else PROBE_TOKENS
+    ids = (torch.arange(T, device=first.device) % vocab)[None]  # (1, T)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids)
+    finally:
+        model.train(was_training)
+    logits = getattr(out, "logits", None)
+    return logits if isinstance(logits, torch.Tensor) else None
+
+
+def nonfinite_reason(model: torch.nn.Module) -> str | None:
+    """Why ``model`` is unusable as numbers, or None: some parameters are NaN/Inf, or (all finite) a forward
+    pass over :data:`PROBE_TOKENS` tokens gives NaN/Inf logits. Buffers are not checked (masks hold -inf)."""
+    bad = total = 0
+    with torch.no_grad():
+        for t in model.parameters():
+            if t.is_floating_point():
+                total += t.numel()
+                bad += int(t.numel() - torch.isfinite(t).sum())
+    if bad:
+        return f"{bad} of {total} parameters are NaN/Inf"
+    logits = _probe_logits(model)
+    if logits is not None and not bool(torch.isfinite(logits).all()):
+        return "its parameters are finite but its forward pass gives NaN/Inf logits"
+    return None
+
+
+def require_finite_model(model: torch.nn.Module, where, step=None) -> None:
+    """Refuse to save a diverged model: a one-line :class:`NonFiniteError` naming ``where`` (the checkpoint
+    directory; a temporary one is shown as the directory it becomes) and ``step``.
+
+    Example: after ``sft --lr 1e30`` -> "refusing to save run/model: its parameters are finite but its forward
+    pass gives NaN/Inf logits at step 2 (the training diverged); the last good checkpoint is kept"."""
+    reason = nonfinite_reason(model)
+    if reason is None:
+        return
+    where = Path(where)
+    if m := _ATOMIC_TMP.match(where.name):
+        where = where.with_name(m.group(1))
+    at = f" at step {step}" if isinstance(step, int) and not isinstance(step, bool) else ""
+    raise NonFiniteError(
+        f"refusing to save {where}: {reason}{at} (the training diverged); the last good checkpoint is kept"
+    )
+
+
+def refuse_nonfinite_model(model: torch.nn.Module, path, action: str) -> None:
+    """``eval``/``export``: a one-line :class:`NonFiniteError` for a loaded model that :func:`nonfinite_reason`
+    rejects (``action``: "evaluate", "export")."""
+    reason = nonfinite_reason(model)
+    if reason is not None:
+        raise NonFiniteError(f"refusing to {action} {path}: {reason} (a diverged or corrupt model)")
