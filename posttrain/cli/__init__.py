@@ -1,4 +1,5 @@
-"""The ``posttrain`` command line: one subcommand per module in this package.
+"""The ``posttrain`` command line: one subcommand per module in this package, and one per trainer of the registry
+(``trainers/engine/registry.py``; generated in ``_trainers.py``: ``sft``, ``rm``, ``dpo``, ``grpo``, ``ppo``).
 
 Each module ``posttrain/cli/<name>.py`` (no leading underscore) defines
 
@@ -45,13 +46,16 @@ from posttrain.errors import UserError
 
 
 def _command_modules():
+    """The subcommands, by name: each module of this package, and one per trainer of the registry (``_trainers``)."""
+    from posttrain.cli._trainers import COMMANDS as TRAINER_COMMANDS
+
     pkg = sys.modules[__name__]
-    mods = []
-    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda i: i.name):
+    mods = list(TRAINER_COMMANDS)
+    for info in pkgutil.iter_modules(pkg.__path__):
         if info.name.startswith("_"):
             continue
         mods.append(importlib.import_module(f"{__name__}.{info.name}"))
-    return mods
+    return sorted(mods, key=lambda m: getattr(m, "NAME", m.__name__.rsplit(".", 1)[-1]))
 
 
 def named_command(argv: list[str]) -> str | None:

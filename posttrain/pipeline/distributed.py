@@ -29,15 +29,10 @@ import sys
 from pathlib import Path
 
 from posttrain.errors import UserError
+from posttrain.trainers.engine.registry import TRAINERS
 
-COMMANDS = {
-    "posttrain.trainers.sft": "sft",
-    "posttrain.trainers.reward": "rm",
-    "posttrain.trainers.dpo": "dpo",
-    "posttrain.trainers.policy_gradient": "grpo",
-    "posttrain.trainers.ppo": "ppo",
-}
-"""Trainer module -> the ``posttrain`` command torchrun runs."""
+COMMANDS = {e.module: command for command, e in TRAINERS.items()}
+"""Trainer module -> the ``posttrain`` command torchrun runs (from the one registry, ``trainers/engine/registry.py``)."""
 
 RANK_SAMPLED = ("grpo", "ppo")
 """Stages whose result depends on the number of processes (each rank samples with its own stream)."""

@@ -23,6 +23,7 @@ from pathlib import Path
 from posttrain.config import build_config
 from posttrain.pipeline import data_stages, evaluate, report
 from posttrain.pipeline.base import POLICY_STAGES, TRAINED, Context, Metric, Stage, get  # noqa: F401 (re-exported)
+from posttrain.trainers.engine.registry import TRAINERS
 
 # ---------------------------------------------------------------------------------------------
 # dedup and tokenizer (their bodies live in data_stages.py)
@@ -196,7 +197,10 @@ def _reward_sources(spec) -> dict:
     return {f"reward.{name}": path for name, path in python_reward_sources(spec).items()}
 
 
-def _train_fn(module: str, fn: str):
+def _train_fn(command: str):
+    """A training stage's run: the registry's trainer ``command`` (``trainers/engine/registry.py``)."""
+    module, fn = TRAINERS[command].module, TRAINERS[command].train
+
     def run(ctx, cfg, out, resume):
         if getattr(ctx.cfg, "nproc_per_stage", 1) > 1:  # N processes under torchrun (pipeline/distributed.py)
             from posttrain.pipeline import distributed
@@ -315,7 +319,7 @@ STAGES: tuple[Stage, ...] = (
         "SFT on the deduplicated demonstrations",
         ("dedup", "tokenizer"),
         _sft_config("sft.jsonl", "sft"),
-        _train_fn("posttrain.trainers.sft", "train_sft"),
+        _train_fn("sft"),
         _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"), Metric("params", "parameters")),
         inputs=_sft_inputs("sft.jsonl"),
         resumable=True,
@@ -325,7 +329,7 @@ STAGES: tuple[Stage, ...] = (
         "SFT on the raw corpus (duplicates and leaked evaluation items kept)",
         ("dedup", "tokenizer"),
         _sft_config("sft_raw.jsonl", "sft_raw"),
-        _train_fn("posttrain.trainers.sft", "train_sft"),
+        _train_fn("sft"),
         _TRAIN_SCHEMA + (Metric("train_demos", "demonstrations"),),
         inputs=_sft_inputs("sft_raw.jsonl"),
         resumable=True,
@@ -336,7 +340,7 @@ STAGES: tuple[Stage, ...] = (
         "Reward model (Bradley-Terry) on the SFT backbone",
         ("sft",),
         _from_sft("rm", "rm"),
-        _train_fn("posttrain.trainers.reward", "train_reward_model"),
+        _train_fn("rm"),
         (
             Metric("heldout_pairwise_accuracy", "held-out pairwise accuracy", "{:.3f}"),
             Metric("train_pairs", "training pairs"),
@@ -351,7 +355,7 @@ STAGES: tuple[Stage, ...] = (
         "DPO from the SFT checkpoint on on-policy pairs",
         ("sft",),
         _from_sft("dpo", "dpo"),
-        _train_fn("posttrain.trainers.dpo", "train_dpo"),
+        _train_fn("dpo"),
         _TRAIN_SCHEMA + (Metric("loss", "loss"),),
         inputs=_from_sft_inputs(_from_sft("dpo", "dpo")),
         resumable=True,
@@ -361,7 +365,7 @@ STAGES: tuple[Stage, ...] = (
         "GRPO from the SFT checkpoint, rewarded by the verifier",
         ("sft",),
         _from_sft("grpo", "grpo"),
-        _train_fn("posttrain.trainers.policy_gradient", "train_policy_gradient"),
+        _train_fn("grpo"),
         _TRAIN_SCHEMA
         + (
             Metric("heldout_accuracy_start", "accuracy at step 0", "{:.3f}"),
@@ -376,7 +380,7 @@ STAGES: tuple[Stage, ...] = (
         "PPO from the SFT checkpoint (value model, GAE)",
         ("sft",),
         _ppo_config,
-        _train_fn("posttrain.trainers.ppo", "train_ppo"),
+        _train_fn("ppo"),
         _TRAIN_SCHEMA,
         inputs=_ppo_inputs,
         available=_ppo_available,

@@ -1,0 +1,91 @@
+"""The one list of trainers: :data:`TRAINERS`, read by the command line (one generated subcommand each), the pipeline
+(its training stages) and torchrun (the command a stage runs on N processes).
+
+Each entry names its module and the names in it by string, so that reading the registry imports neither torch nor a
+trainer: ``posttrain --help`` stays fast and a stage imports only its own trainer. Adding a trainer = one entry here
+(and its module: a config dataclass, ``PRESETS`` and a ``train_*(cfg, resume=None, overwrite=False) -> summary``).
+
+    >>> TRAINERS["grpo"].module, TRAINERS["grpo"].train
+    ('posttrain.trainers.policy_gradient', 'train_policy_gradient')
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TrainerEntry:
+    """One trainer: its command, where it lives and what its command line says about it."""
+
+    command: str  # the subcommand and the pipeline stage: "sft", "rm", "dpo", "grpo", "ppo"
+    module: str  # the trainer's module: "posttrain.trainers.sft"
+    config: str  # its config dataclass in that module: "SFTConfig"
+    train: str  # its entry point in that module: train(cfg, resume=None, overwrite=False) -> summary dict
+    help: str  # one line for `posttrain --help` and the subcommand's description
+    evaluate_only: str | None = None  # "module:function(cfg, overwrite)" scoring a trained model with no training
+    evaluate_only_help: str = ""
+
+    def load(self):
+        return importlib.import_module(self.module)
+
+    def config_class(self):
+        return getattr(self.load(), self.config)
+
+    def presets(self) -> dict[str, dict]:
+        return self.load().PRESETS
+
+    def train_fn(self):
+        return getattr(self.load(), self.train)
+
+
+TRAINERS: dict[str, TrainerEntry] = {
+    e.command: e
+    for e in (
+        TrainerEntry(
+            "sft",
+            "posttrain.trainers.sft",
+            "SFTConfig",
+            "train_sft",
+            "supervised fine-tuning (completion-only loss) with checkpoints, resume and held-out eval",
+        ),
+        TrainerEntry(
+            "rm",
+            "posttrain.trainers.reward",
+            "RMConfig",
+            "train_reward_model",
+            "reward model (scalar head, Bradley-Terry loss) with held-out pairwise accuracy and saved reward stats",
+            evaluate_only="posttrain.trainers.reward_eval:eval_reward_model",
+            evaluate_only_help="train nothing: pairwise accuracy of the RM --init on the "
+            "{prompt, chosen, rejected} JSONL --eval-data, written to --out/summary.json (pairwise_accuracy, n)",
+        ),
+        TrainerEntry(
+            "dpo",
+            "posttrain.trainers.dpo",
+            "DPOConfig",
+            "train_dpo",
+            "preference optimisation (DPO family) on on-policy pairs or a JSONL of pairs, with a frozen reference",
+        ),
+        TrainerEntry(
+            "grpo",
+            "posttrain.trainers.policy_gradient",
+            "PolicyGradientConfig",
+            "train_policy_gradient",
+            "RL with verifiable rewards: --algo reinforce|rloo|grpo, KL/clip/aggregation options, alarms, resume",
+        ),
+        TrainerEntry(
+            "ppo",
+            "posttrain.trainers.ppo",
+            "PPOConfig",
+            "train_ppo",
+            "PPO with a value model: --reward-model RM or --reward SPEC, presets a2c|kl_ppo|ziegler, resume",
+        ),
+    )
+}
+"""Command -> trainer, in the order the pipeline runs them."""
+
+
+def by_module(module: str) -> TrainerEntry:
+    """The entry of a trainer module ("posttrain.trainers.reward" -> the ``rm`` entry)."""
+    return next(e for e in TRAINERS.values() if e.module == module)
