@@ -166,7 +166,7 @@ CONFIG_MODULES = (
     "posttrain.trainers.alarms",
     "posttrain.generate",
     "posttrain.models.gpt",
-    "posttrain.tasks.arithmetic",
+    "posttrain.tasks.embedded",
     "posttrain.data.preference_pairs",
     "posttrain.data.dedup.run",
 )
@@ -219,7 +219,7 @@ def test_every_command_config_is_found():
         "AlarmConfig",
         "SamplingConfig",
         "GPTConfig",
-        "ArithmeticConfig",
+        "TaskConfig",
         "PairDataConfig",
         "DedupConfig",
     } <= names

@@ -3,7 +3,8 @@
 Without ``--data`` the embedded task's held-out evaluation problems are used (the task the checkpoint was
 trained on, from its saved config), as its trainer scored them: the whole held-out split (1,051 two-digit additions;
 the default since 2026-12-03) or, where its ``task.num_eval`` was set (256 before that, and the pipeline's), that seeded
-sample; ``--heldout all`` takes the whole split either way (half the sampling noise of 256).
+sample; ``--heldout all`` takes the whole split either way (half the sampling noise of 256); ``--heldout dev`` takes
+the task's dev split instead (what a sweep chooses its recipe on; the held-out split is then only reported).
 ``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; :func:`posttrain.tasks.arithmetic.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
 prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside
 greedy accuracy and the oracle pass@N (:func:`posttrain.evaluation.best_of_n_evaluate`).
@@ -31,10 +32,11 @@ def add_arguments(p):
     )
     p.add_argument(
         "--heldout",
-        choices=("sample", "all"),
+        choices=("sample", "all", "dev"),
         default="sample",
         help="without --data: the problems the checkpoint's trainer evaluated on (default: its task.num_eval, "
-        "a seeded sample where that was set, else the whole held-out split) or all of the held-out split",
+        "a seeded sample where that was set, else the whole held-out split), all of the held-out split, or the "
+        "task's dev split (what choices are made on)",
     )
     p.add_argument(
         "--by-layout",
@@ -86,10 +88,13 @@ def add_arguments(p):
 
 def _embedded(ckpt, heldout: str = "sample"):
     from posttrain.config import from_dict
-    from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
+    from posttrain.tasks.embedded import TaskConfig, embedded_task
 
     saved = (ckpt.state.get("config") or {}).get("task")
-    task = ArithmeticTask(from_dict(ArithmeticConfig, saved) if isinstance(saved, dict) else ArithmeticConfig())
+    task = embedded_task(from_dict(TaskConfig, saved) if isinstance(saved, dict) else TaskConfig())
+    if heldout == "dev":
+        problems = task.dev_set()
+        return problems, f"all {len(problems)} of the embedded task's dev problems"
     if heldout == "all":
         problems = task.heldout_problems
         return [(p.prompt, p.answer) for p in problems], f"all {len(problems)} of the embedded task's held-out problems"
@@ -123,7 +128,7 @@ def run(args) -> int:
         raise UserError("--batch-size must be >= 1")
     if args.data and args.heldout != "sample":
         raise UserError(
-            "--heldout all chooses the embedded task's problems; with --data the file is the evaluation set"
+            f"--heldout {args.heldout} chooses the embedded task's problems; with --data the file is the evaluation set"
         )
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
     refuse_nonfinite_model(ckpt.model, ckpt.path, "evaluate")  # NaN/Inf weights or logits: no accuracy to report

@@ -2,7 +2,7 @@
 
 Everything is a pure function of (:class:`CorpusConfig`, the task config): the same bytes on every machine.
 
-- ``demo`` documents: each SFT demonstration of :class:`~posttrain.tasks.arithmetic.ArithmeticTask` as
+- ``demo`` documents: each SFT demonstration of the embedded task (:mod:`posttrain.tasks.embedded`) as
   ``{"text": "Q: 37+48= A: 85", "prompt": "37+48=", "answer": "85"}`` (the text is what the tokenizer and
   dedup read; prompt/answer are what SFT trains on).
 - ``text`` documents: paragraphs of English-like prose from a small grammar over a few hundred stems with
@@ -25,7 +25,6 @@ import random
 from dataclasses import dataclass
 
 from posttrain.config import check_fields, knob
-from posttrain.tasks.arithmetic import ArithmeticTask
 
 STEMS = (
     "walk talk play work jump paint learn teach build count measure order answer number market garden river "
@@ -109,7 +108,7 @@ def _near(rng: random.Random, text: str, edits: int) -> str:
     return " ".join(words)
 
 
-def build_corpus(cfg: CorpusConfig, task: ArithmeticTask) -> tuple[list[dict], dict]:
+def build_corpus(cfg: CorpusConfig, task) -> tuple[list[dict], dict]:
     """-> (records in file order, manifest {"injected": {kind: n}, "originals": n, "leaked_prompts": [...]})."""
     rng = random.Random(f"pipeline-corpus:{cfg.seed}")
     originals = [
@@ -166,7 +165,7 @@ def build_corpus(cfg: CorpusConfig, task: ArithmeticTask) -> tuple[list[dict], d
     return records, manifest
 
 
-def eval_records(task: ArithmeticTask) -> list[dict]:
+def eval_records(task) -> list[dict]:
     """The held-out items as the contamination check reads them (and as ``posttrain eval`` does)."""
     return [
         {"text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer} for p in task.eval_problems()

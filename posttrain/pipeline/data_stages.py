@@ -29,7 +29,7 @@ from posttrain.data.io import atomic_write_json, iter_jsonl
 from posttrain.errors import DataError
 from posttrain.pipeline.base import write_jsonl
 from posttrain.pipeline.corpus import build_corpus, eval_records
-from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.embedded import embedded_task
 
 
 def dedup_key_config(cfg) -> dict:
@@ -41,8 +41,8 @@ def dedup_key_config(cfg) -> dict:
 
 
 def write_validation(cfg, out: Path) -> int | None:
-    """``val.jsonl`` on the embedded corpus: the task's training-split problems that are not demonstrations,
-    which SFT restarts are ranked on (``trainers/sft_restarts.py``); never an evaluation item."""
+    """``val.jsonl`` on the embedded corpus: problems of the task's dev split (never trained on, never an evaluation
+    item), which SFT restarts are ranked on (``trainers/sft_restarts.py``)."""
     if cfg.corpus_file:
         return None
     from posttrain.trainers.sft_restarts import validation_problems
@@ -69,7 +69,7 @@ def run_dedup(ctx, out: Path) -> dict:
     from posttrain.data.dedup.run import dedup
 
     cfg = ctx.cfg
-    task = ArithmeticTask(cfg.task)
+    task = embedded_task(cfg.task)  # arithmetic, or --task sort: its own demonstrations in the corpus
     out.mkdir(parents=True, exist_ok=True)
     if cfg.corpus_file:
         records, manifest = _user_records(cfg.corpus_file), None
@@ -246,7 +246,7 @@ def run_tokenizer(ctx, out: Path) -> dict:
     if cfg.kind == "char":
         from posttrain.tokenizers.char import CharTokenizer
 
-        tok = CharTokenizer(ArithmeticTask(ctx.cfg.task).alphabet)
+        tok = CharTokenizer(embedded_task(ctx.cfg.task).alphabet)
         tok.save(out / "tokenizer.json")
         texts = [
             f"{json.loads(line)['prompt']}{json.loads(line)['answer']}"

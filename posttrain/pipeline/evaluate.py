@@ -32,21 +32,22 @@ from posttrain.data.io import atomic_write_json, iter_jsonl
 from posttrain.evaluation import accuracy_by, encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.pipeline.base import POLICY_STAGES
-from posttrain.tasks.arithmetic import ArithmeticTask, layout
+from posttrain.tasks.arithmetic import layout
 from posttrain.tasks.arithmetic import verify as exact_verify
+from posttrain.tasks.embedded import embedded_task
 
 
 def heldout_pairs(ctx) -> list[tuple[str, str]]:
     if ctx.cfg.eval_file:
         return [(r["prompt"], _Row(r)) for _, r in iter_jsonl(ctx.dir("dedup") / "eval.jsonl")]
-    return [(p.prompt, p.answer) for p in ArithmeticTask(ctx.cfg.task).eval_problems()]
+    return [(p.prompt, p.answer) for p in embedded_task(ctx.cfg.task).eval_problems()]
 
 
 def heldout_all_pairs(ctx) -> list[tuple[str, str]] | None:
     """Every problem of the embedded task's held-out split (None with the user's own eval_file)."""
     if ctx.cfg.eval_file:
         return None
-    return [(p.prompt, p.answer) for p in ArithmeticTask(ctx.cfg.task).heldout_problems]
+    return [(p.prompt, p.answer) for p in embedded_task(ctx.cfg.task).heldout_problems]
 
 
 def layout_line(r: dict) -> str:

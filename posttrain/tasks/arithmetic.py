@@ -9,60 +9,33 @@ hundred), while RL may draw any number of *prompts* from the training split and 
 verifier's reward alone. Memorising a few hundred sums does not teach carrying; many verified
 attempts can.
 
-Train / held-out split: by a stable hash of the problem text (blake2b, not Python's salted ``hash``),
-so a problem is in exactly one split whatever the sampling order, seed or machine; the split can never
-overlap. The problem space is enumerated (all operand pairs of the configured size and every
-operator), so "held-out" means *never seen in any form* during training.
+Three splits, train / dev / test, by one stable hash of the problem text (blake2b, not Python's salted
+``hash``; :func:`posttrain.tasks.embedded.split_of`), so a problem is in exactly one split whatever the
+sampling order, seed or machine. Demonstrations and RL prompts come from train; every choice (SFT restarts,
+sweeps) is made on dev; test is the held-out split the results are reported on (1,051 problems by default,
+the same since before dev existed). The problem space is enumerated (all operand pairs of the configured
+size and every operator), so "held-out" means *never seen in any form* during training or selection.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass
 from functools import cached_property
 
-from posttrain.config import check_fields, knob
-from posttrain.errors import ConfigError
 from posttrain.hashing import stable_fraction  # noqa: F401  (also imported from here)
+from posttrain.tasks.embedded import Problem, TaskConfig, split_problems
 
 ALPHABET = "0123456789+-="
 
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b}
 
 
-@dataclass
-class ArithmeticConfig:
-    digits: int = knob(
-        2, "operands are integers in [0, 10**digits) (at most 4: the problem space is enumerated)", ge=1, le=4
-    )
-    ops: str = knob("+", "operators to use, from '+-' (default: two-digit addition)")
-    heldout_fraction: float = knob(0.1, "fraction of the problem space held out (by stable hash)", gt=0, lt=1)
-    num_demos: int = knob(320, "SFT demonstrations (prompt + answer) drawn from the train split", gt=0)
-    num_eval: int | None = knob(
-        None,
-        "held-out problems the trainers evaluate on: None = the whole held-out split (1,051 problems by default); N = "
-        "a fixed seeded sample of N (256 was the default until 2026-12-03: ~0.03 of binomial sd of its own)",
-        gt=0,
-    )
-    seed: int = knob(0, "seed for choosing demonstrations and evaluation problems")
-
-    def __post_init__(self):
-        check_fields(self, "task.")  # bounds and finiteness, from the knobs above
-        if not self.ops or any(o not in _OPS for o in self.ops) or len(set(self.ops)) != len(self.ops):
-            raise ConfigError(f"task.ops={self.ops!r}: use a non-empty subset of '+-'")
-
-
-@dataclass(frozen=True)
-class Problem:
-    prompt: str  # "37+48="
-    answer: str  # "85"
-
-    def to_dict(self) -> dict:
-        return {"prompt": self.prompt, "answer": self.answer}
+ArithmeticConfig = TaskConfig  # the embedded task's settings (posttrain/tasks/embedded.py), under their old name
 
 
 def is_heldout(prompt: str, fraction: float) -> bool:
+    """In the test split (the held-out problems): the lowest ``fraction`` of the hash of :func:`split_of`."""
     return stable_fraction("arithmetic-split:" + prompt) < fraction
 
 
@@ -97,28 +70,27 @@ class ArithmeticTask:
         self.cfg = cfg or ArithmeticConfig()
 
     @cached_property
-    def _splits(self) -> tuple[list[Problem], list[Problem]]:
+    def _splits(self) -> tuple[list[Problem], list[Problem], list[Problem]]:
         n = 10**self.cfg.digits
-        train, heldout = [], []
-        for op in self.cfg.ops:
-            f = _OPS[op]
-            for a in range(n):
-                for b in range(n):
-                    p = Problem(f"{a}{op}{b}=", str(f(a, b)))
-                    (heldout if is_heldout(p.prompt, self.cfg.heldout_fraction) else train).append(p)
-        if self.cfg.num_eval is not None and len(heldout) < self.cfg.num_eval:
-            raise ConfigError(f"task.num_eval={self.cfg.num_eval} exceeds the {len(heldout)} held-out problems")
-        if len(train) < self.cfg.num_demos:
-            raise ConfigError(f"task.num_demos={self.cfg.num_demos} exceeds the {len(train)} training problems")
-        return train, heldout
+        space = (
+            Problem(f"{a}{op}{b}=", str(_OPS[op](a, b))) for op in self.cfg.ops for a in range(n) for b in range(n)
+        )
+        return split_problems(space, self.cfg)  # (train, dev, test): posttrain/tasks/embedded.py
 
     @property
     def train_problems(self) -> list[Problem]:
+        """The train split: demonstrations and RL prompts come from here only."""
         return self._splits[0]
 
     @property
-    def heldout_problems(self) -> list[Problem]:
+    def dev_problems(self) -> list[Problem]:
+        """The dev split: what SFT restarts are ranked on and sweeps choose on; never trained on."""
         return self._splits[1]
+
+    @property
+    def heldout_problems(self) -> list[Problem]:
+        """The test split (held out): reported, never used to choose."""
+        return self._splits[2]
 
     def demonstrations(self) -> list[Problem]:
         """The ``num_demos`` SFT examples: a seeded sample of the train split (the only answers SFT sees)."""
@@ -132,8 +104,13 @@ class ArithmeticTask:
         return random.Random(f"eval:{self.cfg.seed}").sample(self.heldout_problems, self.cfg.num_eval)
 
     def rl_prompts(self) -> list[Problem]:
-        """Every training problem: RL sees the prompts and scores completions with the verifier."""
+        """Every problem of the train split (not dev, not test): RL sees the prompts and scores completions with
+        the verifier."""
         return list(self.train_problems)
+
+    def dev_set(self) -> list[tuple[str, str]]:
+        """The dev split's (prompt, answer) problems, in enumeration order."""
+        return [(p.prompt, p.answer) for p in self.dev_problems]
 
     # the Task protocol (posttrain/tasks/base.py)
     def demos(self) -> list[tuple[str, str]]:

@@ -108,7 +108,7 @@ def task_for(cfg, what: str = "training data"):
         )
     if getattr(cfg, "data", None):
         return FileTask(cfg.data, getattr(cfg, "eval_data", None), on_bad_line=getattr(cfg, "on_bad_line", "error"))
-    from posttrain.tasks.arithmetic import ArithmeticTask
+    from posttrain.tasks.embedded import embedded_task
 
-    task, eval_data = ArithmeticTask(cfg.task), getattr(cfg, "eval_data", None)
+    task, eval_data = embedded_task(cfg.task), getattr(cfg, "eval_data", None)  # arithmetic, or --task sort
     return WithEvalFile(task, eval_data, on_bad_line=getattr(cfg, "on_bad_line", "error")) if eval_data else task

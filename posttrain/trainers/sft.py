@@ -120,8 +120,8 @@ class SFTConfig(TrainerConfig):
     )
     val_problems: int = knob(
         1024,
-        "restarts on the embedded task: training-split problems that are not "
-        "demonstrations, scored greedily to rank the restarts (256 mis-ranked runs "
+        "restarts on the embedded task: problems of its dev split (all of it when it has "
+        "fewer), scored greedily to rank the restarts (256 mis-ranked runs "
         "1.5 points apart: docs/outcomes.md)",
         gt=0,
         unused_with=USER_FIELDS,

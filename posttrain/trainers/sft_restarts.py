@@ -2,9 +2,9 @@
 
 Key insight: on a few hundred demonstrations the held-out accuracy of one SFT run is a lottery over its
 initialisation and batch order (0.12-0.43 over seeds 0-4 on the embedded task, same data: docs/outcomes.md),
-while checkpoints *within* a run differ little. Greedy accuracy on training-split problems that are not
-demonstrations ranks runs almost exactly as held-out accuracy does, so R restarts ranked on it keep a good
-draw at R times the cost (R x ~30 s CPU on the tiny preset):
+while checkpoints *within* a run differ little. Greedy accuracy on the task's dev split (problems that are neither
+demonstrations, nor RL prompts, nor held out) ranks runs almost exactly as held-out accuracy does, so R restarts
+ranked on it keep a good draw at R times the cost (R x ~30 s CPU on the tiny preset):
 
     seed_0 = seed;  seed_k = blake2b("sft-restart:{seed}:{k}") mod 2^31      (k = 1 .. R-1)
     run k      = posttrain sft --seed seed_k --out OUT/restarts/k            (an ordinary SFT run each)
@@ -12,9 +12,10 @@ draw at R times the cost (R x ~30 s CPU on the tiny preset):
     k*         = argmax_k val_k (the earliest on ties);  OUT/model/ = run k*'s model/
 
 Validation problems: ``--val-data FILE`` ({prompt, answer} problems; a prompt that is also a demonstration is a
-``file:line`` error, since ranking on trained prompts keeps the best memoriser); else, on the embedded task,
-``val_problems`` problems of the task's *training* split that are not demonstrations (a fixed sample, the same
-for every seed); the evaluation split is never looked at. With ``--data`` and no ``--val-data`` each run's own
+``file:line`` error, since ranking on trained prompts keeps the best memoriser, and so is one of the embedded task's
+held-out problems, since ranking on them selects on the reported numbers); else, on the embedded task,
+``val_problems`` problems of the task's *dev* split (a fixed sample, the same for every seed: all of it by default;
+never trained on, disjoint from the demonstrations and the RL prompts); the held-out split is never looked at. With ``--data`` and no ``--val-data`` each run's own
 ``val_fraction`` split of the demonstrations is used, so ``val_fraction > 0`` is required (without either, and
 from ``--init`` / ``--model``, ``train_sft`` runs once and says so: restarts are for a fresh model). ``restarts = 1`` is exactly a plain run (seed_0 = seed).
 
@@ -44,7 +45,7 @@ from posttrain.data.io import atomic_dir, atomic_write_json
 from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate
-from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.embedded import embedded_task, split_of
 from posttrain.trainers import common
 from posttrain.trainers.checkpoint import load_checkpoint, read_json
 from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run
@@ -79,14 +80,13 @@ def probe_step(cfg) -> int:
 
 
 def validation_problems(cfg) -> list[tuple[str, str]]:
-    """The problems restarts are ranked on: ``cfg.val_data``'s, or the embedded task's training-split problems
-    that are not demonstrations, a fixed sample of ``cfg.val_problems`` of them (sorted pool, seeded sampler: the
-    same on every seed and machine)."""
-    task = ArithmeticTask(cfg.task)
+    """The problems restarts are ranked on: ``cfg.val_data``'s, or the embedded task's dev split, a fixed sample of
+    ``cfg.val_problems`` of them (sorted pool, seeded sampler: the same on every seed and machine; the whole split
+    when it has no more problems than that)."""
+    task = embedded_task(cfg.task)
     if cfg.val_data:
         return _file_problems(cfg, task)
-    demos = {p.prompt for p in task.demonstrations()}
-    pool = sorted((p.prompt, p.answer) for p in task.train_problems if p.prompt not in demos)
+    pool = sorted(task.dev_set())
     return random.Random(VAL_SAMPLE_SEED).sample(pool, min(cfg.val_problems, len(pool)))
 
 
@@ -101,6 +101,11 @@ def _file_problems(cfg, task) -> list[tuple[str, str]]:
             raise DataError(
                 f"{val.where(i)}: prompt {prompt!r} is also a training demonstration; restarts ranked on "
                 f"trained prompts keep the best memoriser, not the best generaliser"
+            )
+        if not cfg.data and split_of(prompt, cfg.task) == "test":
+            raise DataError(
+                f"{val.where(i)}: prompt {prompt!r} is one of the embedded task's held-out (test) problems; restarts "
+                f"ranked on them select on the numbers that are reported: rank on its dev split (no --val-data)"
             )
     return list(val)
 

@@ -2,22 +2,53 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.errors import ConfigError
-from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, stable_fraction, verify
+from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, is_heldout, stable_fraction, verify
 
 
 def test_split_is_a_partition_of_the_problem_space():
     t = ArithmeticTask(ArithmeticConfig(digits=2, ops="+-"))
     train = {p.prompt for p in t.train_problems}
+    dev = {p.prompt for p in t.dev_problems}
     held = {p.prompt for p in t.heldout_problems}
-    assert not train & held
-    assert len(train) + len(held) == 2 * 100 * 100
-    assert 0.08 < len(held) / 20000 < 0.12
+    assert not train & held and not train & dev and not dev & held
+    assert len(train) + len(dev) + len(held) == 2 * 100 * 100
+    assert 0.08 < len(held) / 20000 < 0.12 and 0.08 < len(dev) / 20000 < 0.12
     assert {p.prompt for p in t.demonstrations()} <= train
+    assert {p.prompt for p in t.rl_prompts()} == train  # RL prompts: the train split, never dev
     assert {p.prompt for p in t.eval_problems()} <= held
+
+
+def test_the_test_split_is_the_heldout_set_it_always_was():
+    """Adding dev took from the training problems only: the 1,051 held-out problems are those of the hash rule the
+    results were always reported on (recounted here from the hash, not from the task)."""
+    held = {p.prompt for p in ArithmeticTask().heldout_problems}
+    recount = {
+        f"{a}+{b}=" for a in range(100) for b in range(100) if stable_fraction(f"arithmetic-split:{a}+{b}=") < 0.1
+    }
+    assert held == recount and len(held) == 1051
+
+
+@settings(max_examples=40, deadline=None)
+@given(heldout=st.floats(0.01, 0.5), dev=st.floats(0.01, 0.45), a=st.integers(0, 99), b=st.integers(0, 99))
+def test_three_splits_are_disjoint_and_fixed_by_the_prompt(heldout, dev, a, b):
+    from posttrain.tasks.embedded import split_of
+
+    cfg = ArithmeticConfig(heldout_fraction=heldout, dev_fraction=dev, num_demos=1)
+    prompt, h = f"{a}+{b}=", stable_fraction(f"arithmetic-split:{a}+{b}=")
+    want = "test" if h < heldout else "dev" if h < heldout + dev else "train"  # recount from the hash
+    assert split_of(prompt, cfg) == want
+    assert is_heldout(prompt, heldout) == (want == "test")
+    t = ArithmeticTask(ArithmeticConfig(digits=1, heldout_fraction=heldout, dev_fraction=dev, num_demos=1))
+    splits = [{p.prompt for p in s} for s in (t.train_problems, t.dev_problems, t.heldout_problems)]
+    assert sum(map(len, splits)) == 100 == len(set().union(*splits))  # a partition of the 1-digit space
+    # the test split never depends on dev_fraction: more dev takes only from train
+    more = ArithmeticTask(ArithmeticConfig(digits=1, heldout_fraction=heldout, dev_fraction=dev / 2, num_demos=1))
+    assert more.heldout_problems == t.heldout_problems
+    assert set(more.dev_problems) <= set(t.dev_problems)
 
 
 def test_eval_problems_are_the_whole_heldout_split_by_default():
@@ -55,7 +86,17 @@ def test_verify():
 
 
 @pytest.mark.parametrize(
-    "kw", [{"digits": 0}, {"ops": "*"}, {"heldout_fraction": 1.5}, {"num_demos": 0}, {"num_eval": 0}]
+    "kw",
+    [
+        {"digits": 0},
+        {"ops": "*"},
+        {"heldout_fraction": 1.5},
+        {"num_demos": 0},
+        {"num_eval": 0},
+        {"dev_fraction": 0},
+        {"heldout_fraction": 0.5, "dev_fraction": 0.5},
+        {"name": "multiply"},
+    ],
 )
 def test_bad_config(kw):
     with pytest.raises(ConfigError):

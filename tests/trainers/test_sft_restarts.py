@@ -48,15 +48,17 @@ def test_restart_seeds_are_distinct_and_restart_zero_is_the_seed():
     assert len(set(seeds.values())) == len(seeds)  # no seed's restart is another seed's run
 
 
-def test_validation_problems_are_training_split_non_demonstrations():
+def test_validation_problems_are_the_dev_split():
     c = SFTConfig(task=ArithmeticConfig(num_demos=320), val_problems=256)
     task = ArithmeticTask(c.task)
     val = validation_problems(c)
-    train = {p.prompt for p in task.train_problems}
-    demos = {p.prompt for p in task.demonstrations()}
+    dev = {p.prompt for p in task.dev_problems}
+    trained = {p.prompt for p in task.demonstrations()} | {p.prompt for p in task.rl_prompts()}
     evals = {p.prompt for p in task.heldout_problems}
     prompts = {p for p, _ in val}
-    assert len(val) == 256 == len(prompts) and prompts <= train and not prompts & demos and not prompts & evals
+    assert len(val) == 256 == len(prompts) and prompts <= dev and not prompts & trained and not prompts & evals
+    whole = validation_problems(SFTConfig(task=c.task))  # the default 1,024: all of the 992 dev problems
+    assert sorted(whole) == sorted(task.dev_set()) and len(whole) == 992
     assert validation_problems(SFTConfig(task=c.task, val_problems=256, seed=7)) == val  # the same on every seed
     assert all(str(eval(p[:-1])) == a for p, a in val)  # noqa: S307  (our own generated "a+b=" text)
 
@@ -162,6 +164,18 @@ def test_val_data_ranks_restarts_of_a_data_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}:3: prompt {demos[0]['prompt']!r} is also a training demonstration" in err
     assert not (tmp_path / "b").exists()  # checked before the run directory is written
+
+
+def test_val_data_of_heldout_problems_is_refused_on_the_embedded_task(tmp_path, capsys):
+    """Ranking restarts on the held-out (test) split would select on the reported numbers: a one-line error."""
+    task = ArithmeticTask(ArithmeticConfig())
+    rows = [{"prompt": p.prompt, "answer": p.answer} for p in task.dev_problems[:2] + task.heldout_problems[:1]]
+    bad = _jsonl(tmp_path / "v.jsonl", rows)  # line 3 is a held-out problem
+    args = ["sft", "--val-data", bad, "--restarts", "2", "--out", str(tmp_path / "b"), "--progress", "false"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: prompt {rows[2]['prompt']!r} is one of the embedded task's held-out (test) problems" in err
+    assert not (tmp_path / "b").exists()
 
 
 def test_successive_halving_finishes_the_best_probe_only(tmp_path):
