@@ -8,12 +8,14 @@ gradient are the same however the batch is split into micro-batches for gradient
 A step whose loss or gradient norm is NaN/Inf is skipped (``trainers/guards.py``); ``nan_patience`` such steps in a
 row stop the run with a one-line error (exit 2) and no final model; no checkpoint with a non-finite parameter is written.
 
-Model selection: ``val_fraction`` of the *training demonstrations* (by a stable hash of the prompt; the task's
-evaluation split is never looked at) is held out; every ``eval_every`` steps its greedy accuracy is measured and
+Model selection: on the embedded task, ``val_fraction > 0`` switches it on and validates on the task's *dev* split
+(``val_problems`` of it, or ``--val-data``'s problems; every demonstration still trains); on ``--data``,
+``val_fraction`` of the *training demonstrations* (by a stable hash of the prompt) is held out. Either way the
+held-out (test) split is never looked at. Every ``eval_every`` steps the validation greedy accuracy is measured and
 ``model/`` holds the best weights so far, the earliest on ties (``summary.json``: ``best_step``, ``best_val_accuracy``).
 With ``patience`` > 0 training stops after that many evaluations without a new best. The default ``val_fraction=0``
-turns it off (``model/`` = the last step): with 320 demonstrations a 30-47 problem split costs more than it selects
-(docs/outcomes.md; use e.g. ``--val-fraction 0.1 --eval-every 25``). Held-out accuracy is the selected model's.
+turns it off (``model/`` = the last step; on ``--data`` with few demonstrations a split costs more than it selects:
+docs/outcomes.md; use e.g. ``--val-fraction 0.1 --eval-every 25``). Held-out accuracy is the selected model's.
 
 Shape (every trainer's, ``trainers/engine/protocol.py``): ``setup(cfg, resume, overwrite) -> SFTState`` (through the
 one ``open_training``), ``train_step(state, step) -> metrics``, ``run_eval`` (held-out), ``run_val`` (selection),
@@ -79,7 +81,8 @@ class SFTConfig(TrainerConfig):
     val_fraction: float = knob(
         0.0,
         "fraction of the training demonstrations held out (stable hash of the prompt) to "
-        "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step)",
+        "select the checkpoint by greedy validation accuracy (0 = off: model/ = last step); on the embedded "
+        "task any value > 0 selects on its dev split instead (val_problems of it), every demonstration training",
         ge=0,
         lt=1,
     )
@@ -273,14 +276,18 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
             held, evals = (e_ids, e_mask), list(e_fitted)  # generation: each one's prompt and last reply
         else:
             evals = task.eval_set(chat)  # --eval-data, that slice, or the embedded task's held-out problems
-        train_idx, val_idx = split_validation(fitted, cfg.val_fraction)
+        if cfg.val_fraction > 0 and not cfg.data:  # the embedded task: choose on its dev split, train on every demo
+            train_idx, vals = list(range(len(fitted))), sft_restarts.validation_problems(cfg)
+        else:
+            train_idx, val_idx = split_validation(fitted, cfg.val_fraction)
+            vals = [fitted[i] for i in val_idx]
         evals = fit_prompts(t.tokenizer, evals, model=t.model, max_new_tokens=cfg.max_new_tokens, long=cfg.long)
         if t.world.distributed and cfg.batch_size < t.world.world_size * cfg.grad_accum:
             raise ConfigError(
                 f"batch_size={cfg.batch_size} must be >= processes x grad_accum = "
                 f"{t.world.world_size} x {cfg.grad_accum}"
             )
-        return fitted, ids[train_idx], loss_mask[train_idx], [fitted[i] for i in val_idx], evals, held
+        return fitted, ids[train_idx], loss_mask[train_idx], vals, evals, held
 
     t = open_training(cfg, "sft", resume, overwrite, build=build, inputs=inputs)
     demos, ids, loss_mask, vals, evals, held = t.inputs

@@ -182,6 +182,26 @@ def test_model_is_the_best_validation_checkpoint_and_patience_stops(tmp_path, mo
     ]
 
 
+def test_selection_on_the_embedded_task_looks_at_its_dev_split_only(tmp_path, monkeypatch, capsys):
+    """val_fraction > 0 without --data: every demonstration trains, and the checkpoint is chosen on dev problems."""
+    from posttrain.tasks.arithmetic import ArithmeticTask
+
+    seen, real = [], sft_mod.evaluate
+
+    def spy(model, tokenizer, prompts, answers, **kw):
+        if not kw.get("keep_samples"):  # validation (the held-out evaluation keeps samples)
+            seen.append(list(prompts))
+        return real(model, tokenizer, prompts, answers, **kw)
+
+    monkeypatch.setattr(sft_mod, "evaluate", spy)
+    c = tiny_cfg(tmp_path / "r", eval_every=3, val_fraction=0.3)
+    train_sft(c)
+    task = ArithmeticTask(c.task)
+    dev = {p.prompt for p in task.dev_problems}
+    assert seen and all(set(s) == dev for s in seen)  # the whole (small) dev split, nothing else
+    assert f"SFT: {c.task.num_demos} demonstrations" in capsys.readouterr().out  # none taken for validation
+
+
 def test_resume_restores_the_best_so_far(tmp_path, monkeypatch):
     import shutil
 
