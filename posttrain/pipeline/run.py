@@ -5,15 +5,22 @@ For each stage of :data:`~posttrain.pipeline.stages.STAGES`:
 1. skipped (with a note) when unavailable in this build, turned off by the config, ``--skip``-ped, outside
    ``--only`` (an earlier completed result is still used by later stages), or missing a dependency;
 2. its key is computed from its resolved config, input digests, dependency keys, seed and versions;
-3. ``DONE.json`` with that key -> cached; a started record with that key and a checkpoint -> resumed
-   (trainer ``resume=``); otherwise the stage directory is cleared (saying which key fields changed) and it runs;
-4. ``DONE.json`` is written last, with the summary, wall time and peak RSS.
+3. ``DONE.json`` with that key and its outputs unchanged (re-hashed: :func:`~posttrain.pipeline.cache.verify`)
+   -> cached; a started record with that key and a checkpoint -> resumed (trainer ``resume=``); otherwise the
+   stage directory is cleared (saying which key fields or outputs changed) and it runs. Clearing deletes only
+   what the pipeline wrote (:mod:`posttrain.pipeline.run_dir`): a file of the user's in a stage directory stops
+   the run with one line naming it;
+4. ``DONE.json`` is written last, with the summary, wall time, peak RSS and the digests of the outputs.
 
-With ``jobs`` > 1 a training stage whose dependencies are complete runs in a worker process (spawned: a fresh
-interpreter, no forked torch state) while the runner goes on to the next stages; a stage that needs a running
-one waits for it. A worker's printed output goes to ``<run>/.pipeline/<stage>.log``; its summary, wall time
-and peak RSS come back to the runner, which writes ``DONE.json`` as for an inline stage. The trainers are
-deterministic functions of their configs, so the results do not depend on ``jobs``.
+``--out`` must be new, empty or a pipeline run, and the runner holds its lock (:mod:`posttrain.run_lock`) while
+it runs: a second pipeline into the same directory is one line naming the first one's pid.
+
+With ``jobs`` > 1 a training stage whose dependencies are complete runs in a worker process
+(:mod:`posttrain.pipeline.workers`: spawned, a fresh interpreter with no forked torch state, killed with the
+pipeline) while the runner goes on to the next stages; a stage that needs a running one waits for it. A worker's
+printed output goes to ``<run>/.pipeline/<stage>.log``; its summary, wall time and peak RSS come back to the
+runner, which writes ``DONE.json`` as for an inline stage. The trainers are deterministic functions of their
+configs, so the results do not depend on ``jobs``.
 
 ``--explain`` prints the decision (run / cached / resumed, and why) for every stage and runs nothing; a stage
 after one that runs is "run" too, since its inputs will change. ``summary.json`` at the run's root collects
@@ -23,8 +30,8 @@ every stage's key metrics (``heldout_accuracy`` per stage), rewritten on every i
 from __future__ import annotations
 
 import contextlib
+import importlib
 import platform
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,9 +39,10 @@ from pathlib import Path
 from posttrain import __version__
 from posttrain.data.io import atomic_write_json
 from posttrain.errors import UserError
-from posttrain.pipeline import cache
+from posttrain.pipeline import cache, run_dir
 from posttrain.pipeline.base import LABELS, heldout_table
 from posttrain.pipeline.stages import BY_NAME, RUN_ORDER, STAGES, Context, get
+from posttrain.pipeline.workers import Workers
 from posttrain.provenance import git_commit
 
 
@@ -96,101 +104,81 @@ def _stage_output(ctx, name: str):
         yield
 
 
-def run_in_worker(module: str, fn: str, cfg, out: Path, resume: bool, log: Path):
-    """A training stage in a worker process: (summary, wall seconds, peak RSS MiB). Output -> ``log``."""
-    import importlib
-    import inspect
-    import os
-
-    from posttrain.pipeline import cache as worker_cache
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    train = getattr(importlib.import_module(module), fn)
-    kwargs = {}
-    params = inspect.signature(train).parameters
-    if resume and "resume" in params:
-        kwargs["resume"] = str(out)
-    elif out.is_dir() and any(out.iterdir()) and "overwrite" in params:
-        kwargs["overwrite"] = True
-    log.parent.mkdir(parents=True, exist_ok=True)
-    worker_cache.reset_peak_rss()
-    t0 = time.perf_counter()
-    with open(log, "w", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-        summary = train(cfg, **kwargs)
-    return _plain(summary), time.perf_counter() - t0, worker_cache.peak_rss_mb()
-
-
-class _Workers:
-    """Training stages running in worker processes: submit, and wait for the ones a later stage needs."""
-
-    def __init__(self, ctx, jobs: int):
-        self.ctx, self.jobs, self.pending, self.pool = ctx, jobs, {}, None
-
-    def can_take(self, stage) -> bool:
-        return self.jobs > 1 and getattr(stage.run, "trainer", None) is not None
-
-    def submit(self, tag, stage, scfg, d: Path, resume: bool, key, fields, action):
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        if self.pool is None:
-            self.pool = cf.ProcessPoolExecutor(max_workers=self.jobs, mp_context=mp.get_context("spawn"))
-        module, fn = stage.run.trainer
-        log = self.ctx.run_dir / cache.STATE_DIR / f"{stage.name}.log"
-        fut = self.pool.submit(run_in_worker, module, fn, scfg, d, resume, log)
-        self.pending[stage.name] = (fut, tag, d, key, fields, action)
-        _say(self.ctx, f"{tag}: running in a worker process (output: {log})")
-
-    def wait(self, names) -> None:
-        for name in [n for n in names if n in self.pending]:
-            fut, tag, d, key, fields, action = self.pending.pop(name)
-            try:
-                summary, wall, rss = fut.result()
-            except BaseException:
-                print(
-                    f"{tag}: failed (see {self.ctx.run_dir / cache.STATE_DIR / (name + '.log')})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                raise
-            d.mkdir(parents=True, exist_ok=True)
-            self.ctx.done[name] = cache.write_done(d, key, fields, summary, wall, rss, action)
-            self.ctx.statuses[name] = "resumed" if action == "resumed" else "ran"
-            _say(self.ctx, f"{tag}: done in {wall:.1f} s")
-
-    def close(self) -> None:
-        self.wait(list(self.pending))
-        if self.pool is not None:
-            self.pool.shutdown()
-
-
 def _check_names(names, what: str) -> None:
     bad = [n for n in names if n not in BY_NAME]
     if bad:
         raise UserError(f"{what} {bad[0]!r}: not a stage; stages: {', '.join(BY_NAME)}")
 
 
+def _reward_specs(value):
+    """Every string under a ``reward`` key of a scrubbed config (the pipeline's, grpo's, ppo's)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "reward" and isinstance(v, str):
+                yield v
+            else:
+                yield from _reward_specs(v)
+
+
+def importable_reward_modules(cfg) -> None:
+    """Put the current directory on ``sys.path`` before any key is computed when a reward names a module
+    (``mymod:fn``): the trainers import it from there (``load_python_reward``), so its source file must be found,
+    and keyed, the same way, not only after a stage has imported it (an unchanged reward then looked changed, and
+    an edited one cached)."""
+    from posttrain.rewards.registry import is_python_reward, parse_reward_spec
+
+    for spec in _reward_specs(cache.scrub(cfg)):
+        try:
+            names = parse_reward_spec(spec)
+        except UserError:
+            continue  # the stage that reads it says what is wrong
+        if any(is_python_reward(n) and not n.rpartition(":")[0].endswith(".py") for n in names):
+            if "" not in sys.path and "." not in sys.path:
+                sys.path.insert(0, "")  # the current directory, as load_python_reward has it
+            importlib.invalidate_caches()
+            return
+
+
 def run_pipeline(
     cfg, out: str | Path, *, only=(), skip=(), explain: bool = False, quiet: bool = False, preset: str | None = None
 ) -> dict:
-    """Run (or with ``explain`` only describe) the pipeline into ``out``; returns the run summary."""
+    """Run (or with ``explain`` only describe) the pipeline into ``out``; returns the run summary.
+
+    ``out`` must be new, empty or a pipeline run (:mod:`posttrain.pipeline.run_dir`); while the stages run the
+    runner holds its lock, and a training stage's trainer holds its stage directory's."""
     _check_names(only, "--only")
     _check_names(skip, "--skip")
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    if not explain:
-        out.mkdir(parents=True, exist_ok=True)
+    run_dir.check_out(out, BY_NAME)
+    importable_reward_modules(cfg)
+    lock = None if explain else run_dir.open_out(out)
+    try:
+        return _run(cfg, out, only, skip, explain, quiet, preset)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run(cfg, out: Path, only, skip, explain: bool, quiet: bool, preset) -> dict:
     ctx = Context(
         cfg=cfg, run_dir=out, quiet=quiet, stages=STAGES, started=time.perf_counter(), header=header(cfg, preset)
     )
     will_run: list[str] = []
     notes = ctx.notes
-    workers = _Workers(ctx, 1 if explain else getattr(cfg, "jobs", 1))
+
+    def finished(name, tag, d, key, fields, action, summary, wall, rss):
+        d.mkdir(parents=True, exist_ok=True)
+        ctx.done[name] = cache.write_done(d, key, fields, summary, wall, rss, action)
+        ctx.statuses[name] = "resumed" if action == "resumed" else "ran"
+        _say(ctx, f"{tag}: done in {wall:.1f} s")
+
+    pool = Workers(ctx, 1 if explain else getattr(cfg, "jobs", 1), finished)
     try:
-        _run_stages(ctx, cfg, out, only, skip, explain, will_run, notes, workers)
-    finally:
-        workers.close()
+        _run_stages(ctx, cfg, out, only, skip, explain, will_run, notes, pool, finished)
+    except BaseException:
+        pool.close(abort=True)  # no worker goes on writing its stage after the command failed
+        raise
+    pool.close()
     if explain:
         return {"explain": ctx.statuses, "notes": notes}
     result = run_summary(ctx, notes)
@@ -199,11 +187,11 @@ def run_pipeline(
     return result
 
 
-def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, notes: dict, workers: _Workers):
+def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, notes: dict, pool: Workers, finished):
     for i, stage in enumerate(RUN_ORDER, 1):  # STAGES' dependency order, the stages after SFT longest first
         name, d = stage.name, out / stage.name
         tag = f"[{i}/{len(STAGES)}] {name}"
-        workers.wait(stage.deps)  # a stage never starts before the stages it reads have finished
+        pool.wait(stage.deps)  # a stage never starts before the stages it reads have finished
         reason = stage.available() or stage.enabled(ctx) or ("--skip" if name in skip else None)
         missing = [x for x in stage.deps if x not in ctx.done and x not in will_run] if not stage.optional_deps else []
         if reason is None and missing:
@@ -228,36 +216,45 @@ def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, 
 
         fields = stage_fields(name, fields, cfg)
         key = cache.key_of(fields)
-        if done is not None and done.get("key") == key:
+        stale = cache.verify(d, done) if done is not None and done.get("key") == key else None
+        if stale == []:
             ctx.done[name], ctx.statuses[name] = done, "cached"
             _say(ctx, f"{tag}: cached ({done.get('wall_s', 0):.1f} s when it ran)")
             continue
+        changed = [f"its outputs changed since it ran: {', '.join(stale)}"] if stale else None
         if only and name not in only:
             ctx.statuses[name], notes[name] = "skipped", "not in --only"
-            _say(ctx, f"{tag}: not run (not in --only; {'stale' if done else 'no'} earlier result)")
+            state = "no" if not done else "changed" if stale else "stale"
+            _say(ctx, f"{tag}: not run (not in --only; {state} earlier result{f': {changed[0]}' if stale else ''})")
             continue
         started = cache.read_json(cache.started_file(out, name))
-        resume = stage.resumable and started is not None and started.get("key") == key and _has_checkpoint(d)
-        why = cache.changed_fields((done or started or {}).get("fields"), fields) or [
-            "same key, but the earlier run stopped before its DONE.json"
-            + ("" if stage.resumable else " and this stage does not resume")
-        ]
+        resume = (
+            stage.resumable and not stale and started is not None and started.get("key") == key and _has_checkpoint(d)
+        )
+        why = (
+            changed
+            or cache.changed_fields((done or started or {}).get("fields"), fields)
+            or [
+                "same key, but the earlier run stopped before its DONE.json"
+                + ("" if stage.resumable else " and this stage does not resume")
+            ]
+        )
         action = "resumed" if resume else "run"
         if explain:
             ctx.statuses[name] = action
             will_run.append(name)
             _say(ctx, f"{tag}: {action}" + ("" if resume else f" ({'; '.join(why)})"))
             continue
-        if not resume and d.exists() and any(d.iterdir()):
-            _say(ctx, f"{tag}: key changed ({'; '.join(why)}): clearing {d}")
-            shutil.rmtree(d)
+        if not resume and (d.is_symlink() or d.exists()) and (d.is_symlink() or not d.is_dir() or any(d.iterdir())):
+            run_dir.clear_stage(d, name, done, started, "; ".join(why))
+            _say(ctx, f"{tag}: {'outputs' if stale else 'key'} changed ({'; '.join(why)}): cleared {d}")
         if resume:
             _say(ctx, f"{tag}: resuming from its checkpoint in {d} (same key)")
-        cache.mark_started(out, name, key, fields)
-        if workers.can_take(stage):
-            workers.submit(tag, stage, scfg, d, resume, key, fields, action)
+        cache.mark_started(out, name, key, fields, since=started.get("t0") if resume else None)
+        if pool.can_take(stage):
+            pool.submit(tag, stage, scfg, d, resume, key, fields, action)
             continue
-        workers.wait(list(workers.pending))  # an inline stage runs alone (its peak RSS and output are its own)
+        pool.wait(list(pool.pending))  # an inline stage runs alone (its peak RSS and output are its own)
         _say(ctx, f"{tag}: start — {stage.title}")
         cache.reset_peak_rss()
         t0 = time.perf_counter()
@@ -267,11 +264,7 @@ def _run_stages(ctx, cfg, out: Path, only, skip, explain: bool, will_run: list, 
         except BaseException:
             print(f"{tag}: failed after {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
             raise
-        wall = time.perf_counter() - t0
-        d.mkdir(parents=True, exist_ok=True)
-        ctx.done[name] = cache.write_done(d, key, fields, _plain(summary), wall, cache.peak_rss_mb(), action)
-        ctx.statuses[name] = "resumed" if resume else "ran"
-        _say(ctx, f"{tag}: done in {wall:.1f} s")
+        finished(name, tag, d, key, fields, action, _plain(summary), time.perf_counter() - t0, cache.peak_rss_mb())
 
 
 def _plain(x):

@@ -30,7 +30,12 @@ Every checkpoint's ``trainer_state.json`` records ``run_id`` and ``trainer``. Th
 - leftovers of killed writers (``.NAME.XXXXXXXX.tmp``, ``NAME.old`` beside a complete ``NAME``) are removed
   when a run resumes in the directory.
 
-Not handled: two processes running in one directory at once (no lock), run ids across copies of a run
+One writer at a time: from :func:`begin_run` on, the process holds an exclusive lock on the directory
+(:mod:`posttrain.run_lock`); a second run into it, or a ``--resume``/``--overwrite`` of it, is refused with one line
+naming the holder's pid, before anything is read or cleaned. The lock goes with the process (``kill -9``
+included), so a resume is never blocked by a dead writer.
+
+Not handled: run ids across copies of a run
 directory (a copy keeps the id: resuming the copy continues the same run, which is what a copy means).
 
 This module imports no torch, so the CLI can use :func:`resume_out` while parsing flags.
@@ -48,7 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain import __version__
+from posttrain import __version__, run_lock
 from posttrain import config as C
 from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
 from posttrain.errors import UserError
@@ -330,6 +335,7 @@ class Run:
     resume_state: dict = dataclasses.field(default_factory=dict)
     clear: bool = False  # --overwrite: delete dir's contents at begin_run
     info: dict | None = None  # the existing run.json, when resuming
+    lock: run_lock.DirLock | None = None  # held from begin_run on, while this run writes dir
 
 
 def new_run_id() -> str:
@@ -365,6 +371,8 @@ def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> 
         )
     if resume is not None:
         root = run_root(resume)
+        if distributed.world().is_main:
+            run_lock.check_free(root)  # another process writing it: say so before cleaning its temps
         info = read_run(root)
         if info is not None and info.get("trainer") != trainer:
             raise UserError(
@@ -383,6 +391,8 @@ def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> 
         return Run(dir=root, run_id=run_id, trainer=trainer, resume_from=ckpt, resume_state=state, info=info)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
+    if distributed.world().is_main:
+        run_lock.check_free(out)
     entries = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
     if entries and not overwrite:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
@@ -454,9 +464,10 @@ def begin_run(run: Run, cfg) -> Path:
 
 def _begin_run(run: Run, cfg) -> Path:
     out = run.dir
+    out.mkdir(parents=True, exist_ok=True)
+    run.lock = run.lock or run_lock.lock_dir(out)  # one writer: held while this run (this Run object) lives
     if run.clear:
         clear_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
     new = C.resolved_dict(cfg)  # less the settings nothing reads (the embedded task's, on the user's data)
     if run.resume_from is not None:
         old = run.resume_state.get("config")

@@ -2,7 +2,11 @@
 directory, and a failed start changes nothing; --init/--resume accept only checkpoints of the right kind."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from hypothesis import strategies as st
 from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
+from posttrain.run_lock import holder_pid
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
@@ -421,3 +426,41 @@ def test_a_run_dir_of_the_older_layout_resumes_twice(base, tmp_path, capsys):
     assert json.loads((run / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())["run_id"] == rid
     rc, err = sft(capsys, "--resume", run, "--steps", "4", "--save-every", "0")  # picks model/ (step 3, this run)
     assert rc == 0 and [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == [3, 4]
+
+
+HOLD = "import sys, time\nfrom posttrain.run_lock import lock_dir\nl = lock_dir(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(300)\n"
+
+
+def test_a_run_dir_another_process_writes_is_refused_naming_its_pid(base, tmp_path, capsys, monkeypatch):
+    """Two writers in one directory: while another process holds it (a trainer still running, a worker of a killed
+    pipeline), a new run, --overwrite and --resume are one line naming its pid, and nothing is read or cleaned."""
+    run = tmp_path / "run"
+    shutil.copytree(base, run)
+    (run / "checkpoints" / ".model.safetensors.1234.tmp").write_bytes(b"the other writer's temp file")
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, env=env)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        before = snapshot(run)
+        for argv in (("--out", run), ("--out", run, "--overwrite"), ("--resume", run)):
+            rc, err = sft(capsys, *argv)
+            assert rc == 2 and err == (
+                f"posttrain sft: error: {run} is in use by another posttrain process (pid {holder.pid}): wait for "
+                f"it to finish, or stop it"
+            ), argv
+        assert snapshot(run) == before
+    finally:
+        holder.kill()  # kill -9: the lock goes with the process
+        holder.wait(timeout=30)
+    seen = []
+    real_save = CheckpointManager.save
+
+    def save(self, step, **kw):  # while it trains, the run holds its directory (as the kernel sees it)
+        seen.append(holder_pid(run))
+        return real_save(self, step, **kw)
+
+    monkeypatch.setattr(CheckpointManager, "save", save)
+    assert sft(capsys, "--out", run, "--overwrite")[0] == 0
+    assert seen and set(seen) == {os.getpid()}
+    assert holder_pid(run) is None  # and lets it go when it ends
