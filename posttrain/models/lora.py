@@ -17,7 +17,9 @@ the ``PeftModel`` handle (for ``disable_adapter``, ``save_pretrained``, ``merge_
 model's ``__dict__`` (not a submodule: parameters and ``state_dict`` are unchanged by it). A checkpoint of
 a LoRA model holds the base weights (``model.safetensors``, LoRA keys dropped) and the adapter
 (``adapter_model.safetensors`` + ``adapter_config.json``, peft's own files), so transformers loads the
-directory with the adapter applied and vLLM can serve the adapter.
+directory with the adapter applied and vLLM can serve the adapter. A run's final ``model/`` of a LoRA run on a
+Hugging Face model directory holds the adapter only, pointing at that directory (``base_model_name_or_path``), as
+TRL and peft save it (:func:`lora_base_dir`, :func:`save_adapter_only`); the periodic checkpoints keep the base.
 
 The trainers' LoRA fields (``lora_r`` ... ``merge_lora``) are declared once, on :class:`LoRAConfig`; a
 trainer config lists them with :func:`lora_knob` and reads them back with :func:`lora_config`.
@@ -178,6 +180,56 @@ def save_adapter(model: nn.Module, directory: str | Path) -> None:
     readme = Path(directory) / "README.md"  # peft's model-card stub: not part of a checkpoint
     if readme.is_file():
         readme.unlink()
+
+
+def lora_base_dir(model: nn.Module, state: dict) -> Path | None:
+    """The directory holding ``model``'s frozen base, for a run's final ``model/`` to point at instead of copying
+    it: the run config's ``model_path`` (or ``init``) when it is a full Hugging Face model directory (no adapter of
+    its own) and ``model`` is a transformers model with LoRA adapters; else None (the base is written out)."""
+    from posttrain.models.loading import is_hf_model_dir
+
+    if not has_lora(model) or not hasattr(model, "save_pretrained"):
+        return None
+    cfg = state.get("config") or {}
+    for key in ("model_path", "init"):
+        d = cfg.get(key)
+        if d and is_hf_model_dir(d) and not (Path(d) / ADAPTER_CONFIG).is_file():
+            return Path(d).resolve()
+    return None
+
+
+def save_adapter_only(model: nn.Module, directory: str | Path, base: Path) -> None:
+    """The adapter alone (peft's files), its ``adapter_config.json`` naming ``base`` (an absolute directory) as
+    ``base_model_name_or_path``: what TRL/peft save, and what transformers (with peft) and posttrain load."""
+    import json
+
+    save_adapter(model, directory)
+    f = Path(directory) / ADAPTER_CONFIG
+    cfg = json.loads(f.read_text(encoding="utf-8"))
+    cfg["base_model_name_or_path"] = str(base)
+    f.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def is_adapter_only(directory: str | Path) -> bool:
+    """A directory holding a LoRA adapter and no weights of its base (``model.safetensors``)."""
+    d = Path(directory)
+    return (d / ADAPTER_CONFIG).is_file() and not (d / "model.safetensors").is_file()
+
+
+def adapter_base(directory: str | Path) -> Path:
+    """The base model directory an adapter-only directory names; UserError when it is missing or not a directory."""
+    import json
+
+    f = Path(directory) / ADAPTER_CONFIG
+    try:
+        base = json.loads(f.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError) as e:
+        raise UserError(f"{f}: cannot read the adapter's config ({e})") from None
+    if not base or not Path(base).is_dir():
+        raise UserError(
+            f"{f}: its base model {base!r} is not a directory here: the adapter needs its base (base_model_name_or_path)"
+        )
+    return Path(base)
 
 
 def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -63,7 +63,14 @@ from posttrain.models.loading import (
     load_hf_model,
     load_model_tokenizer,
 )
-from posttrain.models.lora import merge_lora
+from posttrain.models.lora import (
+    adapter_base,
+    attach_adapter,
+    is_adapter_only,
+    lora_base_dir,
+    merge_lora,
+    save_adapter_only,
+)
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.trainers.engine.device import portable
 from posttrain.trainers.guards import refuse_nonfinite_model, require_finite_model  # noqa: F401 - eval/export's
@@ -104,11 +111,19 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     rng_state: dict | None = None,
 ) -> Path:
-    """Write a complete checkpoint to ``directory`` atomically (replacing an older one there)."""
+    """Write a complete checkpoint to ``directory`` atomically (replacing an older one there).
+
+    A run's final ``model/`` of a LoRA run on a Hugging Face model directory is the adapter alone, pointing at that
+    directory, with no optimizer or RNG state (those stay in ``checkpoints/``): TRL's and peft's layout."""
     directory = Path(directory)
     require_finite_model(model, directory, state.get("step"))  # a diverged model is refused, the old one kept
+    base = lora_base_dir(model, state) if directory.name == FINAL_MODEL_DIR else None
     with atomic_dir(directory) as tmp, writing(directory):
-        save_model(model, tmp)
+        if base is not None:
+            save_adapter_only(model, tmp, base)
+            state, optimizer, rng_state = {**state, "lora_base": str(base)}, None, None
+        else:
+            save_model(model, tmp)
         tokenizer.save(tmp / "tokenizer.json")
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=str) + "\n")
         if optimizer is not None:
@@ -116,6 +131,18 @@ def save_checkpoint(
         if rng_state is not None:
             torch.save(rng_state, tmp / "rng.pt")
     return directory
+
+
+FINAL_MODEL_DIR = "model"  # a run directory's final model (run_dir.py)
+
+
+def _load_adapter_only(p: Path, state: dict, device) -> Checkpoint:
+    """An adapter-only ``model/``: its base (``base_model_name_or_path``) with the adapter attached."""
+    base = load_policy(adapter_base(p), device=device)
+    model = attach_adapter(base.model, p)
+    tokenizer = _checkpoint_tokenizer(p)
+    check_vocab_fits(tokenizer, model, p)
+    return Checkpoint(path=p, model=model.to(device), tokenizer=tokenizer, state=state)
 
 
 @contextlib.contextmanager
@@ -280,6 +307,8 @@ def load_checkpoint(
     check_checkpoint(p, state, expect_trainer=expect_trainer, accept_kinds=accept_kinds, role=role)
     if with_training_state and not (p / "optimizer.pt").is_file():
         raise UserError(f"{p} has no optimizer state: it cannot be resumed (only used as --init)")
+    if is_adapter_only(p):
+        return _load_adapter_only(p, state, device)
     model_cfg = read_json_file(p / "config.json")
     if not isinstance(model_cfg.get("model_type"), str):
         raise UserError(f"{p / 'config.json'}: corrupt checkpoint file (no model_type)")

@@ -116,8 +116,15 @@ def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
     return obj
 
 
+def _adapter_only(p: Path) -> bool:
+    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
+
+
 def is_checkpoint(p: Path) -> bool:
-    """A plain checkpoint (``model.safetensors``) or a sharded one (``dcp/``, written under --fsdp), with ``config.json``."""
+    """A plain checkpoint (``model.safetensors``) or a sharded one (``dcp/``, written under --fsdp), with ``config.json``;
+    or a LoRA run's final ``model/``: the adapter alone (``adapter_config.json`` naming its base) and its state."""
+    if _adapter_only(p) and (p / STATE_FILE).is_file():
+        return True
     return ((p / "model.safetensors").is_file() or (p / "dcp").is_dir()) and (p / "config.json").is_file()
 
 
@@ -218,7 +225,8 @@ def find_checkpoint(path: str | Path, prefer_latest: bool = False, run_id: str |
         )
     if not prefer_latest:
         return candidates[0]
-    return max(candidates, key=lambda c: checkpoint_state(c).get("step", 0))
+    resumable = [c for c in candidates if not _adapter_only(c)]  # a LoRA run's adapter-only model/: no optimizer
+    return max(resumable or candidates, key=lambda c: checkpoint_state(c).get("step", 0))
 
 
 # ---------------------------------------------------------------------------------------------
