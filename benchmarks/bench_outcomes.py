@@ -30,6 +30,17 @@ No number is hand-entered: every one is read from a run.
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
 
+Splits: every choice is made on the task's dev split and the numbers are reported on its test (held-out) split
+(``benchmarks/_outcomes_selection.py``). ``--task sort`` runs every stage on the second embedded task (``--task
+NAME`` is added to each command), with the same recipes. ``--dev`` (on by default) also scores every policy on the
+dev split (``posttrain eval RUN --heldout dev``: ``dev_accuracy`` per run, a "dev accuracy" row per stage);
+``outcomes.json`` records per stage which split chose what (``selection``: ``{"chose": {"restart": "dev",
+"checkpoint": "none (the last step)", "recipe": "dev"}, "selection_split": "dev", "reported_split": "test"}``), and a
+sweep whose flags would choose on test (``--sft-args "--val-data F"`` with a held-out problem in F) is refused (exit
+2) before any run. ``--choose A/outcomes.json B/outcomes.json --by-stage grpo`` runs nothing: it picks the sweep with
+the best mean dev accuracy of that stage and prints the chosen sweep's test numbers once; a sweep without dev scores
+(one from before the dev split) is refused, since choosing on it would look at test.
+
 ``--combine A/outcomes.json B/outcomes.json ...`` runs nothing: it reports over the union of the seeds of earlier
 sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample checks of a recipe. It refuses
 (exit 2) sweeps whose stages' configs or CPU kernels differ (another recipe, or other trajectories), a seed
@@ -56,6 +67,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and PYTHONPATH
+sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks._outcomes_selection` beside it
+
+from benchmarks._outcomes_selection import SelectionError, choose, print_choice, refuse_test, selection  # noqa: E402
 
 STAGES = ("sft", "grpo", "dpo", "rm", "ppo")
 DEPENDS_ON_SFT = {"grpo", "dpo", "ppo"}
@@ -116,10 +130,13 @@ def aggregate(results: dict[int, dict[str, dict]]) -> dict:
     for st in stages:
         acc = {seed: r[st]["accuracy"] for seed, r in results.items() if "accuracy" in r.get(st, {})}
         full = {seed: r[st]["heldout_all"] for seed, r in results.items() if "heldout_all" in r.get(st, {})}
+        dev = {seed: r[st]["dev_accuracy"] for seed, r in results.items() if "dev_accuracy" in r.get(st, {})}
         row = {
             "accuracy": describe(acc),
             "failed_seeds": sorted(seed for seed, r in results.items() if st in r and "accuracy" not in r[st]),
         }
+        if dev:  # --dev: what choices are made on
+            row["dev"] = describe(dev)
         if st in DEPENDS_ON_SFT:
             gain = {
                 seed: r[st]["accuracy"] - r["sft"]["accuracy"]
@@ -187,6 +204,8 @@ def print_report(results: dict[int, dict[str, dict]], agg: dict) -> None:
             f"{st:<5} accuracy {fmt(row['accuracy'])}"
             + (f"; failed seeds {row['failed_seeds']}" if row["failed_seeds"] else "")
         )
+        if "dev" in row:
+            print(f"{st:<5} dev accuracy (what choices are made on) {fmt(row['dev'])}")
         if "gain" in row:
             print(f"{st:<5} gain over SFT, points {fmt(row['gain'], pct=True)}")
         if "gain_last_weights" in row:
@@ -248,6 +267,16 @@ def heldout_all(stage: str, seed: int, run_dir: Path, work: Path) -> dict:
     return {"heldout_all": summ["accuracy"], "by_layout": {k: v["accuracy"] for k, v in summ["by_layout"].items()}}
 
 
+def dev_score(stage: str, seed: int, run_dir: Path, work: Path) -> dict:
+    """``posttrain eval RUN --heldout dev``: {"dev_accuracy": accuracy, "dev_n": problems} on the task's dev split."""
+    dest = work / f"seed{seed}" / f"{stage}_dev"
+    cmd = [sys.executable, "-m", "posttrain", "eval", str(run_dir), "--heldout", "dev", "--show", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    subprocess.run([*cmd, "--out", str(dest)], cwd=ROOT, env=env, check=True, capture_output=True)
+    summ = json.loads((dest / "summary.json").read_text())
+    return {"dev_accuracy": summ["accuracy"], "dev_n": summ["n"]}
+
+
 def run_one(
     stage: str,
     seed: int,
@@ -257,6 +286,7 @@ def run_one(
     timeout: float,
     sft_root: Path | None = None,
     full: bool = False,
+    dev: bool = False,
 ) -> dict:
     cmd = command(stage, seed, work, extra, sft_root)
     out = Path(cmd[cmd.index("--out") + 1])
@@ -316,6 +346,8 @@ def run_one(
                 res[k] = summ[k]
         if full and stage != "rm":
             res.update(heldout_all(stage, seed, out, work))
+        if dev and stage != "rm":
+            res.update(dev_score(stage, seed, out, work))
     msg = (
         f"{res['accuracy']:.3f}" + (f" (all held-out: {res['heldout_all']:.3f})" if "heldout_all" in res else "")
         if "accuracy" in res
@@ -336,6 +368,7 @@ def sweep(
     timeout: float,
     sft_root: Path | None = None,
     full: bool = False,
+    dev: bool = False,
 ) -> dict:
     """Run every (seed, stage); a stage that needs SFT waits for its seed's SFT. -> results[seed][stage]."""
     results: dict[int, dict[str, dict]] = {s: {} for s in seeds}
@@ -347,7 +380,7 @@ def sweep(
 
     def worker(seed, st):
         try:
-            r = run_one(st, seed, work, extras.get(st, ""), reuse, timeout, sft_root, full)
+            r = run_one(st, seed, work, extras.get(st, ""), reuse, timeout, sft_root, full, dev)
         except Exception as e:  # noqa: BLE001  a crashed run is a failed seed, never a crashed sweep
             r = {"rc": f"error: {e}"}
         with lock:
@@ -471,6 +504,10 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CombineError(f"{path}: not a bench_outcomes.py outcomes.json ({e})") from None
         used = {st for r in runs.values() for st in r}
+        try:
+            refuse_test(report.get("selection") or {}, path)
+        except SelectionError as e:
+            raise CombineError(str(e)) from None
         if report_sft(report) and "sft" in used:  # its SFT runs are another sweep's: their recipe is checked there
             notes.append(
                 f"{path} took its SFT runs from {report['sft_from']} (--sft-from): combine that sweep to check them"
@@ -562,6 +599,26 @@ def main(argv=None) -> int:
         "(default: on; ~3 s a run)",
     )
     ap.add_argument(
+        "--task",
+        choices=("arithmetic", "sort"),
+        default="arithmetic",
+        help="the embedded task every stage runs on (--task NAME added to each command; the same recipes)",
+    )
+    ap.add_argument(
+        "--dev",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also score every policy on the task's dev split, what choices are made on (default: on; ~3 s a run)",
+    )
+    ap.add_argument(
+        "--choose",
+        nargs="+",
+        metavar="OUTCOMES_JSON",
+        help="run nothing: pick among these sweeps the one with the best mean dev accuracy of --by-stage and print "
+        "its test numbers (a sweep without dev scores is refused)",
+    )
+    ap.add_argument("--by-stage", default="grpo", choices=STAGES, help="the stage --choose compares (default: grpo)")
+    ap.add_argument(
         "--combine",
         nargs="+",
         metavar="OUTCOMES_JSON",
@@ -569,8 +626,16 @@ def main(argv=None) -> int:
         "(the same flags and CPU kernels)",
     )
     args = ap.parse_args(argv)
+    if args.choose:
+        try:
+            picked = choose(args.choose, args.by_stage)
+        except SelectionError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print_choice(picked)
+        return 0
     if args.combine:
-        run_flags = ["seeds", "stages", "jobs", "work", "reuse", "sft_from", "timeout", "heldout_all"]
+        run_flags = ["seeds", "stages", "jobs", "work", "reuse", "sft_from", "timeout", "heldout_all", "task", "dev"]
         ignored = [n for n in run_flags + [f"{st}_args" for st in STAGES] if getattr(args, n) != ap.get_default(n)]
         if ignored:  # a sweep's flags mean nothing to a report over finished sweeps: say so rather than drop them
             ap.error(
@@ -591,9 +656,17 @@ def main(argv=None) -> int:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     extras = {st: getattr(args, f"{st}_args") for st in STAGES}
+    if args.task != "arithmetic":  # the default task's commands stay as they were (--reuse keeps earlier runs)
+        extras = {st: f"--task {args.task} {x}".strip() for st, x in extras.items()}
     t0, started = time.perf_counter(), versions()  # the code as it was when the runs started
     # each stage's config as this tree resolves it (seed and paths aside): what --combine compares across sweeps
     recipes = {st: resolved_recipe(st, extras[st]) for st in args.stages if not (st == "sft" and args.sft_from)}
+    chosen_by = {st: selection(st, recipes.get(st)) for st in args.stages}  # which split chose what, per stage
+    try:
+        refuse_test(chosen_by)
+    except SelectionError as e:  # before any run: a sweep that chooses on test has nothing to report
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     sft_root = Path(args.sft_from).resolve() if args.sft_from else None
     results = sweep(
         args.seeds,
@@ -605,6 +678,7 @@ def main(argv=None) -> int:
         args.timeout,
         sft_root,
         args.heldout_all,
+        args.dev,
     )
     agg = aggregate(results)
     print_report(results, agg)
@@ -615,6 +689,8 @@ def main(argv=None) -> int:
         "stages": args.stages,
         "extra_args": extras,
         "recipes": recipes,
+        "task": args.task,
+        "selection": chosen_by,
         "jobs": args.jobs,
         "versions": started,
         "sweep_wall_seconds": time.perf_counter() - t0,

@@ -1,0 +1,101 @@
+"""benchmarks/bench_outcomes.py records which split chose what, chooses recipes on dev only, and refuses a sweep that
+would choose on the test (held-out) split."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+import benchmarks.bench_outcomes as bo
+from benchmarks._outcomes_selection import SelectionError, choose, selection
+from posttrain.tasks.arithmetic import ArithmeticTask
+
+
+def _jsonl(path: Path, problems) -> str:
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer}) + "\n" for p in problems))
+    return str(path)
+
+
+def test_the_default_recipes_choose_on_dev_and_report_test():
+    sft = selection("sft", bo.resolved_recipe("sft", ""))
+    assert sft["chose"]["restart"] == "dev" and sft["chose"]["checkpoint"].startswith("none")  # tiny: 4 restarts
+    assert sft["selection_split"] == "dev" and sft["reported_split"] == "test"
+    for stage in ("grpo", "dpo", "ppo", "rm"):
+        rec = selection(stage, bo.resolved_recipe(stage, ""))
+        assert rec["selection_split"] == "dev" and rec["chose"]["recipe"] == "dev", stage
+        assert rec["chose"]["checkpoint"].startswith("none"), stage  # the final model is not chosen on any split
+    assert selection("sft", bo.resolved_recipe("sft", "--val-fraction 0.1 --restarts 1"))["chose"] == {
+        "recipe": "dev",
+        "checkpoint": "dev",
+    }
+
+
+def test_val_data_is_recorded_by_the_split_its_problems_lie_in(tmp_path):
+    task = ArithmeticTask()
+    dev = _jsonl(tmp_path / "dev.jsonl", task.dev_problems[:5])
+    test = _jsonl(tmp_path / "test.jsonl", task.dev_problems[:4] + task.heldout_problems[:1])
+    assert selection("sft", bo.resolved_recipe("sft", f"--val-data {dev}"))["chose"]["restart"] == "dev"
+    rec = selection("sft", bo.resolved_recipe("sft", f"--val-data {test}"))
+    assert rec["chose"]["restart"] == "test" and rec["selection_split"] == "test"
+
+
+def test_a_sweep_that_would_choose_on_test_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    task = ArithmeticTask()
+    bad = _jsonl(tmp_path / "v.jsonl", task.dev_problems[:3] + task.heldout_problems[:2])
+    monkeypatch.setattr(bo, "sweep", lambda *a, **k: pytest.fail("a run started"))
+    work = tmp_path / "w"
+    assert bo.main(["--stages", "sft", "--seeds", "0", "--work", str(work), "--sft-args", f"--val-data {bad}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: this sweep: sft's restart would be chosen on the test split") and "\n" == err[-1]
+    assert not (work / "outcomes.json").exists()
+
+
+def test_a_sweep_records_its_task_and_which_split_chose_what(tmp_path, monkeypatch):
+    seen = {}
+
+    def fake_sweep(seeds, stages, work, extras, *a, **k):
+        seen.update(extras)
+        return {s: {st: {"accuracy": 0.5, "dev_accuracy": 0.4} for st in stages} for s in seeds}
+
+    monkeypatch.setattr(bo, "sweep", fake_sweep)
+    monkeypatch.setattr(bo, "write_curves", lambda *a: [])
+    work = tmp_path / "w"
+    assert bo.main(["--stages", "sft", "grpo", "--seeds", "0", "1", "--work", str(work), "--task", "sort"]) == 0
+    assert seen["sft"].startswith("--task sort") and seen["grpo"].startswith("--task sort")
+    report = json.loads((work / "outcomes.json").read_text())
+    assert report["task"] == "sort" and report["recipes"]["grpo"]["task"]["name"] == "sort"
+    assert {st: r["selection_split"] for st, r in report["selection"].items()} == {"sft": "dev", "grpo": "dev"}
+    assert report["aggregate"]["grpo"]["dev"]["mean"] == pytest.approx(0.4)
+
+
+def _report(path: Path, dev: list | None, test: list, selection_record=None) -> str:
+    results = {
+        str(s): {"grpo": {"accuracy": t, **({"dev_accuracy": dev[s]} if dev else {})}} for s, t in enumerate(test)
+    }
+    rep = {"results": results, "extra_args": {"grpo": path.stem}, "selection": selection_record or {}}
+    path.write_text(json.dumps(rep))
+    return str(path)
+
+
+def test_choose_picks_the_best_dev_mean_whatever_test_says(tmp_path, capsys):
+    a = _report(tmp_path / "a.json", dev=[0.80, 0.82], test=[0.95, 0.97])  # the better test numbers ...
+    b = _report(tmp_path / "b.json", dev=[0.85, 0.84], test=[0.90, 0.91])  # ... but b is better on dev
+    picked = choose([a, b], "grpo")
+    assert picked["chosen"]["path"] == b and picked["chosen"]["test_mean"] == pytest.approx(0.905)
+    assert bo.main(["--choose", a, b, "--by-stage", "grpo"]) == 0
+    assert f"chosen on dev: {b}" in capsys.readouterr().out
+
+
+def test_choose_refuses_a_sweep_without_dev_scores_or_that_chose_on_test(tmp_path, capsys):
+    a = _report(tmp_path / "a.json", dev=[0.8, 0.8], test=[0.9, 0.9])
+    old = _report(tmp_path / "old.json", dev=None, test=[0.95, 0.96])  # before the dev split: test numbers only
+    with pytest.raises(SelectionError, match="old.json: no dev-split scores for grpo"):
+        choose([a, old], "grpo")
+    assert bo.main(["--choose", a, old]) == 2
+    assert "would select on the test split" in capsys.readouterr().err
+    chose_test = {"sft": {"chose": {"restart": "test"}, "selection_split": "test"}}
+    bad = _report(tmp_path / "bad.json", dev=[0.9, 0.9], test=[0.9, 0.9], selection_record=chose_test)
+    with pytest.raises(SelectionError, match="bad.json: sft's restart would be chosen on the test split"):
+        choose([a, bad], "grpo")
+    with pytest.raises(bo.CombineError, match="bad.json: sft's restart would be chosen on the test split"):
+        bo.combine([a, bad])
