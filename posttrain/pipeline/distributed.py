@@ -90,7 +90,17 @@ def run_stage(ctx, module: str, cfg, out: Path, resume: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)}
     env["OMP_NUM_THREADS"] = str(getattr(cfg, "threads", None) or 1)
     print(f"{out.name}: {nproc} processes: {' '.join(argv[1:])}", flush=True)
-    with subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    import functools
+    import signal
+
+    from posttrain.pipeline.workers import die_with_parent, libc_prctl
+
+    # torchrun gets SIGTERM if the pipeline dies (kill -9 included), and stops its ranks: no orphaned trainers
+    libc_prctl()  # loaded here: the forked child only calls it
+    dies = functools.partial(die_with_parent, os.getpid(), signal.SIGTERM)
+    with subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=dies
+    ) as proc:
         for line in proc.stdout:  # rank 0 prints; the others only their errors
             print(line, end="", flush=True)
     if proc.returncode != 0:

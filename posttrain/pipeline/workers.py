@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -31,15 +32,23 @@ from posttrain.pipeline import cache
 PR_SET_PDEATHSIG = 1
 
 
+@functools.cache
+def libc_prctl():
+    """libc's ``prctl``, or None where there is none (loaded before a fork: a forked child only calls it)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        return None
+
+
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
     """In a child process: have the kernel send ``sig`` when the parent dies; exit now if it already has.
 
     Linux only (``prctl``); elsewhere a no-op."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):  # pragma: no cover - not Linux
+    prctl = libc_prctl()
+    if prctl is None:  # pragma: no cover - not Linux
         return
+    prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
