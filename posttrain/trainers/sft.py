@@ -500,8 +500,6 @@ def train_sft(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False
             "--val-fraction to rank on): one run here"
         )
         cfg = dataclasses.replace(cfg, restarts=1)
-    if cfg.restarts > 1 or resumes_restarts:
-        if distributed.world().distributed:
-            raise ConfigError("restarts > 1 under torchrun is not supported: run the restarts in one process")
+    if cfg.restarts > 1 or resumes_restarts:  # under torchrun too: one restart after another, on all processes
         return sft_restarts.train_restarts(cfg, train_sft, resume=resume, overwrite=overwrite)
     return engine_run(setup(cfg, resume, overwrite), pause_at=pause_at)

@@ -28,7 +28,11 @@ mid-training (docs/outcomes.md), so P ~ half to two thirds of the steps loses li
 Resume: each restart is its own run directory; ``--resume OUT`` skips the finished ones (a ``summary.json``),
 resumes an interrupted one from its checkpoint, and starts the rest, so it ends as an uninterrupted run would.
 
-Not handled: restarts in parallel processes, and under ``torchrun`` (refused at config time).
+Under ``torchrun`` the restarts run one after another, each on all the processes (an ordinary distributed SFT run
+each); every process scores the restarts the same way, and rank 0 alone writes the probe records, the kept
+``model/`` and the summary (the others wait for it).
+
+Not handled: restarts in parallel processes (one per rank), restarts under ``--fsdp``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate
 from posttrain.tasks.embedded import embedded_task, split_of
-from posttrain.trainers import common
+from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import load_checkpoint, read_json
 from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run
 
@@ -145,14 +149,19 @@ def _run_one(sub, train_sft, pause_at: int | None = None) -> dict:
     """One restart: done (its summary), interrupted (resume from its checkpoint) or new; with ``pause_at``, trained
     (or resumed) up to that step only and left resumable there."""
     d = Path(sub.out)
-    if (d / "summary.json").is_file():
+    done = (d / "summary.json").is_file()
+    resumable = not done and (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir())
+    exists = d.exists()
+    distributed.barrier(distributed.world())  # every rank decides on the same files before rank 0 writes any
+    if done:
         return read_json(d / "summary.json", "summary", SUMMARY_KEYS)
-    if (d / "checkpoints").is_dir() and any((d / "checkpoints").iterdir()):
+    if resumable:
         return train_sft(sub, resume=str(d), pause_at=pause_at)
-    return train_sft(sub, overwrite=d.exists(), pause_at=pause_at)
+    return train_sft(sub, overwrite=exists, pause_at=pause_at)
 
 
 def _score(model_dir: Path, val, max_new_tokens: int) -> float:
+    distributed.barrier(distributed.world())  # rank 0 has written the checkpoint (a paused run's too)
     ck = load_checkpoint(model_dir)
     prompts, answers = [p for p, _ in val], [a for _, a in val]
     return evaluate(ck.model, ck.tokenizer, prompts, answers, max_new_tokens=max_new_tokens).accuracy
@@ -174,7 +183,8 @@ def _probe(sub, train_sft, cfg, val) -> dict:
         "val_n": len(val),
         "train_seconds": s.get("train_seconds", time.perf_counter() - t0),
     }
-    atomic_write_json(path, probe)
+    if distributed.world().is_main:
+        atomic_write_json(path, probe)
     return probe
 
 
@@ -182,6 +192,7 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
     """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary. With
     ``restart_probe``, every restart trains to that fraction of the steps, and only the best ``restart_keep`` finish."""
     t0 = time.perf_counter()
+    world = distributed.init()  # under torchrun: every restart runs on all the processes, one after another
     val = validation_problems(cfg) if cfg.val_data or not cfg.data else None  # None: each run's val_fraction split
     out = _open(cfg, resume, overwrite)  # after the inputs are checked: a bad --val-data writes nothing
     subs = [
@@ -217,10 +228,13 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
         print(f"  restart {k}: validation accuracy {score:.3f} ({n} problems)")
     done = [c for c in candidates if c["finished"]]
     best = max(done, key=lambda c: (c["val_accuracy"], -c["restart"]))  # the earliest on ties
-    with atomic_dir(out / "model") as tmp:  # the kept restart's model/, as a checkpoint of this run
-        shutil.copytree(Path(best["dir"]) / "model", tmp, dirs_exist_ok=True)
-        state = read_json(tmp / STATE_FILE, "checkpoint file")
-        atomic_write_json(tmp / STATE_FILE, {**state, "run_id": read_run(out)["run_id"], "restart": best["restart"]})
+    if world.is_main:
+        with atomic_dir(out / "model") as tmp:  # the kept restart's model/, as a checkpoint of this run
+            shutil.copytree(Path(best["dir"]) / "model", tmp, dirs_exist_ok=True)
+            state = read_json(tmp / STATE_FILE, "checkpoint file")
+            run_id = read_run(out)["run_id"]
+            atomic_write_json(tmp / STATE_FILE, {**state, "run_id": run_id, "restart": best["restart"]})
+    distributed.barrier(world)
     chosen = read_json(Path(best["dir"]) / "summary.json", "summary", SUMMARY_KEYS)
     summary = {
         **chosen,
