@@ -26,9 +26,10 @@ another world size); the frozen reference stays whole on each rank; rollouts and
 of the policy refreshed once per step; every rank runs ``grad_accum`` micro-batches per minibatch. Not handled
 with it: LoRA, the collapse guard's snapshot in a sharded checkpoint (kept in memory), the shared-prefix forward.
 
-Shape (every trainer's, ``trainers/common.py``), as methods of :class:`PolicyGradientTrainer`, whose state
-lives on the instance: ``__init__`` is the set-up, ``train_step(step)`` (= ``rollout`` + ``update`` + KL
-controller, alarms, collapse guard), ``run_eval``, ``save``, ``finish``; ``train()`` is the loop over them.
+Shape (every trainer's, ``trainers/engine/protocol.py``), as methods of :class:`PolicyGradientTrainer`, whose state
+lives on the instance: ``__init__`` is the set-up (through the one ``open_training``), ``train_step(step)`` (=
+``rollout`` + ``update`` + KL controller, alarms, collapse guard), ``evaluate``, ``save``, ``finish``; ``train()``
+hands it to the one loop (``trainers/engine/run.py``).
 
 Everything random is a pure function of (seed, step) — the prompt batch, the sampling generator (of each
 dynamic-sampling round), the minibatch order — so a resumed run reproduces an uninterrupted one exactly
@@ -54,7 +55,6 @@ from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_los
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS
 from posttrain.models.gpt import GPT
 from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference_model
-from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.files import task_for
@@ -62,17 +62,15 @@ from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
-    CheckpointManager,
     initial_model,
-    load_checkpoint,
     load_snapshot,
-    restore_rng,
     rng_state,
     save_checkpoint,
     save_with_extras,
-    start_policy,
     write_snapshot,
 )
+from posttrain.trainers.engine.run import run as engine_run
+from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
@@ -84,15 +82,81 @@ class PolicyGradientTrainer:
     """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here;
     ``__init__`` is the trainer's set-up (the run directory is written only once its inputs are checked)."""
 
+    name: str  # the engine's Trainer shape (trainers/engine/protocol.py): the progress label, cfg.algo
+    guard = None  # non-finite steps are the alarms' (watch_step in train_step); a stop is early_stop's
+
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
         if not (cfg.init or cfg.model_path) and not resume:
             raise UserError(
                 "RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
                 "`posttrain sft`) or --model DIR"
             )
-        self.cfg = cfg
-        common.set_threads(cfg.threads)
-        self.world = w = distributed.init()  # one process, or this rank under torchrun
+        self.cfg, self.name = cfg, cfg.algo
+        self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
+        self.reward_fn = build_reward(cfg.reward, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
+        t = open_training(
+            cfg,
+            "policy_gradient",
+            resume,
+            overwrite,
+            build=self._build,
+            inputs=self._inputs,
+            run_inputs=self._reference,
+            keep_init=True,
+            command="grpo",
+        )
+        self.run, self.out, self.world, self.start_step = t.run, t.run.dir, t.world, t.start_step
+        self.model, self.tokenizer, self.opt, self.logger, self.manager = (
+            t.model,
+            t.tokenizer,
+            t.opt,
+            t.logger,
+            t.manager,
+        )
+        ckpt = t.ckpt
+        self.model.train()
+        self.kl_ctl = (
+            AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
+            if cfg.kl_control == "adaptive"
+            else FixedKLController(cfg.beta)
+        )
+        self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
+        self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
+        if ckpt is not None:
+            self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
+            self.alarms.load_state_dict(ckpt.state["alarms"])
+            if self.prompt_history is not None and ckpt.state.get("prompt_history"):
+                self.prompt_history.load_state_dict(ckpt.state["prompt_history"])
+            if ckpt.state.get("collapse"):
+                self.collapse.load_state_dict(ckpt.state["collapse"])
+                self.snapshot = load_snapshot(ckpt.path)
+        self.tail = TailAverage(cfg.steps, cfg.average_last, cfg.average_every)  # the final model's weight average
+        if ckpt is not None:
+            self.tail.load(ckpt.path, ckpt.state.get("weight_average"), self.model)
+        self.last_eval, self.initial = None, None
+
+    def _build(self, start):
+        """The policy: the resumed checkpoint's, or the --init / --model start (LoRA adapters on it when asked)."""
+        src = start.ckpt or start.init
+        model, tokenizer = apply_lora(src.model, lora_config(self.cfg)), src.tokenizer
+        self.chat = resolve_chat(
+            self.cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (start.ckpt, start.init)]
+        )
+        return model, chat_tokenizer(tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
+
+    def _reference(self, t) -> None:
+        """The reference is the *initial* policy (from --init, or the resumed run's own init), made before the policy
+        is placed or sharded: a frozen copy; with LoRA the policy itself with its adapters switched off."""
+        self.ref_model = None
+        if self.cfg.beta > 0:
+            self.ref_model = reference_model(
+                t.model, lambda: common.frozen(copy.deepcopy(initial_model(t.init, t.ckpt)))
+            )
+
+    def _inputs(self, t) -> None:
+        """The prompts and evaluation set, the prompt filter and the rollout engine, checked before anything is
+        written (under several processes: whole groups per rank)."""
+        cfg, w = self.cfg, t.world
         if w.distributed:  # groups stay whole on one rank; batch-wide statistics would differ per rank
             if cfg.prompts_per_step % w.world_size:
                 raise ConfigError(
@@ -106,32 +170,13 @@ class PolicyGradientTrainer:
                     "batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
                     "are per rank under several processes; use group statistics or one process"
                 )
-        self.run = common.open_run(cfg, "policy_gradient", resume=resume, overwrite=overwrite)
-        self.out = self.run.dir
-        self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
-        self.reward_fn = build_reward(cfg.reward, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
-        common.seed_everything(cfg.seed)
-        self.start_step = 0
-        ckpt = None
-        if resume and sharded.is_sharded_checkpoint(self.run.resume_from):  # --fsdp: weights come with the optimizer
-            ckpt = sharded.read_sharded_checkpoint(self.run.resume_from, expect_trainer="policy_gradient")
-        elif resume:
-            ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer="policy_gradient")
-        if ckpt is not None:
-            self.start_step = ckpt.step
-            common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        init = start_policy(cfg, "grpo")
-        src = ckpt or init
-        self.model, self.tokenizer = apply_lora(src.model, lora_config(cfg)), src.tokenizer
-        self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
-        self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
         self.data = rl_data(
             task=self.task,
             data=cfg.data,
             eval_data=cfg.eval_data,
             reward_fn=self.reward_fn,
-            tokenizer=self.tokenizer,
-            model=self.model,
+            tokenizer=t.tokenizer,
+            model=t.model,
             max_new_tokens=cfg.max_new_tokens,
             prompt_field=cfg.prompt_field,
             chat=self.chat,
@@ -144,50 +189,12 @@ class PolicyGradientTrainer:
         elif cfg.prompt_filter and cfg.dynamic_sampling and w.is_main:
             print("prompt_filter: off under several processes (its prompt history is one process's)")
         self.fsdp = cfg.fsdp and w.distributed  # then rollouts sample from a replica (trainers/sharded.py)
-        self.replica = sharded.rollout_replica(self.model) if self.fsdp else None
-        sampler = self.replica if self.fsdp else self.model
-        self.engine = build_engine(cfg, sampler, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
-        self.model.train()
-        # the reference is the *initial* policy: from --init, or from the resumed run's own init
-        self.ref_model = None
-        if cfg.beta > 0:
-            # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
-            self.ref_model = reference_model(
-                self.model, lambda: common.frozen(copy.deepcopy(initial_model(init, ckpt)))
-            )
-        self.kl_ctl = (
-            AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
-            if cfg.kl_control == "adaptive"
-            else FixedKLController(cfg.beta)
-        )
-        self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
-        self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
-        if self.fsdp:
-            sharded.shard_model(self.model)  # in place, per block then the root; FSDP's hooks reduce the gradients
-        self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
-        if ckpt is not None and ckpt.optimizer_state is None:  # sharded (any world size): weights and Adam state
-            sharded.load_sharded_checkpoint(ckpt.path, self.model, self.opt)
-        elif ckpt is not None:
-            self.opt.load_state_dict(ckpt.optimizer_state)
-        if ckpt is not None:
-            if ckpt.rng_state is not None:
-                restore_rng(ckpt.rng_state)
-            self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
-            self.alarms.load_state_dict(ckpt.state["alarms"])
-            if self.prompt_history is not None and ckpt.state.get("prompt_history"):
-                self.prompt_history.load_state_dict(ckpt.state["prompt_history"])
-            if ckpt.state.get("collapse"):
-                self.collapse.load_state_dict(ckpt.state["collapse"])
-                self.snapshot = load_snapshot(ckpt.path)
-        max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
+        self.replica = sharded.rollout_replica(t.model) if self.fsdp else None
+        sampler = self.replica if self.fsdp else t.model
+        self.engine = build_engine(cfg, sampler, t.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
+        max_len = getattr(getattr(t.model, "config", None), "max_seq_len", None)
         if max_len is not None and not cfg.data and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
             raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
-        common.begin_run(self.run, cfg)
-        self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
-        self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
-        self.tail = TailAverage(cfg.steps, cfg.average_last, cfg.average_every)  # the final model's weight average
-        if ckpt is not None:
-            self.tail.load(ckpt.path, ckpt.state.get("weight_average"), self.model)
 
     # ------------------------------------------------------------------------------------------ rollout
     def rollout(self, step: int) -> Rollout:
@@ -352,7 +359,20 @@ class PolicyGradientTrainer:
             self.snapshot,
             reward=metrics["reward_mean"],
         )
+        self.tail.add(self.model, step + 1)  # the weights after this step, for the final model's average
         return metrics
+
+    # the rest of the engine's Trainer shape: evaluate, progress, early_stop (save and finish below)
+    def evaluate(self, done: int, metrics: dict) -> None:
+        self.last_eval = self.run_eval()
+        metrics["heldout_accuracy"] = self.last_eval.accuracy
+
+    def progress(self, metrics: dict) -> dict:
+        acc = {"acc": f"{self.last_eval.accuracy:.3f}"} if self.last_eval else {}
+        return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+
+    def early_stop(self, done: int) -> str | None:
+        return "repeated non-finite updates; the last good checkpoint is kept" if self.alarms.should_stop else None
 
     def run_eval(self):
         sharded.sync_replica(self.replica, self.model)  # FSDP: greedy decoding on the replica (no collectives)
@@ -408,10 +428,11 @@ class PolicyGradientTrainer:
         write_snapshot(tmp, self.snapshot)
         self.tail.write(tmp)
 
-    def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
+    def finish(self, stopped_at: int | None, t_start: float) -> dict:
         """``model/`` (unless the run stopped on non-finite updates; the tail average of the weights when asked),
         ``summary.json``; a stopped run then fails."""
-        cfg = self.cfg
+        cfg, last_eval, initial = self.cfg, self.last_eval, self.initial
+        stopped, final_step = stopped_at is not None, stopped_at or cfg.steps
         if last_eval is None:
             last_eval = self.run_eval()
         final, last_weights = None, None
@@ -458,39 +479,18 @@ class PolicyGradientTrainer:
         return summary
 
     def train(self) -> dict:
+        """The held-out accuracy at the start (a fresh run), then the one loop (trainers/engine/run.py)."""
         cfg = self.cfg
         print(
             f"{cfg.algo.upper()}: {len(self.prompts)} training prompts, {cfg.prompts_per_step} x {cfg.num_generations} "
             f"samples/step, model {common.n_params(self.model) / 1e6:.2f}M params, reference model: "
             f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}"
         )
-        t_start = time.perf_counter()
-        initial = self.run_eval() if self.start_step == 0 else None
-        if initial is not None:
-            print(f"held-out accuracy at start: {initial.accuracy:.3f}")
-            self.logger.log(0, {"heldout_accuracy": initial.accuracy})
-        last_eval, stopped, done = None, False, self.start_step
-        bar = common.progress_bar(self.start_step, cfg.steps, cfg.algo, cfg.progress)
-        for step in bar:
-            metrics = self.train_step(step)
-            done = step + 1
-            if common.should_eval(done, cfg.eval_every, cfg.steps):
-                last_eval = self.run_eval()
-                metrics["heldout_accuracy"] = last_eval.accuracy
-            self.tail.add(self.model, done)
-            self.logger.log(done, metrics)
-            bar.set_postfix(
-                reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {})
-            )
-            if self.alarms.should_stop:
-                tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
-                stopped = True
-                break
-            if common.should_save(done, cfg.save_every, cfg.steps):
-                self.save(done, metrics)
-        bar.close()
-        self.logger.close()
-        return self.finish(last_eval, initial, done if stopped else cfg.steps, stopped, t_start)
+        self.initial = self.run_eval() if self.start_step == 0 else None
+        if self.initial is not None:
+            print(f"held-out accuracy at start: {self.initial.accuracy:.3f}")
+            self.logger.log(0, {"heldout_accuracy": self.initial.accuracy})
+        return engine_run(self)
 
 
 def train_policy_gradient(cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False) -> dict:

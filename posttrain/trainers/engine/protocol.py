@@ -39,7 +39,7 @@ class Trainer(Protocol):
     model: torch.nn.Module  # what trains (put in train mode before the first step and after each evaluation)
     start_step: int  # 0, or the resumed checkpoint's step
     logger: MetricsLogger
-    guard: StepGuard
+    guard: StepGuard | None  # None: the trainer watches its steps itself (RL: the alarms) and stops via early_stop
 
     def train_step(self, step: int) -> dict:
         """One optimizer step on batch ``step`` (0-based); returns the step's metrics."""

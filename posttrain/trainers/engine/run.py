@@ -41,7 +41,8 @@ def run(t: Trainer, pause_at: int | None = None) -> dict:
         if run_device is not None:  # train_tokens_per_s, mfu, rollout_tokens_per_s, loss_scale (engine/device.py)
             metrics.update(run_device.step_metrics(time.perf_counter() - t0))
         done = step + 1
-        if t.guard.record(t.name, done, metrics):  # a NaN/Inf step was skipped; nan_patience in a row: stop
+        diverged = t.guard is not None and t.guard.record(t.name, done, metrics)  # a NaN/Inf step: skipped, marked
+        if diverged:  # nan_patience in a row: stop (RL: the alarms watch inside train_step; early_stop ends it)
             t.guard.stop(t.name, done, metrics, t.logger, bar, t.run.dir)
         if common.should_eval(done, cfg.eval_every, cfg.steps):
             t.evaluate(done, metrics)

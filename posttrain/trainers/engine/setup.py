@@ -90,7 +90,7 @@ def place_model(model: torch.nn.Module, cfg) -> torch.nn.Module:
     return model if run_device is None else device.place(model, run_device)
 
 
-def read_start(cfg, trainer: str, run: common.Run, resume: str | None, keep_init: bool) -> Start:
+def read_start(cfg, trainer: str, run: common.Run, resume: str | None, keep_init: bool, command: str) -> Start:
     """The resumed checkpoint (sharded under --fsdp, else plain with its optimizer and RNG state) and/or the
     ``--init`` / ``--model`` start (on resume only when ``keep_init``)."""
     start = Start()
@@ -99,7 +99,7 @@ def read_start(cfg, trainer: str, run: common.Run, resume: str | None, keep_init
     elif resume:
         start.ckpt = load_checkpoint(run.resume_from, with_training_state=True, expect_trainer=trainer)
     if not resume or keep_init:
-        start.init = start_policy(cfg, trainer)  # None without --init / --model
+        start.init = start_policy(cfg, command)  # None without --init / --model
     return start
 
 
@@ -114,8 +114,11 @@ def open_training(
     run_inputs: Callable[[Training], Any] | None = None,
     keep_init: bool = False,
     generators: dict[str, torch.Generator] | None = None,
+    command: str | None = None,
 ) -> Training:
-    """Open a run of ``trainer`` ("sft", "rm", ...) with ``cfg`` in the one order (module docstring)."""
+    """Open a run of ``trainer`` ("sft", "rm", ...; as its checkpoints name it) with ``cfg`` in the one order (module
+    docstring); ``command`` is what messages about its start call it (default ``trainer``: "grpo" for
+    "policy_gradient")."""
     common.set_threads(cfg.threads)
     world = distributed.init()  # one process, or this rank under torchrun
     where = device.resolve_device(getattr(cfg, "device", "cpu"), world.local_rank)  # --device cuda without one: exit 2
@@ -125,7 +128,7 @@ def open_training(
     )  # before any model is built: references made from here on (common.frozen) go to the device too
     run = common.open_run(cfg, trainer, resume=resume, overwrite=overwrite)
     common.seed_everything(cfg.seed)
-    start = read_start(cfg, trainer, run, resume, keep_init)
+    start = read_start(cfg, trainer, run, resume, keep_init, command or trainer)
     model, tokenizer = build(start)
     if start.ckpt is not None:
         common.check_resume_step(start.ckpt.path, start.step, cfg.steps)
