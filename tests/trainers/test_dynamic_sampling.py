@@ -154,7 +154,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
     c = cfg(sft_dir, tmp_path / "f", reward="always_zero", prompt_filter=True, prompt_filter_p=1e-9)
     t = PolicyGradientTrainer(c)
     n = len(t.prompts)
-    fresh = torch.arange(n) % 3 == 0  # z = 0 on every third prompt, z = 5 elsewhere
+    fresh = torch.arange(n) % 2 == 0  # z = 0 on every other prompt, z = 5 elsewhere
     t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
     before = t.prompt_history.streak.clone()
     pg_rollout.draw(t, 2, 1)  # a refill round: the filter applies
@@ -180,7 +180,7 @@ def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir
     c = cfg(sft_dir, tmp_path / "nf", reward="always_zero", prompt_filter=True, prompt_filter_p=1e-9)
     t = PolicyGradientTrainer(dataclasses.replace(c, prompt_filter_fill=False))
     n = len(t.prompts)
-    fresh = torch.arange(n) % 3 == 0
+    fresh = torch.arange(n) % 2 == 0
     t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
     calls, real_sample = [], pg_rollout.engine_rollout.sample
     monkeypatch.setattr(
