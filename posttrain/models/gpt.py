@@ -214,8 +214,12 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def make_cache(self, batch: int, max_len: int) -> KVCache:
+        """A cache on the model's device, in the autocast dtype when autocast is on (bf16 keys and values for a bf16
+        run's fp32 weights: half the memory), else the weights' dtype."""
         p = self.wte.weight
-        return KVCache(self.config, batch, max_len, device=p.device, dtype=p.dtype)
+        on = torch.is_autocast_enabled(p.device.type)
+        dtype = torch.get_autocast_dtype(p.device.type) if on else p.dtype
+        return KVCache(self.config, batch, max_len, device=p.device, dtype=dtype)
 
     def forward(
         self,

@@ -211,6 +211,38 @@ def test_bf16_autocast_forward_keeps_fp32_weights_and_is_close():
     torch.testing.assert_close(got.float(), plain(ids).logits, atol=0.05, rtol=0.05)  # bf16: 8 mantissa bits
 
 
+def test_sampler_cache_follows_the_device_and_compute_dtype():
+    from posttrain.generate import SamplingConfig, generate
+
+    torch.manual_seed(0)
+    model = D.place(
+        GPT(GPTConfig(vocab_size=17, n_layer=1, n_head=2, d_model=32, max_seq_len=32)), D.RunDevice("cpu", "bf16")
+    )
+    cache = model.make_cache(2, 8)
+    assert cache.k.dtype == torch.bfloat16 and cache.k.device == model.wte.weight.device
+    gen = generate(model, [[1, 2], [3]], pad_id=0, eos_id=None, cfg=SamplingConfig(max_new_tokens=4))
+    assert gen.completion_ids.shape == (2, 4) and torch.isfinite(gen.logps).all()
+
+
+@pytest.mark.parametrize(
+    "where",
+    [pytest.param(d, marks=[pytest.mark.slow] if d == "cpu" else [pytest.mark.gpu]) for d in D.available_devices()],
+)
+def test_compile_matches_eager(where):
+    """--compile (each block through torch.compile) against the eager model: forward and gradients."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=17, n_layer=2, n_head=2, d_model=32, max_seq_len=32)
+    eager, compiled = GPT(cfg).to(where), GPT(cfg)
+    compiled.load_state_dict(eager.state_dict())
+    D.place(compiled, D.RunDevice(torch.device(where), compile=True))
+    ids = torch.randint(0, 17, (2, 12), device=where)
+    want, gw = _grads(eager, ids)
+    got, gg = _grads(compiled, ids)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    for k in gw:
+        torch.testing.assert_close(gg[k], gw[k], atol=1e-6, rtol=1e-4, msg=k)
+
+
 def test_fp16_overflow_drops_the_step_and_halves_the_scale():
     torch.manual_seed(0)
     rd = D.activate(D.RunDevice(dtype="fp16"))

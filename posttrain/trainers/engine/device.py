@@ -239,6 +239,7 @@ class RunDevice:
     totals: dict = field(default_factory=lambda: {"tokens": 0, "flops": 0.0, "seconds": 0.0, "rollout": [0, 0.0]})
 
     def __post_init__(self):
+        self.device = torch.device(self.device)
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not valid; choose one of: {', '.join(DTYPES)}")
         if self.dtype == "fp16" and self.loss_scale is None:
@@ -363,7 +364,15 @@ def _placed_class(cls: type) -> type:
             out = cls.forward(self, *args, **kwargs)
         return _scale_outputs(out, scale) if scale is not None else out
 
-    return type(cls.__name__, (cls,), {"forward": forward, "_posttrain_placed": True, "__module__": cls.__module__})
+    body = {"forward": forward, "_posttrain_placed": True, "__module__": cls.__module__}
+    if hasattr(cls, "make_cache"):  # the sampler's KV cache (generate.py): on the device, in the compute dtype
+
+        def make_cache(self, *args, **kwargs):
+            with self.__dict__["_posttrain_device"].autocast():
+                return cls.make_cache(self, *args, **kwargs)
+
+        body["make_cache"] = make_cache
+    return type(cls.__name__, (cls,), body)
 
 
 class _ScaleGrad(torch.autograd.Function):
