@@ -195,12 +195,36 @@ class PipelineConfig:
                         f"reward={self.reward!r} and {section}.reward={spec!r}: the top-level reward is "
                         f"the grpo and ppo stages' reward; set one of them"
                     )
+        for section, name, instead in PIPELINE_OWNED:
+            value = getattr(getattr(self, section), name, None)
+            if value not in (None, "", ()):
+                raise ConfigError(
+                    f"{section}.{name}={value!r}: the pipeline sets it ({instead}); a stage option it does not "
+                    f"honour is refused, not overridden"
+                )
         if self.tokenizer.kind == "byte-bpe" and self.tokenizer.vocab_size < 259:
             raise ConfigError(
                 f"tokenizer.vocab_size={self.tokenizer.vocab_size}: byte-bpe needs >= 259 "
                 f"(256 bytes + 3 special tokens)"
             )
 
+
+PIPELINE_OWNED = (
+    ("sft", "data", "the deduplicated corpus: pass your demonstrations or conversations as corpus_file"),
+    ("sft", "eval_data", "the held-out problems: pass them as eval_file"),
+    ("sft", "tokenizer", "the tokenizer stage's, or hf_model's own"),
+    ("sft", "model_path", "set hf_model"),
+    ("sft", "init", "SFT starts from a fresh model or hf_model"),
+    ("rm", "data", "pass your pairs as preference_file"),
+    ("rm", "eval_data", "pass held-out pairs as preference_eval_file"),
+    ("dpo", "data", "pass your pairs as preference_file"),
+    ("dpo", "eval_data", "the held-out problems: pass them as eval_file"),
+    ("grpo", "data", "pass your RL prompts as prompts_file"),
+    ("grpo", "eval_data", "the held-out problems: pass them as eval_file"),
+    *((stage, "init", "the sft stage's model") for stage in ("rm", "dpo", "grpo")),
+    *((stage, "model_path", "set hf_model") for stage in ("rm", "dpo", "grpo")),
+)
+"""(stage section, field, what to set instead): the fields of a stage's config the pipeline fills in itself."""
 
 _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
 # The presets carry the sections whose pipeline defaults differ from the stage config's own field defaults, so that

@@ -52,16 +52,40 @@ def write_validation(cfg, out: Path) -> int | None:
 
 
 def _user_records(path: str) -> list[dict]:
+    """The user's corpus records, each with the ``text`` dedup and the tokenizer read: its ``text``; a
+    demonstration's prompt and answer (or TRL's ``completion``); a conversation's (``messages``) contents, one
+    message a line. Conversations and demonstrations are also what SFT trains on (:func:`_demo`)."""
+    from posttrain.chat import check_messages
+
     out = []
     for i, (line_no, rec) in enumerate(iter_jsonl(path)):
         loc = f"{path}:{line_no}"
         text = rec.get("text")
-        if text is None and isinstance(rec.get("prompt"), str) and isinstance(rec.get("answer"), str):
-            text = f"{rec['prompt']} {rec['answer']}"
+        answer = rec.get("answer", rec.get("completion"))
+        if text is None and "messages" in rec:
+            msgs, reason = check_messages(rec["messages"], "messages", need_assistant=True)
+            if reason:
+                raise DataError(f"{loc}: {reason}")
+            text = "\n".join(m["content"] for m in msgs)
+        elif text is None and isinstance(rec.get("prompt"), str) and isinstance(answer, str):
+            text = f"{rec['prompt']} {answer}"
         if not isinstance(text, str):
-            raise DataError(f"{loc}: a corpus record needs a 'text' string (or 'prompt' and 'answer')")
+            raise DataError(
+                f"{loc}: a corpus record needs a 'text' string, 'prompt' and 'answer' (or 'completion'), or a "
+                "'messages' conversation"
+            )
         out.append({**rec, "id": i, "text": text, "kind": rec.get("kind", "user")})
     return out
+
+
+def _demo(rec: dict) -> dict | None:
+    """What SFT trains on from a corpus record: a conversation, or a (prompt, answer) demonstration; None for text."""
+    if isinstance(rec.get("messages"), list):
+        return {"messages": rec["messages"]}
+    answer = rec.get("answer", rec.get("completion"))
+    if isinstance(rec.get("prompt"), str) and isinstance(answer, str):
+        return {"prompt": rec["prompt"], "answer": answer}
+    return None
 
 
 def run_dedup(ctx, out: Path) -> dict:
@@ -149,21 +173,14 @@ def run_dedup(ctx, out: Path) -> dict:
         }
         summary["leaked_prompts"] = manifest["leaked_prompts"]
     # SFT data: the demonstrations dedup kept, and (for the contamination run) every demonstration in the raw corpus
-    kept_demos = [
-        {"prompt": by_id[i]["prompt"], "answer": by_id[i]["answer"]}
-        for i in sorted(kept_ids)
-        if isinstance(by_id[i].get("prompt"), str) and isinstance(by_id[i].get("answer"), str)
-    ]
-    raw_demos = [
-        {"prompt": r["prompt"], "answer": r["answer"]}
-        for r in records
-        if isinstance(r.get("prompt"), str) and isinstance(r.get("answer"), str)
-    ]
+    kept_demos = [d for d in (_demo(by_id[i]) for i in sorted(kept_ids)) if d is not None]
+    raw_demos = [d for d in (_demo(r) for r in records) if d is not None]
     if not kept_demos:
         raise DataError(
-            f"{cfg.corpus_file or 'the corpus'}: no {{prompt, answer}} records survive dedup: SFT has "
-            f"nothing to train on"
+            f"{cfg.corpus_file or 'the corpus'}: no {{prompt, answer}} or 'messages' records survive dedup: SFT "
+            f"has nothing to train on"
         )
+    summary["conversations_kept"] = sum("messages" in d for d in kept_demos)
     summary["demos_kept"] = write_jsonl(out / "sft.jsonl", kept_demos)
     summary["demos_raw"] = write_jsonl(out / "sft_raw.jsonl", raw_demos)
     summary["validation_problems"] = write_validation(cfg, out)
