@@ -311,9 +311,7 @@ ATOL, RTOL = 0.05, 0.10
 NOT_ON_ENGINE = pytest.mark.xfail(reason="set up outside the training engine: --dtype not applied yet", strict=False)
 
 
-@pytest.mark.parametrize(
-    "trainer", ["sft", "rm", "dpo", pytest.param("grpo", marks=NOT_ON_ENGINE), pytest.param("ppo", marks=NOT_ON_ENGINE)]
-)
+@pytest.mark.parametrize("trainer", ["sft", "rm", "dpo", "grpo", pytest.param("ppo", marks=NOT_ON_ENGINE)])
 def test_bf16_autocast_trains_every_trainer_close_to_fp32(trainer, sft, tmp_path):
     runs = {}
     for dtype in ("fp32", "bf16"):
@@ -330,7 +328,8 @@ def test_bf16_autocast_trains_every_trainer_close_to_fp32(trainer, sft, tmp_path
     assert s["peak_memory_kind"] == "cpu_max_rss" and s["mfu"] is None
     if trainer in ("grpo", "ppo"):
         assert s["rollout_tokens_per_s"] > 0
-        assert all("rollout_tokens_per_s" in json.loads(ln) for ln in (runs["bf16"] / "metrics.jsonl").open())
+        steps = [r for r in map(json.loads, (runs["bf16"] / "metrics.jsonl").open()) if "loss" in r]
+        assert steps and all(r["rollout_tokens_per_s"] > 0 for r in steps)
 
 
 def test_fp16_is_refused_where_the_loss_scale_cannot_reach(sft, tmp_path, capsys):
