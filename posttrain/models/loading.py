@@ -262,19 +262,24 @@ def _chat_template(d: Path, tcfg: dict) -> str | None:
 # model
 
 
-def load_hf_model(directory: str | Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """A causal LM from a local model directory (never downloads); a LoRA adapter saved there is attached."""
+def load_hf_model(
+    directory: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> torch.nn.Module:
+    """A causal LM from a local model directory (never downloads); a LoRA adapter saved there is attached.
+    ``attn_implementation`` ("sdpa", "eager", "flash_attention_2", ...) is passed to transformers when given (its
+    default otherwise: SDPA where torch has it)."""
     from posttrain.models.lora import ADAPTER_CONFIG, attach_adapter
 
     tf, d = _transformers(), Path(directory)
+    attn = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
         with _quiet():
             if (d / ADAPTER_CONFIG).is_file():  # posttrain's LoRA layout: base weights + adapter in one directory
                 config = tf.AutoConfig.from_pretrained(str(d), local_files_only=True)
-                model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
+                model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype, **attn)
                 _load_base_weights(model, d)
             else:
-                model = tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=dtype)
+                model = tf.AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=dtype, **attn)
     except UserError:
         raise
     except Exception as e:

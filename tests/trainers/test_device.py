@@ -392,3 +392,13 @@ def test_trainers_run_on_every_available_device(where, sft, tmp_path):
         assert all(math.isfinite(x) for x in _losses(out))
         if where != "cpu":
             assert s["peak_memory_kind"] == "cuda_max_allocated" and s["peak_memory_gb"] > 0
+
+
+def test_hugging_face_models_load_with_the_attention_implementation_asked(tmp_path):
+    pytest.importorskip("transformers")
+    from posttrain.models.hf import hf_model_from_config, tiny_hf_config
+    from posttrain.models.loading import load_hf_model
+
+    hf_model_from_config(tiny_hf_config("qwen2", vocab_size=17)).save_pretrained(tmp_path)
+    assert load_hf_model(tmp_path, attn_implementation="eager").config._attn_implementation == "eager"
+    assert load_hf_model(tmp_path, attn_implementation="sdpa").config._attn_implementation == "sdpa"
