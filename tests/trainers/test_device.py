@@ -402,3 +402,23 @@ def test_hugging_face_models_load_with_the_attention_implementation_asked(tmp_pa
     hf_model_from_config(tiny_hf_config("qwen2", vocab_size=17)).save_pretrained(tmp_path)
     assert load_hf_model(tmp_path, attn_implementation="eager").config._attn_implementation == "eager"
     assert load_hf_model(tmp_path, attn_implementation="sdpa").config._attn_implementation == "sdpa"
+
+
+def test_to_device_moves_every_tensor_and_nothing_on_the_cpu():
+    """Moved to the meta device (a stand-in for a GPU on a CPU-only machine): tensors in tuples, lists, dicts and
+    dataclasses move, everything else stays; on the CPU the very same object comes back."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Batch:
+        ids: torch.Tensor
+        names: list
+        extra: dict
+
+    b = Batch(torch.ones(2, 3), ["a", "b"], {"mask": torch.zeros(2), "n": 3})
+    obj = (b, [torch.arange(3), "x"], 7)
+    assert D.to_device(obj, torch.device("cpu")) is obj and D.to_device(obj) is obj  # no active run: nothing moves
+    got = D.to_device(obj, torch.device("meta"))
+    assert got[0].ids.is_meta and got[0].extra["mask"].is_meta and got[1][0].is_meta
+    assert got[0].names == ["a", "b"] and got[0].extra["n"] == 3 and got[1][1] == "x" and got[2] == 7
+    assert got[0].ids.shape == (2, 3) and not obj[0].ids.is_meta  # the original is untouched

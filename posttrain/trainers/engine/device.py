@@ -42,6 +42,7 @@ error names them: train in bf16).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import re
 import resource
@@ -352,6 +353,8 @@ def _placed_class(cls: type) -> type:
 
     def forward(self, *args, **kwargs):
         rd: RunDevice = self.__dict__["_posttrain_device"]
+        if rd.device.type != "cpu":  # a batch built on the CPU: its tensors go where the model is
+            args, kwargs = _to(args, rd.device), _to(kwargs, rd.device)
         training = self.training and torch.is_grad_enabled()
         scaled = training and rd.loss_scale is not None and self.__dict__.get("_posttrain_scale_out", False)
         scale = rd.loss_scale.for_forward() if scaled else None
@@ -503,6 +506,31 @@ def place_frozen(model: nn.Module, rd: RunDevice) -> nn.Module:
     for m in {id(m): m for m in [model, *roots, *(getattr(r, "base_model", r) for r in roots)]}.values():
         _swap(m, rd, counted=False, scale_out=False)
     return model
+
+
+def to_device(obj, dev: torch.device | None = None):
+    """``obj`` (a tensor, or tuples, lists, dicts and dataclasses holding tensors) with its tensors on ``dev`` (default:
+    the active run's device); anything else as it is. On the CPU (or outside a run) ``obj`` itself: nothing moves.
+    The engine moves a trainer's inputs once; a placed model moves the tensors it is called with."""
+    dev = dev if dev is not None else (_ACTIVE.device if _ACTIVE is not None else None)
+    if dev is None or dev.type == "cpu":
+        return obj
+    return _to(obj, dev)
+
+
+def _to(obj, dev: torch.device):
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == dev else obj.to(dev, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: _to(v, dev) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        moved = [_to(v, dev) for v in obj]
+        return obj if all(a is b for a, b in zip(moved, obj)) else type(obj)(moved)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        changes = {f.name: _to(getattr(obj, f.name), dev) for f in dataclasses.fields(obj) if f.init}
+        changed = {k: v for k, v in changes.items() if v is not getattr(obj, k)}
+        return dataclasses.replace(obj, **changed) if changed else obj
+    return obj
 
 
 def portable(obj):

@@ -138,6 +138,7 @@ def open_training(
     common.begin_run(run, cfg)  # inputs validated: from here on the run directory is written
     if run_inputs is not None:
         t.inputs = run_inputs(t)
+    t.inputs = device.to_device(t.inputs)  # the trainer's tensors on the run's device (on the CPU: as they are)
 
     t.model = place_model(t.model, cfg)
     fsdp = getattr(cfg, "fsdp", False) and world.distributed
