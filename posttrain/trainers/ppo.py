@@ -53,25 +53,22 @@ from posttrain.losses.ppo import kl_penalty_policy_loss
 from posttrain.models.gpt import GPT
 from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference_model
 from posttrain.models.value import ValueHead, ValueModel
-from posttrain.progress import tqdm
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
 from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, distributed, ppo_distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
-    CheckpointManager,
     initial_model,
-    load_checkpoint,
     load_snapshot,
     load_tensors,
     load_torch_state,
-    restore_rng,
     rng_state,
     save_with_extras,
-    start_policy,
     write_snapshot,
 )
+from posttrain.trainers.engine.run import run as engine_run
+from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
@@ -85,6 +82,9 @@ class PPOTrainer:
 
     TRAINER = "ppo"
 
+    guard = None  # the engine's Trainer shape: non-finite steps are the alarms' (watch_step); early_stop ends a run
+    name = "ppo"
+
     def __init__(self, cfg: PPOConfig, resume: str | None = None, overwrite: bool = False):
         if not (cfg.init or cfg.model_path) and not resume:
             raise UserError(
@@ -92,57 +92,34 @@ class PPOTrainer:
                 "`posttrain sft`) or --model DIR"
             )
         self.cfg = cfg
-        common.set_threads(cfg.threads)
-        self.world = distributed.init()  # one process, or this rank under torchrun (ppo_distributed.py)
-        self.run = common.open_run(cfg, self.TRAINER, resume=resume, overwrite=overwrite)
-        self.out = self.run.dir
         self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
         self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
-        common.seed_everything(cfg.seed)
-        self.start_step, ckpt = 0, None
-        if resume and sharded.is_sharded_checkpoint(self.run.resume_from):  # --fsdp: weights come in _restore
-            ckpt = sharded.read_sharded_checkpoint(self.run.resume_from, expect_trainer=self.TRAINER)
-            self.start_step = ckpt.step
-            common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        elif resume:
-            ckpt = load_checkpoint(self.run.resume_from, with_training_state=True, expect_trainer=self.TRAINER)
-            self.start_step = ckpt.step
-            common.check_resume_step(ckpt.path, self.start_step, cfg.steps)
-        init = start_policy(cfg, "ppo")  # --model DIR or --init CKPT (a resumed run: its own weights below)
-        start = initial_model(init, ckpt)  # the starting policy: the reference and the critic's initialisation
-        self.critic, self.shared_head = self._build_critic(start)  # before LoRA: the critic copies plain weights
-        self.model, self.tokenizer = apply_lora((ckpt or init).model, lora_config(cfg)), (ckpt or init).tokenizer
-        self.chat = resolve_chat(cfg.chat_template, self.tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
-        self.tokenizer = chat_tokenizer(self.tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
-        self.data = rl_data(
-            task=self.task,
-            data=cfg.data,
-            eval_data=cfg.eval_data,
-            reward_fn=self.reward_fn,
-            tokenizer=self.tokenizer,
-            model=self.model,
-            max_new_tokens=cfg.max_new_tokens,
-            prompt_field=cfg.prompt_field,
-            chat=self.chat,
-            on_bad_line=cfg.on_bad_line,
+        t = open_training(
+            cfg,
+            self.TRAINER,
+            resume,
+            overwrite,
+            build=self._build,
+            inputs=self._inputs,
+            run_inputs=self._reference,
+            keep_init=True,
+            parts=self._critic_parts,
         )
-        self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-        self.fsdp = cfg.fsdp and self.world.distributed  # then rollouts sample from a replica (trainers/sharded.py)
-        self.replica = sharded.rollout_replica(self.model) if self.fsdp else None
-        sampler = self.replica if self.fsdp else self.model
-        self.engine = build_engine(cfg, sampler, self.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
+        self.run, self.out, self.world, self.start_step = t.run, t.run.dir, t.world, t.start_step
+        self.model, self.tokenizer, self.opt, self.logger, self.manager = (
+            t.model,
+            t.tokenizer,
+            t.opt,
+            t.logger,
+            t.manager,
+        )
         self.model.train()
-        # a frozen copy of the starting policy; with LoRA the policy itself with its adapters switched off
-        self.ref_model = (
-            reference_model(self.model, lambda: common.frozen(copy.deepcopy(start))) if cfg.beta > 0 else None
-        )
         self.share_prefix = (  # not under FSDP: the shared prefix runs each model twice per micro-batch
             cfg.share_prompt_prefix
             and not self.fsdp
             and isinstance(self.model, GPT)
             and (self.critic is None or isinstance(self.critic.backbone.model, GPT))
         )
-        critic_module = self.shared_head if self.shared_head is not None else self.critic
         self.kl_ctl = (
             AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
             if cfg.kl_control == "adaptive"
@@ -151,21 +128,58 @@ class PPOTrainer:
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
-        if self.fsdp:  # in place, per block then the root; FSDP's hooks reduce the gradients
-            sharded.shard_model(self.model)
-            sharded.shard_model(self.critic)
-        elif cfg.fsdp:
-            print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
-        self.opt = common.make_optimizer(self.model, cfg.lr, cfg.weight_decay)
-        self.critic_opt = common.make_optimizer(critic_module, cfg.critic_lr, cfg.weight_decay)
-        if ckpt is not None:
-            self._restore(ckpt, critic_module)
-        max_len = getattr(getattr(self.model, "config", None), "max_seq_len", None)
+        if t.ckpt is not None:
+            self._restore(t.ckpt, self.critic_module)
+        self.last_eval, self.initial = None, None
+
+    def _build(self, start):
+        """The critic (from the starting policy, before LoRA: it copies plain weights) and the policy."""
+        init, ckpt = start.init, start.ckpt
+        self.start_model = initial_model(init, ckpt)  # the starting policy: the reference and the critic's init
+        self.critic, self.shared_head = self._build_critic(self.start_model)
+        model, tokenizer = apply_lora((ckpt or init).model, lora_config(self.cfg)), (ckpt or init).tokenizer
+        self.chat = resolve_chat(self.cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
+        return model, chat_tokenizer(tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
+
+    def _inputs(self, t) -> None:
+        """The prompts and evaluation set and the rollout engine, checked before anything is written."""
+        cfg = self.cfg
+        self.data = rl_data(
+            task=self.task,
+            data=cfg.data,
+            eval_data=cfg.eval_data,
+            reward_fn=self.reward_fn,
+            tokenizer=t.tokenizer,
+            model=t.model,
+            max_new_tokens=cfg.max_new_tokens,
+            prompt_field=cfg.prompt_field,
+            chat=self.chat,
+            on_bad_line=cfg.on_bad_line,
+        )
+        self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
+        self.fsdp = cfg.fsdp and t.world.distributed  # then rollouts sample from a replica (trainers/sharded.py)
+        self.replica = sharded.rollout_replica(t.model) if self.fsdp else None
+        sampler = self.replica if self.fsdp else t.model
+        self.engine = build_engine(cfg, sampler, t.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
+        max_len = getattr(getattr(t.model, "config", None), "max_seq_len", None)
         if not cfg.data and max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
             raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
-        common.begin_run(self.run, cfg)
-        self.logger = common.MetricsLogger(self.out, cfg.logger, resume_step=self.start_step if resume else None)
-        self.manager = CheckpointManager(self.out, keep=cfg.keep_checkpoints)
+
+    def _reference(self, t) -> None:
+        """A frozen copy of the starting policy (with LoRA the policy itself with its adapters switched off), made
+        before the policy is placed or sharded."""
+        start = self.start_model
+        self.ref_model = (
+            reference_model(t.model, lambda: common.frozen(copy.deepcopy(start))) if self.cfg.beta > 0 else None
+        )
+
+    def _critic_parts(self, t) -> dict:
+        """The critic (its own model, or a head on the policy) and its optimizer, sharded beside the policy."""
+        self.critic_module = self.shared_head if self.shared_head is not None else self.critic
+        if self.fsdp:  # in place, per block then the root; FSDP's hooks reduce the gradients
+            sharded.shard_model(self.critic)
+        self.critic_opt = common.make_optimizer(self.critic_module, self.cfg.critic_lr, self.cfg.weight_decay)
+        return {"critic": (self.critic_module, self.critic_opt)}
 
     def _build_critic(self, init_model):
         cfg = self.cfg
@@ -182,10 +196,10 @@ class PPOTrainer:
         return ValueModel.from_reward_model(rm, scale, shift).train(), None
 
     def _restore(self, ckpt, critic_module) -> None:
+        """The critic and its optimizer from a plain checkpoint (a sharded one brought them with the policy:
+        open_training), the KL controllers', alarms' and collapse guard's state."""
         p = ckpt.path
-        if sharded.is_sharded_checkpoint(p):  # any world size, sharded or not: policy, critic and both optimizers
-            sharded.load_sharded_checkpoint(p, self.model, self.opt, parts={"critic": (critic_module, self.critic_opt)})
-        else:
+        if not sharded.is_sharded_checkpoint(p):
             try:  # a corrupt or pickled file: one line naming it (load_tensors, load_torch_state)
                 critic_module.load_state_dict(load_tensors(p / CRITIC_FILE))
                 self.critic_opt.load_state_dict(load_torch_state(p / CRITIC_OPTIMIZER_FILE))
@@ -193,9 +207,6 @@ class PPOTrainer:
                 raise UserError(
                     f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}"
                 ) from None
-            self.opt.load_state_dict(ckpt.optimizer_state)
-        if ckpt.rng_state is not None:
-            restore_rng(ckpt.rng_state)
         self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
         self.kl_old_ctl = kl_controller_from_state(ckpt.state["kl_old_controller"])
         self.alarms.load_state_dict(ckpt.state["alarms"])
@@ -435,8 +446,9 @@ class PPOTrainer:
             rng_state=rng_state(),
         )
 
-    def finish(self, last_eval, initial, final_step: int, stopped: bool, t_start: float) -> dict:
-        cfg = self.cfg
+    def finish(self, stopped_at: int | None, t_start: float) -> dict:
+        cfg, last_eval, initial = self.cfg, self.last_eval, self.initial
+        stopped, final_step = stopped_at is not None, stopped_at or cfg.steps
         if last_eval is None:
             last_eval = self.run_eval()
         final = None
@@ -490,32 +502,23 @@ class PPOTrainer:
             f"{cfg.value_model} from {cfg.critic_source} ({n_critic / 1e6:.2f}M trained), reward {cfg.reward_spec}, "
             f"reference model: {'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}"
         )
-        t_start = time.perf_counter()
-        initial = self.run_eval() if self.start_step == 0 else None
-        if initial is not None:
-            print(f"held-out accuracy at start: {initial.accuracy:.3f}")
-            self.logger.log(0, {"heldout_accuracy": initial.accuracy})
-        last_eval, stopped, done = None, False, self.start_step
-        bar = common.progress_bar(self.start_step, cfg.steps, "ppo", cfg.progress)
-        for step in bar:
-            metrics = self.train_step(step)
-            done = step + 1
-            if common.should_eval(done, cfg.eval_every, cfg.steps):
-                last_eval = self.run_eval()
-                metrics["heldout_accuracy"] = last_eval.accuracy
-            self.logger.log(done, metrics)
-            bar.set_postfix(
-                reward=f"{metrics['reward_mean']:.2f}", **({"acc": f"{last_eval.accuracy:.3f}"} if last_eval else {})
-            )
-            if self.alarms.should_stop:
-                tqdm.write(f"stopping at step {done}: repeated non-finite updates; last good checkpoint is kept")
-                stopped = True
-                break
-            if common.should_save(done, cfg.save_every, cfg.steps):
-                self.save(done, metrics)
-        bar.close()
-        self.logger.close()
-        return self.finish(last_eval, initial, done if stopped else cfg.steps, stopped, t_start)
+        self.initial = self.run_eval() if self.start_step == 0 else None
+        if self.initial is not None:
+            print(f"held-out accuracy at start: {self.initial.accuracy:.3f}")
+            self.logger.log(0, {"heldout_accuracy": self.initial.accuracy})
+        return engine_run(self)  # the one loop (trainers/engine/run.py)
+
+    # the rest of the engine's Trainer shape: evaluate, progress, early_stop
+    def evaluate(self, done: int, metrics: dict) -> None:
+        self.last_eval = self.run_eval()
+        metrics["heldout_accuracy"] = self.last_eval.accuracy
+
+    def progress(self, metrics: dict) -> dict:
+        acc = {"acc": f"{self.last_eval.accuracy:.3f}"} if self.last_eval else {}
+        return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+
+    def early_stop(self, done: int) -> str | None:
+        return "repeated non-finite updates; the last good checkpoint is kept" if self.alarms.should_stop else None
 
 
 def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:

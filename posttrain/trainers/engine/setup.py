@@ -27,6 +27,7 @@ built; on CPU it returns the model unchanged (the CPU path stays bitwise).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -67,6 +68,7 @@ class Training:
     opt: torch.optim.Optimizer | None = None
     logger: common.MetricsLogger | None = None
     manager: CheckpointManager | None = None
+    parts: dict = dataclasses.field(default_factory=dict)  # other trained modules: {name: (module, optimizer)}
 
     @property
     def start_step(self) -> int:
@@ -115,10 +117,13 @@ def open_training(
     keep_init: bool = False,
     generators: dict[str, torch.Generator] | None = None,
     command: str | None = None,
+    parts: Callable[[Training], dict] | None = None,
 ) -> Training:
     """Open a run of ``trainer`` ("sft", "rm", ...; as its checkpoints name it) with ``cfg`` in the one order (module
     docstring); ``command`` is what messages about its start call it (default ``trainer``: "grpo" for
-    "policy_gradient")."""
+    "policy_gradient"); ``parts(t) -> {name: (module, optimizer)}``, called once the model's optimizer is built, gives
+    the trainer's other trained modules (PPO's critic: sharded beside the policy under --fsdp, and restored with it
+    from a sharded checkpoint; from a plain one the trainer reads them itself)."""
     common.set_threads(cfg.threads)
     world = distributed.init()  # one process, or this rank under torchrun
     where = device.resolve_device(getattr(cfg, "device", "cpu"), world.local_rank)  # --device cuda without one: exit 2
@@ -148,10 +153,11 @@ def open_training(
         print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
     t.train_model = t.model if fsdp else distributed.wrap_ddp(t.model, world)
     t.opt = common.make_optimizer(t.model, cfg.lr, cfg.weight_decay)
+    t.parts = parts(t) if parts is not None else {}
     ckpt = start.ckpt
     if ckpt is not None:
         if sharded.is_sharded_checkpoint(ckpt.path):  # a sharded checkpoint (any world size): model and optimizer
-            sharded.load_sharded_checkpoint(ckpt.path, t.model, t.opt)
+            sharded.load_sharded_checkpoint(ckpt.path, t.model, t.opt, parts=t.parts or None)
         elif ckpt.optimizer_state is not None:
             t.opt.load_state_dict(ckpt.optimizer_state)
         if ckpt.rng_state is not None:
