@@ -32,7 +32,7 @@ def sft_dir(tmp_path_factory):
     train_sft(
         SFTConfig(
             out=str(out),
-            steps=30,
+            steps=60,  # a policy whose samples differ in reward (non-zero advantages at step 0)
             batch_size=16,
             eval_every=0,
             save_every=0,
