@@ -127,3 +127,17 @@ def test_sft_then_grpo_dpo_rm_ppo_on_sort(tmp_path, capsys):
         assert cfg["task"]["name"] == "sort", stage
     samples = json.loads((tmp_path / "grpo" / "summary.json").read_text()).get("samples", [])
     assert samples and all(x["prompt"] in held for x in samples)  # scored on sort's held-out problems
+
+
+def test_the_pipeline_corpus_of_sort_is_its_own():
+    """The pipeline's corpus is a function of the task: sort's demonstrations, and leaks of sort's held-out problems."""
+    from posttrain.pipeline.corpus import CorpusConfig, build_corpus, eval_records
+
+    cfg = TaskConfig(name="sort", num_demos=24)
+    task = embedded_task(cfg)
+    records, manifest = build_corpus(CorpusConfig(paragraphs=20, exact_dups=4, near_dups=4, leaks=6), task)
+    demos = {(r["prompt"], r["answer"]) for r in records if r["kind"] == "demo"}
+    assert demos == {(p.prompt, p.answer) for p in task.demonstrations()}
+    assert all(split_of(p, cfg) == "test" for p in manifest["leaked_prompts"]) and len(manifest["leaked_prompts"]) == 6
+    assert [r["prompt"] for r in eval_records(task)] == [p.prompt for p in task.heldout_problems]
+    assert all(is_sorted_permutation(r["prompt"], r["answer"]) for r in records if "prompt" in r)
