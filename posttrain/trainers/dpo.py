@@ -68,6 +68,7 @@ from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint
 from posttrain.trainers.dpo_config import PRESETS, DPOConfig, check_loss_kwargs, loss_options  # noqa: F401  (also imported from here)
+from posttrain.trainers.engine import device
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
@@ -114,12 +115,13 @@ class PairedData:
         self.examples, self.tokenizer, self.cfg = examples, tokenizer, cfg
 
     def collate(self, idx: list[int]) -> dict:
-        return collate_preference(
+        batch = collate_preference(
             [self.examples[i] for i in idx],
             self.tokenizer,
             max_prompt_length=self.cfg.max_prompt_length,
             max_completion_length=self.cfg.max_completion_length,
         )
+        return device.to_device(batch)  # on the run's device (on the CPU: as it is)
 
     def precompute(self, ref_model, chunk: int = 256) -> torch.Tensor:
         out = []
@@ -150,12 +152,13 @@ class UnpairedData:
         self.examples, self.tokenizer, self.cfg = examples, tokenizer, cfg
 
     def collate(self, idx: list[int]) -> dict:
-        return collate_kto(
+        batch = collate_kto(
             [self.examples[i] for i in idx],
             self.tokenizer,
             max_prompt_length=self.cfg.max_prompt_length,
             max_completion_length=self.cfg.max_completion_length,
         )
+        return device.to_device(batch)  # on the run's device (on the CPU: as it is)
 
     def precompute(self, ref_model, chunk: int = 256) -> torch.Tensor:
         out = []

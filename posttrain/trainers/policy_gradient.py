@@ -69,6 +69,7 @@ from posttrain.trainers.checkpoint import (
     save_with_extras,
     write_snapshot,
 )
+from posttrain.trainers.engine import device
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import TrainingDiverged, finite_step
@@ -199,7 +200,8 @@ class PolicyGradientTrainer:
     # ------------------------------------------------------------------------------------------ rollout
     def rollout(self, step: int) -> Rollout:
         sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
-        return engine_rollout.correct_rollout(self, pg_rollout.rollout(self, step))  # pi_old and TIS weights
+        ro = engine_rollout.correct_rollout(self, pg_rollout.rollout(self, step))  # pi_old and TIS weights
+        return device.to_device(ro)  # rewards and advantages (made on the CPU) beside the samples, on the run's device
 
     def annealed_terms(self, step: int):
         """What ``reward_anneal`` takes off the reward at ``step``: sum_k (1 - f) w_k r_k as a reward function

@@ -72,6 +72,7 @@ from posttrain.tasks.files import task_for
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import CheckpointManager, load_policy, rng_state, save_checkpoint, writing
+from posttrain.trainers.engine import device
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step, require_finite_parameters
@@ -314,7 +315,7 @@ def train_step(s: RMState, step: int) -> dict:
     if cfg.batch_by == "prompt":  # the step's prompts (seeded by step), each with all its pairs
         idx = batch_indices(len(s.groups), min(cfg.batch_size, len(s.groups)), step, cfg.seed).tolist()
         idx = distributed.shard(idx, s.world)  # this rank's prompts
-        batch = collate_prompt_groups(s.train, [s.groups[i] for i in idx], s.tokenizer, **caps)
+        batch = device.to_device(collate_prompt_groups(s.train, [s.groups[i] for i in idx], s.tokenizer, **caps))
         n_pairs = len(batch["chosen_rows"])
         share = n_pairs / distributed.global_sum(n_pairs, s.world)  # the loss is a mean over the step's pairs
         lm_rows = torch.unique(batch["chosen_rows"]) if cfg.sft_coef > 0 else None  # each chosen row once
@@ -328,7 +329,7 @@ def train_step(s: RMState, step: int) -> dict:
         idx = batch_indices(len(s.train), cfg.batch_size, step, cfg.seed).tolist()  # the global batch
         idx = distributed.shard(idx, s.world)  # this rank's pairs: the BT loss is a mean over pairs, so each rank's
         share = len(idx) / cfg.batch_size  # mean counts by its share of the global batch
-        batch = collate_preference([s.train[i] for i in idx], s.tokenizer, **caps)
+        batch = device.to_device(collate_preference([s.train[i] for i in idx], s.tokenizer, **caps))  # run's device
         lm_rows = torch.arange(len(idx)) if cfg.sft_coef > 0 else None  # the chosen rows
         if s.world.distributed:  # DDP / FSDP: the wrapper's own forward, whose hooks reduce the gradients
             r = s.train_model(batch["input_ids"], batch["attention_mask"])  # (2B,)
