@@ -153,8 +153,9 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: b
     its (logps, entropy, values) per micro-batch for the update's first minibatch; else ``kept`` is None."""
     cfg = trainer.cfg
     N, T = gen.completion_mask.shape
-    old_lp, old_v = torch.zeros(N, T), torch.zeros(N, T)
-    ref_lp = torch.zeros(N, T) if trainer.ref_model is not None else None
+    where = gen.completion_mask.device  # the run's device (engine/device.py), where the forwards' outputs are
+    old_lp, old_v = torch.zeros(N, T, device=where), torch.zeros(N, T, device=where)
+    ref_lp = torch.zeros(N, T, device=where) if trainer.ref_model is not None else None
     kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=keep_graph)
     P, kept = gen.prompt_length, []
     for mb in order_micro:
@@ -178,7 +179,7 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: b
             w = lp.shape[1]
             if dummy:
                 continue
-            old_lp[rows, :w], old_v[rows, :w] = lp, v
+            old_lp[rows, :w], old_v[rows, :w] = lp, v.float()  # a value head under bf16 autocast gives bf16
             if ref_lp is not None:
                 ids, am = seqs[:, : P + w], attn[:, : P + w]
                 with torch.no_grad():

@@ -308,10 +308,7 @@ COMPARED = {"sft": "loss", "rm": "loss", "dpo": "loss", "grpo": "entropy", "ppo"
 ATOL, RTOL = 0.05, 0.10
 
 
-NOT_ON_ENGINE = pytest.mark.xfail(reason="set up outside the training engine: --dtype not applied yet", strict=False)
-
-
-@pytest.mark.parametrize("trainer", ["sft", "rm", "dpo", "grpo", pytest.param("ppo", marks=NOT_ON_ENGINE)])
+@pytest.mark.parametrize("trainer", ["sft", "rm", "dpo", "grpo", "ppo"])
 def test_bf16_autocast_trains_every_trainer_close_to_fp32(trainer, sft, tmp_path):
     runs = {}
     for dtype in ("fp32", "bf16"):
@@ -383,7 +380,7 @@ def test_bf16_checkpoint_loads_in_fp32_and_evaluates_the_same(tmp_path):
 @pytest.mark.parametrize("where", DEVICES)
 def test_trainers_run_on_every_available_device(where, sft, tmp_path):
     dtype = "bf16" if where != "cpu" else "fp32"
-    for trainer in ("sft", "rm", "dpo"):
+    for trainer in ("sft", "rm", "dpo", "grpo", "ppo"):
         out = tmp_path / trainer
         argv = [trainer, "--out", str(out), "--device", where, "--dtype", dtype, *QUIET, *_args(trainer, sft), *TASK]
         assert main(argv) == 0
@@ -422,3 +419,12 @@ def test_to_device_moves_every_tensor_and_nothing_on_the_cpu():
     assert got[0].ids.is_meta and got[0].extra["mask"].is_meta and got[1][0].is_meta
     assert got[0].names == ["a", "b"] and got[0].extra["n"] == 3 and got[1][1] == "x" and got[2] == 7
     assert got[0].ids.shape == (2, 3) and not obj[0].ids.is_meta  # the original is untouched
+
+
+def test_ppo_with_a_value_head_on_the_policy_trains_in_bf16(sft, tmp_path):
+    """value_model=shared: the head reads the policy's bf16 hidden states under autocast; values are kept in fp32."""
+    out = tmp_path / "ppo"
+    argv = ["ppo", "--out", str(out), "--dtype", "bf16", "--value-model", "shared", *QUIET, *_args("ppo", sft), *TASK]
+    assert main(argv) == 0
+    rows = [r for r in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in r]
+    assert len(rows) == 3 and all(math.isfinite(r["loss"]) and math.isfinite(r["entropy"]) for r in rows)

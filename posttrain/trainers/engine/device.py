@@ -360,7 +360,7 @@ def _placed_class(cls: type) -> type:
         scale = rd.loss_scale.for_forward() if scaled else None
         if training and self.__dict__.get("_posttrain_counted", False):
             ids = kwargs.get("input_ids", args[0] if args else None)
-            if isinstance(ids, torch.Tensor):
+            if isinstance(ids, torch.Tensor) and not ids.is_floating_point():  # token ids (a head's input is not)
                 n_params, *shape = self.__dict__["_posttrain_flop_shape"]
                 rd.count(ids, n_params, tuple(shape))
         with rd.autocast():

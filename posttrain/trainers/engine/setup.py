@@ -154,6 +154,8 @@ def open_training(
     t.train_model = t.model if fsdp else distributed.wrap_ddp(t.model, world)
     t.opt = common.make_optimizer(t.model, cfg.lr, cfg.weight_decay)
     t.parts = parts(t) if parts is not None else {}
+    for module, _ in t.parts.values():  # PPO's critic: placed like the model (.to() keeps its optimizer's parameters)
+        place_model(module, cfg)
     ckpt = start.ckpt
     if ckpt is not None:
         if sharded.is_sharded_checkpoint(ckpt.path):  # a sharded checkpoint (any world size): model and optimizer
