@@ -11,6 +11,8 @@ stage settings go in the ``--config`` file's sections (``[sft]``, ``[grpo]``...)
 
 from __future__ import annotations
 
+import argparse
+
 NAME = "pipeline"
 HELP = "run the whole post-training pipeline (dedup, tokenizer, SFT, RM, DPO, GRPO, PPO, eval, report)"
 
@@ -44,6 +46,16 @@ def add_arguments(p) -> None:
     )
     top = tuple(name for name, _, _ in C.leaf_fields(PipelineConfig) if "." in name)
     C.add_config_flags(p, PipelineConfig, skip=top, title="PipelineConfig fields (stage sections: --config)")
+    from posttrain.tasks.embedded import TASK_NAMES
+
+    p.add_argument(  # the one nested setting with a flag: the embedded task every stage shares (its corpus too)
+        "--task",
+        dest="cfg:task.name",
+        choices=TASK_NAMES,
+        default=argparse.SUPPRESS,
+        help="the embedded task of every stage, and of the corpus's demonstrations (default: arithmetic; the same "
+        "stage recipes for both; [task] in --config for its other settings)",
+    )
 
 
 def run(args) -> int:

@@ -16,7 +16,9 @@ cluster) and removes the copy; no document is the original of two injected ones.
 ``id`` and ``kind`` (injected copies also ``source``, the id of their original); the manifest (``injected``) is what the report compares with what dedup removed.
 
 The evaluation file for the contamination check writes each held-out item the way a demonstration is
-written (``Q: 12+34= A: 46``: five words after normalisation, the contamination check's minimum).
+written (``Q: 12+34= A: 46``: five words after normalisation, the contamination check's minimum; a sort problem,
+``3141=`` -> ``1134``, would be four, so its documents carry the task's instruction: ``Q: sort the digits 3141= A:
+1134``).
 """
 
 from __future__ import annotations
@@ -94,8 +96,10 @@ def paragraph(rng: random.Random, sentences: int) -> str:
     return " ".join(_sentence(rng) for _ in range(sentences))
 
 
-def demo_text(prompt: str, answer: str) -> str:
-    return f"Q: {prompt} A: {answer}"
+def demo_text(prompt: str, answer: str, instruction: str = "") -> str:
+    """A problem written as a document: ``"Q: 12+34= A: 46"``; with the task's ``instruction`` (sort's) before the
+    prompt, ``"Q: sort the digits 3141= A: 1134"``, so that it has the contamination check's five words."""
+    return f"Q: {instruction + ' ' if instruction else ''}{prompt} A: {answer}"
 
 
 def _near(rng: random.Random, text: str, edits: int) -> str:
@@ -112,7 +116,12 @@ def build_corpus(cfg: CorpusConfig, task) -> tuple[list[dict], dict]:
     """-> (records in file order, manifest {"injected": {kind: n}, "originals": n, "leaked_prompts": [...]})."""
     rng = random.Random(f"pipeline-corpus:{cfg.seed}")
     originals = [
-        {"kind": "demo", "text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer}
+        {
+            "kind": "demo",
+            "text": demo_text(p.prompt, p.answer, task.instruction),
+            "prompt": p.prompt,
+            "answer": p.answer,
+        }
         for p in task.demonstrations()
     ]
     originals += [{"kind": "text", "text": paragraph(rng, cfg.sentences)} for _ in range(cfg.paragraphs)]
@@ -146,7 +155,12 @@ def build_corpus(cfg: CorpusConfig, task) -> tuple[list[dict], dict]:
         keyed.append(
             (
                 rng.random() * n,
-                {"kind": "leak", "text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer},
+                {
+                    "kind": "leak",
+                    "text": demo_text(p.prompt, p.answer, task.instruction),
+                    "prompt": p.prompt,
+                    "answer": p.answer,
+                },
             )
         )
     order = sorted(range(len(keyed)), key=lambda j: keyed[j][0])
@@ -168,5 +182,6 @@ def build_corpus(cfg: CorpusConfig, task) -> tuple[list[dict], dict]:
 def eval_records(task) -> list[dict]:
     """The held-out items as the contamination check reads them (and as ``posttrain eval`` does)."""
     return [
-        {"text": demo_text(p.prompt, p.answer), "prompt": p.prompt, "answer": p.answer} for p in task.eval_problems()
+        {"text": demo_text(p.prompt, p.answer, task.instruction), "prompt": p.prompt, "answer": p.answer}
+        for p in task.eval_problems()
     ]

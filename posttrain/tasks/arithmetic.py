@@ -64,6 +64,7 @@ class ArithmeticTask:
 
     alphabet = ALPHABET
     name = "arithmetic"
+    instruction = ""  # its documents in the pipeline corpus are "Q: 37+48= A: 85" (pipeline/corpus.py)
     note = None  # its held-out split is its own: nothing to say
 
     def __init__(self, cfg: ArithmeticConfig | None = None):

@@ -52,6 +52,7 @@ class SortTask:
 
     alphabet = ALPHABET  # the same characters, tokenizer and model as arithmetic (sort uses 0-9 and '=')
     name = "sort"
+    instruction = "sort the digits"  # before the prompt in the pipeline corpus's documents (pipeline/corpus.py)
     note = None  # its held-out split is its own: nothing to say
 
     def __init__(self, cfg: TaskConfig | None = None):

@@ -141,3 +141,21 @@ def test_the_pipeline_corpus_of_sort_is_its_own():
     assert all(split_of(p, cfg) == "test" for p in manifest["leaked_prompts"]) and len(manifest["leaked_prompts"]) == 6
     assert [r["prompt"] for r in eval_records(task)] == [p.prompt for p in task.heldout_problems]
     assert all(is_sorted_permutation(r["prompt"], r["answer"]) for r in records if "prompt" in r)
+
+
+def test_the_pipeline_runs_every_stage_on_sort(tmp_path):
+    """`posttrain pipeline --task sort` (the micro preset: a few steps a stage): every stage runs, SFT trains on sort's
+    train split, restarts rank on its dev split, and the held-out items are its test split."""
+    out = tmp_path / "p"
+    assert main(["pipeline", "--preset", "micro", "--task", "sort", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert all(v["status"] == "ran" for v in summary["stages"].values())
+    cfg = TaskConfig(name="sort")
+
+    def prompts(name):
+        return {json.loads(ln)["prompt"] for ln in (out / "dedup" / name).read_text().splitlines()}
+
+    assert {split_of(p, cfg) for p in prompts("sft.jsonl")} == {"train"}
+    assert {split_of(p, cfg) for p in prompts("val.jsonl")} == {"dev"}
+    assert {split_of(p, cfg) for p in prompts("eval.jsonl")} == {"test"}
+    assert all("+" not in p for p in prompts("sft.jsonl") | prompts("eval.jsonl"))  # nothing of arithmetic
