@@ -109,7 +109,9 @@ def draw_inverse_cdf(logps: torch.Tensor, generator: torch.Generator | None = No
     Exact sampling with one random number per row. ``torch.multinomial`` (:func:`draw_multinomial`, its oracle)
     draws an exponential for every vocabulary entry instead: ~20x slower per call for V = 512 on CPU
     (benchmarks/bench_sampling.py). A token of probability 0 (a -inf log-prob) is never drawn."""
-    u = torch.rand((logps.shape[0], 1), generator=generator, dtype=torch.float64, device=logps.device)
+    # a CPU generator on a GPU run: u is drawn on the CPU (the stream a CPU run draws) and moved to the logits
+    where = generator.device if generator is not None else logps.device
+    u = torch.rand((logps.shape[0], 1), generator=generator, dtype=torch.float64, device=where).to(logps.device)
     return inverse_cdf(logps, u)
 
 
@@ -123,7 +125,10 @@ def inverse_cdf(logps: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def draw_multinomial(logps: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """The same draw with ``torch.multinomial`` (the sampler's default until 2026-12-03; the oracle of the above)."""
-    return torch.multinomial(logps.exp(), 1, generator=generator).squeeze(-1)
+    probs = logps.exp()
+    if generator is not None and generator.device != probs.device:  # a CPU generator on a GPU run: the same stream
+        return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
 TOKEN_DRAWS = {"inverse_cdf": draw_inverse_cdf, "multinomial": draw_multinomial}
