@@ -1,18 +1,14 @@
 """Loop pieces every trainer shares: optimizer, LR schedule, metrics logging, run directory set-up, cadence.
 
-Every trainer (``sft.py``, ``reward.py``, ``dpo.py``, ``policy_gradient.py``) has the same named parts, in
-this order: ``setup(cfg, resume, overwrite) -> state`` (open the run, load or build the model, validate the
-inputs, ``begin_run``, optimizer/logger/checkpoint manager), ``train_step(state, step) -> metrics`` (one
-optimizer step), ``run_eval(state)``, ``save(state, done, metrics)`` (a periodic checkpoint) and
-``finish(state, ...) -> summary`` (the final model, ``summary.json``); the public ``train_*`` function is the
-loop over them, written out in the trainer's own file. The loop's shared decisions live here:
-``check_resume_step``, ``should_eval``, ``should_save``, ``progress_bar``. No base class: a trainer is read
-top to bottom in one file.
+Every trainer (``sft.py``, ``reward.py``, ``dpo.py``, ``policy_gradient.py``, ``ppo.py``) has the same shape
+(``trainers/engine/protocol.py``) and is driven by the one set-up (``engine/setup.py::open_training``) and the one
+loop (``engine/run.py::run``); the pieces those two use live here: ``check_resume_step``, ``should_eval``,
+``should_save``, ``progress_bar``, the optimizer, the LR schedule and the metrics log.
 
-- ``open_run`` / ``begin_run`` (from :mod:`posttrain.trainers.run_dir`): a trainer calls ``open_run(cfg,
-  "sft", resume, overwrite)`` first (checks ``--out``, picks the checkpoint to resume; writes nothing), loads
-  and validates its inputs, then ``begin_run(run, cfg)`` (clears for ``--overwrite``, writes ``run.json`` and
-  ``config.resolved.*``) before it writes anything else into the run directory.
+- ``open_run`` / ``begin_run`` (from :mod:`posttrain.trainers.run_dir`): ``open_training`` calls ``open_run(cfg,
+  "sft", resume, overwrite)`` first (checks ``--out``, picks the checkpoint to resume; writes nothing), has the
+  trainer load and validate its inputs, then ``begin_run(run, cfg)`` (clears for ``--overwrite``, writes
+  ``run.json`` and ``config.resolved.*``) before anything else is written into the run directory.
 
 - ``lr_at(step)``: linear warmup to the peak, then cosine decay to ``min_lr_ratio * peak``. A pure function
   of the step, so resuming needs no scheduler state.

@@ -48,9 +48,8 @@ from pathlib import Path
 import torch
 
 from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.engines import build_engine
 from posttrain.errors import ConfigError, UserError
-from posttrain.losses.kl import AdaptiveKLController, FixedKLController, kl_controller_from_state
+from posttrain.losses.kl import kl_controller_from_state
 from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS
 from posttrain.models.gpt import GPT
@@ -58,7 +57,6 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.files import task_for
-from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
@@ -76,6 +74,8 @@ from posttrain.trainers.guards import TrainingDiverged, finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.prompt_filter import PromptHistory
+from posttrain.trainers.rl import common as rl
+from posttrain.trainers.rl.common import kl_controller, rl_inputs
 from posttrain.trainers.weight_average import TailAverage
 
 
@@ -116,11 +116,7 @@ class PolicyGradientTrainer:
         )
         ckpt = t.ckpt
         self.model.train()
-        self.kl_ctl = (
-            AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
-            if cfg.kl_control == "adaptive"
-            else FixedKLController(cfg.beta)
-        )
+        self.kl_ctl = kl_controller(cfg)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
         if ckpt is not None:
@@ -171,31 +167,14 @@ class PolicyGradientTrainer:
                     "batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
                     "are per rank under several processes; use group statistics or one process"
                 )
-        self.data = rl_data(
-            task=self.task,
-            data=cfg.data,
-            eval_data=cfg.eval_data,
-            reward_fn=self.reward_fn,
-            tokenizer=t.tokenizer,
-            model=t.model,
-            max_new_tokens=cfg.max_new_tokens,
-            prompt_field=cfg.prompt_field,
-            chat=self.chat,
-            on_bad_line=cfg.on_bad_line,
-        )
+        ins = rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)  # trainers/rl/common.py
+        self.data, self.fsdp, self.replica, self.engine = ins.data, ins.fsdp, ins.replica, ins.engine
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
         self.prompt_history = None  # the prompt filter's: one process, refill rounds (dynamic sampling) only
         if cfg.prompt_filter and cfg.dynamic_sampling and not w.distributed:
             self.prompt_history = PromptHistory(len(self.prompts))
         elif cfg.prompt_filter and cfg.dynamic_sampling and w.is_main:
             print("prompt_filter: off under several processes (its prompt history is one process's)")
-        self.fsdp = cfg.fsdp and w.distributed  # then rollouts sample from a replica (trainers/sharded.py)
-        self.replica = sharded.rollout_replica(t.model) if self.fsdp else None
-        sampler = self.replica if self.fsdp else t.model
-        self.engine = build_engine(cfg, sampler, t.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
-        max_len = getattr(getattr(t.model, "config", None), "max_seq_len", None)
-        if max_len is not None and not cfg.data and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
-            raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
 
     # ------------------------------------------------------------------------------------------ rollout
     def rollout(self, step: int) -> Rollout:
@@ -366,15 +345,13 @@ class PolicyGradientTrainer:
 
     # the rest of the engine's Trainer shape: evaluate, progress, early_stop (save and finish below)
     def evaluate(self, done: int, metrics: dict) -> None:
-        self.last_eval = self.run_eval()
-        metrics["heldout_accuracy"] = self.last_eval.accuracy
+        rl.evaluate(self, done, metrics)
 
     def progress(self, metrics: dict) -> dict:
-        acc = {"acc": f"{self.last_eval.accuracy:.3f}"} if self.last_eval else {}
-        return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+        return rl.progress(self, metrics)
 
     def early_stop(self, done: int) -> str | None:
-        return "repeated non-finite updates; the last good checkpoint is kept" if self.alarms.should_stop else None
+        return rl.early_stop(self, done)
 
     def run_eval(self):
         sharded.sync_replica(self.replica, self.model)  # FSDP: greedy decoding on the replica (no collectives)
@@ -488,10 +465,7 @@ class PolicyGradientTrainer:
             f"samples/step, model {common.n_params(self.model) / 1e6:.2f}M params, reference model: "
             f"{'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}"
         )
-        self.initial = self.run_eval() if self.start_step == 0 else None
-        if self.initial is not None:
-            print(f"held-out accuracy at start: {self.initial.accuracy:.3f}")
-            self.logger.log(0, {"heldout_accuracy": self.initial.accuracy})
+        rl.start_eval(self)  # a fresh run's held-out accuracy, logged at step 0
         return engine_run(self)
 
 

@@ -45,9 +45,8 @@ import torch
 from safetensors.torch import save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.engines import build_engine
 from posttrain.errors import UserError
-from posttrain.losses.kl import AdaptiveKLController, FixedKLController, PPOKLController, kl_controller_from_state
+from posttrain.losses.kl import PPOKLController, kl_controller_from_state
 from posttrain.losses.policy import merge_metrics, policy_loss, value_loss
 from posttrain.losses.ppo import kl_penalty_policy_loss
 from posttrain.models.gpt import GPT
@@ -55,7 +54,6 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.models.value import ValueHead, ValueModel
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
-from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, distributed, ppo_distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
@@ -72,6 +70,8 @@ from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
+from posttrain.trainers.rl import common as rl
+from posttrain.trainers.rl.common import kl_controller, rl_inputs
 
 # beside the policy in a PPO checkpoint
 CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"
@@ -120,11 +120,7 @@ class PPOTrainer:
             and isinstance(self.model, GPT)
             and (self.critic is None or isinstance(self.critic.backbone.model, GPT))
         )
-        self.kl_ctl = (
-            AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
-            if cfg.kl_control == "adaptive"
-            else FixedKLController(cfg.beta)
-        )
+        self.kl_ctl = kl_controller(cfg)
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
@@ -144,26 +140,9 @@ class PPOTrainer:
     def _inputs(self, t) -> None:
         """The prompts and evaluation set and the rollout engine, checked before anything is written."""
         cfg = self.cfg
-        self.data = rl_data(
-            task=self.task,
-            data=cfg.data,
-            eval_data=cfg.eval_data,
-            reward_fn=self.reward_fn,
-            tokenizer=t.tokenizer,
-            model=t.model,
-            max_new_tokens=cfg.max_new_tokens,
-            prompt_field=cfg.prompt_field,
-            chat=self.chat,
-            on_bad_line=cfg.on_bad_line,
-        )
+        ins = rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)  # trainers/rl/common.py
+        self.data, self.fsdp, self.replica, self.engine = ins.data, ins.fsdp, ins.replica, ins.engine
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-        self.fsdp = cfg.fsdp and t.world.distributed  # then rollouts sample from a replica (trainers/sharded.py)
-        self.replica = sharded.rollout_replica(t.model) if self.fsdp else None
-        sampler = self.replica if self.fsdp else t.model
-        self.engine = build_engine(cfg, sampler, t.tokenizer, model_dir=cfg.model_path)  # samples the rollouts
-        max_len = getattr(getattr(t.model, "config", None), "max_seq_len", None)
-        if not cfg.data and max_len is not None and self.task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
-            raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
 
     def _reference(self, t) -> None:
         """A frozen copy of the starting policy (with LoRA the policy itself with its adapters switched off), made
@@ -502,23 +481,18 @@ class PPOTrainer:
             f"{cfg.value_model} from {cfg.critic_source} ({n_critic / 1e6:.2f}M trained), reward {cfg.reward_spec}, "
             f"reference model: {'yes' if self.ref_model is not None else 'none (beta=0)'}, steps {self.start_step}->{cfg.steps}"
         )
-        self.initial = self.run_eval() if self.start_step == 0 else None
-        if self.initial is not None:
-            print(f"held-out accuracy at start: {self.initial.accuracy:.3f}")
-            self.logger.log(0, {"heldout_accuracy": self.initial.accuracy})
+        rl.start_eval(self)  # a fresh run's held-out accuracy, logged at step 0
         return engine_run(self)  # the one loop (trainers/engine/run.py)
 
     # the rest of the engine's Trainer shape: evaluate, progress, early_stop
     def evaluate(self, done: int, metrics: dict) -> None:
-        self.last_eval = self.run_eval()
-        metrics["heldout_accuracy"] = self.last_eval.accuracy
+        rl.evaluate(self, done, metrics)
 
     def progress(self, metrics: dict) -> dict:
-        acc = {"acc": f"{self.last_eval.accuracy:.3f}"} if self.last_eval else {}
-        return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+        return rl.progress(self, metrics)
 
     def early_stop(self, done: int) -> str | None:
-        return "repeated non-finite updates; the last good checkpoint is kept" if self.alarms.should_stop else None
+        return rl.early_stop(self, done)
 
 
 def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:

@@ -1,0 +1,85 @@
+"""What GRPO and PPO share, written once: their inputs (prompts, evaluation set, the rollout engine), their KL
+controller, and their part of the engine's Trainer shape (evaluate, progress, early stop, the evaluation at the start).
+
+Each is a function of values (the config, the task, the run being opened) or of an RL trainer's public attributes
+(``cfg``, ``model``, ``run_eval``, ``alarms``, ``logger``, ``last_eval``); the algorithms themselves (rollout,
+advantages, the update) stay in their trainers. Not handled here: the rollout itself (``pg_rollout.py``,
+``ppo_rollout.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from posttrain.engines import build_engine
+from posttrain.errors import UserError
+from posttrain.losses.kl import AdaptiveKLController, FixedKLController
+from posttrain.tasks.rl import rl_data
+from posttrain.trainers import sharded
+
+
+@dataclass
+class RLInputs:
+    """The prompts and evaluation set (``data``), and what samples the rollouts."""
+
+    data: Any  # tasks/rl.py: .train (rows with .prompt, .answer), .evals, .score, .evaluate
+    fsdp: bool  # the policy is sharded: rollouts and evaluation sample from ``replica``
+    replica: Any  # a whole copy of the policy, refreshed once per step (trainers/sharded.py), or None
+    engine: Any  # the rollout engine (engines/): ours, vllm or the skewed test engine
+
+
+def rl_inputs(cfg, task, reward_fn, chat, t) -> RLInputs:
+    """Read and check the prompts and the evaluation set against ``t``'s model and tokenizer and build the rollout
+    engine: before the run directory is written (``open_training``'s ``inputs``), so a bad file, a prompt too long
+    for the model or an engine that cannot start is a one-line error with nothing written."""
+    data = rl_data(
+        task=task,
+        data=cfg.data,
+        eval_data=cfg.eval_data,
+        reward_fn=reward_fn,
+        tokenizer=t.tokenizer,
+        model=t.model,
+        max_new_tokens=cfg.max_new_tokens,
+        prompt_field=cfg.prompt_field,
+        chat=chat,
+        on_bad_line=cfg.on_bad_line,
+    )
+    fsdp = cfg.fsdp and t.world.distributed  # then rollouts sample from a replica (trainers/sharded.py)
+    replica = sharded.rollout_replica(t.model) if fsdp else None
+    engine = build_engine(cfg, replica if fsdp else t.model, t.tokenizer, model_dir=cfg.model_path)
+    max_len = getattr(getattr(t.model, "config", None), "max_seq_len", None)
+    if max_len is not None and not cfg.data and task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
+        raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
+    return RLInputs(data, fsdp, replica, engine)
+
+
+def kl_controller(cfg):
+    """The KL-to-reference coefficient: adaptive (Ziegler et al. 2019, toward ``kl_target``) or fixed at ``beta``."""
+    if cfg.kl_control == "adaptive":
+        return AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
+    return FixedKLController(cfg.beta)
+
+
+def start_eval(tr) -> None:
+    """A fresh run's held-out accuracy before the first step (``tr.initial``), logged at step 0."""
+    tr.initial = tr.run_eval() if tr.start_step == 0 else None
+    if tr.initial is not None:
+        print(f"held-out accuracy at start: {tr.initial.accuracy:.3f}")
+        tr.logger.log(0, {"heldout_accuracy": tr.initial.accuracy})
+
+
+def evaluate(tr, done: int, metrics: dict) -> None:
+    """The held-out accuracy after step ``done`` (the trainer keeps it as ``last_eval``)."""
+    tr.last_eval = tr.run_eval()
+    metrics["heldout_accuracy"] = tr.last_eval.accuracy
+
+
+def progress(tr, metrics: dict) -> dict:
+    acc = {"acc": f"{tr.last_eval.accuracy:.3f}"} if tr.last_eval else {}
+    return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+
+
+def early_stop(tr, done: int) -> str | None:
+    """The alarms' stop (non-finite updates ``nan_patience`` in a row; ``trainers/alarms.py``)."""
+    return "repeated non-finite updates; the last good checkpoint is kept" if tr.alarms.should_stop else None
