@@ -59,9 +59,13 @@ TINY = {"sft_batch": 2, "dpo_pairs": 2, "dpo_len": 8, "prompts": 2, "samples": 2
 # models and data
 
 
+BUILD_ON = torch.device("cpu")  # models are built directly on the benchmark's device (main() sets it): fast init
+
+
 def posttrain_gpt(shape: str) -> GPT:
     _, V, L, H, _, d, _, T = SHAPES[shape]
-    return GPT(GPTConfig(vocab_size=V, n_layer=L, n_head=H, d_model=d, max_seq_len=T, attn_backend="sdpa"))
+    with BUILD_ON:
+        return GPT(GPTConfig(vocab_size=V, n_layer=L, n_head=H, d_model=d, max_seq_len=T, attn_backend="sdpa"))
 
 
 def hf_model(shape: str):
@@ -84,7 +88,8 @@ def hf_model(shape: str):
             tie_word_embeddings=True,
         )
     cfg.pad_token_id, cfg.bos_token_id, cfg.eos_token_id = 0, 1, 2
-    return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
+    with BUILD_ON:
+        return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
 
 
 def word_tokenizer(vocab: int):
@@ -233,10 +238,13 @@ def posttrain_grpo(shape: str, a, rd: D.RunDevice) -> dict:
         rewards = torch.rand(gen.sequences.shape[0], generator=torch.Generator().manual_seed(made["tokens"]))  # CPU
         adv = grpo_advantages(rewards, s["samples"])[0].to(rd.device)  # (N,)
         model.train()
-        lp = completion_logps(model, gen.sequences, gen.attention_mask, gen.prompt_length)  # (N, C)
-        loss, _ = policy_loss(lp, gen.logps, adv, gen.completion_mask)
-        loss.backward()
-        finite_step(opt, loss.item(), common.grad_norm_and_clip(model, 1.0))
+        total = 0.0
+        for rows in torch.arange(len(adv)).split(s["prompts"]):  # micro-batches of 64 rows, one optimizer step
+            lp = completion_logps(model, gen.sequences[rows], gen.attention_mask[rows], gen.prompt_length)  # (n, C)
+            loss, _ = policy_loss(lp, gen.logps[rows], adv[rows], gen.completion_mask[rows])
+            (loss / s["samples"]).backward()
+            total += loss.item() / s["samples"]
+        finite_step(opt, total, common.grad_norm_and_clip(model, 1.0))
 
     reset_memory(rd.device)
     sec = timed(step, rd.device, a.warmup, a.steps)
@@ -359,13 +367,13 @@ def trl_grpo(shape: str, a, dev: torch.device) -> dict:
         return torch.rand(len(completions)).tolist()
 
     timer = _StepTimes(dev)
-    N = s["prompts"] * s["samples"]
     with tempfile.TemporaryDirectory() as out:
         args = _trl_args(
             trl.GRPOConfig,
             a,
             out,
-            per_device_train_batch_size=N,
+            per_device_train_batch_size=s["prompts"],  # micro-batches of 64 rows, as posttrain's
+            gradient_accumulation_steps=s["samples"],  # 8 of them: one optimizer step per 64 x 8 generation
             num_generations=s["samples"],
             max_completion_length=s["new_tokens"],
             beta=0.0,
@@ -456,7 +464,9 @@ def main(argv=None) -> int:
         a.device, a.dtype, a.warmup, a.steps = "cpu", "fp32", 1, 2
     a.parts = set(a.parts.split(","))
     a.size = TINY if a.dry_run else FULL
+    global BUILD_ON
     rd = D.RunDevice(D.resolve_device(a.device), a.dtype)
+    BUILD_ON = rd.device
     a.device = rd.device.type
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
