@@ -34,9 +34,9 @@ def add_arguments(p):
         "--heldout",
         choices=("sample", "all", "dev"),
         default="sample",
-        help="without --data: the problems the checkpoint's trainer evaluated on (default: its task.num_eval, "
-        "a seeded sample where that was set, else the whole held-out split), all of the held-out split, or the "
-        "task's dev split (what choices are made on)",
+        help="without --data: sample = the problems the checkpoint's trainer evaluated on (its task.num_eval: a "
+        "seeded sample where that was set, else the whole held-out split); all = all of the held-out split; dev = "
+        "the task's dev split (what choices are made on)",
     )
     p.add_argument(
         "--by-layout",

@@ -52,9 +52,10 @@ def add_arguments(p) -> None:
         "--task",
         dest="cfg:task.name",
         choices=TASK_NAMES,
+        metavar="NAME",
         default=argparse.SUPPRESS,
-        help="the embedded task of every stage, and of the corpus's demonstrations (default: arithmetic; the same "
-        "stage recipes for both; [task] in --config for its other settings)",
+        help="the embedded task of every stage and of the corpus's demonstrations: arithmetic or sort, with the same "
+        "stage recipes ([task] in --config for its other settings) (default: arithmetic)",
     )
 
 
