@@ -159,6 +159,8 @@ def writing(path: str | Path):
 
 def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
     st = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # a GPU run: its device's RNG (dropout there)
+        st["cuda"] = torch.cuda.get_rng_state()
     for k, g in (generators or {}).items():
         st[k] = g.get_state()
     return st
@@ -166,6 +168,8 @@ def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
 
 def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = None) -> None:
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():  # a GPU run's checkpoint resumed on a GPU
+        torch.cuda.set_rng_state(state["cuda"])
     for k, g in (generators or {}).items():
         if k in state:
             g.set_state(state[k])

@@ -428,3 +428,15 @@ def test_ppo_with_a_value_head_on_the_policy_trains_in_bf16(sft, tmp_path):
     assert main(argv) == 0
     rows = [r for r in map(json.loads, (out / "metrics.jsonl").open()) if "loss" in r]
     assert len(rows) == 3 and all(math.isfinite(r["loss"]) and math.isfinite(r["entropy"]) for r in rows)
+
+
+@pytest.mark.gpu
+def test_checkpoint_rng_state_carries_the_gpus():
+    from posttrain.trainers.checkpoint import restore_rng, rng_state
+
+    torch.cuda.init()
+    st = rng_state()
+    want = torch.rand(4, device="cuda")
+    torch.rand(10, device="cuda")
+    restore_rng(st)
+    assert "cuda" in st and torch.equal(torch.rand(4, device="cuda"), want)
