@@ -390,6 +390,15 @@ def start_policy(cfg, command: str) -> Checkpoint | None:
         print(
             f"note: {', '.join(unapplied)} not applied: {flag} brings its own architecture (model.* shapes a fresh model)"
         )
+    saved = ((ckpt.state or {}).get("config") or {}).get("task")  # the embedded task it was trained on
+    task = getattr(cfg, "task", None)
+    if isinstance(saved, dict) and task is not None and not getattr(cfg, "data", None):
+        trained_on = saved.get("name", "arithmetic")  # checkpoints from before --task: arithmetic
+        if trained_on != task.name:
+            print(
+                f"note: {flag} {path} was trained on the {trained_on} task, this run is on {task.name} "
+                f"(--task {trained_on} to stay on it)"
+            )
     return ckpt
 
 

@@ -125,6 +125,10 @@ def test_sft_then_grpo_dpo_rm_ppo_on_sort(tmp_path, capsys):
     for stage in ("sft", "grpo", "ppo", "dpo", "rm"):
         cfg = json.loads((tmp_path / stage / "config.resolved.json").read_text())
         assert cfg["task"]["name"] == "sort", stage
+    capsys.readouterr()
+    rl_arith = [x for x in rl if x not in ("--task", "sort", "--task.sort-length", "3")]
+    assert main(["grpo", "--out", str(tmp_path / "arith"), *rl_arith, *g]) == 0  # allowed, but said
+    assert f"note: --init {sft} was trained on the sort task, this run is on arithmetic" in capsys.readouterr().out
     samples = json.loads((tmp_path / "grpo" / "summary.json").read_text()).get("samples", [])
     assert samples and all(x["prompt"] in held for x in samples)  # scored on sort's held-out problems
 
