@@ -131,6 +131,16 @@ def test_cli_device_cuda_without_cuda_is_one_line_exit_2(tmp_path):
     assert not out.exists()  # refused before anything is written
 
 
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "grpo", "ppo"])
+def test_every_trainer_has_the_device_flags(command):
+    from posttrain.cli import build_parser
+
+    sub = next(a for a in build_parser([command])._actions if isinstance(a.choices, dict))
+    help_text = sub.choices[command].format_help()
+    for flag in ("--device", "--dtype", "--grad-checkpointing", "--compile"):
+        assert flag in help_text, (command, flag)
+
+
 def test_cli_device_typo_is_exit_2(tmp_path, capsys):
     assert main(["sft", "--device", "gpu", "--steps", "1", "--out", str(tmp_path / "r")]) == 2
     assert "device='gpu' is not valid" in capsys.readouterr().err
