@@ -354,12 +354,7 @@ class PolicyGradientTrainer:
         return rl.early_stop(self, done)
 
     def run_eval(self):
-        sharded.sync_replica(self.replica, self.model)  # FSDP: greedy decoding on the replica (no collectives)
-        model = self.model if self.replica is None else self.replica
-        r = self.data.evaluate(model, self.tokenizer, max_new_tokens=self.cfg.max_new_tokens, keep_samples=5)
-        model.train()
-        self.model.train()
-        return r
+        return rl.heldout_eval(self.model, self.replica, self.data, self.tokenizer, self.cfg.max_new_tokens)
 
     def _state(self, step: int, extra: dict | None = None) -> dict:
         return {

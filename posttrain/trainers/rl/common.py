@@ -61,6 +61,17 @@ def kl_controller(cfg):
     return FixedKLController(cfg.beta)
 
 
+def heldout_eval(model, replica, data, tokenizer, max_new_tokens: int):
+    """Greedy held-out accuracy of the policy (under --fsdp on its replica, refreshed first: no collectives); both
+    are back in train mode after."""
+    sharded.sync_replica(replica, model)
+    sampler = model if replica is None else replica
+    r = data.evaluate(sampler, tokenizer, max_new_tokens=max_new_tokens, keep_samples=5)
+    sampler.train()
+    model.train()
+    return r
+
+
 def start_eval(tr) -> None:
     """A fresh run's held-out accuracy before the first step (``tr.initial``), logged at step 0."""
     tr.initial = tr.run_eval() if tr.start_step == 0 else None
