@@ -5,7 +5,8 @@ trained on, from its saved config), as its trainer scored them: the whole held-o
 the default since 2026-12-03) or, where its ``task.num_eval`` was set (256 before that, and the pipeline's), that seeded
 sample; ``--heldout all`` takes the whole split either way (half the sampling noise of 256); ``--heldout dev`` takes
 the task's dev split instead (what a sweep chooses its recipe on; the held-out split is then only reported).
-``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; :func:`posttrain.tasks.arithmetic.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
+``--by-layout`` adds the accuracy per operand layout (``"2+2"``, ``"1+2"``, ...; sort's ``"4 digits"``, ...;
+:func:`posttrain.tasks.embedded.layout`). ``--best-of N --reward-model RM`` adds best-of-N reranking: N samples per
 prompt (temperature 1 unless ``--temperature`` says otherwise), the RM's favourite verified, reported beside
 greedy accuracy and the oracle pass@N (:func:`posttrain.evaluation.best_of_n_evaluate`).
 A diverged checkpoint (NaN/Inf weights or logits) is refused with one line; the ``--show`` examples print each
@@ -110,7 +111,7 @@ def run(args) -> int:
     from posttrain.errors import UserError
     from posttrain.evaluation import SHOW_CHARS, accuracy_by, best_of_n_evaluate, evaluate, fit_prompts, prompt_window
     from posttrain.generate import SamplingConfig
-    from posttrain.tasks.arithmetic import layout
+    from posttrain.tasks.embedded import layout
     from posttrain.text import printable
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint, refuse_nonfinite_model
     from posttrain.trainers.common import write_summary

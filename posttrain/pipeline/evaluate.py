@@ -32,9 +32,8 @@ from posttrain.data.io import atomic_write_json, iter_jsonl
 from posttrain.evaluation import accuracy_by, encode_prompt, evaluate
 from posttrain.generate import SamplingConfig, decode_completions, generate
 from posttrain.pipeline.base import POLICY_STAGES
-from posttrain.tasks.arithmetic import layout
 from posttrain.tasks.arithmetic import verify as exact_verify
-from posttrain.tasks.embedded import embedded_task
+from posttrain.tasks.embedded import embedded_task, layout
 
 
 def heldout_pairs(ctx) -> list[tuple[str, str]]:

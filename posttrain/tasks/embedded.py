@@ -121,6 +121,18 @@ def split_problems(problems, cfg: TaskConfig) -> tuple[list[Problem], list[Probl
     return train, dev, test
 
 
+def layout(prompt: str) -> str:
+    """The shape of an embedded-task prompt, for accuracy per shape (``eval --by-layout``): arithmetic's operand digit
+    counts (``"37+4="`` -> ``"2+1"``, :func:`posttrain.tasks.arithmetic.layout`), sort's string length (``"3141="`` ->
+    ``"4 digits"``); ``"other"`` for any other text."""
+    from posttrain.tasks.arithmetic import layout as operands
+
+    shape, digits = operands(prompt), prompt.removesuffix("=")
+    if shape == "other" and prompt.endswith("=") and digits.isdigit() and digits.isascii():
+        return f"{len(digits)} digits"
+    return shape
+
+
 def embedded_task(cfg: TaskConfig | None = None):
     """The embedded task ``cfg.name`` names (default: arithmetic with the default settings)."""
     cfg = cfg or TaskConfig()

@@ -163,3 +163,13 @@ def test_the_pipeline_runs_every_stage_on_sort(tmp_path):
     assert {split_of(p, cfg) for p in prompts("val.jsonl")} == {"dev"}
     assert {split_of(p, cfg) for p in prompts("eval.jsonl")} == {"test"}
     assert all("+" not in p for p in prompts("sft.jsonl") | prompts("eval.jsonl"))  # nothing of arithmetic
+
+
+@settings(max_examples=100, deadline=None)
+@given(digit_strings, st.integers(0, 99), st.integers(0, 99))
+def test_layout_is_the_string_length_for_sort_and_the_operands_for_arithmetic(s, a, b):
+    from posttrain.tasks.embedded import layout
+
+    assert layout(s + "=") == f"{len(s)} digits"
+    assert layout(f"{a}+{b}=") == f"{len(str(a))}+{len(str(b))}"
+    assert layout(s) == "other" and layout(s + "=5") == "other"
