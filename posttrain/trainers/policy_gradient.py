@@ -83,9 +83,6 @@ class PolicyGradientTrainer:
     """Thin loop: rollout -> score -> advantages -> clipped updates. State for exact resume lives here;
     ``__init__`` is the trainer's set-up (the run directory is written only once its inputs are checked)."""
 
-    name: str  # the engine's Trainer shape (trainers/engine/protocol.py): the progress label, cfg.algo
-    guard = None  # non-finite steps are the alarms' (watch_step in train_step); a stop is early_stop's
-
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
         if not (cfg.init or cfg.model_path) and not resume:
             raise UserError(
@@ -118,6 +115,7 @@ class PolicyGradientTrainer:
         self.model.train()
         self.kl_ctl = kl_controller(cfg)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
+        self.guard = rl.AlarmsGuard(self)  # the loop's one non-finite guard (trainers/engine/run.py)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
         if ckpt is not None:
             self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
@@ -350,8 +348,8 @@ class PolicyGradientTrainer:
     def progress(self, metrics: dict) -> dict:
         return rl.progress(self, metrics)
 
-    def early_stop(self, done: int) -> str | None:
-        return rl.early_stop(self, done)
+    def early_stop(self, done: int) -> None:
+        return None  # a non-finite streak is the guard's (the alarms: rl.AlarmsGuard)
 
     def run_eval(self):
         return rl.heldout_eval(self.model, self.replica, self.data, self.tokenizer, self.cfg.max_new_tokens)

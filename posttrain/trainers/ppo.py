@@ -82,7 +82,6 @@ class PPOTrainer:
 
     TRAINER = "ppo"
 
-    guard = None  # the engine's Trainer shape: non-finite steps are the alarms' (watch_step); early_stop ends a run
     name = "ppo"
 
     def __init__(self, cfg: PPOConfig, resume: str | None = None, overwrite: bool = False):
@@ -123,6 +122,7 @@ class PPOTrainer:
         self.kl_ctl = kl_controller(cfg)
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
+        self.guard = rl.AlarmsGuard(self)  # the loop's one non-finite guard (trainers/engine/run.py)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
         if t.ckpt is not None:
             self._restore(t.ckpt, self.critic_module)
@@ -486,8 +486,8 @@ class PPOTrainer:
     def progress(self, metrics: dict) -> dict:
         return rl.progress(self, metrics)
 
-    def early_stop(self, done: int) -> str | None:
-        return rl.early_stop(self, done)
+    def early_stop(self, done: int) -> None:
+        return None  # a non-finite streak is the guard's (the alarms: rl.AlarmsGuard)
 
 
 def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:

@@ -22,8 +22,9 @@ from posttrain.trainers.run_dir import Run
 
 
 class StepGuard(Protocol):
-    """Watches each step's metrics: ``record`` says whether the step was non-finite (and skipped); ``stop`` ends the
-    run when too many were in a row (``trainers/guards.py``: :class:`NonFiniteGuard`)."""
+    """Watches each step's metrics: ``record`` marks a non-finite (skipped) step and says whether the run must stop
+    (``nan_patience`` in a row); ``stop`` ends it with a one-line error (``trainers/guards.py``:
+    :class:`NonFiniteGuard`; the RL trainers' alarms through ``trainers/rl/common.py``: ``AlarmsGuard``)."""
 
     def record(self, trainer: str, step: int, metrics: dict) -> bool: ...
 
@@ -39,7 +40,7 @@ class Trainer(Protocol):
     model: torch.nn.Module  # what trains (put in train mode before the first step and after each evaluation)
     start_step: int  # 0, or the resumed checkpoint's step
     logger: MetricsLogger
-    guard: StepGuard | None  # None: the trainer watches its steps itself (RL: the alarms) and stops via early_stop
+    guard: StepGuard | None  # NonFiniteGuard (SFT, RM, DPO) or the alarms (GRPO, PPO: rl.AlarmsGuard); None: none
 
     def train_step(self, step: int) -> dict:
         """One optimizer step on batch ``step`` (0-based); returns the step's metrics."""

@@ -42,7 +42,7 @@ def run(t: Trainer, pause_at: int | None = None) -> dict:
             metrics.update(run_device.step_metrics(time.perf_counter() - t0))
         done = step + 1
         diverged = t.guard is not None and t.guard.record(t.name, done, metrics)  # a NaN/Inf step: skipped, marked
-        if diverged:  # nan_patience in a row: stop (RL: the alarms watch inside train_step; early_stop ends it)
+        if diverged:  # nan_patience in a row: stop (RL: its alarms, which watch the step inside train_step)
             t.guard.stop(t.name, done, metrics, t.logger, bar, t.run.dir)
         if common.should_eval(done, cfg.eval_every, cfg.steps):
             t.evaluate(done, metrics)

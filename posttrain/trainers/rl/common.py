@@ -1,5 +1,6 @@
 """What GRPO and PPO share, written once: their inputs (prompts, evaluation set, the rollout engine), their KL
-controller, and their part of the engine's Trainer shape (evaluate, progress, early stop, the evaluation at the start).
+controller, and their part of the engine's Trainer shape (evaluate, progress, the alarms as the loop's guard, the
+evaluation at the start).
 
 Each is a function of values (the config, the task, the run being opened) or of an RL trainer's public attributes
 (``cfg``, ``model``, ``run_eval``, ``alarms``, ``logger``, ``last_eval``); the algorithms themselves (rollout,
@@ -9,6 +10,7 @@ advantages, the update) stay in their trainers. Not handled here: the rollout it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +75,9 @@ def heldout_eval(model, replica, data, tokenizer, max_new_tokens: int):
 
 
 def start_eval(tr) -> None:
-    """A fresh run's held-out accuracy before the first step (``tr.initial``), logged at step 0."""
+    """A fresh run's held-out accuracy before the first step (``tr.initial``), logged at step 0; the run's clock
+    (``tr.t_start``, for ``train_seconds``) starts before it."""
+    tr.t_start = time.perf_counter()
     tr.initial = tr.run_eval() if tr.start_step == 0 else None
     if tr.initial is not None:
         print(f"held-out accuracy at start: {tr.initial.accuracy:.3f}")
@@ -91,6 +95,22 @@ def progress(tr, metrics: dict) -> dict:
     return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
 
 
-def early_stop(tr, done: int) -> str | None:
-    """The alarms' stop (non-finite updates ``nan_patience`` in a row; ``trainers/alarms.py``)."""
-    return "repeated non-finite updates; the last good checkpoint is kept" if tr.alarms.should_stop else None
+class AlarmsGuard:
+    """An RL trainer's alarms as the loop's one non-finite guard (``trainers/engine/run.py``: ``record`` then
+    ``stop``, as :class:`~posttrain.trainers.guards.NonFiniteGuard` for SFT, RM and DPO). The alarms watch each
+    step inside ``train_step`` (where the collapse guard can restore the weights and a non-finite update is skipped);
+    ``record`` says whether they call for a stop (``nan_patience`` non-finite updates in a row). ``stop`` logs the
+    step, then ends the run as an RL run ends: ``summary.json`` with ``stopped_early``, no ``model/``, and a one-line
+    :class:`TrainingDiverged` (exit 2) raised by the trainer's ``finish``."""
+
+    def __init__(self, tr):
+        self.tr = tr
+
+    def record(self, trainer: str, step: int, metrics: dict) -> bool:
+        return self.tr.alarms.should_stop
+
+    def stop(self, trainer: str, step: int, metrics: dict, logger, bar, out) -> None:
+        logger.log(step, metrics)
+        bar.close()
+        logger.close()
+        self.tr.finish(step, self.tr.t_start)  # raises TrainingDiverged once summary.json is written
