@@ -23,15 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.data.batches import batch_indices, stream_seed
-from posttrain.data.prompts import completion_id_lists
-from posttrain.errors import UserError
 from posttrain.evaluation import encode_prompt
-from posttrain.generate import decode_completions
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
 from posttrain.scoring import completion_logps
 from posttrain.trainers import distributed, engine_rollout, prompt_filter
 from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
+from posttrain.trainers.rl.rollout import score_rollout
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
 ESTIMATOR_OPTIONS = {
@@ -91,17 +89,12 @@ def draw(tr, step: int, rnd: int):
     else:
         generator = step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd)
     gen = engine_rollout.sample(tr, [encode_prompt(tr.tokenizer, p.prompt) for p in problems], cfg.sampling, generator)
-    texts = decode_completions(tr.tokenizer, gen)
     G = cfg.num_generations
-    ids = completion_id_lists(gen)
-    scores, hits = tr.data.score(tr.reward_fn, problems, texts, G, ids)  # reward_fn(prompts, texts, **columns)
-    base = torch.tensor(scores, dtype=torch.float32)  # (N,) the reward spec's reward
-    if not torch.isfinite(base).all():
-        raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
-    correct = torch.tensor(hits, dtype=torch.float32)
+    sc = score_rollout(gen, tr.tokenizer, tr.data, tr.reward_fn, problems, G)  # trainers/rl/rollout.py
+    base, correct = sc.rewards, sc.correct  # (N,) the reward spec's reward
     rewards, fading = base, tr.annealed_terms(step)  # the reward optimised: annealed terms scaled down
     if fading is not None:
-        cut, _ = tr.data.score(fading, problems, texts, G, ids)  # sum_k (1 - f) w_k r_k over the annealed terms k
+        cut, _ = tr.data.score(fading, problems, sc.texts, G, sc.ids)  # sum_k (1 - f) w_k r_k, the annealed terms k
         rewards = base - torch.tensor(cut, dtype=torch.float32)
     if history is not None:
         history.update(idx, ~informative_groups(rewards, G))

@@ -34,9 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.data.prompts import completion_id_lists
 from posttrain.evaluation import encode_prompt
-from posttrain.generate import decode_completions
 from posttrain.losses.advantages import gae
 from posttrain.losses.kl import kl_estimate, kl_penalized_token_rewards
 from posttrain.losses.logprobs import token_entropy
@@ -45,6 +43,7 @@ from posttrain.models.value import completion_values, shared_forward
 from posttrain.scoring import completion_token_logps, prefix_shared_completion_logps, shared_prefix_forward
 from posttrain.trainers import distributed, engine_rollout, ppo_distributed, sharded
 from posttrain.trainers.distributed import World
+from posttrain.trainers.rl.rollout import score_rollout
 
 
 def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
@@ -260,17 +259,10 @@ def make_rollout(trainer, step: int) -> PPORollout:
     tok = trainer.tokenizer
     generator = rank_generator(cfg.seed, step, w.rank) if w.distributed else step_generator(cfg.seed, step)
     gen = engine_rollout.sample(trainer, [encode_prompt(tok, p.prompt) for p in problems], cfg.sampling, generator)
-    texts = decode_completions(tok, gen)
     G = cfg.num_generations
     t1 = time.perf_counter()
-    ids = completion_id_lists(gen)
-    scores, hits = trainer.data.score(trainer.reward_fn, problems, texts, G, ids)  # reward_fn(prompts, texts, **cols)
-    rewards = torch.tensor(scores, dtype=torch.float32)  # (N,)
-    if not torch.isfinite(rewards).all():
-        from posttrain.errors import UserError
-
-        raise UserError("the reward function returned NaN/Inf; rewards must be finite floats")
-    correct = torch.tensor(hits, dtype=torch.float32)
+    sc = score_rollout(gen, tok, trainer.data, trainer.reward_fn, problems, G)  # trainers/rl/rollout.py
+    rewards, correct = sc.rewards, sc.correct  # (N,)
     t2 = time.perf_counter()
     N = rewards.numel()
     micro = first_epoch_micro(cfg, step, N, w, getattr(trainer, "fsdp", False))
