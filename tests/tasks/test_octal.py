@@ -95,3 +95,15 @@ def test_sft_then_grpo_on_octal(tmp_path):
     summary = json.loads((tmp_path / "grpo" / "summary.json").read_text())
     assert summary["samples"] and all(s["prompt"] in held for s in summary["samples"])
     assert json.loads((tmp_path / "grpo" / "config.resolved.json").read_text())["task"]["name"] == "octal"
+
+
+def test_the_pipeline_runs_every_stage_on_octal(tmp_path):
+    """`posttrain pipeline --task octal` (micro preset): every stage runs on octal's own splits and corpus."""
+    out = tmp_path / "p"
+    assert main(["pipeline", "--preset", "micro", "--task", "octal", "--out", str(out), "--quiet"]) == 0
+    assert all(v["status"] == "ran" for v in json.loads((out / "summary.json").read_text())["stages"].values())
+    cfg = TaskConfig(name="octal")
+    for name, split in (("sft.jsonl", "train"), ("val.jsonl", "dev"), ("eval.jsonl", "test")):
+        rows = [json.loads(ln) for ln in (out / "dedup" / name).read_text().splitlines()]
+        assert rows and {split_of(r["prompt"], cfg) for r in rows} == {split}, name
+        assert all(is_octal_of(r["prompt"], r["answer"]) for r in rows)
