@@ -55,8 +55,9 @@ from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, sharded
-from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import CheckpointManager, rng_state
 from posttrain.trainers.dpo_config import PRESETS, DPOConfig, check_loss_kwargs, loss_options  # noqa: F401  (also imported from here)
+from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
@@ -387,20 +388,8 @@ def finish(s: DPOState, last_eval, init_eval, t_start: float) -> dict:
         last_eval = run_eval(s)
     if cfg.merge_lora:  # model/ with full weights, no adapter files
         s.policy = merge_lora(s.policy)
-    final, model, fsdp = Path(out) / "model", s.policy, sharded.is_sharded(s.policy)
-    if fsdp:  # model/ is published whole: gathered to rank 0 (on CPU)
-        full = sharded.full_model_state(model)
-        model = sharded.plain_copy(model, full) if s.world.is_main else model
-    if s.world.is_main:  # under torchrun rank 0 writes model/, the others wait for it
-        save_checkpoint(
-            final,
-            model=model,
-            tokenizer=s.tokenizer,
-            state=_state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy}),
-            optimizer=None if fsdp else s.opt,
-            rng_state=rng_state({"loss": s.loss_gen}),
-        )
-    distributed.barrier(s.world)
+    state = _state(s, cfg.steps, {"heldout_accuracy": last_eval.accuracy})
+    final = publish_model(out, s.policy, s.tokenizer, state, s.opt, s.world, rng_state({"loss": s.loss_gen}))
     summary = {
         "trainer": "dpo",
         "loss": cfg.loss,

@@ -59,15 +59,9 @@ from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
-from posttrain.trainers.checkpoint import (
-    initial_model,
-    load_snapshot,
-    rng_state,
-    save_checkpoint,
-    save_with_extras,
-    write_snapshot,
-)
+from posttrain.trainers.checkpoint import initial_model, load_snapshot, rng_state, save_with_extras, write_snapshot
 from posttrain.trainers.engine import device
+from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import TrainingDiverged, finite_step
@@ -414,17 +408,8 @@ class PolicyGradientTrainer:
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
-            final, model = Path(self.out) / "model", sharded.published(self.model, self.world)  # FSDP: gathered
-            if self.world.is_main:
-                save_checkpoint(
-                    final,
-                    model=model,
-                    tokenizer=self.tokenizer,
-                    state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                    optimizer=None if self.fsdp else self.opt,
-                    rng_state=rng_state(),
-                )
-            distributed.barrier(self.world)
+            state = self._state(final_step, {"heldout_accuracy": last_eval.accuracy})
+            final = publish_model(self.out, self.model, self.tokenizer, state, self.opt, self.world, rng_state())
         summary = {
             "trainer": cfg.algo,
             "steps": final_step,

@@ -65,6 +65,7 @@ from posttrain.trainers.checkpoint import (
     save_with_extras,
     write_snapshot,
 )
+from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import TrainingDiverged
@@ -429,19 +430,23 @@ class PPOTrainer:
         if not stopped:
             if cfg.merge_lora:  # model/ with full weights, no adapter files
                 self.model = merge_lora(self.model)
-            final, fsdp = Path(self.out) / "model", sharded.is_sharded(self.model)
-            model, critic = sharded.published(self.model, self.world), sharded.published(self._critic(), self.world)
-            if self.world.is_main:
-                save_with_extras(
-                    final,
-                    lambda tmp: self._extras(tmp, with_snapshot=False, critic=critic if fsdp else None),
-                    model=model,
-                    tokenizer=self.tokenizer,
-                    state=self._state(final_step, {"heldout_accuracy": last_eval.accuracy}),
-                    optimizer=None if fsdp else self.opt,
-                    rng_state=rng_state(),
-                )
-            distributed.barrier(self.world)
+            fsdp = sharded.is_sharded(self.model)
+            critic = sharded.published(self._critic(), self.world)  # FSDP: gathered to rank 0, as the policy below
+
+            def extras(tmp):  # the critic beside the policy (gathered under --fsdp); no collapse snapshot
+                self._extras(tmp, with_snapshot=False, critic=critic if fsdp else None)
+
+            state = self._state(final_step, {"heldout_accuracy": last_eval.accuracy})
+            final = publish_model(
+                self.out,
+                self.model,
+                self.tokenizer,
+                state,
+                self.opt,
+                self.world,
+                rng_state(),
+                save=lambda d, **kw: save_with_extras(d, extras, **kw),
+            )
         summary = {
             "trainer": self.TRAINER,
             "policy_objective": cfg.policy_objective,

@@ -54,7 +54,8 @@ from posttrain.tasks.files import task_for
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sft_restarts, sharded
-from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint
+from posttrain.trainers.checkpoint import CheckpointManager, rng_state
+from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard, finite_step
@@ -434,28 +435,9 @@ def finish(s: SFTState, last_eval, stopped_at: int | None, t_start: float) -> di
         last_eval = run_eval(s)
     if cfg.merge_lora:  # model/ with full weights, no adapter files
         s.model = merge_lora(s.model)
-    final, model = Path(out) / "model", s.model
-    if sharded.is_sharded(model):  # model/ is published whole: gathered to rank 0 (on CPU)
-        full = sharded.full_model_state(model)
-        model = sharded.plain_copy(model, full) if s.world.is_main else model
-    if s.world.is_main:  # under torchrun rank 0 writes model/; the others wait so that it exists when they return
-        save_checkpoint(
-            final,
-            model=model,
-            tokenizer=s.tokenizer,
-            state=_state(
-                s,
-                cfg.steps,
-                {
-                    "heldout_accuracy": last_eval.accuracy,
-                    "steps_trained": last_step,
-                    "selected_step": best.step if best.weights is not None else last_step,
-                },
-            ),
-            optimizer=None if sharded.is_sharded(s.model) else s.opt,
-            rng_state=rng_state(),
-        )
-    distributed.barrier(s.world)
+    selected = best.step if best.weights is not None else last_step
+    extra = {"heldout_accuracy": last_eval.accuracy, "steps_trained": last_step, "selected_step": selected}
+    final = publish_model(out, s.model, s.tokenizer, _state(s, cfg.steps, extra), s.opt, s.world, rng_state())
     summary = {
         "trainer": "sft",
         "steps": cfg.steps,
