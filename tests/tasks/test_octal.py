@@ -95,6 +95,10 @@ def test_sft_then_grpo_on_octal(tmp_path):
     summary = json.loads((tmp_path / "grpo" / "summary.json").read_text())
     assert summary["samples"] and all(s["prompt"] in held for s in summary["samples"])
     assert json.loads((tmp_path / "grpo" / "config.resolved.json").read_text())["task"]["name"] == "octal"
+    dev = OctalTask(TaskConfig(name="octal", digits=1, num_demos=40, num_eval=8)).dev_set()
+    assert main(["eval", str(tmp_path / "grpo"), "--heldout", "dev", "--out", str(tmp_path / "ev")]) == 0  # choices
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "completions.jsonl").read_text().splitlines()]
+    assert sorted(r["prompt"] for r in rows) == sorted(p for p, _ in dev)  # the dev split, every problem of it
 
 
 def test_the_pipeline_runs_every_stage_on_octal(tmp_path):
