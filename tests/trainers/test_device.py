@@ -450,3 +450,21 @@ def test_checkpoint_rng_state_carries_the_gpus():
     torch.rand(10, device="cuda")
     restore_rng(st)
     assert "cuda" in st and torch.equal(torch.rand(4, device="cuda"), want)
+
+
+def test_the_run_device_is_released_however_the_loop_ends():
+    """A step that raises (a diverged run's stop, a bad batch) still releases the run's device: a later command in
+    the same process (eval, another run) is not summarised or placed as this run's part."""
+    from types import SimpleNamespace
+
+    from posttrain.trainers.engine.run import run
+
+    def boom(step):
+        raise RuntimeError("a step failed")
+
+    cfg = SimpleNamespace(steps=3, progress=False, eval_every=0, save_every=0)
+    t = SimpleNamespace(cfg=cfg, start_step=0, name="sft", model=torch.nn.Linear(1, 1), train_step=boom)
+    D.activate(D.RunDevice())
+    with pytest.raises(RuntimeError, match="a step failed"):
+        run(t)
+    assert D.active() is None

@@ -26,7 +26,16 @@ from posttrain.trainers.engine.protocol import Trainer
 
 
 def run(t: Trainer, pause_at: int | None = None) -> dict:
-    """Train ``t`` from ``t.start_step`` to ``t.cfg.steps`` and finish it; returns the summary."""
+    """Train ``t`` from ``t.start_step`` to ``t.cfg.steps`` and finish it; returns the summary. However it ends
+    (finished, paused, stopped by an error), the run's device is released: nothing after it in this process is
+    placed or summarised as its part (``engine/device.py``)."""
+    try:
+        return _run(t, pause_at)
+    finally:
+        device.activate(None)
+
+
+def _run(t: Trainer, pause_at: int | None) -> dict:
     cfg = t.cfg
     if pause_at is not None and t.start_step >= pause_at:  # a paused run, resumed with the same pause
         t.logger.close()
@@ -61,9 +70,5 @@ def run(t: Trainer, pause_at: int | None = None) -> dict:
     bar.close()
     t.logger.close()
     if pause_at is not None and stopped_at is None and pause_at < cfg.steps:
-        device.activate(None)
         return {"paused_at": pause_at, "train_seconds": time.perf_counter() - t_start}
-    try:
-        return t.finish(stopped_at, t_start)  # summary.json gets the run's device figures
-    finally:
-        device.activate(None)  # the run is over: nothing after it is placed or summarised as its part
+    return t.finish(stopped_at, t_start)  # summary.json gets the run's device figures
