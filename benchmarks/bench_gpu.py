@@ -400,13 +400,15 @@ def trl_grpo(shape: str, a, dev: torch.device) -> dict:
 def rows_for(a, rd: D.RunDevice, on_row) -> list[dict]:
     small, qwen = ("tiny-gpt2", "tiny-qwen2") if a.dry_run else ("gpt2-small", "qwen2-0.5b")
     plan = []
+    # in order of what the check must show first: a stage cut off by its time limit keeps the rows before
     if "sft" in a.parts:
         plan += [("sft", small, lambda: posttrain_sft(small, False, a, rd), lambda: trl_sft(small, a, rd.device))]
-        plan += [("sft", qwen, lambda: posttrain_sft(qwen, True, a, rd), lambda: trl_sft(qwen, a, rd.device))]
-    if "dpo" in a.parts:
-        plan += [("dpo", small, lambda: posttrain_dpo(small, a, rd), lambda: trl_dpo(small, a, rd.device))]
     if "grpo" in a.parts:
         plan += [("grpo", small, lambda: posttrain_grpo(small, a, rd), lambda: trl_grpo(small, a, rd.device))]
+    if "dpo" in a.parts:
+        plan += [("dpo", small, lambda: posttrain_dpo(small, a, rd), lambda: trl_dpo(small, a, rd.device))]
+    if "sft" in a.parts:
+        plan += [("sft", qwen, lambda: posttrain_sft(qwen, True, a, rd), lambda: trl_sft(qwen, a, rd.device))]
     out = []
     for task, shape, ours, theirs in plan:
         rec = {"task": task, "shape": shape, "posttrain": _guarded(ours)}

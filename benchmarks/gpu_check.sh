@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, one command (<= 8 minutes on one H200): benchmarks/gpu_check.sh OUTDIR
+# The GPU check, one command (<= 8 minutes on one H200: its stages' limits add up to 480 s): benchmarks/gpu_check.sh OUTDIR
 #
 #   1. pytest -m gpu                      the CUDA tests (attention kernels; every trainer on the device in bf16)
 #   2. benchmarks/bench_gpu.py --trl      posttrain against TRL on the same card, shapes and batches: SFT of a
@@ -38,7 +38,7 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, tee its outpu
 }
 
 if [ -d "$HERE/wheels" ]; then
-    stage install 120 "$PY" -m pip install --no-index --find-links "$HERE/wheels" numpy safetensors tqdm pyyaml \
+    stage install 60 "$PY" -m pip install --no-index --find-links "$HERE/wheels" numpy safetensors tqdm pyyaml \
         regex matplotlib peft trl datasets accelerate pytest hypothesis
 else
     echo "== no $HERE/wheels: using what is installed (see the header for the download command)"
@@ -47,8 +47,8 @@ fi
     || { echo "gpu_check: needs a CUDA device"; exit 1; }
 
 cd "$ROOT" || exit 1
-stage pytest_gpu 120 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
-stage bench_gpu 270 "$PY" benchmarks/bench_gpu.py --out "$OUT" --trl --warmup 2 --steps 3
+stage pytest_gpu 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+stage bench_gpu 210 "$PY" benchmarks/bench_gpu.py --out "$OUT" --trl --warmup 1 --steps 3
 stage attention 60 "$PY" benchmarks/bench_attention.py --device cuda --sizes 2k,16k --heads 16 --head-dim 128 \
     --causal yes --repeats 3 --no-memory
 echo "== done: $OUT/gpu_check.md"
