@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, one command (<= 8 minutes on one H200: its stages' limits add up to 480 s): benchmarks/gpu_check.sh OUTDIR
+# The GPU check, one command: benchmarks/gpu_check.sh OUTDIR
+# (<= 8 minutes on one H200: the stages' time limits below add up to 480 s)
 #
 #   1. pytest -m gpu                      the CUDA tests (attention kernels; every trainer on the device in bf16)
 #   2. benchmarks/bench_gpu.py --trl      posttrain against TRL on the same card, shapes and batches: SFT of a
