@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -468,3 +469,42 @@ def test_the_run_device_is_released_however_the_loop_ends():
     with pytest.raises(RuntimeError, match="a step failed"):
         run(t)
     assert D.active() is None
+
+
+def test_hugging_face_model_sft_in_bf16_with_grad_checkpointing(tmp_path):
+    """A user's Qwen2 directory: bf16 with per-layer checkpointing trains close to fp32 without it, and the
+    written model is fp32 in transformers' layout."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "models"))  # the suite runs with --import-mode=importlib
+    from _hfdirs import make_model_dir
+
+    model = make_model_dir(tmp_path / "mymodel", "qwen2")
+    data = tmp_path / "d.jsonl"
+    rows = [{"prompt": f"colour {i}?", "completion": w} for i, w in enumerate(["red", "blue", "green", "gold"] * 4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = {}
+    for name, extra in (("fp32", []), ("bf16", ["--dtype", "bf16", "--grad-checkpointing"])):
+        runs[name] = tmp_path / name
+        argv = ["sft", "--model", str(model), "--data", str(data), "--out", str(runs[name]), "--steps", "3"]
+        assert main([*argv, "--batch-size", "4", *QUIET, "--max-new-tokens", "2", "--progress", "false", *extra]) == 0
+    want, got = _losses(runs["fp32"]), _losses(runs["bf16"])
+    assert got != want and all(abs(g - w) <= ATOL + RTOL * abs(w) for g, w in zip(got, want)), (got, want)
+    with safe_open(str(runs["bf16"] / "model" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+
+
+def test_bf16_run_resumes_bitwise(tmp_path, capsys):
+    """A bf16 run's checkpoint (fp32 weights and optimizer state) resumes to the uninterrupted run's weights exactly
+    (constant LR, so the step count does not change the schedule)."""
+    from safetensors.torch import load_file
+
+    base = ["--dtype", "bf16", "--batch-size", "8", "--restarts", "1", "--warmup-steps", "0", "--min-lr-ratio", "1"]
+    base += [*QUIET, *TINY_MODEL, *TASK]
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert main(["sft", "--out", str(full), "--steps", "4", *base]) == 0
+    assert main(["sft", "--out", str(part), "--steps", "2", *base]) == 0
+    capsys.readouterr()
+    assert main(["sft", "--resume", str(part), "--steps", "4", "--progress", "false"]) == 0
+    assert "steps 2->4" in capsys.readouterr().out  # continued from step 2, not retrained
+    got, want = (load_file(str(d / "model" / "model.safetensors")) for d in (part, full))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
