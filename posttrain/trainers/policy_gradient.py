@@ -59,7 +59,7 @@ from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
-from posttrain.trainers.checkpoint import initial_model, load_snapshot, rng_state, save_with_extras, write_snapshot
+from posttrain.trainers.checkpoint import initial_model, load_snapshot, rng_state, write_snapshot
 from posttrain.trainers.engine import device
 from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
@@ -364,30 +364,7 @@ class PolicyGradientTrainer:
     def save(self, done: int, metrics: dict) -> None:
         """A periodic checkpoint (with the collapse guard's state and snapshot, for an exact resume); rank 0 writes;
         under --fsdp every rank its shards (without the snapshot)."""
-        if self.fsdp:
-            state = self._state(done, {"collapse": self.collapse.state_dict()})
-            return sharded.save_periodic(
-                self.manager,
-                done,
-                self.model,
-                self.opt,
-                self.tokenizer,
-                state,
-                rng_state(),
-                self.world,
-                tensors=self.tail.sharded_tensors(),
-            )
-        if not self.world.is_main:
-            return
-        self.manager.save(
-            done,
-            save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw),
-            model=self.model,
-            tokenizer=self.tokenizer,
-            state=self._state(done, {"collapse": self.collapse.state_dict()}),
-            optimizer=self.opt,
-            rng_state=rng_state(),
-        )
+        rl.save_periodic(self, done, tensors=self.tail.sharded_tensors() if self.fsdp else None)
 
     def _extras(self, tmp: Path) -> None:
         """In a periodic checkpoint: the collapse guard's snapshot and the weight average's running sum."""

@@ -401,25 +401,7 @@ class PPOTrainer:
     def save(self, done: int, metrics: dict) -> None:
         """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes;
         under --fsdp every rank its shards of policy, critic and optimizers, without the guard's snapshot)."""
-        if sharded.is_sharded(self.model):
-            state, parts = (
-                self._state(done, {"collapse": self.collapse.state_dict()}),
-                {"critic": (self._critic(), self.critic_opt)},
-            )
-            return sharded.save_periodic(
-                self.manager, done, self.model, self.opt, self.tokenizer, state, rng_state(), self.world, parts
-            )
-        if not self.world.is_main:
-            return
-        self.manager.save(
-            done,
-            save_fn=lambda d, **kw: save_with_extras(d, self._extras, **kw),
-            model=self.model,
-            tokenizer=self.tokenizer,
-            state=self._state(done, {"collapse": self.collapse.state_dict()}),
-            optimizer=self.opt,
-            rng_state=rng_state(),
-        )
+        rl.save_periodic(self, done, parts={"critic": (self._critic(), self.critic_opt)})
 
     def finish(self, stopped_at: int | None, t_start: float) -> dict:
         cfg, last_eval, initial = self.cfg, self.last_eval, self.initial

@@ -19,6 +19,7 @@ from posttrain.errors import UserError
 from posttrain.losses.kl import AdaptiveKLController, FixedKLController
 from posttrain.tasks.rl import rl_data
 from posttrain.trainers import sharded
+from posttrain.trainers.checkpoint import rng_state, save_with_extras
 
 
 @dataclass
@@ -93,6 +94,29 @@ def evaluate(tr, done: int, metrics: dict) -> None:
 def progress(tr, metrics: dict) -> dict:
     acc = {"acc": f"{tr.last_eval.accuracy:.3f}"} if tr.last_eval else {}
     return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+
+
+def save_periodic(tr, done: int, parts: dict | None = None, tensors: dict | None = None) -> None:
+    """An RL trainer's periodic checkpoint ``step-N``: its state with the collapse guard's (``tr._state``) and, in a
+    plain checkpoint, its extra files (``tr._extras``: the guard's snapshot, ...); rank 0 writes it. Under --fsdp
+    every rank writes its shards of the policy (and of ``parts``, {name: (module, optimizer)}, and ``tensors``),
+    without the snapshot."""
+    state = tr._state(done, {"collapse": tr.collapse.state_dict()})
+    if sharded.is_sharded(tr.model):
+        return sharded.save_periodic(
+            tr.manager, done, tr.model, tr.opt, tr.tokenizer, state, rng_state(), tr.world, parts, tensors
+        )
+    if not tr.world.is_main:
+        return
+    tr.manager.save(
+        done,
+        save_fn=lambda d, **kw: save_with_extras(d, tr._extras, **kw),
+        model=tr.model,
+        tokenizer=tr.tokenizer,
+        state=state,
+        optimizer=tr.opt,
+        rng_state=rng_state(),
+    )
 
 
 class AlarmsGuard:
