@@ -600,7 +600,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--task",
-        choices=("arithmetic", "octal", "sort"),
+        choices=("arithmetic", "collatz", "octal", "sort"),
         default="arithmetic",
         help="the embedded task every stage runs on (--task NAME added to each command; the same recipes)",
     )

@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
         choices=TASK_NAMES,
         metavar="NAME",
         default=argparse.SUPPRESS,
-        help="the embedded task of every stage and of the corpus's demonstrations: arithmetic, octal or sort, with the "
+        help=f"the embedded task of every stage and of the corpus's demonstrations: {', '.join(TASK_NAMES)}, with the "
         "same stage recipes ([task] in --config for its other settings) (default: arithmetic)",
     )
 

@@ -14,9 +14,10 @@ Worked numbers (two-digit addition, the defaults 0.1 / 0.1): 10,000 problems -> 
 results have always been reported on: the test range of the hash is unchanged), dev 992, train 7,957, of which
 320 are SFT's demonstrations.
 
-The tasks: ``arithmetic`` (:mod:`posttrain.tasks.arithmetic`, ``"37+48="`` -> ``"85"``), ``octal``
-(:mod:`posttrain.tasks.octal`, ``"1234="`` -> ``"2322"``: another kind of procedure, with a wide SFT gap) and ``sort``
-(:mod:`posttrain.tasks.sort`, ``"3141="`` -> ``"1134"``: one SFT learns almost alone, a control); ``--task NAME``
+The tasks: ``arithmetic`` (:mod:`posttrain.tasks.arithmetic`, ``"37+48="`` -> ``"85"``), ``collatz``
+(:mod:`posttrain.tasks.collatz`, ``"27="`` -> ``"82"``: a branch and two procedures, the second task the defaults are
+measured on), ``octal`` (:mod:`posttrain.tasks.octal`, ``"1234="`` -> ``"2322"``: a procedure SFT barely starts) and
+``sort`` (:mod:`posttrain.tasks.sort`, ``"3141="`` -> ``"1134"``: one SFT learns almost alone); ``--task NAME``
 (the ``task.name`` field) chooses, for
 sft, rm, dpo, grpo, ppo and the pipeline alike, with the same recipes. Both write their problems with the characters
 ``0123456789+-=``, so the tokenizer and the model are the same whichever task is trained.
@@ -32,7 +33,7 @@ from posttrain.config import check_fields, knob
 from posttrain.errors import ConfigError
 from posttrain.hashing import stable_fraction
 
-TASK_NAMES = ("arithmetic", "octal", "sort")
+TASK_NAMES = ("arithmetic", "collatz", "octal", "sort")
 SPLITS = ("train", "dev", "test")
 _OPS = "+-"
 
@@ -43,15 +44,16 @@ class TaskConfig:
 
     name: str = knob(
         "arithmetic",
-        "the embedded task: arithmetic (integer sums, '37+48=' -> '85'), octal (a number in base 8, '1234=' -> "
-        "'2322') or sort (the digits of a string in ascending order, '3141=' -> '1134')",
+        "the embedded task: arithmetic (integer sums, '37+48=' -> '85'), collatz (one step of the Collatz map, "
+        "'27=' -> '82'), octal (a number in base 8, '1234=' -> '2322') or sort (the digits of a string in "
+        "ascending order, '3141=' -> '1134')",
         choices=TASK_NAMES,
         flag="--task",
     )
     digits: int = knob(
         2,
         "arithmetic: operands are integers in [0, 10**digits) (at most 4: the problem space is enumerated); "
-        "octal: the numbers in [0, 10**(2 * digits)) (at most 3)",
+        "collatz and octal: the numbers in [0, 10**(2 * digits)) (at most 3)",
         ge=1,
         le=4,
     )
@@ -84,8 +86,10 @@ class TaskConfig:
             raise ConfigError(f"task.name={self.name!r}: use one of {', '.join(TASK_NAMES)}")
         if not self.ops or any(o not in _OPS for o in self.ops) or len(set(self.ops)) != len(self.ops):
             raise ConfigError(f"task.ops={self.ops!r}: use a non-empty subset of '+-'")
-        if self.name == "octal" and self.digits > 3:
-            raise ConfigError(f"task.digits={self.digits} with task.name=octal: at most 3 (10**6 numbers, enumerated)")
+        if self.name in ("collatz", "octal") and self.digits > 3:
+            raise ConfigError(
+                f"task.digits={self.digits} with task.name={self.name}: at most 3 (10**6 numbers, enumerated)"
+            )
         if self.heldout_fraction + self.dev_fraction >= 1:
             raise ConfigError(
                 f"task.heldout_fraction + task.dev_fraction = {self.heldout_fraction + self.dev_fraction:g} "
@@ -149,6 +153,10 @@ def embedded_task(cfg: TaskConfig | None = None):
         from posttrain.tasks.octal import OctalTask
 
         return OctalTask(cfg)
+    if cfg.name == "collatz":
+        from posttrain.tasks.collatz import CollatzTask
+
+        return CollatzTask(cfg)
     from posttrain.tasks.arithmetic import ArithmeticTask
 
     return ArithmeticTask(cfg)
