@@ -54,6 +54,13 @@ def add_arguments(p):
     p.add_argument("--max-new-tokens", type=int, default=8, help="tokens to generate per answer (default 8)")
     p.add_argument("--batch-size", type=int, default=256, help="prompts per generation batch (default 256)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed when temperature > 0")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present, else the CPU) | cpu | cuda | cuda:N")
+    p.add_argument(
+        "--dtype",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="compute precision: the model's weights in it on the device, generation under autocast (default fp32)",
+    )
     p.add_argument("--show", type=int, default=5, help="sample completions to print (default 5)")
     p.add_argument(
         "--long",
@@ -115,6 +122,7 @@ def run(args) -> int:
     from posttrain.text import printable
     from posttrain.trainers.checkpoint import POLICY, load_checkpoint, refuse_nonfinite_model
     from posttrain.trainers.common import write_summary
+    from posttrain.trainers.engine import device
 
     best_of = args.best_of is not None
     if best_of != (args.reward_model is not None):
@@ -131,8 +139,10 @@ def run(args) -> int:
         raise UserError(
             f"--heldout {args.heldout} chooses the embedded task's problems; with --data the file is the evaluation set"
         )
+    where = device.resolve_device(args.device)  # --device cuda without CUDA: one line, exit 2
     ckpt = load_checkpoint(args.checkpoint, accept_kinds=POLICY, role="eval")
     refuse_nonfinite_model(ckpt.model, ckpt.path, "evaluate")  # NaN/Inf weights or logits: no accuracy to report
+    device.place_frozen(ckpt.model, device.RunDevice(where, args.dtype))  # CPU fp32: the model as it is
     chat = resolve_chat(args.chat_template, ckpt.tokenizer, [ckpt.path])  # the template the model was trained with
     tok = chat_tokenizer(ckpt.tokenizer, chat)  # with a template, generation stops at its end-of-turn token
     pairs = load_pairs(args.data, "evaluation", chat=chat) if args.data else None

@@ -382,6 +382,11 @@ def test_bf16_checkpoint_loads_in_fp32_and_evaluates_the_same(tmp_path):
     ev = json.loads((tmp_path / "ev" / "summary.json").read_text())
     acc = ev.get("heldout_accuracy", ev.get("accuracy"))
     assert abs(acc - ran) <= 1 / 8 + 1e-9
+    assert main(["eval", str(run), "--dtype", "bf16", "--out", str(tmp_path / "ev16")]) == 0  # as the run evaluated
+    ev16 = json.loads((tmp_path / "ev16" / "summary.json").read_text())
+    assert abs(ev16.get("heldout_accuracy", ev16.get("accuracy")) - ran) <= 1 / 8 + 1e-9
+    if not torch.cuda.is_available():
+        assert main(["eval", str(run), "--device", "cuda"]) == 2
 
 
 # ---------------------------------------------------------------------------------------------
