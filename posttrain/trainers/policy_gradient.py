@@ -64,7 +64,7 @@ from posttrain.trainers.engine import device
 from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.guards import TrainingDiverged, finite_step
+from posttrain.trainers.guards import finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.prompt_filter import PromptHistory
@@ -402,15 +402,7 @@ class PolicyGradientTrainer:
             "model_dir": str(final) if final else None,
             "samples": last_eval.samples,
         }
-        path = common.write_summary(self.out, summary)
-        if stopped:  # summary.json says stopped_early; the command fails like SFT/DPO/RM do (exit 2)
-            raise TrainingDiverged(self.alarms.nan.stop_message(cfg.algo, final_step, self.out))
-        start = f"{initial.accuracy:.3f} -> " if initial else ""
-        print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
-        print(
-            f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else "")
-        )
-        return summary
+        return rl.close_run(self, summary, stopped_at, final, last_eval)
 
     def train(self) -> dict:
         """The held-out accuracy at the start (a fresh run), then the one loop (trainers/engine/run.py)."""

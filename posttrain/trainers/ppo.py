@@ -68,7 +68,6 @@ from posttrain.trainers.checkpoint import (
 from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.guards import TrainingDiverged
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 from posttrain.trainers.rl import common as rl
@@ -444,15 +443,7 @@ class PPOTrainer:
             "model_dir": str(final) if final else None,
             "samples": last_eval.samples,
         }
-        path = common.write_summary(self.out, summary)
-        if stopped:
-            raise TrainingDiverged(self.alarms.nan.stop_message("ppo", final_step, self.out))
-        start = f"{initial.accuracy:.3f} -> " if initial else ""
-        print(f"held-out accuracy: {start}{last_eval.accuracy:.3f} ({last_eval.correct}/{last_eval.n})")
-        print(
-            f"summary: {path}\nmetrics: {Path(self.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else "")
-        )
-        return summary
+        return rl.close_run(self, summary, stopped_at, final, last_eval)
 
     def train(self) -> dict:
         cfg = self.cfg

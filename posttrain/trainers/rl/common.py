@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from posttrain.engines import build_engine
 from posttrain.errors import UserError
 from posttrain.losses.kl import AdaptiveKLController, FixedKLController
 from posttrain.tasks.rl import rl_data
-from posttrain.trainers import sharded
+from posttrain.trainers import common, sharded
 from posttrain.trainers.checkpoint import rng_state, save_with_extras
+from posttrain.trainers.guards import TrainingDiverged
 
 
 @dataclass
@@ -117,6 +119,18 @@ def save_periodic(tr, done: int, parts: dict | None = None, tensors: dict | None
         optimizer=tr.opt,
         rng_state=rng_state(),
     )
+
+
+def close_run(tr, summary: dict, stopped_at: int | None, final, last) -> dict:
+    """``summary.json``; a run its alarms stopped then fails with one line (exit 2, as SFT/DPO/RM do); else the final
+    model's held-out accuracy ``last`` (from the start's, when there is one) and where the outputs are, printed."""
+    path = common.write_summary(tr.out, summary)
+    if stopped_at is not None:  # summary.json says stopped_early
+        raise TrainingDiverged(tr.alarms.nan.stop_message(tr.name, stopped_at, tr.out))
+    start = f"{tr.initial.accuracy:.3f} -> " if tr.initial else ""
+    print(f"held-out accuracy: {start}{last.accuracy:.3f} ({last.correct}/{last.n})")
+    print(f"summary: {path}\nmetrics: {Path(tr.out) / 'metrics.jsonl'}" + (f"\nmodel:   {final}" if final else ""))
+    return summary
 
 
 class AlarmsGuard:
