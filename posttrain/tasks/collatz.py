@@ -7,8 +7,8 @@ Why this task: the answer is a branch on the last digit followed by one of two p
 depend on the parity of the digit before each, or tripling with carries of up to 2 and adding one), where addition
 is one procedure throughout. Every answer is checkable without a reference (:func:`is_collatz_step`: twice the
 completion is the number, or the completion less one is three times it), problems are free to generate, and from a
-few hundred demonstrations a tiny model learns it partly, so SFT leaves a gap for verified attempts to close
-(docs/outcomes.md). It is the second task the default recipes, tuned on addition, are measured on (``--task
+few hundred demonstrations a tiny model learns it partly, so SFT leaves a gap that verified attempts close in part
+(docs/log/2026-12-05-a-second-embedded-task.md). It is the second task the default recipes, tuned on addition, are measured on (``--task
 collatz``, the same flags otherwise).
 
 Problem space: the numbers 0 to ``10**(2 * digits) - 1`` (``digits`` as arithmetic's operands: 10,000 numbers by

@@ -4,9 +4,10 @@ Why this task: converting between number bases is a multi-step procedure (repeat
 read backwards) in which every output digit depends on the whole input, unlike addition's column-by-column sums or
 sorting's counts. Every answer is checkable without a reference (:func:`is_octal_of`: the completion read in base 8
 is the prompt's number, written without leading zeros), problems are free to generate, and from a few hundred
-demonstrations a tiny model barely learns the procedure, so SFT leaves a wide gap for verified attempts to close
-(docs/outcomes.md). It is here to test whether the default recipes, tuned on addition, hold on a task they were never
-tuned on (``--task octal``, the same flags otherwise).
+demonstrations a tiny model barely learns the procedure: SFT leaves a wide gap, one that a short GRPO run did not
+start to close (docs/log/2026-12-05-a-second-embedded-task.md). It is the hard end of the embedded tasks the default
+recipes, tuned on addition, are measured on (``--task octal``, the same flags otherwise); the second task proper is
+:mod:`posttrain.tasks.collatz`.
 
 Problem space: the numbers 0 to ``10**(2 * digits) - 1`` (``digits`` as arithmetic's operands: 10,000 numbers by
 default, as many as two-digit addition has problems; answers of up to 5 octal digits), split train / dev / test by

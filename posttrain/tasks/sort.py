@@ -4,8 +4,9 @@ Why this task: it is of another kind than arithmetic (a permutation of the input
 digit depends on the whole input), every answer is checkable without a reference (a completion is right iff it is
 non-decreasing and a permutation of the prompt's digits: :func:`is_sorted_permutation`), and problems are free to
 generate. A tiny model learns it from a few hundred demonstrations almost alone, so SFT leaves little for RL to
-gain: it is the control beside :mod:`posttrain.tasks.octal` (a wide gap), checking that the default recipes, tuned
-on arithmetic, do no harm where SFT already succeeds (``--task sort``, the same flags otherwise).
+gain: it is the easy end beside :mod:`posttrain.tasks.collatz` (the second task, a partial gap) and
+:mod:`posttrain.tasks.octal` (a wide one), checking that the default recipes, tuned on arithmetic, do no harm where
+SFT already succeeds (``--task sort``, the same flags otherwise).
 
 Problem space: every string of 2 to ``sort_length`` digits (11,100 for the default 4), split train / dev / test by
 the stable hash of :func:`posttrain.tasks.embedded.split_of` (key ``"sort-split:"``), as arithmetic is. Strings of
