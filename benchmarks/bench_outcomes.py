@@ -31,8 +31,8 @@ No number is hand-entered: every one is read from a run.
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
 
 Splits: every choice is made on the task's dev split and the numbers are reported on its test (held-out) split
-(``benchmarks/_outcomes_selection.py``). ``--task octal`` (or ``sort``) runs every stage on another embedded
-task (``--task NAME`` is added to each command), with the same recipes. ``--dev`` (on by default) also scores every policy on the
+(``benchmarks/_outcomes_selection.py``). ``--task collatz`` (the second task; or ``octal``, ``sort``) runs every
+stage on another embedded task (``--task NAME`` is added to each command), with the same recipes. ``--dev`` (on by default) also scores every policy on the
 dev split (``posttrain eval RUN --heldout dev``: ``dev_accuracy`` per run, a "dev accuracy" row per stage);
 ``outcomes.json`` records per stage which split chose what (``selection``: ``{"chose": {"restart": "dev",
 "checkpoint": "none (the last step)", "recipe": "dev"}, "selection_split": "dev", "reported_split": "test"}``), and a
