@@ -154,6 +154,10 @@ def bwrap_argv(
             for k in range(1, len(parts)):
                 argv += ["--dir", os.path.join(max(under, key=len), *parts[:k])]
             argv += ["--ro-bind", p, p]
+            # a hidden directory inside that prefix (a home under /tmp/...) is hidden again over the bind
+            for d in hidden:
+                if d.startswith(p.rstrip("/") + "/"):
+                    argv += ["--size", str(_SMALL_TMPFS), "--perms", "0755", "--tmpfs", d]
     argv += ["--perms", "0777", "--dir", WORKDIR]
     if main_py is not None:
         argv += ["--ro-bind", main_py, WORKDIR + "/main.py"]
