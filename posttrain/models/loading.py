@@ -108,6 +108,22 @@ def is_hf_model_dir(path: str | Path) -> bool:
     return isinstance(mt, str) and mt not in POSTTRAIN_TYPES
 
 
+def lora_base_dir(model: torch.nn.Module, state: dict) -> Path | None:
+    """The directory holding ``model``'s frozen base, for a run's final ``model/`` to point at instead of copying
+    it: the run config's ``model_path`` (or ``init``) when it is a full Hugging Face model directory (no adapter of
+    its own) and ``model`` is a transformers model with LoRA adapters; else None (the base is written out)."""
+    from posttrain.models.lora import ADAPTER_CONFIG, has_lora
+
+    if not has_lora(model) or not hasattr(model, "save_pretrained"):
+        return None
+    cfg = state.get("config") or {}
+    for key in ("model_path", "init"):
+        d = cfg.get(key)
+        if d and is_hf_model_dir(d) and not (Path(d) / ADAPTER_CONFIG).is_file():
+            return Path(d).resolve()
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # tokenizer
 

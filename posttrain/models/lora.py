@@ -19,7 +19,7 @@ a LoRA model holds the base weights (``model.safetensors``, LoRA keys dropped) a
 (``adapter_model.safetensors`` + ``adapter_config.json``, peft's own files), so transformers loads the
 directory with the adapter applied and vLLM can serve the adapter. A run's final ``model/`` of a LoRA run on a
 Hugging Face model directory holds the adapter only, pointing at that directory (``base_model_name_or_path``), as
-TRL and peft save it (:func:`lora_base_dir`, :func:`save_adapter_only`); the periodic checkpoints keep the base.
+TRL and peft save it (:func:`posttrain.models.loading.lora_base_dir`, :func:`save_adapter_only`); the periodic checkpoints keep the base.
 
 The trainers' LoRA fields (``lora_r`` ... ``merge_lora``) are declared once, on :class:`LoRAConfig`; a
 trainer config lists them with :func:`lora_knob` and reads them back with :func:`lora_config`.
@@ -180,22 +180,6 @@ def save_adapter(model: nn.Module, directory: str | Path) -> None:
     readme = Path(directory) / "README.md"  # peft's model-card stub: not part of a checkpoint
     if readme.is_file():
         readme.unlink()
-
-
-def lora_base_dir(model: nn.Module, state: dict) -> Path | None:
-    """The directory holding ``model``'s frozen base, for a run's final ``model/`` to point at instead of copying
-    it: the run config's ``model_path`` (or ``init``) when it is a full Hugging Face model directory (no adapter of
-    its own) and ``model`` is a transformers model with LoRA adapters; else None (the base is written out)."""
-    from posttrain.models.loading import is_hf_model_dir
-
-    if not has_lora(model) or not hasattr(model, "save_pretrained"):
-        return None
-    cfg = state.get("config") or {}
-    for key in ("model_path", "init"):
-        d = cfg.get(key)
-        if d and is_hf_model_dir(d) and not (Path(d) / ADAPTER_CONFIG).is_file():
-            return Path(d).resolve()
-    return None
 
 
 def save_adapter_only(model: nn.Module, directory: str | Path, base: Path) -> None:

@@ -20,11 +20,11 @@ size and every operator), so "held-out" means *never seen in any form* during tr
 from __future__ import annotations
 
 import random
-import re
 from functools import cached_property
 
 from posttrain.hashing import stable_fraction  # noqa: F401  (also imported from here)
 from posttrain.tasks.embedded import Problem, TaskConfig, split_problems
+from posttrain.tasks.embedded import operand_layout as layout  # noqa: F401  (imported from here: eval --by-layout)
 
 ALPHABET = "0123456789+-="
 
@@ -37,20 +37,6 @@ ArithmeticConfig = TaskConfig  # the embedded task's settings (posttrain/tasks/e
 def is_heldout(prompt: str, fraction: float) -> bool:
     """In the test split (the held-out problems): the lowest ``fraction`` of the hash of :func:`split_of`."""
     return stable_fraction("arithmetic-split:" + prompt) < fraction
-
-
-_LAYOUT = re.compile(r"(\d+)([+-])(\d+)=")
-
-
-def layout(prompt: str) -> str:
-    """The operands' digit counts around the operator: ``"37+4="`` -> ``"2+1"``; ``"other"`` for any other text.
-
-    The layout decides where each digit sits in the sequence. With learned absolute positions a model that has
-    learned ``"ab+cd="`` (81 % of two-digit problems) does not get the shifted ``"a+cd="`` for free:
-    ``posttrain eval --by-layout`` shows it (docs/outcomes.md).
-    """
-    m = _LAYOUT.fullmatch(prompt)
-    return f"{len(m[1])}{m[2]}{len(m[3])}" if m else "other"
 
 
 def verify(completion: str, answer: str) -> bool:

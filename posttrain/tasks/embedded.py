@@ -27,6 +27,8 @@ Not handled: a split by anything but the prompt (e.g. by answer), tasks outside 
 
 from __future__ import annotations
 
+import importlib
+import re
 from dataclasses import dataclass
 
 from posttrain.config import check_fields, knob
@@ -130,33 +132,43 @@ def split_problems(problems, cfg: TaskConfig) -> tuple[list[Problem], list[Probl
     return train, dev, test
 
 
+_OPERANDS = re.compile(r"(\d+)([+-])(\d+)=")
+
+
+def operand_layout(prompt: str) -> str:
+    """The operands' digit counts around the operator: ``"37+4="`` -> ``"2+1"``; ``"other"`` for any other text
+    (``posttrain.tasks.arithmetic.layout``).
+
+    The layout decides where each digit sits in the sequence. With learned absolute positions a model that has
+    learned ``"ab+cd="`` (81 % of two-digit problems) does not get the shifted ``"a+cd="`` for free:
+    ``posttrain eval --by-layout`` shows it (docs/outcomes.md).
+    """
+    m = _OPERANDS.fullmatch(prompt)
+    return f"{len(m[1])}{m[2]}{len(m[3])}" if m else "other"
+
+
 def layout(prompt: str) -> str:
     """The shape of an embedded-task prompt, for accuracy per shape (``eval --by-layout``): arithmetic's operand digit
-    counts (``"37+4="`` -> ``"2+1"``, :func:`posttrain.tasks.arithmetic.layout`), sort's string length (``"3141="`` ->
+    counts (``"37+4="`` -> ``"2+1"``, :func:`operand_layout`), sort's string length (``"3141="`` ->
     ``"4 digits"``); ``"other"`` for any other text."""
-    from posttrain.tasks.arithmetic import layout as operands
-
-    shape, digits = operands(prompt), prompt.removesuffix("=")
+    shape, digits = operand_layout(prompt), prompt.removesuffix("=")
     if shape == "other" and prompt.endswith("=") and digits.isdigit() and digits.isascii():
         return f"{len(digits)} digits"
     return shape
 
 
+# which class each task name gives, by module path: the task modules import this one (its settings and splits),
+# so it names them rather than importing them
+_TASK_CLASSES = {
+    "arithmetic": ("posttrain.tasks.arithmetic", "ArithmeticTask"),
+    "collatz": ("posttrain.tasks.collatz", "CollatzTask"),
+    "octal": ("posttrain.tasks.octal", "OctalTask"),
+    "sort": ("posttrain.tasks.sort", "SortTask"),
+}
+
+
 def embedded_task(cfg: TaskConfig | None = None):
     """The embedded task ``cfg.name`` names (default: arithmetic with the default settings)."""
     cfg = cfg or TaskConfig()
-    if cfg.name == "sort":
-        from posttrain.tasks.sort import SortTask
-
-        return SortTask(cfg)
-    if cfg.name == "octal":
-        from posttrain.tasks.octal import OctalTask
-
-        return OctalTask(cfg)
-    if cfg.name == "collatz":
-        from posttrain.tasks.collatz import CollatzTask
-
-        return CollatzTask(cfg)
-    from posttrain.tasks.arithmetic import ArithmeticTask
-
-    return ArithmeticTask(cfg)
+    module, cls = _TASK_CLASSES[cfg.name]
+    return getattr(importlib.import_module(module), cls)(cfg)

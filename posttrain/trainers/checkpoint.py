@@ -62,15 +62,9 @@ from posttrain.models.loading import (
     is_hf_model_dir,
     load_hf_model,
     load_model_tokenizer,
-)
-from posttrain.models.lora import (
-    adapter_base,
-    attach_adapter,
-    is_adapter_only,
     lora_base_dir,
-    merge_lora,
-    save_adapter_only,
 )
+from posttrain.models.lora import adapter_base, attach_adapter, is_adapter_only, merge_lora, save_adapter_only
 from posttrain.tokenizers import load as load_tokenizer
 from posttrain.trainers.engine.device import portable
 from posttrain.trainers.guards import refuse_nonfinite_model, require_finite_model  # noqa: F401 - eval/export's

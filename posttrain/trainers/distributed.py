@@ -198,3 +198,8 @@ def broadcast_object(obj, w: World, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s parameters are FSDP2 shards (DTensors) rather than whole tensors."""
+    return any(type(p).__name__ == "DTensor" for p in model.parameters())

@@ -138,7 +138,7 @@ _ATOMIC_TMP = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.tmp$")  # posttrain.data.io.a
 def _probe_logits(model: torch.nn.Module) -> torch.Tensor | None:
     """Logits (1, T, V) of one forward pass over token ids 0..T-1 in eval mode, no grad; None for a model that
     cannot be probed alone (sharded across processes, no ``config.vocab_size``, no parameters). Uses no RNG."""
-    from posttrain.trainers.sharded import is_sharded
+    from posttrain.trainers.distributed import is_sharded
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     first = next(model.parameters(), None)

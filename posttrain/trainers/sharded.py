@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from posttrain.errors import UserError
 from posttrain.trainers import distributed
+from posttrain.trainers.distributed import is_sharded  # noqa: F401  (imported from here too)
 
 DCP_DIR = "dcp"
 
@@ -76,10 +77,6 @@ def shard_model(model: torch.nn.Module) -> torch.nn.Module:
         fully_shard(block)
     fully_shard(model)
     return model
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    return any(type(p).__name__ == "DTensor" for p in model.parameters())
 
 
 def no_sync(model: torch.nn.Module, last: bool):
