@@ -23,7 +23,8 @@ Loading checks what it loads: ``accept_kinds`` (a policy, i.e. a language model,
 file (truncated weights or optimizer state, empty or garbage JSON, a pickle holding objects other than
 tensors) is a one-line :class:`UserError` naming the file; torch's own message (which suggests
 ``weights_only=False``) is never shown. Every reader of a checkpoint's files goes through :func:`load_tensors`
-(safetensors), :func:`load_torch_state` (``*.pt``) and :func:`read_json` (JSON objects, with required keys). A
+(safetensors), :func:`load_torch_state` (``*.pt``) and :func:`read_json` (JSON objects, with required keys),
+all in :mod:`posttrain.trainers.safe_load`. A
 periodic checkpoint that cannot be written (disk full, read-only) is a warning and the run goes on
 (:meth:`CheckpointManager.save`); the final save raises.
 
@@ -43,7 +44,6 @@ import copy
 import dataclasses
 import errno
 import json
-import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
@@ -78,6 +78,14 @@ from posttrain.trainers.run_dir import (
     find_checkpoint,
     read_json_file,
     warn,
+)
+from posttrain.trainers.safe_load import (  # the one-line readers (load_tensors ... reading: imported from here too)
+    failure_reason,
+    load_tensors,
+    load_torch_state,
+    read_json,  # noqa: F401
+    reading,
+    torch_load_dict,
 )
 
 
@@ -148,7 +156,7 @@ def writing(path: str | Path):
     except OSError:
         raise
     except (SafetensorError, RuntimeError) as e:
-        raise OSError(errno.EIO, f"cannot write ({_reason(e)})", str(path)) from e
+        raise OSError(errno.EIO, f"cannot write ({failure_reason(e)})", str(path)) from e
 
 
 def rng_state(generators: dict[str, torch.Generator] | None = None) -> dict:
@@ -171,93 +179,6 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = Non
 
 POLICY = ("policy",)
 REWARD_MODEL = ("reward_model",)
-
-
-def _reason(e: BaseException) -> str:
-    """A short one-line reason for a failed read; never torch's advice to unpickle with weights_only=False."""
-    if isinstance(e, pickle.UnpicklingError) or "weights_only" in str(e):
-        return (
-            "refused: it holds Python objects other than tensors and plain containers, which posttrain never unpickles"
-        )
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()] or [""]
-    text = lines[0] + (" " + lines[1] if lines[0].endswith(":") and len(lines) > 1 else "")
-    text = text.split(". ")[0].strip()
-    if not text:
-        return f"{type(e).__name__}: empty or truncated"
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-@contextlib.contextmanager
-def reading(path: Path):
-    """Turn any failure while reading checkpoint file ``path`` into a one-line UserError naming it."""
-    try:
-        yield
-    except UserError:
-        raise
-    except Exception as e:
-        raise UserError(f"{path}: corrupt or unreadable checkpoint file ({_reason(e)})") from None
-
-
-def _torch_load(path: Path, **kw):
-    with reading(path):
-        obj = torch.load(path, weights_only=True, **kw)
-    if not isinstance(obj, dict):
-        raise UserError(f"{path}: corrupt checkpoint file (expected a dict, got {type(obj).__name__})")
-    return obj
-
-
-def load_torch_state(path: str | Path, **kw) -> dict:
-    """A ``*.pt`` state (optimizer, RNG) loaded with ``weights_only=True``; a missing, truncated or pickled-object
-    file is a one-line UserError naming it (never torch's advice to pass ``weights_only=False``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: missing checkpoint file")
-    return _torch_load(path, **kw)
-
-
-def load_tensors(path: str | Path, device="cpu") -> dict[str, torch.Tensor]:
-    """A safetensors file's tensors; a missing, truncated or corrupt file is a one-line UserError naming it
-    (not a SafetensorError)."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: missing checkpoint file")
-    with reading(path):
-        return load_file(str(path), device=str(device))
-
-
-def read_json(path: str | Path, what: str = "file", keys: dict | None = None) -> dict:
-    """A JSON object from ``path`` with the ``keys`` it must hold ({name: type or tuple of types}); anything else
-    (missing, empty, not JSON, not an object, a key absent or of another type) is a one-line UserError naming
-    the file. Example: ``read_json(p, "summary", {"stages": dict})`` on ``{"stages": 5}`` -> "p: corrupt summary
-    ('stages' is 5, expected an object)"."""
-    path = Path(path)
-    obj = read_json_file(path, what)
-    for key, types in (keys or {}).items():
-        types = types if isinstance(types, tuple) else (types,)
-        value = obj.get(key)
-        ok = key in obj and isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
-        if not ok:
-            shown = [t for t in types if not (t is int and float in types)]  # (int, float): "a number"
-            want = " or ".join(_JSON_NAMES.get(t, t.__name__) for t in shown)
-            got = "absent" if key not in obj else f"{_short(value)}"
-            raise UserError(f"{path}: corrupt {what} ({key!r} is {got}, expected {want})")
-    return obj
-
-
-_JSON_NAMES = {
-    dict: "an object",
-    list: "a list",
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    bool: "a boolean",
-    type(None): "null",
-}
-
-
-def _short(value) -> str:
-    text = json.dumps(value, default=str)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_checkpoint(p: Path, state: dict, expect_trainer=None, accept_kinds=None, role: str | None = None) -> None:
@@ -320,17 +241,17 @@ def load_checkpoint(
             with safe_open(str(weights), "pt"):
                 pass
         except Exception as we:
-            raise UserError(f"{weights}: corrupt or unreadable checkpoint file ({_reason(we)})") from None
-        raise UserError(f"{p / 'config.json'}: does not describe the saved model ({_reason(e)})") from None
+            raise UserError(f"{weights}: corrupt or unreadable checkpoint file ({failure_reason(we)})") from None
+        raise UserError(f"{p / 'config.json'}: does not describe the saved model ({failure_reason(e)})") from None
     tokenizer = _checkpoint_tokenizer(p)
     check_vocab_fits(tokenizer, model, p)
     ckpt = Checkpoint(path=p, model=model, tokenizer=tokenizer, state=state)
     if with_training_state:
-        ckpt.optimizer_state = _torch_load(p / "optimizer.pt", map_location=device)
+        ckpt.optimizer_state = torch_load_dict(p / "optimizer.pt", map_location=device)
         if not {"state", "param_groups"} <= set(ckpt.optimizer_state):
             raise UserError(f"{p / 'optimizer.pt'}: corrupt checkpoint file (not an optimizer state_dict)")
         if (p / "rng.pt").is_file():
-            ckpt.rng_state = _torch_load(p / "rng.pt")
+            ckpt.rng_state = torch_load_dict(p / "rng.pt")
             if not isinstance(ckpt.rng_state.get("torch"), torch.Tensor):
                 raise UserError(f"{p / 'rng.pt'}: corrupt checkpoint file (no torch RNG state)")
     return ckpt

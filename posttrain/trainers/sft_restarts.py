@@ -51,8 +51,9 @@ from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate
 from posttrain.tasks.embedded import embedded_task, split_of
 from posttrain.trainers import common, distributed
-from posttrain.trainers.checkpoint import load_checkpoint, read_json
+from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run
+from posttrain.trainers.safe_load import read_json
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
 STATE_FILE = "trainer_state.json"  # in a checkpoint (trainers/checkpoint.py)

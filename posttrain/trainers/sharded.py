@@ -203,8 +203,9 @@ def read_sharded_checkpoint(directory: str | Path, expect_trainer: str):
     optimiser in :func:`load_sharded_checkpoint`), tokenizer, state and RNG, as a ``Checkpoint``."""
     from posttrain.models import build_model_from_config_dict
     from posttrain.tokenizers import load as load_tokenizer
-    from posttrain.trainers.checkpoint import Checkpoint, check_checkpoint, load_torch_state, reading
+    from posttrain.trainers.checkpoint import Checkpoint, check_checkpoint
     from posttrain.trainers.run_dir import checkpoint_state, read_json_file
+    from posttrain.trainers.safe_load import load_torch_state, reading
 
     p = Path(directory)
     state = checkpoint_state(p)

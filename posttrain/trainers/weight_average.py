@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from posttrain.errors import UserError
 from posttrain.trainers import sharded
-from posttrain.trainers.checkpoint import load_tensors
+from posttrain.trainers.safe_load import load_tensors
 
 SUM_FILE = "weight_average_sum.safetensors"  # in a periodic checkpoint, beside the policy
 SUM_KEY = "weight_average_sum"  # in a sharded checkpoint's DCP
