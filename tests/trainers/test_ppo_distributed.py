@@ -39,7 +39,8 @@ SCRIPT = textwrap.dedent("""
     sft, resume = (sys.argv[5] if len(sys.argv) > 5 else out + ".sft"), (sys.argv[6] if len(sys.argv) > 6 else None)
     resume, fsdp = resume or None, len(sys.argv) > 7 and sys.argv[7] == "fsdp"
     if len(sys.argv) == 5:  # the first 1-process run makes the starting policy; the later runs reuse it
-        train_sft(SFTConfig(out=sft, steps=30, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
+        # 60 steps: a policy that is right on some prompts, so every step's rewards vary (30 left steps 1-2 all 0)
+        train_sft(SFTConfig(out=sft, steps=60, batch_size=16, eval_every=0, save_every=0, progress=False, task=TASK,
                             model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)))
     if world > 1:
         dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank, world_size=world)
@@ -129,20 +130,24 @@ def test_a_two_process_checkpoint_resumes_in_one_process_to_the_uninterrupted_en
 
 
 def _assert_same_weights(one: Path, two: Path) -> None:
-    """model/'s policy and critic of two runs, to 5e-5 (the attention key bias to 1e-4: see inside)."""
+    """model/'s policy and critic of two runs, to 5e-5 (the attention key bias to 1e-3: see inside)."""
     for f in ("model.safetensors", "critic.safetensors"):
-        a, b = load_file(one / "model" / f), load_file(two / "model" / f)
-        assert a.keys() == b.keys()
-        for k in a:
-            x, y = a[k], b[k]
-            if k.endswith("attn.qkv.bias"):  # the key bias's exact gradient is 0 (softmax ignores a shift); Adam
-                # scales its float noise, summed in another order on two ranks, up to lr-sized steps: its own floor
-                d = x.numel() // 3
-                torch.testing.assert_close(y[d : 2 * d], x[d : 2 * d], atol=1e-4, rtol=0, msg=f"{f}: {k} (keys)")
-                x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
-            # Adam's steps are lr-sized whatever a gradient's scale, so the float noise of a small entry (summed in
-            # another order) can move it by a fraction of lr = 1e-3 a step (~1e-5 seen after 12): a 5e-5 floor
-            torch.testing.assert_close(y, x, atol=5e-5, rtol=1e-5, msg=f"{f}: {k}")
+        _assert_same_tensors(load_file(one / "model" / f), load_file(two / "model" / f), f)
+
+
+def _assert_same_tensors(a: dict, b: dict, where: str, atol: float = 5e-5) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        x, y = a[k], b[k]
+        if k.endswith("attn.qkv.bias"):  # the key bias's exact gradient is 0 (softmax ignores a shift); Adam
+            # scales its float noise, summed in another order on two ranks, up to lr-sized steps: its own floor,
+            # one lr = 1e-3 (2e-4 seen after 8 policy steps; every other weight agrees to ~1e-7)
+            d = x.numel() // 3
+            torch.testing.assert_close(y[d : 2 * d], x[d : 2 * d], atol=1e-3, rtol=0, msg=f"{where}: {k} (keys)")
+            x, y = torch.cat([x[:d], x[2 * d :]]), torch.cat([y[:d], y[2 * d :]])
+        # Adam's steps are lr-sized whatever a gradient's scale, so the float noise of a small entry (summed in
+        # another order) can move it by a fraction of lr = 1e-3 a step (~1e-5 seen after 12): a 5e-5 floor
+        torch.testing.assert_close(y, x, atol=atol, rtol=1e-5, msg=f"{where}: {k}")
 
 
 def _metrics(d: Path) -> list[dict]:
@@ -157,6 +162,8 @@ def test_two_process_ppo_ends_with_the_one_process_policy_critic_and_beta(runs, 
     assert abs(s1["beta"] - s2["beta"]) <= 1e-9 * max(1.0, s1["beta"])
     m1, m2 = _metrics(one), _metrics(two)
     assert [r["step"] for r in m2] == [r["step"] for r in m1]  # one log, written by rank 0
+    # not a degenerate batch: rewards vary at every step (else returns are constant, explained variance NaN)
+    assert all(r["reward_std"] > 0 for r in m1[1:]), [r["reward_std"] for r in m1[1:]]
     for r1, r2 in zip(m1[1:], m2[1:]):  # Adam hides a gradient off by a constant factor; the global norms show it
         for k in (
             "loss",
@@ -201,10 +208,7 @@ def test_fsdp_ppo_equals_one_process_and_its_shards_resume_in_one_process(runs):
     assert main(["export", str(step2), "--out", str(tmp / "exported")]) == 0
     ref = Path(f"{one}.main") / "checkpoints" / "step-00000002"
     for f in ("model.safetensors", "critic.safetensors"):  # the 1-process step-2 checkpoint's policy and critic
-        a, b = load_file(ref / f), load_file(tmp / "exported" / f)
-        assert a.keys() == b.keys()
-        for k in a:
-            torch.testing.assert_close(b[k], a[k], atol=1e-4, rtol=1e-5, msg=f"{f}: {k}")
+        _assert_same_tensors(load_file(ref / f), load_file(tmp / "exported" / f), f, atol=1e-4)
     resumed = tmp / "rf.main"
     shutil.copytree(f"{fsdp}.main", resumed)
     shutil.rmtree(resumed / "model")  # written again by the resumed run
