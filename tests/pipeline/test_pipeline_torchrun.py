@@ -6,6 +6,7 @@ world-size invariant), the sharded checkpoint's own record of its world size (FS
 of processes, so a 1-process pipeline re-runs it; sft's key does not).
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -17,6 +18,7 @@ from posttrain.config import build_config
 from posttrain.errors import ConfigError
 from posttrain.pipeline.config import PRESETS, PipelineConfig
 from posttrain.pipeline.run import run_pipeline
+from posttrain.trainers.sft import SFTConfig
 
 pytestmark = pytest.mark.slow  # two torchrun launches of 2 processes (~25 s on the shared 2-core machine)
 
@@ -35,9 +37,14 @@ def test_training_stages_under_torchrun(tmp_path):
     res = run_pipeline(cfg, two, skip=LATER, quiet=True)
     assert {k: res["stages"][k]["status"] for k in ("sft", "grpo")} == {"sft": "ran", "grpo": "ran"}
     assert "grpo: 2 processes:" in (two / ".pipeline" / "grpo.log").read_text()
-    # the trainer ran with exactly the stage's resolved config (the file torchrun was given)
+    # the trainer ran with exactly the stage's resolved config (the file torchrun was given); it saves it less the
+    # settings a run on --data never reads (the embedded task's: knob(unused_with=...)), and the sft stage always
+    # trains on the dedup stage's corpus file, made from the embedded task here
     sent = yaml.safe_load((two / ".pipeline" / "sft.config.yaml").read_text())
-    assert json.loads((two / "sft" / "config.resolved.json").read_text()) == json.loads(json.dumps(sent))
+    unused = {f.name for f in dataclasses.fields(SFTConfig) if any(sent[o] for o in f.metadata.get("unused_with", ()))}
+    assert sent["data"] and "task" in unused
+    saved = json.loads((two / "sft" / "config.resolved.json").read_text())
+    assert saved == json.loads(json.dumps({k: v for k, v in sent.items() if k not in unused}))
     st = json.loads((two / "grpo" / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
     assert st["sharded"] and st["world_size"] == 2  # FSDP on 2 processes, asked for in the grpo section
     for stage, steps in (("sft", 24), ("grpo", 4)):  # one log, written by rank 0
