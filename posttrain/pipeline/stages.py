@@ -85,6 +85,14 @@ def _eval_file(ctx) -> str | None:
     return str(ctx.dir("dedup") / "eval.jsonl") if ctx.cfg.eval_file else None
 
 
+def _sft_eval_file(ctx) -> str | None:
+    """SFT's held-out file: the user's ``eval_file``, or on the embedded corpus the task's held-out problems (so that
+    every kept demonstration is trained on; without it the trainer would hold out a slice of them)."""
+    if ctx.cfg.eval_file or not ctx.cfg.corpus_file:
+        return str(ctx.dir("dedup") / "eval.jsonl")
+    return None
+
+
 def _hf(ctx) -> dict:
     """With ``hf_model``: SFT starts from it (``model_path``); every stage reads its tokenizer with ``pad_token``."""
     return {"pad_token": ctx.cfg.pad_token} if ctx.cfg.hf_model else {}
@@ -107,7 +115,7 @@ def _sft_config(data_name: str, stage: str):
             ctx.cfg.sft,
             data=str(ctx.dir("dedup") / data_name),
             tokenizer=_tokenizer_path(ctx),
-            eval_data=_eval_file(ctx),
+            eval_data=_sft_eval_file(ctx),
             val_data=_val_data(ctx),
             **start,
             **_hf(ctx),
@@ -123,8 +131,8 @@ def _sft_inputs(data_name: str):
             out["val_data"] = Path(_val_data(ctx))
         if _tokenizer_path(ctx):
             out["tokenizer"] = Path(_tokenizer_path(ctx))
-        if ctx.cfg.eval_file:
-            out["eval_data"] = Path(_eval_file(ctx))
+        if _sft_eval_file(ctx):
+            out["eval_data"] = Path(_sft_eval_file(ctx))
         if ctx.cfg.hf_model:
             out["hf_model"] = Path(ctx.cfg.hf_model)  # its weights and tokenizer files, by content
         return out
