@@ -265,6 +265,7 @@ def add_config_flags(
     *,
     switches: bool = False,
     title: str | None = None,
+    trl: bool = False,
 ) -> None:
     """Add one ``--flag`` per leaf field of ``cls``; values stay strings until :func:`build_config`.
 
@@ -272,7 +273,8 @@ def add_config_flags(
     (``--bloom true``), and a tuple or list field takes one or more values (``--contamination A.jsonl B.jsonl``).
     Without it a bool field is a switch that also takes a value: ``--merge-lora``, ``--merge-lora true`` and
     ``--no-merge-lora``. TRL's names are more spellings of the same flags (:data:`TRL_FLAGS`), and a config with a
-    ``batch_size`` takes ``--per-device-train-batch-size B`` (batch_size = B x grad_accum x processes)."""
+    ``batch_size`` takes ``--per-device-train-batch-size B`` (batch_size = B x grad_accum x processes); both only
+    with ``trl`` (the trainers: a dedup batch is not a training batch)."""
     group = parser.add_argument_group(title or f"{cls.__name__} fields (override preset and --config)")
     for name, f, tp in leaf_fields(cls):
         if name in skip:
@@ -310,7 +312,7 @@ def add_config_flags(
             flag_name(name),
             *([("--" + name)] if "_" in name and "action" not in kind else []),
             *([f.metadata["flag"]] if f.metadata.get("flag") else []),
-            *(_trl_spellings(name, cls) if "." not in name else []),
+            *(_trl_spellings(name, cls) if trl and "." not in name else []),
             dest="cfg:" + name,
             default=argparse.SUPPRESS,
             help=f"{help_text} (default: {default})".replace("%", "%%"),  # argparse %-formats help
@@ -318,7 +320,7 @@ def add_config_flags(
         )
 
     names = {n for n, _, _ in leaf_fields(cls)}
-    if "batch_size" in names and "batch_size" not in skip:
+    if trl and "batch_size" in names and "batch_size" not in skip:
         accum = " x --grad-accum (as given here)" if "grad_accum" in names else ""
         group.add_argument(
             "--per-device-train-batch-size",

@@ -31,7 +31,7 @@ class TrainerCommand:
         )
         if self.entry.evaluate_only:
             p.add_argument("--eval-only", action="store_true", help=self.entry.evaluate_only_help)
-        add_config_flags(p, self.entry.config_class())
+        add_config_flags(p, self.entry.config_class(), trl=True)
 
     def run(self, args) -> int:
         from posttrain.errors import UserError
