@@ -58,13 +58,12 @@ from posttrain import config as C
 from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
 from posttrain.errors import UserError
 from posttrain.trainers import distributed
+from posttrain.trainers.engine.registry import command_of
 
 RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 REWARD_HEAD_FILE = "reward_head.safetensors"
 STEP_NAME = re.compile(r"step-\d{8}")
-COMMANDS = {"sft": "sft", "sft_restarts": "sft --restarts", "dpo": "dpo", "rm": "rm", "policy_gradient": "grpo"}
-"""trainer name (as stored in run.json / trainer_state.json) -> the CLI command that runs it."""
 RESUME_MAY_CHANGE = (
     "out",
     "progress",
@@ -87,10 +86,6 @@ what the run trains, and is refused."""
 
 def warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr, flush=True)
-
-
-def command_of(trainer) -> str:
-    return COMMANDS.get(trainer, str(trainer))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -122,3 +122,26 @@ def test_the_registry_is_what_the_command_line_the_pipeline_and_torchrun_read():
         cls, train = e.config_class(), e.train_fn()
         assert isinstance(e.presets(), dict) and cls.__dataclass_fields__
         assert list(inspect.signature(train).parameters)[:3] == ["cfg", "resume", "overwrite"], name
+
+
+def test_the_names_runs_record_map_to_their_commands_through_the_registry():
+    """run.json's trainer name -> the command line that makes it, read from the one registry (no list of its own in
+    run_dir.py): each entry's recorded name is the one its module passes to the run, each variant's flag is one of
+    its command's flags."""
+    from pathlib import Path
+
+    from posttrain.cli import build_parser
+    from posttrain.trainers import run_dir
+    from posttrain.trainers.engine.registry import command_of
+
+    assert not hasattr(run_dir, "COMMANDS") and run_dir.command_of is command_of
+    want = {"sft": "sft", "sft_restarts": "sft --restarts", "rm": "rm", "rm_eval": "rm --eval-only", "dpo": "dpo"}
+    want |= {"policy_gradient": "grpo", "ppo": "ppo", "made_up": "made_up"}
+    assert {name: command_of(name) for name in want} == want
+    sub = next(a for a in build_parser()._actions if isinstance(a.choices, dict))
+    root = Path(__file__).resolve().parents[2]
+    for e in TRAINERS.values():
+        source = (root / (e.module.replace(".", "/") + ".py")).read_text()
+        assert f'"{e.recorded}"' in source, e.command
+        flags = {s for a in sub.choices[e.command]._actions for s in a.option_strings}
+        assert {flag for _, flag in e.variants} <= flags, e.command

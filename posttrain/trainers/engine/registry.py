@@ -26,6 +26,13 @@ class TrainerEntry:
     help: str  # one line for `posttrain --help` and the subcommand's description
     evaluate_only: str | None = None  # "module:function(cfg, overwrite)" scoring a trained model with no training
     evaluate_only_help: str = ""
+    trainer: str | None = None  # the name its runs record (run.json, trainer_state.json); None: the command
+    variants: tuple[tuple[str, str], ...] = ()  # other runs the command makes: (recorded name, the flag making them)
+
+    @property
+    def recorded(self) -> str:
+        """The trainer name this command's runs record: "policy_gradient" for grpo, else the command."""
+        return self.trainer or self.command
 
     def load(self):
         return importlib.import_module(self.module)
@@ -49,6 +56,7 @@ TRAINERS: dict[str, TrainerEntry] = {
             "SFTConfig",
             "train_sft",
             "supervised fine-tuning (completion-only loss) with checkpoints, resume and held-out eval",
+            variants=(("sft_restarts", "--restarts"),),
         ),
         TrainerEntry(
             "rm",
@@ -59,6 +67,7 @@ TRAINERS: dict[str, TrainerEntry] = {
             evaluate_only="posttrain.trainers.reward_eval:eval_reward_model",
             evaluate_only_help="train nothing: pairwise accuracy of the RM --init on the "
             "{prompt, chosen, rejected} JSONL --eval-data, written to --out/summary.json (pairwise_accuracy, n)",
+            variants=(("rm_eval", "--eval-only"),),
         ),
         TrainerEntry(
             "dpo",
@@ -73,6 +82,7 @@ TRAINERS: dict[str, TrainerEntry] = {
             "PolicyGradientConfig",
             "train_policy_gradient",
             "RL with verifiable rewards: --algo reinforce|rloo|grpo, KL/clip/aggregation options, alarms, resume",
+            trainer="policy_gradient",
         ),
         TrainerEntry(
             "ppo",
@@ -89,3 +99,19 @@ TRAINERS: dict[str, TrainerEntry] = {
 def by_module(module: str) -> TrainerEntry:
     """The entry of a trainer module ("posttrain.trainers.reward" -> the ``rm`` entry)."""
     return next(e for e in TRAINERS.values() if e.module == module)
+
+
+def command_of(trainer: str) -> str:
+    """The command line that makes runs recorded as ``trainer`` (in ``run.json`` / ``trainer_state.json``); a name no
+    entry records, as it is.
+
+    Examples: "policy_gradient" -> "grpo"; "sft_restarts" -> "sft --restarts"; "rm_eval" -> "rm --eval-only";
+    "ppo" -> "ppo".
+    """
+    for e in TRAINERS.values():
+        if trainer == e.recorded:
+            return e.command
+        for name, flag in e.variants:
+            if trainer == name:
+                return f"{e.command} {flag}"
+    return str(trainer)
