@@ -35,7 +35,7 @@ class TrainerCommand:
 
     def run(self, args) -> int:
         from posttrain.errors import UserError
-        from posttrain.trainers.run_dir import resume_out
+        from posttrain.trainers.run_dir import restart_unstarted, resume_out
 
         eval_only = getattr(args, "eval_only", False)
         if eval_only and args.resume:
@@ -46,7 +46,8 @@ class TrainerCommand:
             getattr(importlib.import_module(module), fn)(cfg, overwrite=args.overwrite)
             return 0
         announce(cfg, cfg.out, verbose=args.verbose)
-        self.entry.train_fn()(cfg, resume=args.resume, overwrite=args.overwrite)
+        resume = args.resume if args.overwrite else restart_unstarted(args.resume)  # no checkpoint yet: step 0
+        self.entry.train_fn()(cfg, resume=resume, overwrite=args.overwrite)
         return 0
 
 

@@ -15,7 +15,9 @@ numbers (int, float, bool, numpy real scalars, one-element real tensors). The fu
 ``prompts``, ``completions`` and the columns: a reward that edits them in place changes nothing the trainer
 uses. Only ``KeyboardInterrupt`` passes through; a :class:`~posttrain.errors.UserError` a reward raises (the
 built-in verifiers' one-line errors) passes through unchanged. Training stops at the first broken batch; the
-periodic checkpoints written before it stay, so ``--resume`` continues once the reward is fixed.
+periodic checkpoints written before it stay, so ``--resume`` continues once the reward is fixed. Broken before the
+first checkpoint, there is nothing to continue: the same command (or ``--resume``) starts the run again from step 0 in
+the same ``--out``, with no ``--overwrite`` (``trainers/run_dir.py``, :func:`~posttrain.trainers.run_dir.unstarted`).
 
 Not handled: a reward that hangs or exhausts memory (no time or memory limit here; the code reward runs its
 programs in :mod:`posttrain.rewards.sandbox`), and a reward whose *values* are wrong but well-formed.

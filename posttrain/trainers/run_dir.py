@@ -14,6 +14,11 @@ Every checkpoint's ``trainer_state.json`` records ``run_id`` and ``trainer``. Th
   deletes its contents: only a directory that looks like a run, i.e. has ``run.json`` or
   ``config.resolved.json``, and never an ``--init``/``--data`` inside it; symlinks in it are unlinked,
   never followed) or ``--resume``;
+- except a run of the same trainer that stopped before its first checkpoint (:func:`unstarted`: ``run.json``, no
+  ``checkpoints/step-*``, no ``model/``, no ``summary.json``): there is nothing to continue, so the same command
+  starts it again from step 0 with a new run id, and on the command line ``--resume`` of it does too, with its saved
+  configuration. Only the files a run writes before its first checkpoint (:data:`RUN_OUTPUTS`) are replaced;
+  anything else in the directory stays;
 - ``--resume DIR`` continues the run in DIR's run directory (DIR, or the run holding the checkpoint DIR)
   and writes there: ``--out`` defaults to it and may not name another directory. Only checkpoints whose
   run id is the one in ``run.json`` are candidates (a stale ``model/`` of an older run is ignored, with a
@@ -45,10 +50,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import secrets
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,12 +61,41 @@ from posttrain import config as C
 from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
 from posttrain.errors import UserError
 from posttrain.trainers import distributed
+from posttrain.trainers.checkpoint_lookup import (  # noqa: F401 - re-exported: the run directory's readers
+    REWARD_HEAD_FILE,
+    RUN_FILE,
+    STATE_FILE,
+    STEP_NAME,
+    checkpoint_kind,
+    checkpoint_state,
+    find_checkpoint,
+    is_checkpoint,
+    latest_checkpoint,
+    read_json_file,
+    read_run,
+    warn,
+)
 from posttrain.trainers.engine.registry import command_of
 
-RUN_FILE = "run.json"
-STATE_FILE = "trainer_state.json"
-REWARD_HEAD_FILE = "reward_head.safetensors"
-STEP_NAME = re.compile(r"step-\d{8}")
+RUN_OUTPUTS = (
+    RUN_FILE,
+    "config.resolved.yaml",
+    "config.resolved.json",
+    "metrics.jsonl",
+    "tensorboard",
+    "wandb",
+    "pairs.jsonl",
+    "pairs.meta.json",
+    "eval_pairs.jsonl",
+    "eval_pairs.meta.json",
+)
+"""What a run writes into its directory before its first checkpoint (run files, metrics and its sinks, the preference
+pairs cached by ``rm``/``dpo``): removed when a run that stopped before its first checkpoint starts again there
+(:func:`unstarted`), so the new start is the one an empty directory would give. A file a trainer adds to that moment
+belongs here; any other entry is the user's and is kept."""
+SAVED = ("model", "model.old", "summary.json", "restarts")
+"""Entries that mean a run got past its start: a final model, a summary (``rm --eval-only`` writes only that), the
+runs of ``sft --restarts``."""
 RESUME_MAY_CHANGE = (
     "out",
     "progress",
@@ -82,146 +114,6 @@ RESUME_MAY_CHANGE = (
 the device, activation checkpointing, compilation: the same update; checkpoints are device-free). On the command line (:func:`resume_config`) these are the only flags ``--resume`` accepts with a
 value other than the run's own; every other field (data, model, loss, batch size, learning rate, seed...) changes
 what the run trains, and is refused."""
-
-
-def warn(msg: str) -> None:
-    print(f"warning: {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# reading checkpoints' small files
-
-
-def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
-    """A JSON object from ``path``, or a one-line UserError naming the file (empty, garbage, not an object)."""
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing {what}") from None
-    except json.JSONDecodeError as e:
-        reason = "empty" if not e.doc.strip() else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
-        raise UserError(f"{path}: corrupt {what} ({reason})") from None
-    except UnicodeDecodeError as e:
-        reason = f"not valid UTF-8 at byte {e.start}"
-        raise UserError(f"{path}: corrupt {what} ({reason})") from None
-    except OSError as e:
-        raise UserError(f"{path}: cannot read {what} ({e.strerror or e})") from None
-    if not isinstance(obj, dict):
-        raise UserError(f"{path}: corrupt {what} (expected a JSON object, got {type(obj).__name__})")
-    return obj
-
-
-def _adapter_only(p: Path) -> bool:
-    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
-
-
-def is_checkpoint(p: Path) -> bool:
-    """A plain checkpoint (``model.safetensors``) or a sharded one (``dcp/``, written under --fsdp), with ``config.json``;
-    or a LoRA run's final ``model/``: the adapter alone (``adapter_config.json`` naming its base) and its state."""
-    if _adapter_only(p) and (p / STATE_FILE).is_file():
-        return True
-    return ((p / "model.safetensors").is_file() or (p / "dcp").is_dir()) and (p / "config.json").is_file()
-
-
-def checkpoint_state(p: Path) -> dict:
-    """``trainer_state.json`` of checkpoint ``p`` ({} if it has none), checked to be an object with an integer step."""
-    f = p / STATE_FILE
-    if not f.exists():
-        return {}
-    state = read_json_file(f)
-    if not isinstance(state.get("step", 0), int) or isinstance(state.get("step"), bool):
-        raise UserError(f"{f}: corrupt checkpoint file ('step' is {state.get('step')!r}, not an integer)")
-    return state
-
-
-def checkpoint_kind(p: Path, state: dict) -> str:
-    """'reward_model' (a ``posttrain rm`` checkpoint: a scalar head on the backbone) or 'policy' (a language model)."""
-    return "reward_model" if (p / REWARD_HEAD_FILE).is_file() or state.get("reward_model") else "policy"
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint ``root/latest`` names (``step-NNNNNNNN`` beside it), else the newest complete ``step-*``."""
-    f = root / "latest"
-    if f.exists() or f.is_symlink():
-        name = None
-        if f.is_file() and not f.is_symlink():
-            with open(f, "rb") as fh:
-                name = fh.read(64).decode("ascii", errors="replace").strip()
-        target = root / name if name and STEP_NAME.fullmatch(name) else None
-        if target is None:
-            warn(f"ignoring {f}: it must name a checkpoint beside it (step-NNNNNNNN), got {name!r}")
-        elif target.is_symlink() or not is_checkpoint(recover_dir(target)):
-            warn(f"ignoring {f}: {target} is {'a symlink' if target.is_symlink() else 'missing or incomplete'}")
-            target = None
-        if target is not None:
-            return target
-    steps = sorted(
-        d
-        for d in root.glob("step-*")
-        if STEP_NAME.fullmatch(d.name) and not d.is_symlink() and is_checkpoint(recover_dir(d))
-    )
-    return steps[-1] if steps else None
-
-
-def read_run(root: Path) -> dict | None:
-    """``root/run.json``, or None where there is none (a checkpoint directory, an older run layout)."""
-    f = root / RUN_FILE
-    if not f.exists():
-        return None
-    info = read_json_file(f, "run file")
-    if not isinstance(info.get("run_id"), str):
-        raise UserError(f"{f}: corrupt run file (no run_id)")
-    return info
-
-
-def find_checkpoint(path: str | Path, prefer_latest: bool = False, run_id: str | None = None) -> Path:
-    """A checkpoint directory, or a run directory's ``model/`` or newest ``checkpoints/`` entry of its own run.
-
-    Candidates of a run directory are those whose run id is ``run_id`` (default: ``run.json``'s); with
-    ``prefer_latest`` (resume) the newest by step wins, else ``model/`` first. A checkpoint named directly is
-    returned as is, unless it carries a run id other than ``run_id``.
-    """
-    p = Path(path)
-    if not p.exists() and not p.with_name(p.name + ".old").is_dir():
-        raise UserError(f"checkpoint not found: {p}")
-    if is_checkpoint(recover_dir(p)):
-        own = checkpoint_state(p).get("run_id")
-        if run_id is not None and own is not None and own != run_id:
-            raise UserError(f"{p} belongs to run {own}, not to the run being resumed ({run_id})")
-        return p
-    info = read_run(p)
-    if run_id is None and info is not None:
-        run_id = info["run_id"]
-    candidates = []
-    if is_checkpoint(recover_dir(p / "model")):
-        candidates.append(p / "model")
-    latest = latest_checkpoint(p / "checkpoints")
-    if latest is not None:
-        candidates.append(latest)
-    ids = {c: checkpoint_state(c).get("run_id") for c in candidates}
-    if run_id is not None:
-        for c in candidates:
-            if ids[c] != run_id:
-                warn(f"ignoring {c}: saved by run {ids[c] or '(none recorded)'}, not by this directory's run {run_id}")
-        candidates = [c for c in candidates if ids[c] == run_id]
-        if not candidates and ids:
-            raise UserError(
-                f"{p} holds no checkpoint of its run {run_id} (only of other runs: {', '.join(str(c) for c in ids)})"
-            )
-    elif len(set(ids.values())) > 1:
-        raise UserError(f"{p} holds checkpoints of different runs and no {RUN_FILE}: name one, e.g. {candidates[-1]}")
-    if not candidates and info is not None:
-        raise UserError(
-            f"{p} holds no checkpoint yet (its run stopped before the first save): start it again with --overwrite"
-        )
-    if not candidates:
-        raise UserError(
-            f"{p} holds no checkpoint (expected model.safetensors + config.json, model/ or checkpoints/latest)"
-        )
-    if not prefer_latest:
-        return candidates[0]
-    resumable = [c for c in candidates if not _adapter_only(c)]  # a LoRA run's adapter-only model/: no optimizer
-    return max(resumable or candidates, key=lambda c: checkpoint_state(c).get("step", 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +211,39 @@ def resume_config(
     return cfg
 
 
+def unstarted(root: Path, trainer: str | None = None) -> dict | None:
+    """``run.json`` of the run in ``root`` when that run stopped before its first checkpoint (and, given ``trainer``,
+    was that trainer's), else None: ``run.json`` readable, none of :data:`SAVED`, and ``checkpoints/`` absent or
+    holding only what a writer killed mid-save leaves (``.NAME.XXXXXXXX.tmp``).
+
+    Example: a ``grpo`` run whose reward raised on batch 1 left ``run.json``, ``config.resolved.*`` and a step-0 line
+    in ``metrics.jsonl`` -> its run.json; the same after ``checkpoints/step-00000001`` was written -> None."""
+    root = Path(root)
+    if not root.is_dir() or any((root / name).exists() or (root / name).is_symlink() for name in SAVED):
+        return None
+    ckpts = root / "checkpoints"
+    if ckpts.is_symlink() or (ckpts.exists() and not ckpts.is_dir()):
+        return None
+    if ckpts.is_dir() and any(not (e.name.startswith(".") and e.name.endswith(".tmp")) for e in ckpts.iterdir()):
+        return None
+    try:
+        info = read_run(root)
+    except UserError:  # a corrupt run.json: not a run to restart silently
+        return None
+    if info is None or (trainer is not None and info.get("trainer") != trainer):
+        return None
+    return info
+
+
+def restart_unstarted(resume: str | Path | None) -> str | Path | None:
+    """CLI: ``--resume DIR`` of a run that stopped before its first checkpoint (:func:`unstarted`) -> None: the run
+    starts again from step 0 in DIR, with its saved configuration (which :func:`resume_config` gave); :func:`begin_run`
+    says so. Any other ``resume`` as it is."""
+    if resume and unstarted(run_root(resume)) is not None:
+        return None
+    return resume
+
+
 def resume_out(args) -> dict:
     """CLI: with ``--resume DIR`` and no ``--out`` flag, the outputs go to DIR's run directory."""
     resume = getattr(args, "resume", None)
@@ -337,6 +262,7 @@ class Run:
     resume_from: Path | None = None
     resume_state: dict = dataclasses.field(default_factory=dict)
     clear: bool = False  # --overwrite: delete dir's contents at begin_run
+    restart: bool = False  # dir holds a run that stopped before its first checkpoint: its RUN_OUTPUTS go at begin_run
     info: dict | None = None  # the existing run.json, when resuming
     lock: run_lock.DirLock | None = None  # held from begin_run on, while this run writes dir
 
@@ -397,6 +323,8 @@ def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> 
     if distributed.world().is_main:
         run_lock.check_free(out)
     entries = sorted(e.name for e in out.iterdir()) if out.is_dir() else []
+    if entries and not overwrite and unstarted(out, trainer) is not None:
+        return Run(dir=out, run_id=new_run_id(), trainer=trainer, restart=True)
     if entries and not overwrite:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise UserError(
@@ -419,13 +347,34 @@ def _open_run(cfg, trainer: str, resume: str | Path | None, overwrite: bool) -> 
     return Run(dir=out, run_id=new_run_id(), trainer=trainer, clear=bool(entries))
 
 
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
+
+
 def clear_dir(d: Path) -> None:
     """Delete the contents of ``d``; symlinks are unlinked, never followed."""
     for entry in d.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        _remove(entry)
+
+
+def clear_unstarted(d: Path) -> list[str]:
+    """Remove what a run that stopped before its first checkpoint wrote in ``d`` (:data:`RUN_OUTPUTS`, killed writers'
+    temps, an empty ``checkpoints/``); symlinks are unlinked, never followed. Returns the names removed."""
+    removed = clean_stale_temps(d)
+    for name in RUN_OUTPUTS:
+        if (d / name).exists() or (d / name).is_symlink():
+            _remove(d / name)
+            removed.append(name)
+    ckpts = d / "checkpoints"
+    if ckpts.is_dir() and not ckpts.is_symlink():
+        clean_stale_temps(ckpts)
+        if not any(ckpts.iterdir()):
+            ckpts.rmdir()
+            removed.append("checkpoints")
+    return removed
 
 
 _MISSING = object()
@@ -471,6 +420,13 @@ def _begin_run(run: Run, cfg) -> Path:
     run.lock = run.lock or run_lock.lock_dir(out)  # one writer: held while this run (this Run object) lives
     if run.clear:
         clear_dir(out)
+    if run.restart:
+        removed = clear_unstarted(out)
+        kept = sorted(e.name for e in out.iterdir())
+        print(
+            f"note: {out} held a run that stopped before its first checkpoint: starting it again from step 0 (removed "
+            f"its {', '.join(sorted(removed)) or 'nothing'}{'; kept ' + ', '.join(kept) if kept else ''})"
+        )
     new = C.resolved_dict(cfg)  # less the settings nothing reads (the embedded task's, on the user's data)
     if run.resume_from is not None:
         old = run.resume_state.get("config")

@@ -145,6 +145,11 @@ def as_dict(prompts, completions, **kw):
 def raises(prompts, completions, **kw):
     raise ValueError("boom")
 
+def raises_until_fixed(prompts, completions, **kw):
+    if not Path(os.environ["REWARD_FIXED"]).exists():
+        raise ValueError("not fixed yet")
+    return [float(len(c)) for c in completions]
+
 def breaks_after_the_first_checkpoint(prompts, completions, **kw):
     saved = Path(os.environ["REWARD_RUN"]) / "checkpoints" / "step-00000001"
     if saved.is_dir() and not Path(os.environ["REWARD_FIXED"]).exists():
@@ -208,6 +213,44 @@ def test_a_run_stopped_by_a_broken_reward_resumes_once_it_is_fixed(sft, rewards,
     (tmp_path / "fixed").touch()
     assert main(["grpo", "--resume", str(out)]) == 0
     assert json.loads((out / "model" / "trainer_state.json").read_text())["step"] == 3
+
+
+def _trained(out: Path) -> tuple[dict, list[dict]]:
+    """The final weights and the metrics less timings: what must not depend on a failed start before them."""
+    from posttrain.trainers.checkpoint import load_checkpoint
+
+    timed = ("time", "_per_s")
+    lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+    return load_checkpoint(out / "model").model.state_dict(), [
+        {k: v for k, v in rec.items() if not any(t in k for t in timed)} for rec in lines
+    ]
+
+
+def test_a_run_stopped_by_a_broken_reward_before_any_checkpoint_starts_again_once_fixed(sft, rewards, tmp_path, capsys):
+    """Nothing saved yet: the same command (or --resume) just works once the reward is fixed, with no --overwrite; the
+    user's files in the directory stay, and the run is the one an empty directory gives."""
+    args = ["grpo", "--init", str(sft), "--steps", "2", "--reward", f"{rewards}:raises_until_fixed", *RL]
+    out, resumed, empty = tmp_path / "g", tmp_path / "resumed", tmp_path / "empty"
+    for d in (out, resumed):
+        assert main([*args, "--out", str(d)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert (
+            err == f"posttrain grpo: error: reward '{rewards}:raises_until_fixed' raised ValueError: not fixed yet on "
+            "batch 1 (4 completions)"
+        )
+        assert (d / "run.json").is_file() and not (d / "checkpoints").exists()
+        (d / "notes.txt").write_text("mine")
+    (tmp_path / "fixed").touch()
+    assert main([*args, "--out", str(out)]) == 0
+    assert main(["grpo", "--resume", str(resumed)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert main([*args, "--out", str(empty)]) == 0
+    want_weights, want_metrics = _trained(empty)
+    assert [r["step"] for r in want_metrics] == [0, 1, 2]
+    for d in (out, resumed):
+        got_weights, got_metrics = _trained(d)
+        assert got_metrics == want_metrics and (d / "notes.txt").read_text() == "mine"
+        assert all(torch.equal(got_weights[k], want_weights[k]) for k in want_weights)
 
 
 def test_a_reward_module_that_exits_while_importing_is_a_config_error(tmp_path):

@@ -403,16 +403,67 @@ def test_trainer_state_parses_or_names_the_file(tmp_path_factory, content):
         assert state == json.loads(content)
 
 
-def test_resume_of_a_run_that_never_saved_says_what_to_do(tmp_path, capsys):
+def test_a_run_that_never_saved_starts_again_keeping_what_else_is_there(tmp_path, capsys):
+    """Killed before its first save: the same command (or --resume) starts it again from step 0, with no --overwrite;
+    only the run's own files are replaced, and the result is the one an empty directory gives."""
     run = tmp_path / "run"
     assert sft(capsys, "--out", run, "--save-every", "0", "--steps", "1")[0] == 0
-    shutil.rmtree(run / "model")  # as if killed before its first save
-    rc, err = sft(capsys, "--resume", run)
-    assert rc == 2 and err == (
-        f"posttrain sft: error: {run} holds no checkpoint yet (its run stopped before the "
-        f"first save): start it again with --overwrite"
+    for gone in ("model", "summary.json"):  # as if killed before its first save
+        shutil.rmtree(run / gone) if gone == "model" else (run / gone).unlink()
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / ".step-00000001.a1b2c3d4.tmp").mkdir()  # a first save cut short
+    (run / "notes.txt").write_text("mine")
+    old_id = run_id(run)
+    assert sft(capsys, "--out", run, "--save-every", "0", "--steps", "1") == (0, "")
+    assert (run / "notes.txt").read_text() == "mine" and run_id(run) != old_id
+    assert sorted(p.name for p in run.iterdir()) == [
+        "config.resolved.json",
+        "config.resolved.yaml",
+        "metrics.jsonl",
+        "model",
+        "notes.txt",
+        "run.json",
+        "summary.json",
+    ]
+    assert sft(capsys, "--out", tmp_path / "empty", "--save-every", "0", "--steps", "1")[0] == 0
+    got, want = weights(run / "model"), weights(tmp_path / "empty" / "model")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    (run / "model").rename(tmp_path / "first_model")
+    (run / "summary.json").unlink()
+    assert sft(capsys, "--resume", run, "--steps", "1", "--save-every", "0") == (0, "")  # (sft() passes TINY's too)
+    got = weights(run / "model")
+    assert all(torch.equal(got[k], want[k]) for k in want) and (run / "notes.txt").read_text() == "mine"
+    rc, err = sft(capsys, "--resume", run, "--overwrite")
+    assert rc == 2 and "--resume and --overwrite exclude each other" in err
+
+
+@pytest.mark.parametrize("left", ["checkpoints/step-00000002", "summary.json", "model", "restarts", "other trainer"])
+def test_only_a_run_with_nothing_saved_is_started_again(tmp_path, capsys, left):
+    """A saved checkpoint, a summary (rm --eval-only writes only that), a final model, sft --restarts' runs, or
+    another trainer's run: still a run to keep, refused without --overwrite and left as it was."""
+    run = tmp_path / "run"
+    assert sft(capsys, "--out", run, "--save-every", "0", "--steps", "1")[0] == 0
+    shutil.rmtree(run / "model")
+    (run / "summary.json").unlink()
+    if left == "other trainer":
+        (run / "run.json").write_text(json.dumps({**json.loads((run / "run.json").read_text()), "trainer": "dpo"}))
+    else:
+        (run / left).mkdir(parents=True) if "." not in left else (run / left).write_text("{}")
+    before = snapshot(run)
+    rc, err = sft(capsys, "--out", run, "--save-every", "0", "--steps", "1")
+    assert rc == 2 and f"--out {run} is not empty" in err and snapshot(run) == before
+
+
+def test_resume_of_a_run_that_never_saved_through_the_python_api_says_what_to_do(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert sft(capsys, "--out", run, "--save-every", "0", "--steps", "1")[0] == 0
+    shutil.rmtree(run / "model")
+    with pytest.raises(UserError) as e:
+        find_checkpoint(run, prefer_latest=True)
+    assert str(e.value) == (
+        f"{run} holds no checkpoint yet (its run stopped before the first save): run the same command without "
+        f"--resume, which starts it again from step 0"
     )
-    assert sft(capsys, "--out", run, "--overwrite", "--steps", "1")[0] == 0
 
 
 def test_a_run_dir_of_the_older_layout_resumes_twice(base, tmp_path, capsys):
