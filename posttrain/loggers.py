@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from posttrain.data.io import atomic_write_text
 from posttrain.errors import ConfigError, UserError
 
 LOGGERS = ("jsonl", "tensorboard", "wandb")
@@ -85,6 +87,53 @@ def _run_config(out_dir: Path) -> dict:
         return {}
 
 
+def _record(raw: bytes) -> dict | str:
+    """One line of ``metrics.jsonl`` as its record, or why it is not one ("not valid JSON: Expecting ',' ...")."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return f"not valid UTF-8 at byte {e.start}"
+    except json.JSONDecodeError as e:
+        return f"not valid JSON: {e.msg}: column {e.colno}"
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    step = rec.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        return f"its step is {step!r}, not a number"
+    return rec
+
+
+def metrics_upto(path: Path, step: int) -> list[str]:
+    """The lines of ``path`` (a ``metrics.jsonl``) whose step is at most ``step``: what a run resumed at ``step``
+    keeps. An unreadable last line is what a process killed mid-write leaves: it is dropped with a one-line warning.
+    An unreadable line before the last is damage no kill makes: a one-line :class:`~posttrain.errors.UserError`
+    naming ``file:line`` (exit 2), the file unchanged. Blank lines are skipped.
+
+    Example: lines ``{"step": 1}``, ``{"step": 2}``, ``{"step": 3, "lo`` and step=2 -> the first two, and
+    "warning: .../metrics.jsonl:3: dropping its last line, cut short by a write that did not finish (not valid
+    JSON: Unterminated string starting at: column 13)"."""
+    lines = path.read_bytes().split(b"\n")
+    numbered = [(i, raw) for i, raw in enumerate(lines, 1) if raw.strip()]
+    kept = []
+    for k, (i, raw) in enumerate(numbered):
+        rec = _record(raw)
+        if isinstance(rec, str):
+            if k < len(numbered) - 1:
+                raise UserError(
+                    f"{path}:{i}: not a metrics record ({rec}); lines after it are intact, so this is not a cut-short "
+                    f"write: fix or delete that line, then resume again"
+                )
+            print(
+                f"warning: {path}:{i}: dropping its last line, cut short by a write that did not finish ({rec})",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
+        if rec.get("step", 0) <= step:
+            kept.append(raw.decode("utf-8").strip())
+    return kept
+
+
 class TensorBoardSink:
     def __init__(self, out_dir: Path, config: dict):
         try:
@@ -137,8 +186,8 @@ class WandbSink:
 class MetricsLogger:
     """Append-only ``metrics.jsonl`` (+ the sinks ``kind`` names); under ``torchrun`` only rank 0 writes.
 
-    On resume (``resume_step``) lines past the resumed step are dropped first, so the file reads like one
-    uninterrupted run; a fresh run starts a fresh file.
+    On resume (``resume_step``) lines past the resumed step are dropped first (:func:`metrics_upto`), so the file
+    reads like one uninterrupted run; a fresh run starts a fresh file.
     """
 
     def __init__(self, out_dir: str | Path, kind: str = "jsonl", resume_step: int | None = None):
@@ -152,12 +201,8 @@ class MetricsLogger:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.exists():
-            kept = [
-                ln
-                for ln in self.path.read_text().splitlines()
-                if ln.strip() and json.loads(ln).get("step", 0) <= resume_step
-            ]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+            kept = metrics_upto(self.path, resume_step)
+            atomic_write_text(self.path, "".join(ln + "\n" for ln in kept))
         elif resume_step is None and self.path.exists():
             self.path.unlink()  # a fresh run starts a fresh log
         self._fh = open(self.path, "a", encoding="utf-8")

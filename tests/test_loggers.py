@@ -94,3 +94,58 @@ def test_tensorboard_and_wandb_together(tmp_path, monkeypatch):
             history[items["_step"]] = items
     assert {s: h["train/loss"] for s, h in history.items() if "train/loss" in h} == pytest.approx(losses)
     assert "eval/accuracy" in history[3]  # heldout_accuracy, under TRL's eval/ prefix
+
+
+TIMED = ("time", "_per_s")
+
+
+def _untimed(path):
+    recs = [json.loads(ln) for ln in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(t in k for t in TIMED)} for r in recs]
+
+
+def test_metrics_upto_drops_a_cut_short_last_line_and_refuses_a_bad_one_before_it(tmp_path, capsys):
+    from posttrain.errors import UserError
+    from posttrain.loggers import metrics_upto
+
+    f = tmp_path / "metrics.jsonl"
+    whole = ['{"step": 1, "loss": 2.5}', '{"step": 2, "loss": "\u00e9"}', '{"step": 3, "loss": 1.5}']
+    for cut in ('{"step": 4, "lo', '{"step": 4, "loss": "\u00e9"}'.encode()[:-4].decode("utf-8", "ignore"), "[1"):
+        f.write_text("\n".join([*whole, cut]))
+        assert metrics_upto(f, 2) == whole[:2] and metrics_upto(f, 9) == whole
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 2 and err[0].startswith(f"warning: {f}:4: dropping its last line, cut short by a write")
+    f.write_bytes('{"step": 1}\n{"step": 2, "loss": "\u00e9"}'.encode()[:-3])  # cut inside a UTF-8 character
+    assert metrics_upto(f, 5) == ['{"step": 1}'] and "not valid UTF-8" in capsys.readouterr().err
+    for bad, why in (('{"step": 2, "lo', "not valid JSON"), ('"step"', "a JSON str"), ('{"step": "2"}', "its step")):
+        f.write_text("\n".join([whole[0], bad, whole[2], ""]))
+        with pytest.raises(UserError) as e:
+            metrics_upto(f, 5)
+        assert str(e.value).startswith(f"{f}:2: not a metrics record ({why}") and "\n" not in str(e.value)
+
+
+def test_resume_after_a_kill_mid_write_of_metrics_continues(tmp_path, capsys):
+    """A process killed while writing metrics.jsonl leaves half a line: --resume drops it with one warning and the
+    file ends as an uninterrupted run's; a damaged line before the last is exit 2 naming file:line, nothing changed."""
+    full, out = tmp_path / "full", tmp_path / "run"
+    args = [*SFT, "--save-every", "2", "--steps", "3"]
+    assert main(["sft", *args, "--out", str(full)]) == 0
+    assert main(["sft", *args, "--out", str(out)]) == 0
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    assert [json.loads(ln)["step"] for ln in lines] == [1, 2, 3]
+    capsys.readouterr()
+    metrics.write_text("\n".join([lines[0], '{"step": 2, "lo', *lines[2:]]) + "\n")
+    before = metrics.read_bytes()
+    assert main(["sft", "--resume", str(out / "checkpoints" / "step-00000002")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"posttrain sft: error: {metrics}:2: not a metrics record (not valid JSON: Unterminated string starting at: "
+        "column 13); lines after it are intact, so this is not a cut-short write: fix or delete that line, then "
+        "resume again"
+    )
+    assert metrics.read_bytes() == before
+    metrics.write_text("\n".join(lines) + '\n{"step": 4, "loss": 0.12')  # the half line of a kill mid-write
+    assert main(["sft", "--resume", str(out / "checkpoints" / "step-00000002")]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"warning: {metrics}:4: dropping its last line, cut short by a write") and "\n" not in err
+    assert _untimed(metrics) == _untimed(full / "metrics.jsonl")
