@@ -11,7 +11,7 @@ user, PID, mount, network, IPC and UTS namespaces, so it cannot see the trainer 
     parent : wait(wall_timeout_s) -> os.killpg(group, SIGKILL) always (also after a normal exit: orphans die)
     stdin/stdout/stderr are anonymous temp files (no path); RLIMIT_FSIZE caps them, we read back <= the cap
 
-What bwrap mode contains (tests/rewards/test_sandbox_escapes.py tries each, with the trainer as root and as
+What bwrap mode contains (tests/rewards/test_sandbox_escapes_*.py try each, with the trainer as root and as
 an ordinary user): root's powers (the code is uid 65534 with every capability set empty and ``no_new_privs``,
 also when the trainer is root: it cannot write ``/proc/sys`` — read-only besides — or ``/sys``, nor read
 ``/etc/shadow``, which is also hidden, or root's files), signals to the trainer (its PID is not in the

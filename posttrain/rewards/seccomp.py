@@ -21,7 +21,7 @@ kernel attack surface, not an allow list; it does not stop a kernel bug reachabl
 
 Machines: x86_64 and aarch64 (``filter_bytes()`` returns None elsewhere and the sandbox runs without one).
 Numbers are from the kernel's ``asm/unistd_64.h`` (x86_64) and ``asm-generic/unistd.h`` (aarch64);
-tests/rewards/test_sandbox_escapes.py checks them against those headers where they are installed.
+tests/rewards/test_sandbox.py checks them against those headers where they are installed.
 """
 
 from __future__ import annotations

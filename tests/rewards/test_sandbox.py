@@ -2,8 +2,10 @@
 
 Every test runs in both isolation modes: "bwrap" (skipped, saying so, where bubblewrap does not work) and the
 opt-in "rlimit" mode. Limits are kept small (1-2 s) so the file runs in a few seconds. The process test
-spawns a BOUNDED number of children (the fork bomb is in test_sandbox_escapes.py). Escapes (signals to the
-trainer, files, environment, network) are in test_sandbox_escapes.py.
+spawns a BOUNDED number of children (the fork bomb is in test_sandbox_escapes_processes.py). Escapes are in
+test_sandbox_escapes_files.py (files, environment, network), test_sandbox_escapes_processes.py (signals, children,
+resources, the refusal without bubblewrap) and test_sandbox_escapes_privileges.py (uid, capabilities, /proc/sys,
+system calls).
 """
 
 import errno
