@@ -1,5 +1,6 @@
 """The one list of trainers: :data:`TRAINERS`, read by the command line (one generated subcommand each), the pipeline
-(its training stages) and torchrun (the command a stage runs on N processes).
+(its training stages), torchrun (the command a stage runs on N processes) and the run directory (:func:`command_of`:
+the command that made a run, named in its messages).
 
 Each entry names its module and the names in it by string, so that reading the registry imports neither torch nor a
 trainer: ``posttrain --help`` stays fast and a stage imports only its own trainer. Adding a trainer = one entry here
