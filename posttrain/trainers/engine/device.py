@@ -381,11 +381,18 @@ def place(model: nn.Module, rd: RunDevice) -> nn.Module:
             _swap(inner, rd, counted=True, scale_out=False, shape_of=r)
     if not any(r is model for r in roots):
         _swap(model, rd, counted=not roots, scale_out=True)
-    if rd.loss_scale is not None:
-        rd.scaled |= {id(p) for p in model.parameters()}
+    mark_scaled(model, rd)
     if rd.compile:
         _compile(model)
     return model
+
+
+def mark_scaled(model: nn.Module, rd: RunDevice | None = None) -> None:
+    """fp16: ``model``'s parameters are under the loss scale at its output (:func:`unscale_grads` unscales them);
+    called again once FSDP has replaced them by their shards. Nothing to do without a loss scale."""
+    rd = rd if rd is not None else _ACTIVE
+    if rd is not None and rd.loss_scale is not None:
+        rd.scaled |= {id(p) for p in model.parameters()}
 
 
 def _shape_or_zero(model: nn.Module) -> tuple[int, int, int]:
