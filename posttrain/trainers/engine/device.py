@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 
 from posttrain.errors import ConfigError, UserError
+from posttrain.trainers.device_config import DEVICE_HELP, DTYPE_NAMES, check_device  # noqa: F401  (imported from here too)
 from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, peak_flops_of: imported from here too)
     PEAK_FLOPS,
     flop_shape,
@@ -51,8 +52,7 @@ from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, p
     peak_memory,
 )
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEVICE_HELP = "where the model trains: auto (CUDA when present, else the CPU) | cpu | cuda | cuda:N"
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
@@ -64,12 +64,6 @@ def check_device_spec(spec: str) -> None:
     """A ConfigError unless ``spec`` is auto, cpu, cuda or cuda:N (availability is checked by :func:`resolve_device`)."""
     if not isinstance(spec, str) or not _DEVICE.match(spec):
         raise ConfigError(f"device={spec!r} is not valid; choose auto, cpu, cuda or cuda:N")
-
-
-def check_device(name: str, spec: str) -> None:
-    """The ``device`` knob's check (every trainer config, when it is built): :func:`resolve_device` must succeed here,
-    so ``--device cuda`` on a machine without CUDA is a one-line error before anything is written."""
-    resolve_device(spec)
 
 
 def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
