@@ -97,7 +97,7 @@ class PipelineConfig:
     seed: int = knob(0, "seed of every stage (outcomes vary by seed: benchmarks/bench_outcomes.py)", ge=0, lt=2**32)
     threads: int = knob(1, "torch CPU threads of every stage", ge=1)
     device: str = device_field("device", "every training stage")
-    dtype: str = device_field("dtype", "every training stage (fp16: not with the rm and ppo stages)")
+    dtype: str = device_field("dtype", "every training stage, fp16 excepted (rm and ppo do not train in it)")
     jobs: int = knob(
         1,
         "training stages run at once when their inputs are ready (sft_raw beside sft; rm, dpo, grpo "
