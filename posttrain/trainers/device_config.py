@@ -5,26 +5,56 @@ Every trainer's config takes them (:class:`posttrain.trainers.trainer_config.Tra
 ``dtype`` (every training stage's) and ``posttrain lab``'s :class:`DeviceConfig` (every trainer a lab runs), so the
 flags, their help and their checks are the same everywhere. What the values do is ``trainers/engine/device.py``.
 
-This module imports no torch (``posttrain lab --list`` builds its flags without it); checking a device does.
+This module imports no torch when it is imported (``posttrain lab --list`` builds its flags without it); resolving a
+device (:func:`resolve_device`, also the ``device`` field's check) does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from posttrain.errors import ConfigError, UserError
 from posttrain.knobs import check_fields, knob
+
+if TYPE_CHECKING:
+    import torch
 
 DTYPE_NAMES = ("fp32", "bf16", "fp16")
 DEVICE_HELP = "where the model trains: auto (CUDA when present, else the CPU) | cpu | cuda | cuda:N"
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def check_device_spec(spec: str) -> None:
+    """A ConfigError unless ``spec`` is auto, cpu, cuda or cuda:N (availability is checked by :func:`resolve_device`)."""
+    if not isinstance(spec, str) or not _DEVICE.match(spec):
+        raise ConfigError(f"device={spec!r} is not valid; choose auto, cpu, cuda or cuda:N")
+
+
+def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
+    """``auto`` -> CUDA when present (under torchrun, this rank's ``cuda:LOCAL_RANK``), else the CPU; ``cuda`` /
+    ``cuda:N`` without such a device is a one-line :class:`UserError`. Example: on a CPU-only machine
+    ``resolve_device("cuda")`` -> "--device cuda: no CUDA device is available (...); use --device cpu or auto"."""
+    import torch
+
+    check_device_spec(spec)
+    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
+        raise UserError(f"--device {spec}: no CUDA device is available ({why}); use --device cpu or auto")
+    n = torch.cuda.device_count()
+    index = int(spec.split(":")[1]) if ":" in spec else (local_rank or 0)
+    if index >= n:
+        raise UserError(f"--device {spec}: this machine has {n} CUDA device{'s' if n != 1 else ''} (cuda:0..{n - 1})")
+    return torch.device("cuda", index)
 
 
 def check_device(name: str, spec: str) -> None:
-    """The ``device`` field's check, when a config is built: ``--device cuda`` on a machine without CUDA is a
-    one-line error before anything is written (``engine.device.resolve_device``)."""
-    from posttrain.trainers.engine.device import resolve_device
-
+    """The ``device`` field's check, when a config is built: :func:`resolve_device` must succeed here, so
+    ``--device cuda`` on a machine without CUDA is a one-line error before anything is written."""
     resolve_device(spec)
 
 

@@ -34,14 +34,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
-from posttrain.errors import ConfigError, UserError
-from posttrain.trainers.device_config import DEVICE_HELP, DTYPE_NAMES, check_device  # noqa: F401  (imported from here too)
+from posttrain.errors import ConfigError
+from posttrain.trainers.device_config import DEVICE_HELP, DTYPE_NAMES, check_device, check_device_spec, resolve_device  # noqa: F401  (re-exported)
 from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, peak_flops_of: imported from here too)
     PEAK_FLOPS,
     flop_shape,
@@ -53,34 +52,10 @@ from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, p
 )
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
-_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
 
 
 # ---------------------------------------------------------------------------------------------
-# which device
-
-
-def check_device_spec(spec: str) -> None:
-    """A ConfigError unless ``spec`` is auto, cpu, cuda or cuda:N (availability is checked by :func:`resolve_device`)."""
-    if not isinstance(spec, str) or not _DEVICE.match(spec):
-        raise ConfigError(f"device={spec!r} is not valid; choose auto, cpu, cuda or cuda:N")
-
-
-def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
-    """``auto`` -> CUDA when present (under torchrun, this rank's ``cuda:LOCAL_RANK``), else the CPU; ``cuda`` /
-    ``cuda:N`` without such a device is a one-line :class:`UserError`. Example: on a CPU-only machine
-    ``resolve_device("cuda")`` -> "--device cuda: no CUDA device is available (...); use --device cpu or auto"."""
-    check_device_spec(spec)
-    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
-        raise UserError(f"--device {spec}: no CUDA device is available ({why}); use --device cpu or auto")
-    n = torch.cuda.device_count()
-    index = int(spec.split(":")[1]) if ":" in spec else (local_rank or 0)
-    if index >= n:
-        raise UserError(f"--device {spec}: this machine has {n} CUDA device{'s' if n != 1 else ''} (cuda:0..{n - 1})")
-    return torch.device("cuda", index)
+# which device (check_device_spec, resolve_device: trainers/device_config.py, imported above)
 
 
 def available_devices() -> list[str]:
