@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 
@@ -100,6 +101,7 @@ class LabContext:
     falsify: bool = False
     verbose: bool = True
     draw: bool = True  # False: figures are built but not rendered (the tests' falsified runs)
+    device: Any = None  # the trainers' DeviceConfig (trainers/device_config.py); None: their defaults
     checks: list[Check] = field(default_factory=list)
     numbers: dict = field(default_factory=dict)
     figures: list[str] = field(default_factory=list)
@@ -208,6 +210,7 @@ def write_result(ctx: LabContext, claim: str, formula: str, notes: str, seconds:
         "figures": list(ctx.figures),
         "quick": ctx.quick,
         "seed": ctx.seed,
+        **({} if ctx.device is None else {"device": ctx.device.device, "dtype": ctx.device.dtype}),
         "falsified": ctx.falsify,
         "seconds": round(seconds, 3),
     }
@@ -216,12 +219,20 @@ def write_result(ctx: LabContext, claim: str, formula: str, notes: str, seconds:
 
 
 def run_lab(
-    lab, out: Path, quick: bool = False, seed: int = 0, falsify: bool = False, verbose: bool = True, draw: bool = True
+    lab,
+    out: Path,
+    quick: bool = False,
+    seed: int = 0,
+    falsify: bool = False,
+    verbose: bool = True,
+    draw: bool = True,
+    device=None,
 ) -> dict:
-    """Run one lab module (``posttrain.labs.<module>``) into ``out``; return its result dict."""
+    """Run one lab module (``posttrain.labs.<module>``) into ``out``; return its result dict. ``device``: a
+    ``DeviceConfig`` (``trainers/device_config.py``) every trainer the lab runs gets (None: the trainers' defaults)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    ctx = LabContext(lab.NAME, out, quick=quick, seed=seed, falsify=falsify, verbose=verbose, draw=draw)
+    ctx = LabContext(lab.NAME, out, quick=quick, seed=seed, falsify=falsify, verbose=verbose, draw=draw, device=device)
     ctx.say(f"== {lab.NAME}{' (quick)' if quick else ''}{' (FALSIFIED on purpose)' if falsify else ''}")
     ctx.say(f"claim: {lab.CLAIM}")
     ctx.say(f"formula: {lab.FORMULA}")
@@ -230,8 +241,11 @@ def run_lab(
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # labs are CPU-sized and must not fight other processes for cores
+    from posttrain.labs._train import on_device
+
     try:
-        lab.run(ctx)
+        with on_device(device):
+            lab.run(ctx)
     finally:
         torch.set_num_threads(threads)
     seconds = time.perf_counter() - t0
@@ -264,9 +278,9 @@ _MEMO: dict = {}
 
 
 def memo(ctx: LabContext, label: str, fn):
-    """``fn()`` once per process for (lab, label, quick, seed): measurements that ``falsify`` does not change are
-    reused when a lab is judged again (the tests run every lab twice), never across sizes or seeds."""
-    key = (ctx.name, label, ctx.quick, ctx.seed)
+    """``fn()`` once per process for (lab, label, quick, seed, device): measurements that ``falsify`` does not change
+    are reused when a lab is judged again (the tests run every lab twice), never across sizes, seeds or devices."""
+    key = (ctx.name, label, ctx.quick, ctx.seed, None if ctx.device is None else (ctx.device.device, ctx.device.dtype))
     if key not in _MEMO:
         _MEMO[key] = fn()
     return _MEMO[key]

@@ -3,6 +3,10 @@
 Every run is tiny (a 1-layer GPT on 1-digit addition, tens of steps) so a lab stays under a minute on two
 cores; trainers are called through their public API (``train_sft``, ``train_dpo``, ``train_policy_gradient``)
 with ``progress=False`` and their console lines captured, so a lab prints only its own findings.
+
+Device and precision: ``posttrain lab --device D --dtype T`` (a :class:`DeviceConfig`, set by ``run_lab`` for the
+lab's run: :func:`on_device`) reach every trainer a lab runs through :func:`quiet`; the labs' own measurements on
+the trained checkpoints (log-probs, samples) stay on the CPU in fp32.
 """
 
 from __future__ import annotations
@@ -16,16 +20,35 @@ from pathlib import Path
 
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.trainers.device_config import DeviceConfig
 
 TASK = ArithmeticConfig(digits=1, num_demos=60, num_eval=12)
 MODEL = GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=24)
+DEVICE: DeviceConfig | None = None  # the device and dtype of the lab being run; None: each trainer's defaults
 
 
-def quiet(fn, *args, **kwargs):
-    """Call a trainer with its standard output and error captured (returned as the second value)."""
+@contextlib.contextmanager
+def on_device(device: DeviceConfig | None):
+    """Run the trainers of the enclosed lab with ``device``'s device and dtype (None: their defaults)."""
+    global DEVICE
+    before, DEVICE = DEVICE, device
+    try:
+        yield
+    finally:
+        DEVICE = before
+
+
+def device_key() -> tuple | None:
+    """What the lab's trainers run on, for the keys of results reused within a process: (device, dtype) or None."""
+    return None if DEVICE is None else (DEVICE.device, DEVICE.dtype)
+
+
+def quiet(fn, cfg, **kwargs):
+    """Call trainer ``fn`` on ``cfg`` (given the lab run's device and dtype) with its standard output and error
+    captured (returned as the second value)."""
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
-        out = fn(*args, **kwargs)
+        out = fn(cfg if DEVICE is None else DEVICE.apply(cfg), **kwargs)
     return out, buf.getvalue()
 
 
@@ -37,12 +60,12 @@ def sft_init(steps: int, seed: int = 0) -> str:
     (steps, seed) and shared by the labs (a temporary directory removed at exit); returns its path."""
     from posttrain.trainers.sft import SFTConfig, train_sft
 
-    key = (steps, seed)
+    key = (steps, seed, device_key())
     if key not in _CACHE:
         if "root" not in _CACHE:
             _CACHE["root"] = tempfile.TemporaryDirectory(prefix="posttrain-labs-")
             atexit.register(_CACHE["root"].cleanup)
-        out = Path(_CACHE["root"].name) / f"sft-{steps}-{seed}"
+        out = Path(_CACHE["root"].name) / "-".join(map(str, ("sft", steps, seed, *(device_key() or ()))))
         quiet(
             train_sft,
             SFTConfig(

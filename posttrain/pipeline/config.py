@@ -3,7 +3,8 @@
 Resolution as everywhere (``posttrain.config``): dataclass defaults <- preset <- ``--config FILE`` (TOML or
 YAML, sections named after the stages: ``[sft]``, ``[grpo]``, ``[dedup]``...) <- flags. The pipeline then
 fills in what it owns in each trainer config: ``out``, ``init``, ``data``, ``tokenizer``, ``seed``,
-``threads``, ``progress`` and the shared ``task`` (every stage evaluates on the same held-out prompts).
+``threads``, ``device``, ``dtype``, ``progress`` and the shared ``task`` (every stage evaluates on the same
+held-out prompts).
 
 Users' own data: ``corpus_file`` (JSONL; records with ``prompt`` and ``answer`` are demonstrations, every
 record's ``text`` feeds dedup and the tokenizer), ``eval_file`` (JSONL of {prompt, answer, ...}: the
@@ -28,6 +29,7 @@ from posttrain.data.dedup.run import DedupConfig
 from posttrain.errors import ConfigError
 from posttrain.pipeline.corpus import CorpusConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
+from posttrain.trainers.device_config import DeviceConfig, device_field
 from posttrain.trainers.dpo import DPOConfig
 from posttrain.trainers.policy_gradient import PolicyGradientConfig
 from posttrain.trainers.reward import RECIPE_V1 as RM_RECIPE
@@ -94,6 +96,8 @@ def _rm_default() -> RMConfig:
 class PipelineConfig:
     seed: int = knob(0, "seed of every stage (outcomes vary by seed: benchmarks/bench_outcomes.py)", ge=0, lt=2**32)
     threads: int = knob(1, "torch CPU threads of every stage", ge=1)
+    device: str = device_field("device", "every training stage")
+    dtype: str = device_field("dtype", "every training stage, fp16 excepted (rm and ppo do not train in it)")
     jobs: int = knob(
         1,
         "training stages run at once when their inputs are ready (sft_raw beside sft; rm, dpo, grpo "
@@ -202,11 +206,29 @@ class PipelineConfig:
                     f"{section}.{name}={value!r}: the pipeline sets it ({instead}); a stage option it does not "
                     f"honour is refused, not overridden"
                 )
+        check_stage_devices(self)
         if self.tokenizer.kind == "byte-bpe" and self.tokenizer.vocab_size < 259:
             raise ConfigError(
                 f"tokenizer.vocab_size={self.tokenizer.vocab_size}: byte-bpe needs >= 259 "
                 f"(256 bytes + 3 special tokens)"
             )
+
+
+def check_stage_devices(cfg: PipelineConfig) -> None:
+    """The top-level ``device`` and ``dtype`` are every training stage's: a section setting another value is refused
+    (not overridden), and fp16 too, which the rm and ppo trainers refuse (``engine/device.py``)."""
+    if cfg.dtype == "fp16":
+        raise ConfigError("dtype=fp16: the rm and ppo stages do not train in fp16; use dtype=bf16")
+    defaults = {name: f.default for name, f in DeviceConfig.__dataclass_fields__.items()}
+    for section in ("sft", "rm", "dpo", "grpo", "ppo"):
+        stage = getattr(cfg, section)
+        for name, default in defaults.items():
+            value = stage.get(name, default) if isinstance(stage, dict) else getattr(stage, name)
+            if value not in (default, getattr(cfg, name)):
+                raise ConfigError(
+                    f"{section}.{name}={value!r} and {name}={getattr(cfg, name)!r}: the top-level {name} is every "
+                    f"training stage's; set it there"
+                )
 
 
 PIPELINE_OWNED = (

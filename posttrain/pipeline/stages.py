@@ -66,9 +66,10 @@ def _tokenizer_inputs(ctx):
 
 
 def _owned(ctx, stage: str, base, **fixed):
-    """A trainer config with what the pipeline owns filled in (out, seed, threads, progress, task, ...)."""
+    """A trainer config with what the pipeline owns filled in (out, seed, threads, device, dtype, progress, task, ...)."""
     cfg = ctx.cfg
-    values = {"out": str(ctx.dir(stage)), "seed": cfg.seed, "threads": cfg.threads, "progress": not ctx.quiet, **fixed}
+    values = {"out": str(ctx.dir(stage)), "seed": cfg.seed, "threads": cfg.threads, "progress": not ctx.quiet}
+    values.update(device=cfg.device, dtype=cfg.dtype, **fixed)
     names = {f.name for f in dataclasses.fields(base)}
     if "task" in names:
         values["task"] = cfg.task

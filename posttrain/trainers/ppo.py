@@ -156,7 +156,7 @@ class PPOTrainer:
         """The critic (its own model, or a head on the policy) and its optimizer, sharded beside the policy."""
         self.critic_module = self.shared_head if self.shared_head is not None else self.critic
         if self.fsdp:  # in place, per block then the root; FSDP's hooks reduce the gradients
-            sharded.shard_model(self.critic)
+            sharded.shard_model(self.critic, self.cfg.dtype)
         self.critic_opt = common.make_optimizer(self.critic_module, self.cfg.critic_lr, self.cfg.weight_decay)
         return {"critic": (self.critic_module, self.critic_opt)}
 

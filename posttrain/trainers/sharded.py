@@ -27,7 +27,16 @@ parameters per rank (no gradients, no optimiser state), as a colocated inference
 FSDP forward and backward is a collective, so in an update every rank runs the same number of micro-batches:
 a micro-batch where a rank has no row runs one of its rows with weight 0 (:func:`fixed_micro_batches`).
 
-Not handled: mixed precision policies, CPU offload of parameters during training, HF models other than those
+Mixed precision (``--dtype bf16`` / ``fp16`` under ``--fsdp``): FSDP2's ``MixedPrecisionPolicy(param_dtype=compute
+dtype, reduce_dtype=fp32)`` on every block and the root (:func:`mixed_precision`). The shards, the optimiser state and
+the checkpoints stay fp32; each all-gather casts the shards to the compute dtype (half the bytes on the wire, and the
+forward and backward compute on bf16 weights), and the gradients are cast back to fp32 before the reduce-scatter, so
+the average over ranks and the update are done in fp32. The forward still runs under the run's autocast
+(``engine/device.py``), which keeps softmax, normalisation and the loss in fp32 as it does unsharded; fp16's loss
+scale reaches the sharded parameters as it reaches plain ones. ``--dtype fp32`` passes no policy: ``fully_shard``
+is called exactly as before.
+
+Not handled: CPU offload of parameters during training, HF models other than those
 with ``model.layers`` / ``transformer.h`` block lists, LoRA under FSDP.
 """
 
@@ -70,12 +79,30 @@ def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     )
 
 
-def shard_model(model: torch.nn.Module) -> torch.nn.Module:
-    """``fully_shard`` each block, then the root (in place; the module keeps its class and methods)."""
+def mixed_precision(dtype: str):
+    """FSDP2's policy for the run's ``--dtype``: None for fp32 (no policy: full-precision all-gathers), else
+    ``MixedPrecisionPolicy(param_dtype=<bf16|fp16>, reduce_dtype=float32)`` (compute-dtype all-gathers and forward
+    weights, fp32 gradient reduce-scatter). Example: ``mixed_precision("bf16").param_dtype`` -> torch.bfloat16."""
+    from posttrain.trainers.engine.device import DTYPES
+
+    if dtype == "fp32":
+        return None
+    try:  # torch >= 2.6
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+    except ImportError:  # torch 2.4-2.5
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=DTYPES[dtype], reduce_dtype=torch.float32)
+
+
+def shard_model(model: torch.nn.Module, dtype: str = "fp32") -> torch.nn.Module:
+    """``fully_shard`` each block, then the root (in place; the module keeps its class and methods), with the
+    :func:`mixed_precision` policy of ``dtype`` (fp32: none, the call is the plain ``fully_shard(module)``)."""
     fully_shard = _fully_shard()
+    policy = mixed_precision(dtype)
+    kwargs = {} if policy is None else {"mp_policy": policy}
     for block in transformer_blocks(model):
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 

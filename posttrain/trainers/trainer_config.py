@@ -1,5 +1,5 @@
 """The fields every trainer config shares, declared once: outputs, length, optimiser, schedule, cadence, seed, logs,
-device and precision (``trainers/engine/device.py``).
+device and precision (declared in ``trainers/device_config.py``; what they do: ``trainers/engine/device.py``).
 
 Key insight: torchtune's lesson — share a *shape*, not behaviour. Every trainer's config (``SFTConfig``,
 ``RMConfig``, ``DPOConfig``, ``PolicyGradientConfig``, ``PPOConfig``) is a dataclass that *includes* these
@@ -28,7 +28,7 @@ from typing import Any
 
 from posttrain.config import check_fields, knob
 from posttrain.loggers import LOGGER_HELP, check_loggers
-from posttrain.trainers.engine.device import DEVICE_HELP, DTYPES, check_device
+from posttrain.trainers.device_config import device_field
 
 
 @dataclass
@@ -56,13 +56,8 @@ class TrainerConfig:
         ge=1,
     )
     progress: bool = knob(True, "show a progress bar (plain lines every 10% when not a terminal)")
-    device: str = knob("auto", DEVICE_HELP, check=check_device)  # a device this machine has: else exit 2, no output
-    dtype: str = knob(
-        "fp32",
-        "compute precision: fp32 | bf16 | fp16 (weights and optimizer state stay fp32; bf16/fp16 compute under "
-        "autocast, fp16 with a dynamic loss scale; checkpoints are written in fp32)",
-        choices=tuple(DTYPES),
-    )
+    device: str = device_field("device")  # declared in device_config.py (the pipeline and the labs take it too)
+    dtype: str = device_field("dtype")
     grad_checkpointing: bool = knob(
         False, "recompute each transformer block's activations in the backward pass (less memory, ~1/3 more compute)"
     )

@@ -34,13 +34,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
-from posttrain.errors import ConfigError, UserError
+from posttrain.errors import ConfigError
+from posttrain.trainers.device_config import DEVICE_HELP, DTYPE_NAMES, check_device, check_device_spec, resolve_device  # noqa: F401  (re-exported)
 from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, peak_flops_of: imported from here too)
     PEAK_FLOPS,
     flop_shape,
@@ -51,42 +51,11 @@ from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, p
     peak_memory,
 )
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DEVICE_HELP = "where the model trains: auto (CUDA when present, else the CPU) | cpu | cuda | cuda:N"
-_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 
 
 # ---------------------------------------------------------------------------------------------
-# which device
-
-
-def check_device_spec(spec: str) -> None:
-    """A ConfigError unless ``spec`` is auto, cpu, cuda or cuda:N (availability is checked by :func:`resolve_device`)."""
-    if not isinstance(spec, str) or not _DEVICE.match(spec):
-        raise ConfigError(f"device={spec!r} is not valid; choose auto, cpu, cuda or cuda:N")
-
-
-def check_device(name: str, spec: str) -> None:
-    """The ``device`` knob's check (every trainer config, when it is built): :func:`resolve_device` must succeed here,
-    so ``--device cuda`` on a machine without CUDA is a one-line error before anything is written."""
-    resolve_device(spec)
-
-
-def resolve_device(spec: str = "auto", local_rank: int | None = None) -> torch.device:
-    """``auto`` -> CUDA when present (under torchrun, this rank's ``cuda:LOCAL_RANK``), else the CPU; ``cuda`` /
-    ``cuda:N`` without such a device is a one-line :class:`UserError`. Example: on a CPU-only machine
-    ``resolve_device("cuda")`` -> "--device cuda: no CUDA device is available (...); use --device cpu or auto"."""
-    check_device_spec(spec)
-    if spec == "cpu" or (spec == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        why = "this torch is built without CUDA" if torch.version.cuda is None else "no GPU is visible"
-        raise UserError(f"--device {spec}: no CUDA device is available ({why}); use --device cpu or auto")
-    n = torch.cuda.device_count()
-    index = int(spec.split(":")[1]) if ":" in spec else (local_rank or 0)
-    if index >= n:
-        raise UserError(f"--device {spec}: this machine has {n} CUDA device{'s' if n != 1 else ''} (cuda:0..{n - 1})")
-    return torch.device("cuda", index)
+# which device (check_device_spec, resolve_device: trainers/device_config.py, imported above)
 
 
 def available_devices() -> list[str]:
@@ -381,11 +350,18 @@ def place(model: nn.Module, rd: RunDevice) -> nn.Module:
             _swap(inner, rd, counted=True, scale_out=False, shape_of=r)
     if not any(r is model for r in roots):
         _swap(model, rd, counted=not roots, scale_out=True)
-    if rd.loss_scale is not None:
-        rd.scaled |= {id(p) for p in model.parameters()}
+    mark_scaled(model, rd)
     if rd.compile:
         _compile(model)
     return model
+
+
+def mark_scaled(model: nn.Module, rd: RunDevice | None = None) -> None:
+    """fp16: ``model``'s parameters are under the loss scale at its output (:func:`unscale_grads` unscales them);
+    called again once FSDP has replaced them by their shards. Nothing to do without a loss scale."""
+    rd = rd if rd is not None else _ACTIVE
+    if rd is not None and rd.loss_scale is not None:
+        rd.scaled |= {id(p) for p in model.parameters()}
 
 
 def _shape_or_zero(model: nn.Module) -> tuple[int, int, int]:

@@ -148,7 +148,10 @@ def open_training(
     t.model = place_model(t.model, cfg)
     fsdp = getattr(cfg, "fsdp", False) and world.distributed
     if fsdp:
-        sharded.shard_model(t.model)  # in place; FSDP's own hooks reduce the gradients (no DDP wrapper)
+        # in place; FSDP's hooks reduce the gradients (no DDP wrapper); bf16/fp16: compute-dtype all-gathers, fp32
+        # reduce-scatter (sharded.mixed_precision), and fp16's loss scale covers the new (sharded) parameters
+        sharded.shard_model(t.model, cfg.dtype)
+        device.mark_scaled(t.model)
     elif getattr(cfg, "fsdp", False):
         print("--fsdp on one process: nothing to shard, training unsharded (run under torchrun to shard)")
     t.train_model = t.model if fsdp else distributed.wrap_ddp(t.model, world)
