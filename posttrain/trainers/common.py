@@ -96,6 +96,14 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
+def schedule_lr(optimizer: torch.optim.Optimizer, step: int, cfg) -> float:
+    """Set and return step ``step``'s LR: :func:`lr_at` of the config's ``lr``, ``warmup_steps``, ``steps`` and
+    ``min_lr_ratio``."""
+    lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    set_lr(optimizer, lr)
+    return lr
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)

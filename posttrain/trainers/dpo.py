@@ -149,8 +149,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
 def train_step(s: DPOState, step: int) -> dict:
     """One optimizer step on batch ``step`` -> its metrics (the loss's own ones included)."""
     cfg, t0 = s.cfg, time.perf_counter()
-    lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
-    common.set_lr(s.opt, lr)
+    lr = common.schedule_lr(s.opt, step, cfg)
     per_step = cfg.batch_size * (2 if s.choice.unpaired else 1)
     idx = batch_indices(len(s.data.examples), per_step, step, cfg.seed).tolist()  # the global batch
     idx = distributed.shard(idx, s.world)  # this rank's pairs; the loss is a mean over pairs (not batch_coupled):

@@ -132,8 +132,7 @@ def train_step(s: RMState, step: int) -> dict:
     """One Bradley-Terry optimizer step on pair batch ``step`` (``batch_by``: random pairs, or random prompts with
     all their pairs and each completion scored once; ``trainers/reward_batches.py``)."""
     cfg, t0 = s.cfg, time.perf_counter()
-    lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
-    common.set_lr(s.opt, lr)
+    lr = common.schedule_lr(s.opt, step, cfg)
     caps = dict(max_prompt_length=cfg.max_prompt_length, max_completion_length=cfg.max_completion_length)
     if cfg.batch_by == "prompt":  # the step's prompts (seeded by step), each with all its pairs
         idx = batch_indices(len(s.groups), min(cfg.batch_size, len(s.groups)), step, cfg.seed).tolist()

@@ -128,8 +128,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
 def train_step(s: SFTState, step: int) -> dict:
     """One optimizer step on batch ``step`` (gradient accumulation over ``grad_accum`` micro-batches)."""
     cfg, t0 = s.cfg, time.perf_counter()
-    lr = common.lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
-    common.set_lr(s.opt, lr)
+    lr = common.schedule_lr(s.opt, step, cfg)
     idx = batch_indices(len(s.ids), cfg.batch_size, step, cfg.seed)  # the global batch (every rank draws it)
     n_tok = int(s.loss_mask[idx][:, 1:].sum())  # the global normaliser: the same on every rank
     idx = distributed.shard(idx, s.world)  # this rank's rows (all of them on one process)
