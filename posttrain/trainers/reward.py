@@ -116,9 +116,16 @@ class RMState:
 def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> RMState:
     """Open the run (trainers/engine/setup.py) on the reward model and pairs of ``reward_data.py``."""
     task = task_for(cfg, "preference pairs")  # --data (FileTask) or the embedded task: tasks/files.py
-    build, inputs = functools.partial(build_reward_model, cfg), functools.partial(user_pairs, cfg)
-    run_inputs = functools.partial(run_pairs, cfg, task)
-    t = open_training(cfg, "rm", resume, overwrite, build=build, inputs=inputs, run_inputs=run_inputs, keep_init=True)
+    t = open_training(
+        cfg,
+        "rm",
+        resume,
+        overwrite,
+        build=lambda start: build_reward_model(cfg, start),
+        inputs=lambda t: user_pairs(cfg, t),  # --data / --eval-data, checked before anything is written
+        run_inputs=lambda t: run_pairs(cfg, task, t),  # the embedded task's, made in the run directory
+        keep_init=True,
+    )
     d = t.inputs
     print(
         f"RM: {len(d.train)} training pairs, {len(d.held)} held-out pairs, {common.n_params(t.model) / 1e6:.2f}M "

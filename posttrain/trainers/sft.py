@@ -110,8 +110,9 @@ class SFTState:
 def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) -> SFTState:
     """Open the run (trainers/engine/setup.py) on the model and inputs of ``sft_data.py``."""
     task = task_for(cfg, "demonstrations")  # --data (FileTask) or the embedded task: tasks/files.py
-    inputs = functools.partial(sft_inputs, cfg, task, task.demos())
-    t = open_training(cfg, "sft", resume, overwrite, build=functools.partial(build_model, cfg), inputs=inputs)
+    demos = task.demos()
+    build, inputs = (lambda start: build_model(cfg, start)), (lambda t: sft_inputs(cfg, task, demos, t))
+    t = open_training(cfg, "sft", resume, overwrite, build=build, inputs=inputs)
     d: SFTInputs = t.inputs
     if task.note:
         print(task.note)
