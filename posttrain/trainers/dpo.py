@@ -49,7 +49,7 @@ from posttrain.trainers.dpo_data import DPOInputs
 from posttrain.trainers.engine.publish import close_run, publish_model, run_state, save_periodic
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.guards import NonFiniteGuard
 from posttrain.trainers.preference_data import PairedData, UnpairedData
 from posttrain.trainers.preference_eval import PairEval, pair_eval_metrics
 
@@ -163,8 +163,7 @@ def train_step(s: DPOState, step: int) -> dict:
     loss, m = s.choice.fn(**kw, beta=s.beta, **cfg.loss_kwargs)
     (loss * share).backward()
     loss = distributed.global_sum(loss.item() * len(idx) / per_step, s.world)  # the global batch's mean
-    gnorm = common.grad_norm_and_clip(s.model, cfg.grad_clip)
-    stepped = finite_step(s.opt, loss, gnorm)  # a NaN/Inf loss or grad norm skips the step
+    gnorm, stepped = common.clip_and_step(s.model, s.opt, loss, cfg.grad_clip)  # NaN/Inf loss or norm: skipped
     if stepped and s.choice.state_type is not None:
         s.loss_state = s.choice.state_type.from_metrics(m)
     metrics = distributed.mean_metrics({k: v.item() for k, v in m.items()}, s.world)  # per-pair means: averaged

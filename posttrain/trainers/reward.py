@@ -55,7 +55,7 @@ from posttrain.trainers.engine import device
 from posttrain.trainers.engine.publish import close_run, publish_model, run_state, save_periodic
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.guards import NonFiniteGuard
 from posttrain.trainers.reward_batches import batch_rewards, collate_prompt_groups, prompt_groups, row_rewards
 from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RECIPE_V3, RMConfig  # noqa: F401  (re-exported)
 from posttrain.trainers.reward_data import build_reward_model, run_pairs, user_pairs
@@ -175,8 +175,7 @@ def train_step(s: RMState, step: int) -> dict:
         m["chosen_nll"] = nll.detach()
     (loss * (share * distributed.ddp_loss_scale(s.world))).backward()
     loss = distributed.global_sum(loss.item() * share, s.world)  # the global batch's mean
-    gnorm = common.grad_norm_and_clip(s.rm, cfg.grad_clip)
-    finite_step(s.opt, loss, gnorm)  # a NaN/Inf loss or grad norm skips the step
+    gnorm, _ = common.clip_and_step(s.rm, s.opt, loss, cfg.grad_clip)  # NaN/Inf loss or norm: skipped
     metrics = distributed.mean_metrics({k: v.item() for k, v in m.items()}, s.world)  # per-pair means: averaged
     return {"loss": loss, **metrics, "lr": lr, "grad_norm": gnorm, "step_time": time.perf_counter() - t0}
 

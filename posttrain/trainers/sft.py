@@ -39,7 +39,7 @@ from posttrain.trainers.checkpoint import CheckpointManager, rng_state
 from posttrain.trainers.engine.publish import close_run, publish_model, run_state, save_periodic
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.guards import NonFiniteGuard, finite_step
+from posttrain.trainers.guards import NonFiniteGuard
 from posttrain.trainers.selection import BestKeeper, save_with_best
 from posttrain.trainers.sft_config import PRESETS, SFTConfig  # noqa: F401  (the registry reads them here)
 from posttrain.trainers.sft_data import SFTInputs, build_model, sft_inputs
@@ -142,8 +142,7 @@ def train_step(s: SFTState, step: int) -> dict:
             (loss * scale).backward()
         loss_total += loss.item()
     loss_total = distributed.global_sum(loss_total, s.world)
-    gnorm = common.grad_norm_and_clip(s.model, cfg.grad_clip)
-    finite_step(s.opt, loss_total, gnorm)  # a NaN/Inf loss or grad norm skips the step
+    gnorm, _ = common.clip_and_step(s.model, s.opt, loss_total, cfg.grad_clip)  # NaN/Inf loss or norm: skipped
     dt = time.perf_counter() - t0
     n_real = int(distributed.global_sum(int((b_ids != s.tokenizer.pad_id).sum()), s.world))
     s.tokens_seen += n_real
