@@ -33,7 +33,8 @@ from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import SPECIALS, CharTokenizer
 from posttrain.trainers import common
 from posttrain.trainers.common import frozen
-from posttrain.trainers.dpo import DPOConfig, PairedData
+from posttrain.trainers.dpo import DPOConfig
+from posttrain.trainers.preference_data import PairedData
 
 SHAPE = dict(n_layer=4, n_head=4, d_model=128)
 BATCH, BETA, LR = 16, 0.1, 1e-4

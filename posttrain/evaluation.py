@@ -85,6 +85,14 @@ def sample_line(s: dict) -> str:
     return f"  {printable(s['prompt'], SHOW_CHARS)}{printable(s['completion'], SHOW_CHARS):<6} {verdict}"
 
 
+def heldout_report(result: EvalResult, start: EvalResult | None = None) -> str:
+    """What a trainer prints of its final held-out evaluation: the accuracy (from ``start``'s, when given) and the
+    kept samples, one :func:`sample_line` each."""
+    before = f"{start.accuracy:.3f} -> " if start is not None else ""
+    head = f"held-out accuracy: {before}{result.accuracy:.3f} ({result.correct}/{result.n})"
+    return "\n".join([head, *(sample_line(x) for x in result.samples)])
+
+
 BEST_OF_RULES = ("max", "weighted")
 
 
@@ -257,4 +265,18 @@ def evaluate(
     n = len(prompts)
     return EvalResult(
         accuracy=correct / max(n, 1), n=n, correct=correct, samples=samples, truncated_fraction=truncated / max(n, 1)
+    )
+
+
+def evaluate_problems(model, tokenizer, problems, *, max_new_tokens: int, window: int | None, keep_samples: int = 0):
+    """:func:`evaluate` on (prompt, answer) ``problems`` checked by :func:`fit_prompts`, prompts cut to ``window``
+    (:func:`prompt_window`) tokens: a trainer's held-out or validation accuracy."""
+    return evaluate(
+        model,
+        tokenizer,
+        [p for p, _ in problems],
+        [a for _, a in problems],
+        max_new_tokens=max_new_tokens,
+        keep_samples=keep_samples,
+        max_prompt_tokens=window,
     )

@@ -158,7 +158,7 @@ def test_bounds_reach_the_help_text():
 
 # every config dataclass the commands build: each float refuses NaN (and inf unless allowed), each bound is enforced
 CONFIG_MODULES = (
-    "posttrain.trainers.sft",
+    "posttrain.trainers.sft_config",
     "posttrain.trainers.dpo_config",
     "posttrain.trainers.reward_config",
     "posttrain.trainers.pg_config",
@@ -395,7 +395,7 @@ def test_help_text_with_a_percent_sign_is_printed_verbatim():
 
 
 _PRESET_TABLES = [  # (module, config class): each module's PRESETS is what `--preset NAME` accepts
-    ("posttrain.trainers.sft", "SFTConfig"),
+    ("posttrain.trainers.sft_config", "SFTConfig"),
     ("posttrain.trainers.pg_config", "PolicyGradientConfig"),
     ("posttrain.trainers.ppo_config", "PPOConfig"),
     ("posttrain.trainers.dpo_config", "DPOConfig"),
@@ -427,7 +427,7 @@ def test_sft_tiny_preset_is_the_measured_command():
     # docs/outcomes/2026-12-04_xeon_tiny_*: `sft --preset tiny
     # --steps 2000 --weight-decay 3.0 --restarts 4 --restart-probe 0.5
     # --restart-keep 1` (the tiny until 2026-12-04, now tiny_v8, plus those flags)
-    from posttrain.trainers.sft import PRESETS, SFTConfig
+    from posttrain.trainers.sft_config import PRESETS, SFTConfig
 
     flags = {"steps": "2000", "weight_decay": "3.0", "restarts": "4", "restart_probe": "0.5", "restart_keep": "1"}
     assert build_config(SFTConfig, PRESETS["tiny"]) == build_config(SFTConfig, PRESETS["tiny_v8"], overrides=flags)
@@ -435,7 +435,7 @@ def test_sft_tiny_preset_is_the_measured_command():
 
 def test_sft_slots16_preset_is_the_measured_command():
     # docs/outcomes/2026-12-04_xeon_slots16_seeds0_9.json ran `sft --preset slots --restarts 16`
-    from posttrain.trainers.sft import PRESETS, SFTConfig
+    from posttrain.trainers.sft_config import PRESETS, SFTConfig
 
     measured = build_config(SFTConfig, PRESETS["slots"], overrides={"restarts": "16"})
     assert build_config(SFTConfig, PRESETS["slots16"]) == measured

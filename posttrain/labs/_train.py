@@ -96,7 +96,7 @@ def pair_logps(model_dir, pairs) -> tuple:
 
     from posttrain.data.preference import collate_preference
     from posttrain.trainers.checkpoint import load_checkpoint
-    from posttrain.trainers.dpo import seq_logps
+    from posttrain.trainers.preference_data import seq_logps
 
     ck = load_checkpoint(model_dir)
     ck.model.eval()

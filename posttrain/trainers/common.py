@@ -34,6 +34,7 @@ from posttrain.loggers import MetricsLogger  # noqa: F401 - the trainers' logger
 from posttrain.progress import tqdm  # a bar on a terminal, a line every 10 % in a log
 from posttrain.trainers import distributed
 from posttrain.trainers.engine import device
+from posttrain.trainers.guards import finite_step
 from posttrain.trainers.run_dir import Run, begin_run, open_run  # noqa: F401  (re-exported for the trainers)
 
 
@@ -96,6 +97,14 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
+def schedule_lr(optimizer: torch.optim.Optimizer, step: int, cfg) -> float:
+    """Set and return step ``step``'s LR: :func:`lr_at` of the config's ``lr``, ``warmup_steps``, ``steps`` and
+    ``min_lr_ratio``."""
+    lr = lr_at(step, cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio)
+    set_lr(optimizer, lr)
+    return lr
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -110,6 +119,13 @@ def grad_norm_and_clip(model: torch.nn.Module, max_norm: float | None) -> float:
     device.unscale_grads(params)  # fp16: the loss-scaled gradients back to their size (else nothing)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm and max_norm > 0 else float("inf"))
     return device.after_clip(params, float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+
+
+def clip_and_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: float, max_norm: float | None):
+    """Clip the gradients (:func:`grad_norm_and_clip`) and step, unless the loss or the norm is NaN/Inf: then the
+    step is skipped (``guards.finite_step``; gradients zeroed either way). Returns (grad norm, stepped)."""
+    gnorm = grad_norm_and_clip(model, max_norm)
+    return gnorm, finite_step(optimizer, loss, gnorm)
 
 
 def _plain(v):

@@ -99,3 +99,16 @@ def eval_reward_model(cfg, overwrite: bool = False) -> dict:
     print(f"pairwise accuracy: {m['accuracy']:.4f} on {len(pairs)} pairs of {cfg.eval_data} with {loaded.path}")
     print(f"summary: {path}")
     return summary
+
+
+def heldout_report(metrics: dict[str, float], n: int) -> str:
+    """What a reward-model run prints of its final held-out evaluation (:func:`evaluate_pairs`' ``metrics`` on ``n``
+    pairs): the pairwise accuracy, then one line per margin bucket."""
+    lines = [f"held-out pairwise accuracy: {metrics['heldout/accuracy']:.3f} on {n} pairs"]
+    for k, v in metrics.items():
+        if k.startswith("heldout/accuracy/bucket_"):
+            name = k.rsplit("/", 1)[-1]
+            lines.append(
+                f"  |chosen - rejected| in {name[7:]}: {v:.3f} ({int(metrics['heldout/count/' + name])} pairs)"
+            )
+    return "\n".join(lines)

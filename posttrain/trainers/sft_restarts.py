@@ -48,11 +48,11 @@ from posttrain.data.conversations import load_sft_data
 from posttrain.data.io import atomic_dir, atomic_write_json
 from posttrain.data.pairs import load_pairs
 from posttrain.errors import ConfigError, DataError, UserError
-from posttrain.evaluation import evaluate
+from posttrain.evaluation import evaluate_problems
 from posttrain.tasks.embedded import embedded_task, split_of
 from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run
+from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run, run_root
 from posttrain.trainers.safe_load import read_json
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
@@ -68,6 +68,27 @@ def restart_seed(seed: int, k: int) -> int:
         return seed
     h = hashlib.blake2b(f"sft-restart:{seed}:{k}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "big") % 2**31
+
+
+def plan(cfg, resume: str | None):
+    """``(cfg, restarts)``: whether ``train_sft`` runs restarts (``restarts`` > 1, or ``--resume`` of a restarts
+    run), else the config of its one plain run. ``--resume`` of a plain run continues that run; restarts are for a
+    fresh model on the embedded task, or on ``--data`` with ``--val-data`` or ``--val-fraction`` to rank on: anywhere
+    else one run trains, and says so."""
+    resumes_restarts = bool(resume) and (read_run(run_root(resume)) or {}).get("trainer") == "sft_restarts"
+    if resume and not resumes_restarts:
+        cfg = dataclasses.replace(cfg, restarts=1)
+    elif (
+        cfg.restarts > 1
+        and not resume
+        and (cfg.init or cfg.model_path or (cfg.data and not (cfg.val_fraction or cfg.val_data)))
+    ):
+        print(
+            f"restarts={cfg.restarts} applies to a fresh model on the embedded task (or --data with --val-data or "
+            "--val-fraction to rank on): one run here"
+        )
+        cfg = dataclasses.replace(cfg, restarts=1)
+    return cfg, cfg.restarts > 1 or resumes_restarts
 
 
 def check_config(cfg) -> None:
@@ -164,8 +185,7 @@ def _run_one(sub, train_sft, pause_at: int | None = None) -> dict:
 def _score(model_dir: Path, val, max_new_tokens: int) -> float:
     distributed.barrier(distributed.world())  # rank 0 has written the checkpoint (a paused run's too)
     ck = load_checkpoint(model_dir)
-    prompts, answers = [p for p, _ in val], [a for _, a in val]
-    return evaluate(ck.model, ck.tokenizer, prompts, answers, max_new_tokens=max_new_tokens).accuracy
+    return evaluate_problems(ck.model, ck.tokenizer, val, max_new_tokens=max_new_tokens, window=None).accuracy
 
 
 def _probe(sub, train_sft, cfg, val) -> dict:

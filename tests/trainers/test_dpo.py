@@ -15,7 +15,8 @@ from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, verify
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.common import frozen
-from posttrain.trainers.dpo import DPOConfig, PairedData, seq_logps, train_dpo
+from posttrain.trainers.dpo import DPOConfig, train_dpo
+from posttrain.trainers.preference_data import PairedData, seq_logps
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)

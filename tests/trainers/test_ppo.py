@@ -12,7 +12,7 @@ from posttrain.cli import main
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.models.heads import RewardModel, RewardStats
-from posttrain.rewards.reward_model import load_reward_model
+from posttrain.rewards.reward_model import load_reward_model, save_reward_checkpoint
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
@@ -20,7 +20,6 @@ from posttrain.trainers import ppo_rollout
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.ppo import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, PRESETS, PPOConfig, PPOTrainer, train_ppo
 from posttrain.trainers.ppo_rollout import make_rollout
-from posttrain.trainers.reward import save_reward_checkpoint
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)

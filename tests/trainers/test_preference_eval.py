@@ -15,7 +15,8 @@ from posttrain.data.preference import load_preference_pairs
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.dpo import DPOConfig, PairedData, seq_logps, train_dpo
+from posttrain.trainers.dpo import DPOConfig, train_dpo
+from posttrain.trainers.preference_data import PairedData, seq_logps
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=20, num_eval=8)

@@ -127,9 +127,9 @@ def test_user_data_files(tmp_path):
 
 
 # --------------------------------------------------------------------------- validation split, best model, early stop
+from posttrain import evaluation  # noqa: E402  (the trainers evaluate through evaluation.evaluate)
 from posttrain.evaluation import EvalResult  # noqa: E402
 from posttrain.tasks.arithmetic import ArithmeticTask  # noqa: E402
-from posttrain.trainers import sft as sft_mod  # noqa: E402
 from posttrain.trainers.selection import split_validation  # noqa: E402
 
 
@@ -151,7 +151,7 @@ def test_validation_split_is_stable_disjoint_and_never_the_eval_split():
 
 def scripted_validation(monkeypatch, scores):
     """Validation accuracies from ``scores`` (one per validation call, then the last); held-out calls are real."""
-    real, calls = sft_mod.evaluate, []
+    real, calls = evaluation.evaluate, []
 
     def fake(model, tokenizer, prompts, answers, **kw):
         if kw.get("keep_samples"):  # the held-out evaluation (logged, never used for selection)
@@ -160,7 +160,7 @@ def scripted_validation(monkeypatch, scores):
         acc = scores[min(len(calls), len(scores)) - 1]
         return EvalResult(accuracy=acc, n=len(prompts), correct=round(acc * len(prompts)))
 
-    monkeypatch.setattr(sft_mod, "evaluate", fake)
+    monkeypatch.setattr(evaluation, "evaluate", fake)
     return calls
 
 
@@ -186,14 +186,14 @@ def test_selection_on_the_embedded_task_looks_at_its_dev_split_only(tmp_path, mo
     """val_fraction > 0 without --data: every demonstration trains, and the checkpoint is chosen on dev problems."""
     from posttrain.tasks.arithmetic import ArithmeticTask
 
-    seen, real = [], sft_mod.evaluate
+    seen, real = [], evaluation.evaluate
 
     def spy(model, tokenizer, prompts, answers, **kw):
         if not kw.get("keep_samples"):  # validation (the held-out evaluation keeps samples)
             seen.append(list(prompts))
         return real(model, tokenizer, prompts, answers, **kw)
 
-    monkeypatch.setattr(sft_mod, "evaluate", spy)
+    monkeypatch.setattr(evaluation, "evaluate", spy)
     c = tiny_cfg(tmp_path / "r", eval_every=3, val_fraction=0.3)
     train_sft(c)
     task = ArithmeticTask(c.task)

@@ -82,6 +82,11 @@ class Training:
     def init(self):
         return self.start.init
 
+    def state_parts(self) -> dict:
+        """What a trainer's state holds of the run, as keywords: ``State(cfg, **t.state_parts(), ...)``."""
+        names = ("run", "model", "tokenizer", "opt", "logger", "manager", "start_step", "world", "train_model")
+        return {k: getattr(self, k) for k in names}
+
 
 def place_model(model: torch.nn.Module, cfg) -> torch.nn.Module:
     """Where the model lives and in which precision, decided once before the optimizer is built: the run's device
