@@ -19,7 +19,7 @@ update. Reward collapse (``alarms.CollapseGuard``): the smoothed reward falling 
 for ``collapse_patience`` steps restores the weights and optimizer snapshotted at that best, with the LR
 scaled down (bounded number of restores; logged as ``restores`` / ``restored_from``).
 
-The rollout (sampling, rewards, dynamic sampling, advantages) is :mod:`posttrain.trainers.pg_rollout`.
+The rollout (sampling, rewards, dynamic sampling, advantages) is :mod:`posttrain.trainers.rl.group`.
 
 ``--fsdp`` (under torchrun) shards the policy (FSDP2, ``trainers/sharded.py``: sharded checkpoints, resumable at
 another world size); the frozen reference stays whole on each rank; rollouts and evaluation sample from a replica
@@ -57,7 +57,7 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.rewards.registry import build_reward
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.tasks.files import task_for
-from posttrain.trainers import common, distributed, engine_rollout, pg_rollout, sharded
+from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import initial_model, load_snapshot, rng_state, write_snapshot
 from posttrain.trainers.engine import device
@@ -66,10 +66,12 @@ from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
-from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
-from posttrain.trainers.prompt_filter import PromptHistory
 from posttrain.trainers.rl import common as rl
+from posttrain.trainers.rl import group as pg_rollout
+from posttrain.trainers.rl import rollout_engine as engine_rollout
 from posttrain.trainers.rl.common import kl_controller, rl_inputs
+from posttrain.trainers.rl.group import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
+from posttrain.trainers.rl.prompt_filter import PromptHistory
 from posttrain.trainers.weight_average import TailAverage
 
 

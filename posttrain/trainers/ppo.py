@@ -54,7 +54,7 @@ from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference
 from posttrain.models.value import ValueHead, ValueModel
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
-from posttrain.trainers import common, distributed, ppo_distributed, sharded
+from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import (
     initial_model,
@@ -69,9 +69,10 @@ from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
-from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 from posttrain.trainers.rl import common as rl
+from posttrain.trainers.rl import ppo_distributed
 from posttrain.trainers.rl.common import kl_controller, rl_inputs
+from posttrain.trainers.rl.ppo_batch import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 
 # beside the policy in a PPO checkpoint
 CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"

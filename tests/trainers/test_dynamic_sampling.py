@@ -12,8 +12,8 @@ from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer, train_policy_gradient
+from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -147,7 +147,7 @@ def test_all_uniform_groups_make_no_update(sft_dir, tmp_path):
 
 def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_path):
     from posttrain.data.batches import batch_indices
-    from posttrain.trainers import pg_rollout
+    from posttrain.trainers.rl import group as pg_rollout
 
     if "always_zero" not in REWARD_FUNCTIONS:
         register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
@@ -173,7 +173,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
 def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir, tmp_path, monkeypatch):
     """prompt_filter_fill off: a refill round is the prompts that passed (none: nothing is sampled, the step goes on),
     and groups_drawn counts the groups actually drawn."""
-    from posttrain.trainers import pg_rollout
+    from posttrain.trainers.rl import group as pg_rollout
 
     if "always_zero" not in REWARD_FUNCTIONS:
         register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))

@@ -13,9 +13,10 @@ from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers import engine_rollout, pg_rollout
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
 from posttrain.trainers.ppo import PPOConfig, PPOTrainer
+from posttrain.trainers.rl import group as pg_rollout
+from posttrain.trainers.rl import rollout_engine as engine_rollout
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -144,7 +145,7 @@ def test_skewed_engine_weights_multiply_the_policy_loss(sft_dir, tmp_path, kind)
     """On the rollout's first update (ratio 1 up to float) the policy term is -sum_t w_t A_t / N_tokens (token mean),
     with w the rollout's TIS weights: different from the unweighted loss, and logged as non-trivial."""
     from posttrain.losses.policy import batch_normalizers
-    from posttrain.trainers.ppo_rollout import make_rollout
+    from posttrain.trainers.rl.ppo_batch import make_rollout
 
     if kind == "grpo":
         tr = PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "g", engine="skewed", beta=0.0, loss_agg="token_mean"))

@@ -16,11 +16,11 @@ from posttrain.rewards.reward_model import load_reward_model
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
-from posttrain.trainers import ppo_rollout
 from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.ppo import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, PRESETS, PPOConfig, PPOTrainer, train_ppo
-from posttrain.trainers.ppo_rollout import make_rollout
 from posttrain.trainers.reward import save_reward_checkpoint
+from posttrain.trainers.rl import ppo_batch as ppo_rollout
+from posttrain.trainers.rl.ppo_batch import make_rollout
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -319,7 +319,7 @@ def test_cli_bad_flag_is_one_line_exit_2(sft_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("layout", ["separate", "shared"])
 def test_prompt_prefix_sharing_is_exact(sft_dir, tmp_path, layout):
-    from posttrain.trainers.ppo_rollout import forward
+    from posttrain.trainers.rl.ppo_batch import forward
 
     t = PPOTrainer(cfg(sft_dir, tmp_path / "px", value_model=layout))
     torch.nn.init.normal_((t.shared_head if layout == "shared" else t.critic.head).proj.weight)

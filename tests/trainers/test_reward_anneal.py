@@ -8,8 +8,8 @@ from posttrain.errors import ConfigError
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers import pg_rollout
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
+from posttrain.trainers.rl import group as pg_rollout
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=2, num_demos=30, num_eval=8)

@@ -56,7 +56,7 @@ def _trainer_logps(tr, ro) -> torch.Tensor:
 
 
 def correct_rollout(tr, ro):
-    """A policy-gradient :class:`~posttrain.trainers.pg_rollout.Rollout` with the trainer's pi_old and its TIS weights."""
+    """A policy-gradient :class:`~posttrain.trainers.rl.group.Rollout` with the trainer's pi_old and its TIS weights."""
     cfg = tr.cfg
     sampler = ro.old_logps
     old = sampler if getattr(tr.engine, "matched", False) else _trainer_logps(tr, ro)

@@ -28,8 +28,10 @@ from posttrain.generate import decode_completions  # noqa: F401  (also imported 
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
 from posttrain.scoring import completion_logps
-from posttrain.trainers import distributed, engine_rollout, prompt_filter
-from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
+from posttrain.trainers import distributed
+from posttrain.trainers.rl import prompt_filter
+from posttrain.trainers.rl import rollout_engine as engine_rollout
+from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
 from posttrain.trainers.rl.rollout import score_rollout
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.

@@ -41,8 +41,10 @@ from posttrain.losses.logprobs import token_entropy
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
 from posttrain.scoring import completion_token_logps, prefix_shared_completion_logps, shared_prefix_forward
-from posttrain.trainers import distributed, engine_rollout, ppo_distributed, sharded
+from posttrain.trainers import distributed, sharded
 from posttrain.trainers.distributed import World
+from posttrain.trainers.rl import ppo_distributed
+from posttrain.trainers.rl import rollout_engine as engine_rollout
 from posttrain.trainers.rl.rollout import score_rollout
 
 
