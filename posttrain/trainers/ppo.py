@@ -72,7 +72,11 @@ from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # 
 from posttrain.trainers.rl import common as rl
 from posttrain.trainers.rl import ppo_distributed
 from posttrain.trainers.rl.common import kl_controller, rl_inputs
-from posttrain.trainers.rl.ppo_batch import PPORollout, epoch_order, forward, make_rollout, micro_schedule
+from posttrain.trainers.rl.ppo_batch import ActorCritic, PPOBatch, forward, ppo_batch
+from posttrain.trainers.rl.rollout import RolloutSettings, rollout
+from posttrain.trainers.rl.rollout_engine import matched
+from posttrain.trainers.rl.schedule import micro_schedule, real_rows
+from posttrain.trainers.rl.streams import epoch_order
 
 # beside the policy in a PPO checkpoint
 CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"
@@ -144,6 +148,7 @@ class PPOTrainer:
         ins = rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)  # trainers/rl/common.py
         self.data, self.fsdp, self.replica, self.engine = ins.data, ins.fsdp, ins.replica, ins.engine
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
+        self.settings = RolloutSettings(cfg.seed, cfg.prompts_per_step, cfg.sampling, "ppo")
 
     def _reference(self, t) -> None:
         """A frozen copy of the starting policy (with LoRA the policy itself with its adapters switched off), made
@@ -194,8 +199,22 @@ class PPOTrainer:
             self.collapse.load_state_dict(ckpt.state["collapse"])
             self.snapshot = load_snapshot(p)
 
+    # ------------------------------------------------------------------------------------------ the batch
+    def rollout(self, step: int, beta: float) -> PPOBatch:
+        """The step's samples and rewards (rl/rollout.py), then pi_old / V_old / pi_ref, the KL-shaped rewards at
+        ``beta``, GAE and the TIS weights (rl/ppo_batch.py)."""
+        sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
+        sampler = self.model if self.replica is None else self.replica
+        ro = rollout(
+            sampler, self.engine, self.tokenizer, self.data, self.reward_fn, self.settings, step, world=self.world
+        )
+        m = ActorCritic(self.model, self.critic, self.shared_head, self.ref_model, self.share_prefix)
+        return ppo_batch(
+            ro, step, self.cfg, m, beta=beta, world=self.world, fsdp=self.fsdp, matched=matched(self.engine)
+        )
+
     # ------------------------------------------------------------------------------------------ update
-    def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool, outputs=None):
+    def _micro_loss(self, ro: PPOBatch, rows: torch.Tensor, norms: dict, train_policy: bool, outputs=None):
         # outputs: (logps, entropy, values) of these rows, already run (the rollout's pass, ppo_rollout.recompute)
         cfg = self.cfg
         P = ro.prompt_length
@@ -241,7 +260,7 @@ class PPOTrainer:
             return list(self.model.parameters())
         return list((self.shared_head if self.shared_head is not None else self.critic).parameters())
 
-    def update(self, ro: PPORollout, step: int, train_policy: bool) -> dict:
+    def update(self, ro: PPOBatch, step: int, train_policy: bool) -> dict:
         """mu epochs x minibatches x grad_accum micro-batches; the target-KL stop; non-finite steps skipped. Under
         torchrun each rank runs its rows of every global minibatch (ppo_distributed.py): global normalisers,
         gradients summed over ranks, every decision on the global metrics."""
@@ -252,12 +271,11 @@ class PPOTrainer:
         critic = self._critic()
         first, ro.first_forward = ro.first_forward, None  # the rollout's forward: the first minibatch's (then freed)
         for epoch in range(cfg.mu):
-            order = epoch_order(cfg.seed, step, epoch, total, cfg.minibatches)
-            for mb in micro_schedule(order, cfg, offset, N, w, self.fsdp):  # [(rows, dummy), ...] per minibatch
-                real = [rows for rows, dummy in mb if not dummy]
-                norms = ppo_distributed.normalizers(
-                    ro.completion_mask[torch.cat(real)] if real else ro.completion_mask[:0], w
-                )
+            order = epoch_order("ppo", cfg.seed, step, epoch, total, cfg.minibatches)
+            for mb in micro_schedule(order, cfg.minibatches, cfg.grad_accum, offset, N, self.fsdp):
+                rows = real_rows(mb)  # [(rows, dummy), ...] per minibatch; this rank's rows of it
+                mask = ro.completion_mask[rows] if rows is not None else ro.completion_mask[:0]
+                norms = ppo_distributed.normalizers(mask, w)
                 mb_parts = []
                 for k, (rows, dummy) in enumerate(mb):
                     last = k == len(mb) - 1  # FSDP reduces the gradients on the last micro-batch only
@@ -334,8 +352,7 @@ class PPOTrainer:
         common.set_lr(self.opt, self.collapse.lr_scale * lr)
         common.set_lr(self.critic_opt, common.lr_at(step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
         beta = self.kl_ctl.value  # the beta this rollout's rewards were shaped with
-        sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
-        ro = make_rollout(self, step)
+        ro = self.rollout(step, beta)
         t1 = time.perf_counter()
         upd = self.update(ro, step, train_policy=not warm)
         metrics = {

@@ -38,6 +38,13 @@ def sft_dir(tmp_path_factory):
     return out
 
 
+def _draw(t, step, rnd):
+    """Round ``rnd`` of ``step`` as the trainer's rollout draws it (its prompt filter's history updated)."""
+    from posttrain.trainers.rl.rollout import draw
+
+    return draw(t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, step, rnd, history=t.prompt_history)
+
+
 def cfg(sft_dir, out, **kw):
     base = dict(
         init=str(sft_dir),
@@ -147,7 +154,6 @@ def test_all_uniform_groups_make_no_update(sft_dir, tmp_path):
 
 def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_path):
     from posttrain.data.batches import batch_indices
-    from posttrain.trainers.rl import group as pg_rollout
 
     if "always_zero" not in REWARD_FUNCTIONS:
         register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
@@ -157,7 +163,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
     fresh = torch.arange(n) % 2 == 0  # z = 0 on every other prompt, z = 5 elsewhere
     t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
     before = t.prompt_history.streak.clone()
-    pg_rollout.draw(t, 2, 1)  # a refill round: the filter applies
+    _draw(t, 2, 1)  # a refill round: the filter applies
     pool = batch_indices(n, c.prompts_per_step * c.prompt_filter_pool, 2, c.seed + 17 + 2**32)
     expect = [int(i) for i in pool if fresh[i]][: c.prompts_per_step]
     assert len(expect) == c.prompts_per_step  # the pool holds enough fresh prompts for the test to mean something
@@ -165,7 +171,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
     assert sorted(changed) == sorted(expect)  # exactly those were sampled (each now z = 1: all rewards 0)
     assert (t.prompt_history.streak[expect] == 1).all()
     before = t.prompt_history.streak.clone()
-    pg_rollout.draw(t, 2, 0)  # round 0 is never filtered: the classic batch, whatever the prompts' history
+    _draw(t, 2, 0)  # round 0 is never filtered: the classic batch, whatever the prompts' history
     round0 = batch_indices(n, c.prompts_per_step, 2, c.seed + 17)
     assert sorted((t.prompt_history.streak != before).nonzero().flatten().tolist()) == sorted(set(round0.tolist()))
 
@@ -173,7 +179,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
 def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir, tmp_path, monkeypatch):
     """prompt_filter_fill off: a refill round is the prompts that passed (none: nothing is sampled, the step goes on),
     and groups_drawn counts the groups actually drawn."""
-    from posttrain.trainers.rl import group as pg_rollout
+    from posttrain.trainers.rl import rollout as rl_rollout
 
     if "always_zero" not in REWARD_FUNCTIONS:
         register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
@@ -182,16 +188,19 @@ def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir
     n = len(t.prompts)
     fresh = torch.arange(n) % 2 == 0
     t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
-    calls, real_sample = [], pg_rollout.engine_rollout.sample
+    calls, real_sample = [], rl_rollout.sample
     monkeypatch.setattr(
-        pg_rollout.engine_rollout, "sample", lambda tr, ps, *a: calls.append(len(ps)) or real_sample(tr, ps, *a)
+        rl_rollout, "sample", lambda eng, pol, ps, *a: calls.append(len(ps)) or real_sample(eng, pol, ps, *a)
     )
-    gen, rewards, _, _ = pg_rollout.draw(t, 2, 1)  # enough fresh prompts in the pool: a full round of them
-    assert len(rewards) == c.prompts_per_step * c.num_generations
+    r = _draw(t, 2, 1)  # enough fresh prompts in the pool: a full round of them
+    assert len(r.rewards) == c.prompts_per_step * c.num_generations
     t.prompt_history.streak[:] = 5  # now every prompt was uninformative 5 times in a row: none passes
-    assert pg_rollout.draw(t, 3, 1) is None and calls == [c.prompts_per_step]  # nothing sampled
+    assert _draw(t, 3, 1) is None and calls == [c.prompts_per_step]  # nothing sampled
     calls.clear()
-    ro = pg_rollout.rollout(t, 4)  # round 0 (all rewards 0: no signal), then rounds 1-2 pass nothing
+    args = (t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, 4)
+    ro = rl_rollout.rollout(
+        *args, history=t.prompt_history
+    )  # round 0 (all rewards 0: no signal), then rounds 1-2 pass nothing
     assert calls == [c.prompts_per_step]  # only round 0 was sampled
     assert ro.metrics["groups_drawn"] == c.prompts_per_step and ro.metrics["groups_kept"] == 0 and not ro.apply
 

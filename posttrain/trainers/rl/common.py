@@ -1,11 +1,10 @@
-"""What GRPO and PPO share, written once: their inputs (prompts, evaluation set, the rollout engine), their KL
-controller, and their part of the engine's Trainer shape (evaluate, progress, the alarms as the loop's guard, the
-evaluation at the start).
+"""What GRPO and PPO share around their rollout and update, written once: their inputs (prompts, evaluation set, the
+rollout engine), their KL controller, and their part of the engine's Trainer shape (evaluate, progress, the alarms
+as the loop's guard, the evaluation at the start, the periodic checkpoint, the final model and summary).
 
 Each is a function of values (the config, the task, the run being opened) or of an RL trainer's public attributes
-(``cfg``, ``model``, ``run_eval``, ``alarms``, ``logger``, ``last_eval``); the algorithms themselves (rollout,
-advantages, the update) stay in their trainers. Not handled here: the rollout itself (``pg_rollout.py``,
-``ppo_rollout.py``).
+(``cfg``, ``model``, ``run_eval``, ``alarms``, ``logger``, ``last_eval``); the algorithms themselves (advantages,
+the update) stay in their trainers. Not handled here: the rollout (``rollout.py``, a function of values only).
 """
 
 from __future__ import annotations
@@ -16,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from posttrain.engines import build_engine
-from posttrain.errors import UserError
+from posttrain.errors import ConfigError, UserError
 from posttrain.losses.kl import AdaptiveKLController, FixedKLController
+from posttrain.models.lora import merge_lora
 from posttrain.tasks.rl import rl_data
 from posttrain.trainers import common, sharded
 from posttrain.trainers.checkpoint import rng_state, save_with_extras
+from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.guards import TrainingDiverged
 
 
@@ -57,6 +58,25 @@ def rl_inputs(cfg, task, reward_fn, chat, t) -> RLInputs:
     if max_len is not None and not cfg.data and task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
         raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
     return RLInputs(data, fsdp, replica, engine)
+
+
+def check_groups_per_rank(cfg, world) -> None:
+    """Under several processes each rank samples whole groups of the step's prompts, so batch-wide statistics of the
+    advantages would be per rank: refused with one line (a group baseline, or one process)."""
+    if not world.distributed:
+        return
+    if cfg.prompts_per_step % world.world_size:
+        raise ConfigError(
+            f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
+            f"processes ({world.world_size}): each rank samples whole groups"
+        )
+    if (cfg.algo == "grpo" and cfg.scale_rewards == "batch") or (
+        cfg.algo == "reinforce" and cfg.reinforce_baseline == "batch_mean"
+    ):
+        raise ConfigError(
+            "batch-wide advantage statistics (scale_rewards=batch, reinforce_baseline=batch_mean) "
+            "are per rank under several processes; use group statistics or one process"
+        )
 
 
 def kl_controller(cfg):
@@ -119,6 +139,37 @@ def save_periodic(tr, done: int, parts: dict | None = None, tensors: dict | None
         optimizer=tr.opt,
         rng_state=rng_state(),
     )
+
+
+def publish(tr, final_step: int, last, save=None):
+    """``model/``: the policy (its LoRA adapters merged with ``merge_lora``: full weights, no adapter files) with the
+    run's state (``tr._state``) and held-out accuracy ``last``; rank 0 writes, gathered from the shards under --fsdp.
+    ``save``: how the directory is written (PPO's adds the critic); returns its path."""
+    if tr.cfg.merge_lora:
+        tr.model = merge_lora(tr.model)
+    state = tr._state(final_step, {"heldout_accuracy": last.accuracy})
+    kw = {} if save is None else {"save": save}
+    return publish_model(tr.out, tr.model, tr.tokenizer, state, tr.opt, tr.world, rng_state(), **kw)
+
+
+def summary(tr, final_step: int, stopped: bool, last, final, t_start: float, **extra) -> dict:
+    """``summary.json``'s fields every RL run has (``extra``: the algorithm's own, after ``trainer``); ``t_start``:
+    when the loop started (``train_seconds``)."""
+    initial = tr.initial
+    return {
+        "trainer": tr.name,
+        **extra,
+        "steps": final_step,
+        "stopped_early": stopped,
+        "heldout_accuracy": last.accuracy,
+        "heldout_accuracy_start": initial.accuracy if initial else None,
+        "heldout_n": last.n,
+        "train_seconds": time.perf_counter() - t_start,
+        "alarms": tr.alarms.summary(),
+        "restores": tr.collapse.restores,
+        "model_dir": str(final) if final else None,
+        "samples": last.samples,
+    }
 
 
 def close_run(tr, summary: dict, stopped_at: int | None, final, last) -> dict:

@@ -1,38 +1,33 @@
-"""The policy-gradient trainer's rollout: prompts -> G samples each -> rewards -> advantages (one batch).
+"""GRPO's batch: the shared rollout (``rollout.py``) + the reference log-probs + group advantages (REINFORCE / RLOO /
+GRPO), and pi_old with its truncated-IS weights when the engine is not the trainer's own distribution.
 
 Key insight: everything the update needs is fixed here, at sampling time: pi_old (the sampler's own log-probs of
-the distribution it sampled from), the reference log-probs, and the advantages, so the mu x minibatches updates
-that follow reuse one batch. ``draw`` is one round (prompts of step ``step``, round ``rnd``; round 0 is the classic
-batch); ``rollout`` adds DAPO dynamic sampling (keep groups whose rewards differ, draw more rounds to refill, with
-``prompt_filter`` the refill rounds' prompts filtered by their history: trainers/prompt_filter.py), the
-reference log-probs, the optional KL-in-reward shaping and the advantage estimator.
+the distribution it sampled from, or the trainer's forward for a mismatched engine), the reference log-probs, and
+the advantages, so the mu x minibatches updates that follow reuse one batch:
 
-Under ``torchrun`` each rank draws its own contiguous share of the step's prompts (whole groups) with its own
-sampling stream, and refills its own share.
+    r      = the rollout's optimised rewards (N = groups x G,)      (optionally r - beta * KL(pi_old || pi_ref))
+    A      = ADVANTAGE_ESTIMATORS[algo](r, G, **ESTIMATOR_OPTIONS[algo](cfg))      (losses/advantages.py)
+    w      = min(pi_old / pi_sampler, C)                                             (rollout_engine.py)
 
-Samples come from the trainer's rollout engine (``--engine``; trainers/engine_rollout.py). Not handled: asynchronous or
-off-policy rollouts.
+The logged reward, accuracy and lengths are round 0's (the unfiltered measure of the policy), whatever dynamic
+sampling kept. :func:`policy_logps` is GRPO's forward, run by the update and by the pi_old recompute alike.
+Not handled: per-token rewards (one reward per completion), a reference model on another tokenizer.
 """
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
 import torch
 
-from posttrain.data.batches import batch_indices, stream_seed
-from posttrain.evaluation import encode_prompt
-from posttrain.generate import decode_completions  # noqa: F401  (also imported from here)
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
-from posttrain.scoring import completion_logps
-from posttrain.trainers import distributed
-from posttrain.trainers.rl import prompt_filter
-from posttrain.trainers.rl import rollout_engine as engine_rollout
-from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows, round_generator
-from posttrain.trainers.rl.rollout import score_rollout
+from posttrain.scoring import completion_logps, prefix_shared_completion_logps
+from posttrain.trainers.rl.dynamic_sampling import informative_groups
+from posttrain.trainers.rl.rollout import Rollout
+from posttrain.trainers.rl.rollout_engine import is_weights
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
 ESTIMATOR_OPTIONS = {
@@ -42,171 +37,107 @@ ESTIMATOR_OPTIONS = {
 }
 
 
-def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(stream_seed(seed, step) * 7 + salt)
-
-
 @dataclass
-class Rollout:
+class GroupBatch:
     """One rollout batch, everything the update needs (rows prompt-major: G samples per prompt)."""
 
     sequences: torch.Tensor  # (N, P+T)
     attention_mask: torch.Tensor  # (N, P+T)
     completion_mask: torch.Tensor  # (N, T)
-    old_logps: torch.Tensor  # (N, T) sampling-distribution log-probs (pi_old)
+    old_logps: torch.Tensor  # (N, T) pi_old (the sampler's log-probs until ``correct`` says otherwise)
     ref_logps: torch.Tensor | None  # (N, T) or None when beta = 0
     advantages: torch.Tensor  # (N,)
     prompt_length: int
     prompt_index: torch.Tensor  # (N,) which prompt each row samples
     metrics: dict
     apply: bool = True  # False: no group had signal; the update only measures (no gradient, no optimizer step)
-    is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights (trainers/engine_rollout.py)
+    is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights (rollout_engine.py)
 
 
-def filter_generator(seed: int, step: int, rnd: int) -> torch.Generator:
-    """The prompt filter's draws of (step, round): apart from the sampling streams."""
-    h = hashlib.blake2b(f"prompt-filter:{seed}:{step}:{rnd}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
+def warp(cfg) -> dict:
+    """The sampling distribution's warp, which every log-prob of it is taken under."""
+    return dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
 
 
-def draw(tr, step: int, rnd: int):
-    """Round ``rnd`` of step ``step``: prompts, samples, rewards (None: a filtered round with no prompt). Round 0 is
-    the classic batch."""
-    cfg = tr.cfg
-    stream, history = cfg.seed + 17 + rnd * 2**32, tr.prompt_history
-    if history is not None and rnd > 0:  # GRESO: skip prompts that were uninformative in a row (one process)
-        pool = batch_indices(len(tr.prompts), cfg.prompts_per_step * cfg.prompt_filter_pool, step, stream)
-        gen = filter_generator(cfg.seed, step, rnd)
-        idx, passed = prompt_filter.select(
-            pool, history.streak, cfg.prompt_filter_p, cfg.prompts_per_step, gen, fill=cfg.prompt_filter_fill
+def policy_logps(model, seqs, attn, P: int, prompt_index, mask, warp: dict, share_prefix: bool, entropy: bool):
+    """-> (logps (B, W), entropy (B, W) | None) of rows [prompt | W completion tokens] under ``model``; with
+    ``share_prefix`` (a posttrain GPT, not FSDP) each distinct prompt runs once (``scoring.py``)."""
+    if share_prefix:
+        out = prefix_shared_completion_logps(
+            model, seqs, attn, P, prompt_index, **warp, completion_mask=mask, return_entropy=entropy
         )
-        history.pass_rates.append(passed)
-        if not len(idx):  # no candidate passed and the round is not filled: nothing is sampled
-            return None
     else:
-        idx = batch_indices(len(tr.prompts), cfg.prompts_per_step, step, stream)
-    idx = distributed.shard(idx, tr.world)  # this rank's prompts (all of them on one process)
-    problems = [tr.prompts[i] for i in idx.tolist()]
-    if tr.world.distributed:  # each rank its own sampling stream
-        generator = round_generator(cfg.seed, step, rnd, rank=tr.world.rank)
-    else:
-        generator = step_generator(cfg.seed, step) if rnd == 0 else round_generator(cfg.seed, step, rnd)
-    gen = engine_rollout.sample(tr, [encode_prompt(tr.tokenizer, p.prompt) for p in problems], cfg.sampling, generator)
-    G = cfg.num_generations
-    sc = score_rollout(gen, tr.tokenizer, tr.data, tr.reward_fn, problems, G)  # trainers/rl/rollout.py
-    base, correct = sc.rewards, sc.correct  # (N,) the reward spec's reward
-    rewards, fading = base, tr.annealed_terms(step)  # the reward optimised: annealed terms scaled down
-    if fading is not None:
-        cut, _ = tr.data.score(fading, problems, sc.texts, G, sc.ids)  # sum_k (1 - f) w_k r_k, the annealed terms k
-        rewards = base - torch.tensor(cut, dtype=torch.float32)
-    if history is not None:
-        history.update(idx, ~informative_groups(rewards, G))
-    return gen, rewards, correct, base
+        out = completion_logps(model, seqs, attn, P, **warp, completion_mask=mask, return_entropy=entropy)
+    return out if entropy else (out, None)
 
 
-def rollout(tr, step: int) -> Rollout:
-    cfg = tr.cfg
-    G = cfg.num_generations
+def group_batch(ro: Rollout, step: int, cfg, *, ref_model, beta: float) -> GroupBatch:
+    """The update's batch from the rollout ``ro`` of ``step``: reference log-probs (``ref_model`` None: beta = 0), the
+    KL folded into the rewards when ``cfg.kl_in == "reward"`` (at coefficient ``beta``), the group advantages."""
+    G, first = cfg.num_generations, ro.first
     t0 = time.perf_counter()
-    gen, rewards, correct, base = first = draw(tr, step, 0)
-    sel = torch.arange(len(rewards))
-    want = cfg.prompts_per_step // tr.world.world_size  # this rank's groups per step
-    parts, kept, drawn = [(gen, sel)], [rewards], want
-    if cfg.dynamic_sampling:  # DAPO: keep only groups with signal, draw more rounds to refill
-        parts, kept, n_kept, rnd = [], [], 0, 0
-        while True:
-            ok = informative_groups(rewards, G).nonzero().squeeze(1)[: want - n_kept]
-            if len(ok):
-                rows = group_rows(ok, G)
-                parts.append((gen, rows))
-                kept.append(rewards[rows])
-                n_kept += len(ok)
-            rnd += 1
-            if n_kept >= want or rnd >= cfg.max_sample_rounds:
-                break
-            res = draw(tr, step, rnd)
-            if res is None:  # the prompt filter passed no prompt of this round (prompt_filter_fill off)
-                rewards = torch.zeros(0)
-                continue
-            gen, rewards, _, _ = res
-            drawn += len(rewards) // G
-    t1 = time.perf_counter()
-    gen, rewards, correct, base = first  # the round-0 batch: an unfiltered measure of the policy
-    if len(parts) == 1 and len(parts[0][1]) == len(rewards):
-        batch = {
-            "sequences": gen.sequences,
-            "attention_mask": gen.attention_mask,
-            "completion_mask": gen.completion_mask,
-            "logps": gen.logps,
-            "prompt_length": gen.prompt_length,
-            "prompt_index": gen.prompt_index,
-        }
-    elif parts:
-        batch = merge_rows(parts, tr.tokenizer.pad_id, G)
-    else:  # no group with signal in any round: the step makes no update
-        batch = None
-    apply, groups_kept = batch is not None, sum(len(k) for k in kept) // G
-    if batch is None:  # measured on round 0 (the one vocabulary of metrics), not applied
-        batch = {
-            "sequences": gen.sequences,
-            "attention_mask": gen.attention_mask,
-            "completion_mask": gen.completion_mask,
-            "logps": gen.logps,
-            "prompt_length": gen.prompt_length,
-            "prompt_index": gen.prompt_index,
-        }
-        kept = [rewards]
-    t2 = time.perf_counter()
     ref_logps = None
-    if tr.ref_model is not None:
+    if ref_model is not None:
         with torch.no_grad():
             ref_logps = completion_logps(
-                tr.ref_model,
-                batch["sequences"],
-                batch["attention_mask"],
-                batch["prompt_length"],
-                temperature=cfg.temperature,
-                top_k=cfg.top_k,
-                top_p=cfg.top_p,
-                completion_mask=batch["completion_mask"],
+                ref_model,
+                ro.sequences,
+                ro.attention_mask,
+                ro.prompt_length,
+                **warp(cfg),
+                completion_mask=ro.completion_mask,
             )
-    lengths = gen.completion_mask.sum(-1).float()
+    base, gen = first.base, first.gen
     metrics = {
         "reward_mean": base.mean().item(),
         "reward_std": base.std().item() if base.numel() > 1 else 0.0,
-        "accuracy": correct.mean().item(),
-        "completion_length": lengths.mean().item(),
+        "accuracy": first.correct.mean().item(),
+        "completion_length": gen.completion_mask.sum(-1).float().mean().item(),
         "truncated_frac": gen.truncated.float().mean().item(),
-        "zero_std_frac": 1.0 - informative_groups(rewards, G).float().mean().item(),
-        "time_generate": t1 - t0,
-        "time_score": t2 - t1,
+        "zero_std_frac": 1.0 - informative_groups(first.rewards, G).float().mean().item(),
+        "time_generate": ro.metrics["time_generate"],
+        "time_score": time.perf_counter() - t0,
     }
     if cfg.anneal_names:
         metrics["reward_anneal_factor"] = cfg.anneal_factor(step)
-        metrics["reward_optimised"] = rewards.mean().item()  # round 0 under the annealed weights
-    if cfg.dynamic_sampling:
-        metrics.update(groups_drawn=drawn, groups_kept=groups_kept, no_signal_step=int(not apply))
-    if tr.prompt_history is not None:  # the share of the refill rounds' candidate pools that passed the filter
-        rates, tr.prompt_history.pass_rates = tr.prompt_history.pass_rates, []
-        metrics["filter_pass_rate"] = sum(rates) / len(rates) if rates else 1.0
-    shaped = torch.cat(kept)
+        metrics["reward_optimised"] = first.rewards.mean().item()  # round 0 under the annealed weights
+    metrics.update({k: v for k, v in ro.metrics.items() if k != "time_generate"})  # dynamic sampling, the filter
+    shaped = ro.rewards
     if ref_logps is not None and cfg.kl_in == "reward":
-        shaped = kl_penalized_rewards(
-            shaped, batch["logps"], ref_logps, batch["completion_mask"], tr.kl_ctl.value, cfg.kl_estimator
-        )
+        shaped = kl_penalized_rewards(shaped, ro.sampler_logps, ref_logps, ro.completion_mask, beta, cfg.kl_estimator)
     advantages, adv_metrics = ADVANTAGE_ESTIMATORS[cfg.algo](shaped, G, **ESTIMATOR_OPTIONS[cfg.algo](cfg))
     if cfg.dynamic_sampling:
         adv_metrics.pop("zero_std_frac", None)  # of the round-0 batch above (the kept groups have none)
     metrics.update(adv_metrics)
-    return Rollout(
-        batch["sequences"],
-        batch["attention_mask"],
-        batch["completion_mask"],
-        batch["logps"],
+    return GroupBatch(
+        ro.sequences,
+        ro.attention_mask,
+        ro.completion_mask,
+        ro.sampler_logps,
         ref_logps,
         advantages,
-        batch["prompt_length"],
-        batch["prompt_index"],
+        ro.prompt_length,
+        ro.prompt_index,
         metrics,
-        apply,
+        ro.apply,
     )
+
+
+@torch.no_grad()
+def trainer_logps(model, b: GroupBatch, warp: dict, share_prefix: bool) -> torch.Tensor:
+    """pi_old of the batch ``b`` by the update's own forward (rows trimmed to the longest completion)."""
+    P, mask = b.prompt_length, b.completion_mask
+    width = int(mask.sum(-1).max()) if mask.any() else 1
+    seqs, attn = b.sequences[:, : P + width], b.attention_mask[:, : P + width]
+    lp, _ = policy_logps(model, seqs, attn, P, b.prompt_index, mask[:, :width], warp, share_prefix, entropy=False)
+    out = torch.zeros_like(b.old_logps)
+    out[:, :width] = lp
+    return out * mask
+
+
+def correct(b: GroupBatch, model, cfg, *, matched: bool, share_prefix: bool) -> GroupBatch:
+    """``b`` with the trainer's pi_old (the sampler's own when ``matched``) and the TIS weights against the sampler."""
+    sampler = b.old_logps
+    old = sampler if matched else trainer_logps(model, b, warp(cfg), share_prefix)
+    w, stats = is_weights(old, sampler, b.completion_mask, matched=matched, cap=cfg.tis_cap, level=cfg.tis_level)
+    return dataclasses.replace(b, old_logps=old, is_weights=w, metrics={**b.metrics, **stats})
