@@ -28,7 +28,6 @@ exactly (with the model, optimizer, KL-controller, alarm, prompt-filter and coll
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -36,31 +35,27 @@ from pathlib import Path
 
 import torch
 
-from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.errors import UserError
-from posttrain.losses.kl import kl_controller_from_state
 from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss
 from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS
 from posttrain.models.gpt import GPT
-from posttrain.models.lora import apply_lora, lora_config, reference_model
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
-from posttrain.trainers.checkpoint import initial_model, load_snapshot, write_snapshot
+from posttrain.trainers.checkpoint import initial_model, write_snapshot
 from posttrain.trainers.engine import device
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import finite_step
 from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
 from posttrain.trainers.rl import common as rl
-from posttrain.trainers.rl import group
+from posttrain.trainers.rl import group, setup
 from posttrain.trainers.rl.group import GroupBatch, policy_logps, warp
 from posttrain.trainers.rl.ppo_distributed import normalizers
 from posttrain.trainers.rl.prompt_filter import PromptHistory
-from posttrain.trainers.rl.rollout import RolloutSettings, annealed_terms, rollout
+from posttrain.trainers.rl.rollout import annealed_terms, rollout
 from posttrain.trainers.rl.rollout_engine import matched
-from posttrain.trainers.rl.schedule import micro_schedule, real_rows
+from posttrain.trainers.rl.schedule import backward_minibatch, micro_schedule, real_rows
 from posttrain.trainers.rl.streams import epoch_order
 from posttrain.trainers.weight_average import TailAverage
 
@@ -70,11 +65,7 @@ class PolicyGradientTrainer:
     ``__init__`` is the trainer's set-up (the run directory is written only once its inputs are checked)."""
 
     def __init__(self, cfg: PolicyGradientConfig, resume: str | None = None, overwrite: bool = False):
-        if not (cfg.init or cfg.model_path) and not resume:
-            raise UserError(
-                "RL needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
-                "`posttrain sft`) or --model DIR"
-            )
+        setup.require_start(cfg, resume, "RL")
         self.cfg, self.name = cfg, cfg.algo
         self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
         self.reward_fn = build_reward(cfg.reward, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
@@ -99,46 +90,33 @@ class PolicyGradientTrainer:
         )
         self.model.train()
         self.share_prefix = cfg.share_prompt_prefix and isinstance(self.model, GPT) and not self.fsdp
-        self.kl_ctl = rl.kl_controller(cfg)
+        self.kl_ctl = setup.kl_controller(cfg)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.guard = rl.AlarmsGuard(self)  # the loop's one non-finite guard (trainers/engine/run.py)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None  # snapshot: weights + optimizer at the best
         self.tail = TailAverage(cfg.steps, cfg.average_last, cfg.average_every)  # the final model's weight average
         if (ckpt := t.ckpt) is not None:
-            self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
-            self.alarms.load_state_dict(ckpt.state["alarms"])
+            setup.restore(self, ckpt)  # the KL controller, the alarms, the collapse guard
             if self.prompt_history is not None and ckpt.state.get("prompt_history"):
                 self.prompt_history.load_state_dict(ckpt.state["prompt_history"])
-            if ckpt.state.get("collapse"):
-                self.collapse.load_state_dict(ckpt.state["collapse"])
-                self.snapshot = load_snapshot(ckpt.path)
             self.tail.load(ckpt.path, ckpt.state.get("weight_average"), self.model)
         self.last_eval, self.initial = None, None
 
     def _build(self, start):
         """The policy: the resumed checkpoint's, or the --init / --model start (LoRA adapters on it when asked)."""
-        src = start.ckpt or start.init
-        model, tokenizer = apply_lora(src.model, lora_config(self.cfg)), src.tokenizer
-        self.chat = resolve_chat(
-            self.cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (start.ckpt, start.init)]
-        )
-        return model, chat_tokenizer(tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
+        model, tokenizer, self.chat = setup.policy(self.cfg, start)
+        return model, tokenizer
 
     def _reference(self, t) -> None:
-        """The reference is the *initial* policy (from --init, or the resumed run's own init), made before the policy
-        is placed or sharded: a frozen copy; with LoRA the policy itself with its adapters switched off."""
-        self.ref_model = None
-        if self.cfg.beta > 0:
-            self.ref_model = reference_model(
-                t.model, lambda: common.frozen(copy.deepcopy(initial_model(t.init, t.ckpt)))
-            )
+        """The *initial* policy (from --init, or the resumed run's own init), frozen; None with beta = 0."""
+        self.ref_model = setup.reference(self.cfg, t.model, lambda: initial_model(t.init, t.ckpt))
 
     def _inputs(self, t) -> None:
         """The prompts and evaluation set, the prompt filter, the rollout engine and its settings, checked before
         anything is written (under several processes: whole groups per rank)."""
         cfg, w = self.cfg, t.world
-        rl.check_groups_per_rank(cfg, w)
-        ins = rl.rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)  # trainers/rl/common.py
+        setup.check_groups_per_rank(cfg, w)
+        ins = setup.rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)
         self.data, self.fsdp, self.replica, self.engine = ins.data, ins.fsdp, ins.replica, ins.engine
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
         self.prompt_history = None  # the prompt filter's: one process, refill rounds (dynamic sampling) only
@@ -146,17 +124,7 @@ class PolicyGradientTrainer:
             self.prompt_history = PromptHistory(len(self.prompts))
         elif cfg.prompt_filter and cfg.dynamic_sampling and w.is_main:
             print("prompt_filter: off under several processes (its prompt history is one process's)")
-        self.settings = RolloutSettings(
-            cfg.seed,
-            cfg.prompts_per_step,
-            cfg.sampling,
-            "grpo",
-            cfg.dynamic_sampling,
-            cfg.max_sample_rounds,
-            cfg.prompt_filter_p,
-            cfg.prompt_filter_pool,
-            cfg.prompt_filter_fill,
-        )
+        self.settings = group.rollout_settings(cfg)
 
     # ------------------------------------------------------------------------------------------ the batch
     def rollout(self, step: int) -> GroupBatch:
@@ -231,17 +199,11 @@ class PolicyGradientTrainer:
         for epoch in range(cfg.mu):
             order = epoch_order("grpo", cfg.seed, step, epoch, total, cfg.minibatches)
             for mb in micro_schedule(order, cfg.minibatches, cfg.grad_accum, offset, N, self.fsdp):
-                rows = real_rows(mb)
-                mask = b.completion_mask[rows] if rows is not None else b.completion_mask[:0]
-                norms, mb_parts = normalizers(mask, w, max_len=cfg.max_new_tokens), []
-                for k, (micro, dummy) in enumerate(mb):
-                    with sharded.no_sync(self.model, last=k == len(mb) - 1):
-                        loss, met = self._micro_loss(b, micro, norms)
-                        if dummy or self.fsdp:  # FSDP averages over ranks: W x this rank's share sums to the total
-                            loss = loss * (0.0 if dummy else distributed.ddp_loss_scale(w))
-                        loss.backward()
-                    if not dummy:
-                        mb_parts.append(met)
+                rows = real_rows(mb)  # this rank's rows of the minibatch
+                mask = b.completion_mask[rows if rows is not None else slice(0, 0)]
+                norms = normalizers(mask, w, max_len=cfg.max_new_tokens)  # the global minibatch's
+                loss_fn = lambda micro, k, norms=norms: self._micro_loss(b, micro, norms)  # noqa: E731
+                mb_parts = backward_minibatch(mb, loss_fn, [self.model], w, self.fsdp)
                 if not self.fsdp:  # (FSDP has reduced them)
                     distributed.all_reduce_grads(self.model, w)  # the global minibatch's gradient on every rank
                 gnorm = common.grad_norm_and_clip(self.model, cfg.grad_clip)
@@ -292,17 +254,8 @@ class PolicyGradientTrainer:
         self.tail.add(self.model, step + 1)  # the weights after this step, for the final model's average
         return metrics
 
-    def evaluate(self, done: int, metrics: dict) -> None:
-        rl.evaluate(self, done, metrics)
-
-    def progress(self, metrics: dict) -> dict:
-        return rl.progress(self, metrics)
-
-    def early_stop(self, done: int) -> None:
-        return None  # a non-finite streak is the guard's (the alarms: rl.AlarmsGuard)
-
-    def run_eval(self):
-        return rl.heldout_eval(self.model, self.replica, self.data, self.tokenizer, self.cfg.max_new_tokens)
+    # the rest of the engine's Trainer shape, as every RL trainer has it (rl/common.py)
+    evaluate, progress, early_stop, run_eval = rl.evaluate, rl.progress, rl.no_early_stop, rl.run_eval
 
     def _state(self, step: int, extra: dict | None = None) -> dict:
         return {

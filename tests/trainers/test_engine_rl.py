@@ -200,3 +200,19 @@ def test_vllm_engine_is_refused_with_one_line_where_it_cannot_run(sft_dir, tmp_p
         assert not (out / "run.json").exists()
     with pytest.raises(UserError, match=VLLM_NEEDS):
         PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "api", engine="vllm"))
+
+
+@pytest.mark.parametrize("kind", ["grpo", "ppo"])
+def test_a_diverged_policy_is_refused_by_the_sampler_naming_the_training_step(sft_dir, tmp_path, kind):
+    """NaN weights: the engine's sampler refuses the NaN logits with one line that names the step being sampled."""
+    from posttrain.errors import NonFiniteError
+
+    tr = (
+        PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "g")) if kind == "grpo" else PPOTrainer(_ppo(sft_dir, tmp_path))
+    )
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=r"^sampling at step 7: the next-token logits of row 0 are NaN/Inf") as e:
+        tr.rollout(7) if kind == "grpo" else tr.rollout(7, tr.kl_ctl.value)
+    assert "\n" not in str(e.value)

@@ -17,9 +17,10 @@ from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.ppo import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, PRESETS, PPOConfig, PPOTrainer, train_ppo
+from posttrain.trainers.ppo import PRESETS, PPOConfig, PPOTrainer, train_ppo
 from posttrain.trainers.reward import save_reward_checkpoint
 from posttrain.trainers.rl import ppo_batch
+from posttrain.trainers.rl.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -118,7 +119,7 @@ def test_folding_the_first_forward_into_the_rollout_changes_nothing(sft_dir, tmp
     (a, upd_a, folded_a), (b, upd_b, folded_b) = runs[True], runs[False]
     assert folded_a == [True] * 3 and folded_b == [False] * 3
     assert upd_a == upd_b
-    for mod_a, mod_b in ((a.model, b.model), (a._critic(), b._critic())):
+    for mod_a, mod_b in ((a.model, b.model), (a.critic_module, b.critic_module)):
         sa, sb = mod_a.state_dict(), mod_b.state_dict()
         assert all(torch.equal(v, sb[k]) for k, v in sa.items())
 

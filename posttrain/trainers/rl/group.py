@@ -26,7 +26,7 @@ from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.trainers.rl.dynamic_sampling import informative_groups
-from posttrain.trainers.rl.rollout import Rollout
+from posttrain.trainers.rl.rollout import Rollout, RolloutSettings
 from posttrain.trainers.rl.rollout_engine import is_weights
 
 # Options each advantage estimator takes from the config: the visible table instead of if/elif on names.
@@ -52,6 +52,21 @@ class GroupBatch:
     metrics: dict
     apply: bool = True  # False: no group had signal; the update only measures (no gradient, no optimizer step)
     is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights (rollout_engine.py)
+
+
+def rollout_settings(cfg) -> RolloutSettings:
+    """What GRPO's rollout reads of its config: the sampling, dynamic sampling and the prompt filter."""
+    return RolloutSettings(
+        cfg.seed,
+        cfg.prompts_per_step,
+        cfg.sampling,
+        "grpo",
+        cfg.dynamic_sampling,
+        cfg.max_sample_rounds,
+        cfg.prompt_filter_p,
+        cfg.prompt_filter_pool,
+        cfg.prompt_filter_fill,
+    )
 
 
 def warp(cfg) -> dict:
