@@ -14,10 +14,9 @@ sampling (DAPO) and the prompt filter (GRESO) are parts of the rollout (``rl/dyn
 (``alarms.CollapseGuard``): the smoothed reward falling below a fraction of its best for ``collapse_patience``
 steps restores the weights and optimizer snapshotted at that best, with the LR scaled down (logged as ``restores``).
 
-``--fsdp`` (under torchrun) shards the policy (FSDP2, ``trainers/sharded.py``: sharded checkpoints, resumable at
-another world size); the frozen reference stays whole on each rank; rollouts and evaluation sample from a replica
-of the policy refreshed once per step. Not handled with it: LoRA, the collapse guard's snapshot in a sharded
-checkpoint (kept in memory), the shared-prefix forward.
+``--fsdp`` (under torchrun) shards the policy (FSDP2, ``trainers/sharded.py``); the frozen reference stays whole on
+each rank; rollouts and evaluation sample from a replica refreshed once per step. Not handled with it: LoRA, the
+collapse guard's snapshot in a sharded checkpoint (kept in memory), the shared-prefix forward.
 
 Shape (every trainer's, ``trainers/engine/protocol.py``): ``__init__`` is the set-up (through the one
 ``open_training``), ``train_step(step)`` (= ``rollout`` + ``update`` + KL controller, alarms, collapse guard),
@@ -36,7 +35,6 @@ from pathlib import Path
 import torch
 
 from posttrain.losses.policy import batch_normalizers, merge_metrics, policy_loss
-from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS
 from posttrain.models.gpt import GPT
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
@@ -52,7 +50,6 @@ from posttrain.trainers.rl import common as rl
 from posttrain.trainers.rl import group, setup
 from posttrain.trainers.rl.group import GroupBatch, policy_logps, warp
 from posttrain.trainers.rl.ppo_distributed import normalizers
-from posttrain.trainers.rl.prompt_filter import PromptHistory
 from posttrain.trainers.rl.rollout import annealed_terms, rollout
 from posttrain.trainers.rl.rollout_engine import matched
 from posttrain.trainers.rl.schedule import backward_minibatch, micro_schedule, real_rows
@@ -81,15 +78,11 @@ class PolicyGradientTrainer:
             command="grpo",
         )
         self.run, self.out, self.world, self.start_step = t.run, t.run.dir, t.world, t.start_step
-        self.model, self.tokenizer, self.opt, self.logger, self.manager = (
-            t.model,
-            t.tokenizer,
-            t.opt,
-            t.logger,
-            t.manager,
-        )
+        self.model, self.tokenizer, self.opt = t.model, t.tokenizer, t.opt
+        self.logger, self.manager = t.logger, t.manager
         self.model.train()
         self.share_prefix = cfg.share_prompt_prefix and isinstance(self.model, GPT) and not self.fsdp
+        self.loss_options = group.loss_options(cfg)  # clipping, aggregation, entropy, KL estimator, objective
         self.kl_ctl = setup.kl_controller(cfg)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.guard = rl.AlarmsGuard(self)  # the loop's one non-finite guard (trainers/engine/run.py)
@@ -119,11 +112,7 @@ class PolicyGradientTrainer:
         ins = setup.rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)
         self.data, self.fsdp, self.replica, self.engine = ins.data, ins.fsdp, ins.replica, ins.engine
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-        self.prompt_history = None  # the prompt filter's: one process, refill rounds (dynamic sampling) only
-        if cfg.prompt_filter and cfg.dynamic_sampling and not w.distributed:
-            self.prompt_history = PromptHistory(len(self.prompts))
-        elif cfg.prompt_filter and cfg.dynamic_sampling and w.is_main:
-            print("prompt_filter: off under several processes (its prompt history is one process's)")
+        self.prompt_history = group.prompt_history(cfg, w, len(self.prompts))  # the prompt filter's, or None
         self.settings = group.rollout_settings(cfg)
 
     # ------------------------------------------------------------------------------------------ the batch
@@ -165,21 +154,12 @@ class PolicyGradientTrainer:
             b.old_logps[rows, :W],
             b.advantages[rows],
             mask,
-            clip_eps_low=cfg.clip_eps_low,
-            clip_eps_high=cfg.clip_eps_high,
-            dual_clip=cfg.dual_clip,
-            ratio_level=cfg.ratio_level,
-            agg=cfg.loss_agg,
             entropy=entropy,
-            entropy_coef=cfg.entropy_coef,
             ref_logps=b.ref_logps[rows, :W] if b.ref_logps is not None else None,
             beta=self.kl_ctl.value if cfg.kl_in == "loss" else 0.0,
-            kl_estimator=cfg.kl_estimator,
-            **norms,
-            objective=cfg.objective,
-            kl_bias_correction=cfg.kl_bias_correction,
-            objective_kwargs={k: getattr(cfg, f"{cfg.objective}_{k}") for k in OBJECTIVE_OPTIONS[cfg.objective]},
             is_weights=b.is_weights[rows, :W] if b.is_weights is not None else None,
+            **norms,
+            **self.loss_options,
         )
 
     def update(self, b: GroupBatch, step: int) -> dict:
@@ -230,27 +210,14 @@ class PolicyGradientTrainer:
         b = self.rollout(step)
         t1 = time.perf_counter()
         upd = self.update(b, step)
-        metrics = {
-            **b.metrics,
-            **upd,
-            "time_update": time.perf_counter() - t1,
-            "step_time": time.perf_counter() - t0,
-            "beta": self.kl_ctl.value,
-        }
+        metrics = {**b.metrics, **upd, "time_update": time.perf_counter() - t1, "step_time": time.perf_counter() - t0}
+        metrics["beta"] = self.kl_ctl.value
         # under torchrun: rank means, so that the KL controller, the alarms and the collapse guard decide alike
         metrics = distributed.mean_metrics(metrics, self.world)
         if "kl" in upd:
             self.kl_ctl.update(upd["kl"], 1)
-        self.snapshot = watch_step(
-            step + 1,
-            metrics,
-            self.alarms,
-            self.collapse,
-            self.model,
-            self.opt,
-            self.snapshot,
-            reward=metrics["reward_mean"],
-        )
+        args = (self.alarms, self.collapse, self.model, self.opt, self.snapshot)
+        self.snapshot = watch_step(step + 1, metrics, *args, reward=metrics["reward_mean"])
         self.tail.add(self.model, step + 1)  # the weights after this step, for the final model's average
         return metrics
 

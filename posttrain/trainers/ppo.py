@@ -89,13 +89,8 @@ class PPOTrainer:
             parts=self._critic_parts,
         )
         self.run, self.out, self.world, self.start_step = t.run, t.run.dir, t.world, t.start_step
-        self.model, self.tokenizer, self.opt, self.logger, self.manager = (
-            t.model,
-            t.tokenizer,
-            t.opt,
-            t.logger,
-            t.manager,
-        )
+        self.model, self.tokenizer, self.opt = t.model, t.tokenizer, t.opt
+        self.logger, self.manager = t.logger, t.manager
         self.model.train()
         self.share_prefix = (  # not under FSDP: the shared prefix runs each model twice per micro-batch
             cfg.share_prompt_prefix

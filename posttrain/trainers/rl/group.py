@@ -24,8 +24,10 @@ import torch
 
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
+from posttrain.losses.policy_objectives import OBJECTIVE_OPTIONS
 from posttrain.scoring import completion_logps, prefix_shared_completion_logps
 from posttrain.trainers.rl.dynamic_sampling import informative_groups
+from posttrain.trainers.rl.prompt_filter import PromptHistory
 from posttrain.trainers.rl.rollout import Rollout, RolloutSettings
 from posttrain.trainers.rl.rollout_engine import is_weights
 
@@ -66,6 +68,34 @@ def rollout_settings(cfg) -> RolloutSettings:
         cfg.prompt_filter_p,
         cfg.prompt_filter_pool,
         cfg.prompt_filter_fill,
+    )
+
+
+def prompt_history(cfg, world, num_prompts: int) -> PromptHistory | None:
+    """The prompt filter's history (GRESO, ``prompt_filter.py``): with dynamic sampling, on one process only."""
+    if not (cfg.prompt_filter and cfg.dynamic_sampling):
+        return None
+    if world.distributed:
+        if world.is_main:
+            print("prompt_filter: off under several processes (its prompt history is one process's)")
+        return None
+    return PromptHistory(num_prompts)
+
+
+def loss_options(cfg) -> dict:
+    """The policy loss's options fixed by the config (``losses/policy.py::policy_loss``): the clipped ratio and its
+    level, the aggregation, the entropy bonus, the KL estimator, the objective and its own options."""
+    return dict(
+        clip_eps_low=cfg.clip_eps_low,
+        clip_eps_high=cfg.clip_eps_high,
+        dual_clip=cfg.dual_clip,
+        ratio_level=cfg.ratio_level,
+        agg=cfg.loss_agg,
+        entropy_coef=cfg.entropy_coef,
+        kl_estimator=cfg.kl_estimator,
+        objective=cfg.objective,
+        kl_bias_correction=cfg.kl_bias_correction,
+        objective_kwargs={k: getattr(cfg, f"{cfg.objective}_{k}") for k in OBJECTIVE_OPTIONS[cfg.objective]},
     )
 
 
