@@ -226,3 +226,25 @@ def test_resume_is_bitwise_with_the_prompt_filter(sft_dir, tmp_path):
 def test_prompt_filter_is_off_without_dynamic_sampling(sft_dir, tmp_path):
     t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, prompt_filter=True, dynamic_sampling=False))
     assert t.prompt_history is None  # no refill rounds to filter
+
+
+def test_a_full_batch_kept_from_a_refill_round_is_that_rounds_samples(sft_dir, tmp_path):
+    """Round 0 has no signal, round 1 a full batch of it: the batch is round 1's rows (samples, log-probs and
+    rewards of the same completions), not round 0's samples with round 1's rewards."""
+    from posttrain.trainers.rl.rollout import draw, rollout
+
+    calls = []
+
+    def switch(prompts, completions, **c):  # round 0: all equal; later rounds: 0, 1, 0, 1, ... (every group informs)
+        calls.append(len(completions))
+        return [0.0 if len(calls) == 1 else float(i % 2) for i in range(len(completions))]
+
+    if "round_switch" not in REWARD_FUNCTIONS:
+        register_reward("round_switch", lambda **_: switch)
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, reward="round_switch", prompt_filter=False))
+    args = (t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, 2)
+    ro = rollout(*args)
+    assert ro.apply and ro.metrics["groups_kept"] == t.cfg.prompts_per_step and len(calls) == 2
+    want = draw(*args, 1)  # round 1 again: the same samples (a function of seed, step, round)
+    assert torch.equal(ro.sequences, want.gen.sequences) and torch.equal(ro.sampler_logps, want.gen.logps)
+    assert torch.equal(ro.rewards, want.rewards) and not torch.equal(ro.first.gen.sequences, want.gen.sequences)

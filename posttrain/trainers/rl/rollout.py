@@ -180,8 +180,8 @@ def rollout(policy, engine, tokenizer, data, reward_fn, s: RolloutSettings, step
             more = draw(*args, rnd, fading=fading, history=history, world=world)
             rewards, gen = (torch.zeros(0), None) if more is None else (more.rewards, more.gen)
             drawn += len(rewards) // G
-    if len(parts) == 1 and len(parts[0][1]) == len(first.rewards):
-        batch = _rows(first.gen)  # round 0 whole: the classic batch
+    if len(parts) == 1 and len(parts[0][1]) == len(parts[0][0].sequences):
+        batch = _rows(parts[0][0])  # one round kept whole (round 0 without dynamic sampling: the classic batch)
     elif parts:
         batch = merge_rows(parts, tokenizer.pad_id, G)
     else:  # no group with signal in any round: measured on round 0, not applied
