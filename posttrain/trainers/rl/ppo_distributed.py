@@ -18,8 +18,8 @@ all-reduce each (``distributed.all_reduce_grads``: the shared-prefix forward byp
 decision (skip a non-finite step, stop the epochs at the target KL, beta) is then made on identical numbers
 on every rank, so the ranks never diverge.
 
-On one process every helper here returns exactly what the single-process code computes (the trainer calls the
-original functions there), so a 1-process run stays bitwise what it was.
+On one process every function here returns exactly what the single-process code computes (it calls the original
+functions there), so a 1-process run stays bitwise what it was. GRPO takes its minibatch normalisers from here too.
 
 Not handled: ranks with no rows at all in a step (``shard_bounds`` refuses fewer prompts than processes).
 """
