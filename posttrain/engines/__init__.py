@@ -8,7 +8,8 @@ and the trainer corrects the mismatch with truncated importance sampling
 (:func:`posttrain.losses.importance.truncated_is_weights`). :class:`SkewedEngine` samples from a deliberately
 different distribution so that the correction can be tested on a CPU.
 
-    engine.generate(prompt_ids, n, sampling, generator) -> Generation   (rows prompt-major; .logps = sampler's)
+    engine.generate(prompt_ids, n, sampling, generator, step=None) -> Generation   (rows prompt-major; .logps = the
+                                        sampler's; step: the training step, named when the sampler refuses NaN/Inf)
     engine.load_weights(named_tensors)                                  (push the trainer's weights)
     engine.reset_cache()                                                (drop cached prefixes after an update)
 
@@ -49,7 +50,12 @@ class RolloutEngine(Protocol):
     matched: bool  # True: its distribution is the trainer's (IS weights 1); absent counts as False
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        step: int | None = None,
     ) -> Generation: ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None: ...

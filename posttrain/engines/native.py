@@ -32,8 +32,14 @@ class NativeEngine:
         return dataclasses.replace(sampling, num_samples=n)
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        step: int | None = None,
     ) -> Generation:
+        """``step`` (the training step) is named in the one-line error for NaN/Inf logits."""
         return generate(
             self.model,
             prompt_ids,
@@ -41,6 +47,7 @@ class NativeEngine:
             eos_id=self.eos_id,
             cfg=self.sampling_for(sampling, n),
             generator=generator,
+            step=step,
         )
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

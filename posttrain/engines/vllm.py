@@ -83,9 +83,15 @@ class VLLMEngine:
         self._vllm = vllm
 
     def generate(
-        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig, generator: torch.Generator | None = None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None = None,
+        step: int | None = None,
     ) -> Generation:
-        """``generator`` seeds vLLM's sampler (one draw from it), so runs are repeatable for a fixed engine."""
+        """``generator`` seeds vLLM's sampler (one draw from it), so runs are repeatable for a fixed engine. ``step``
+        is accepted for the protocol (vLLM does not check the logits it samples from)."""
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
         params = self._vllm.SamplingParams(
             n=n,

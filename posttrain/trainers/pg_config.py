@@ -22,7 +22,6 @@ from posttrain.rewards.registry import parse_reward_spec, resolve_reward_spec
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.tasks.base import USER_FIELDS, USER_REWARD
 from posttrain.trainers.alarms import AlarmConfig
-from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
 from posttrain.trainers.trainer_config import TrainerConfig, override
 
 
@@ -95,7 +94,7 @@ class PolicyGradientConfig(TrainerConfig):
     )
     prompt_filter: bool = knob(
         True,
-        "GRESO pre-rollout filtering (trainers/prompt_filter.py): dynamic sampling's refill rounds sample a prompt "
+        "GRESO pre-rollout filtering (trainers/rl/prompt_filter.py): dynamic sampling's refill rounds sample a prompt "
         "with probability prompt_filter_p ** z, z = its rollouts in a row whose rewards were all equal (one "
         "process only; no effect without dynamic_sampling; on by the 5-seed sweep of docs/outcomes.md)",
     )
@@ -204,7 +203,7 @@ class PolicyGradientConfig(TrainerConfig):
     merge_lora: bool = lora_knob("merge")
     engine: str = engine_knob(
         "engine"
-    )  # rollout engine and truncated IS (posttrain/engines/, trainers/engine_rollout.py)
+    )  # rollout engine and truncated IS (posttrain/engines/, trainers/rl/rollout_engine.py)
     tis_cap: float = engine_knob("tis_cap")
     tis_level: str = engine_knob("tis_level")
     fsdp: bool = knob(

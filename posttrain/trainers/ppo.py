@@ -5,7 +5,7 @@ trust regions. Here the baseline is a learned value V(s_t) per token, the advant
 KL-shaped token rewards, and the update reuses each rollout for ``mu`` epochs of minibatches:
 
     rollout:  y ~ pi_old;  score at the last real token; r_t = -beta KL_t(pi_old || pi_ref) (+ score at EOS)
-              A, R = GAE(r, V_old; gamma, lam);  A whitened over real tokens           (ppo_rollout.py)
+              A, R = GAE(r, V_old; gamma, lam);  A whitened over real tokens        (rl/ppo_batch.py)
     update:   L = L_pi + c_v * 1/2 max((V - R)^2, (V_clip - R)^2)  (- c_ent * H, inside L_pi)
               L_pi = -min(rho A, clip(rho, 1 +- eps) A)     "clip"        clipped PPO (Schulman et al. 2017 sec. 3)
                    = -rho A + beta_old KL(pi_old || pi)     "kl_penalty"  KL-PPO (sec. 4), beta_old adapted
@@ -17,13 +17,16 @@ value clip: its gradient is the policy gradient with A = GAE advantages), ``kl_p
 PPO; GRPO (group baseline, no critic) is ``posttrain grpo``. With lam = gamma = 1 and V = 0 the advantage is
 the REINFORCE return (tests/losses/test_gae.py).
 
-Shape (every trainer's, ``trainers/common.py``): :class:`PPOTrainer` ``__init__`` (set-up), ``train_step``
-(rollout + update + KL controller + alarms + collapse guard), ``run_eval``, ``save``, ``finish``; ``train()``
-is the loop. Everything random is a function of (seed, step), and the checkpoint holds the policy, the critic,
-both optimizers, beta and the RNG, so a resumed run ends bitwise equal to an uninterrupted one (tested).
+PPO = the shared rollout (``rl/rollout.py``, a function of values) + the value model (``rl/critic.py``) + GAE
+(``rl/ppo_batch.py``) + epochs (``rl/schedule.py``); this file keeps the loss call, the update and the metrics.
+Shape (every trainer's, ``trainers/engine/protocol.py``): :class:`PPOTrainer` ``__init__`` (set-up),
+``train_step`` (rollout + update + KL controller + alarms + collapse guard), ``evaluate``, ``save``, ``finish``;
+``train()`` hands it to the one loop. Everything random is a function of (seed, step) (``rl/streams.py``), and the
+checkpoint holds the policy, the critic, both optimizers, beta and the RNG, so a resumed run ends bitwise equal to
+an uninterrupted one (tested).
 
 Under ``torchrun`` each rank trains on its share of every rollout with the global batch's statistics, so N
-processes make 1's update (``ppo_distributed.py``, tested); rollouts come from ``--engine`` with TIS weights.
+processes make 1's update (``rl/ppo_distributed.py``, tested); rollouts come from ``--engine`` with TIS weights.
 
 ``--fsdp`` shards policy and critic (FSDP2, ``trainers/sharded.py``; sharded checkpoints of both and their
 optimizers); the frozen reference stays whole on each rank (no gradient or optimiser state, no collective);
@@ -35,67 +38,48 @@ with ``value_model=shared`` or LoRA, the collapse guard's snapshot in a sharded 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from posttrain.chat import chat_tokenizer, resolve_chat
-from posttrain.errors import UserError
 from posttrain.losses.kl import PPOKLController, kl_controller_from_state
 from posttrain.losses.policy import merge_metrics, policy_loss, value_loss
 from posttrain.losses.ppo import kl_penalty_policy_loss
 from posttrain.models.gpt import GPT
-from posttrain.models.lora import apply_lora, lora_config, merge_lora, reference_model
-from posttrain.models.value import ValueHead, ValueModel
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
-from posttrain.trainers import common, distributed, ppo_distributed, sharded
+from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
-from posttrain.trainers.checkpoint import (
-    initial_model,
-    load_snapshot,
-    load_tensors,
-    load_torch_state,
-    rng_state,
-    save_with_extras,
-    write_snapshot,
-)
-from posttrain.trainers.engine.publish import publish_model
+from posttrain.trainers.checkpoint import initial_model, save_with_extras, write_snapshot
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
-from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 from posttrain.trainers.rl import common as rl
-from posttrain.trainers.rl.common import kl_controller, rl_inputs
-
-# beside the policy in a PPO checkpoint
-CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"
+from posttrain.trainers.rl import ppo_distributed, setup
+from posttrain.trainers.rl.critic import build_critic, load_critic, save_critic
+from posttrain.trainers.rl.ppo_batch import ActorCritic, PPOBatch, forward, ppo_batch
+from posttrain.trainers.rl.rollout import RolloutSettings, rollout
+from posttrain.trainers.rl.rollout_engine import matched
+from posttrain.trainers.rl.schedule import backward_minibatch, micro_schedule, real_rows
+from posttrain.trainers.rl.streams import epoch_order
 
 
 class PPOTrainer:
-    """Thin loop: rollout (ppo_rollout.py) -> mu epochs of clipped actor + critic updates. State lives here."""
-
-    TRAINER = "ppo"
+    """Thin loop: rollout -> mu epochs of clipped actor + critic updates. State lives here."""
 
     name = "ppo"
 
     def __init__(self, cfg: PPOConfig, resume: str | None = None, overwrite: bool = False):
-        if not (cfg.init or cfg.model_path) and not resume:
-            raise UserError(
-                "PPO needs a starting policy: pass --init SFT_CHECKPOINT (e.g. the out dir of "
-                "`posttrain sft`) or --model DIR"
-            )
+        setup.require_start(cfg, resume, "PPO")
         self.cfg = cfg
         self.task = task_for(cfg, "prompts")  # --data (FileTask) or the embedded task: tasks/files.py
         self.reward_fn = build_reward(cfg.reward_spec, rm_path=cfg.reward_model, answer_field=cfg.answer_field)
         t = open_training(
             cfg,
-            self.TRAINER,
+            self.name,
             resume,
             overwrite,
             build=self._build,
@@ -105,13 +89,8 @@ class PPOTrainer:
             parts=self._critic_parts,
         )
         self.run, self.out, self.world, self.start_step = t.run, t.run.dir, t.world, t.start_step
-        self.model, self.tokenizer, self.opt, self.logger, self.manager = (
-            t.model,
-            t.tokenizer,
-            t.opt,
-            t.logger,
-            t.manager,
-        )
+        self.model, self.tokenizer, self.opt = t.model, t.tokenizer, t.opt
+        self.logger, self.manager = t.logger, t.manager
         self.model.train()
         self.share_prefix = (  # not under FSDP: the shared prefix runs each model twice per micro-batch
             cfg.share_prompt_prefix
@@ -119,109 +98,83 @@ class PPOTrainer:
             and isinstance(self.model, GPT)
             and (self.critic is None or isinstance(self.critic.backbone.model, GPT))
         )
-        self.kl_ctl = kl_controller(cfg)
+        self.kl_ctl = setup.kl_controller(cfg)
         self.kl_old_ctl = PPOKLController(cfg.kl_penalty_beta, cfg.kl_penalty_target)
         self.alarms = Alarms(cfg.alarms, cfg.nan_patience)
         self.guard = rl.AlarmsGuard(self)  # the loop's one non-finite guard (trainers/engine/run.py)
         self.collapse, self.snapshot = CollapseGuard(cfg.alarms), None
-        if t.ckpt is not None:
-            self._restore(t.ckpt, self.critic_module)
+        if t.ckpt is not None:  # the critic from a plain checkpoint (a sharded one brought it with the policy)
+            if not sharded.is_sharded_checkpoint(t.ckpt.path):
+                load_critic(t.ckpt.path, self.critic_module, self.critic_opt)
+            setup.restore(self, t.ckpt)
+            self.kl_old_ctl = kl_controller_from_state(t.ckpt.state["kl_old_controller"])
         self.last_eval, self.initial = None, None
 
     def _build(self, start):
         """The critic (from the starting policy, before LoRA: it copies plain weights) and the policy."""
-        init, ckpt = start.init, start.ckpt
-        self.start_model = initial_model(init, ckpt)  # the starting policy: the reference and the critic's init
-        self.critic, self.shared_head = self._build_critic(self.start_model)
-        model, tokenizer = apply_lora((ckpt or init).model, lora_config(self.cfg)), (ckpt or init).tokenizer
-        self.chat = resolve_chat(self.cfg.chat_template, tokenizer, [getattr(x, "path", None) for x in (ckpt, init)])
-        return model, chat_tokenizer(tokenizer, self.chat)  # with a template, EOS is its end-of-turn token
+        self.start_model = initial_model(start.init, start.ckpt)  # the starting policy: the reference, the critic
+        self.critic, self.shared_head = build_critic(self.cfg, self.start_model)  # rl/critic.py
+        model, tokenizer, self.chat = setup.policy(self.cfg, start)
+        return model, tokenizer
+
+    def _reference(self, t) -> None:
+        """A frozen copy of the starting policy (with LoRA: the policy with its adapters off); None with beta = 0."""
+        self.ref_model = setup.reference(self.cfg, t.model, lambda: self.start_model)
 
     def _inputs(self, t) -> None:
         """The prompts and evaluation set and the rollout engine, checked before anything is written."""
         cfg = self.cfg
-        ins = rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)  # trainers/rl/common.py
+        ins = setup.rl_inputs(cfg, self.task, self.reward_fn, self.chat, t)
         self.data, self.fsdp, self.replica, self.engine = ins.data, ins.fsdp, ins.replica, ins.engine
         self.prompts, self.evals = self.data.train, self.data.evals  # rows with .prompt (the text) and .answer
-
-    def _reference(self, t) -> None:
-        """A frozen copy of the starting policy (with LoRA the policy itself with its adapters switched off), made
-        before the policy is placed or sharded."""
-        start = self.start_model
-        self.ref_model = (
-            reference_model(t.model, lambda: common.frozen(copy.deepcopy(start))) if self.cfg.beta > 0 else None
-        )
+        self.settings = RolloutSettings(cfg.seed, cfg.prompts_per_step, cfg.sampling, streams="ppo")
 
     def _critic_parts(self, t) -> dict:
         """The critic (its own model, or a head on the policy) and its optimizer, sharded beside the policy."""
-        self.critic_module = self.shared_head if self.shared_head is not None else self.critic
+        self.critic_module = self.shared_head if self.shared_head is not None else self.critic  # what is trained
         if self.fsdp:  # in place, per block then the root; FSDP's hooks reduce the gradients
             sharded.shard_model(self.critic, self.cfg.dtype)
         self.critic_opt = common.make_optimizer(self.critic_module, self.cfg.critic_lr, self.cfg.weight_decay)
         return {"critic": (self.critic_module, self.critic_opt)}
 
-    def _build_critic(self, init_model):
+    # ------------------------------------------------------------------------------------------ the batch
+    def rollout(self, step: int, beta: float) -> PPOBatch:
+        """The step's samples and rewards (rl/rollout.py), then pi_old / V_old / pi_ref, the KL-shaped rewards at
+        ``beta``, GAE and the TIS weights (rl/ppo_batch.py)."""
+        sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
+        sampler = self.model if self.replica is None else self.replica
+        ro = rollout(
+            sampler, self.engine, self.tokenizer, self.data, self.reward_fn, self.settings, step, world=self.world
+        )
+        m = ActorCritic(self.model, self.critic, self.shared_head, self.ref_model, self.share_prefix)
+        return ppo_batch(
+            ro, step, self.cfg, m, beta=beta, world=self.world, fsdp=self.fsdp, matched=matched(self.engine)
+        )
+
+    # ------------------------------------------------------------------------------------------ the loss
+    def _micro_loss(self, b: PPOBatch, rows: torch.Tensor, norms: dict, train_policy: bool, outputs=None):
+        # outputs: (logps, entropy, values) of these rows, already run (the rollout's pass, ppo_batch.recompute)
         cfg = self.cfg
-        if cfg.critic_source != "reward_model":  # a zero head on the policy (shared) or on a copy of it
-            if cfg.value_model == "shared":
-                return None, ValueHead(int(init_model.config.d_model))
-            return ValueModel.from_policy(init_model).train(), None
-        from posttrain.rewards.reward_model import load_reward_model  # lazy: a checkpoint reader
-
-        loaded = load_reward_model(cfg.critic_init_path)
-        rm, (scale, shift) = loaded.model, cfg.critic_scale(loaded.stats)  # V in the reward's units
-        if cfg.value_model == "shared":
-            return None, ValueHead(int(init_model.config.d_model)).copy_from(rm.head.proj, scale, shift)
-        return ValueModel.from_reward_model(rm, scale, shift).train(), None
-
-    def _restore(self, ckpt, critic_module) -> None:
-        """The critic and its optimizer from a plain checkpoint (a sharded one brought them with the policy:
-        open_training), the KL controllers', alarms' and collapse guard's state."""
-        p = ckpt.path
-        if not sharded.is_sharded_checkpoint(p):
-            try:  # a corrupt or pickled file: one line naming it (load_tensors, load_torch_state)
-                critic_module.load_state_dict(load_tensors(p / CRITIC_FILE))
-                self.critic_opt.load_state_dict(load_torch_state(p / CRITIC_OPTIMIZER_FILE))
-            except (OSError, RuntimeError, ValueError, KeyError) as e:
-                raise UserError(
-                    f"{p}: no usable critic ({CRITIC_FILE}, {CRITIC_OPTIMIZER_FILE}): {str(e).splitlines()[0]}"
-                ) from None
-        self.kl_ctl = kl_controller_from_state(ckpt.state["kl_controller"])
-        self.kl_old_ctl = kl_controller_from_state(ckpt.state["kl_old_controller"])
-        self.alarms.load_state_dict(ckpt.state["alarms"])
-        if ckpt.state.get("collapse"):
-            self.collapse.load_state_dict(ckpt.state["collapse"])
-            self.snapshot = load_snapshot(p)
-
-    # ------------------------------------------------------------------------------------------ update
-    def _micro_loss(self, ro: PPORollout, rows: torch.Tensor, norms: dict, train_policy: bool, outputs=None):
-        # outputs: (logps, entropy, values) of these rows, already run (the rollout's pass, ppo_rollout.recompute)
-        cfg = self.cfg
-        P = ro.prompt_length
+        index = b.prompt_index[rows] if self.share_prefix else None
+        seqs, attn, cmask = b.sequences[rows], b.attention_mask[rows], b.completion_mask[rows]
+        warp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
         lp, ent, values = outputs or forward(
             self.model,
             self.critic,
             self.shared_head,
-            ro.sequences[rows],
-            ro.attention_mask[rows],
-            ro.completion_mask[rows],
-            P,
-            ro.prompt_index[rows] if self.share_prefix else None,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
+            seqs,
+            attn,
+            cmask,
+            b.prompt_length,
+            index,
+            **warp,
             need_entropy=True,
         )
         w = lp.shape[1]
-        mask = ro.completion_mask[rows, :w]
-        old, adv = ro.old_logps[rows, :w], ro.advantages[rows, :w]
-        kw = dict(
-            agg="token_mean",
-            entropy=ent,
-            entropy_coef=cfg.entropy_coef,
-            **norms,
-            is_weights=None if ro.is_weights is None else ro.is_weights[rows, :w],
-        )
+        mask = b.completion_mask[rows, :w]
+        old, adv = b.old_logps[rows, :w], b.advantages[rows, :w]
+        is_w = None if b.is_weights is None else b.is_weights[rows, :w]
+        kw = dict(agg="token_mean", entropy=ent, entropy_coef=cfg.entropy_coef, **norms, is_weights=is_w)
         if cfg.policy_objective == "clip":
             pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=cfg.clip_eps, dual_clip=cfg.dual_clip, **kw)
         elif cfg.policy_objective == "kl_penalty":
@@ -229,45 +182,33 @@ class PPOTrainer:
         else:
             pl, met = policy_loss(lp, old, adv, mask, clip_eps_low=None, **kw)
         vl, vmet = value_loss(
-            values, ro.old_values[rows, :w], ro.returns[rows, :w], mask, clip_eps=cfg.vf_clip, agg="token_mean", **norms
+            values, b.old_values[rows, :w], b.returns[rows, :w], mask, clip_eps=cfg.vf_clip, agg="token_mean", **norms
         )
         loss = cfg.vf_coef * vl + (pl if train_policy else pl.detach())  # warm-up: the critic alone learns
         met = {**met, "loss": loss.item(), "value_loss": vl.item(), "value_clip_frac": vmet["value_clip_frac"]}
         return loss, met
 
-    def _params(self, which: str) -> list:
-        if which == "policy":
-            return list(self.model.parameters())
-        return list((self.shared_head if self.shared_head is not None else self.critic).parameters())
-
-    def update(self, ro: PPORollout, step: int, train_policy: bool) -> dict:
-        """mu epochs x minibatches x grad_accum micro-batches; the target-KL stop; non-finite steps skipped. Under
-        torchrun each rank runs its rows of every global minibatch (ppo_distributed.py): global normalisers,
-        gradients summed over ranks, every decision on the global metrics."""
-        cfg, w = self.cfg, self.world
-        N = ro.sequences.shape[0]
+    def update(self, b: PPOBatch, step: int, train_policy: bool) -> dict:
+        """mu epochs x minibatches x grad_accum micro-batches (rl/schedule.py); the target-KL stop; non-finite steps
+        skipped. Under torchrun each rank runs its rows of every global minibatch (rl/ppo_distributed.py): global
+        normalisers, gradients summed over ranks, every decision on the global metrics."""
+        cfg, w, critic = self.cfg, self.world, self.critic_module
+        N = b.sequences.shape[0]
         offset, total = distributed.row_offsets(N, w)  # this rank's rows are [offset, offset + N) of the global batch
         parts, gnorms, cnorms, skipped, stopped, last_epoch = [], [], [], 0, False, []
-        critic = self._critic()
-        first, ro.first_forward = ro.first_forward, None  # the rollout's forward: the first minibatch's (then freed)
+        first, b.first_forward = b.first_forward, None  # the rollout's forward: the first minibatch's (then freed)
         for epoch in range(cfg.mu):
-            order = epoch_order(cfg.seed, step, epoch, total, cfg.minibatches)
-            for mb in micro_schedule(order, cfg, offset, N, w, self.fsdp):  # [(rows, dummy), ...] per minibatch
-                real = [rows for rows, dummy in mb if not dummy]
-                norms = ppo_distributed.normalizers(
-                    ro.completion_mask[torch.cat(real)] if real else ro.completion_mask[:0], w
-                )
-                mb_parts = []
-                for k, (rows, dummy) in enumerate(mb):
-                    last = k == len(mb) - 1  # FSDP reduces the gradients on the last micro-batch only
-                    with sharded.no_sync(self.model, last), sharded.no_sync(critic, last):
-                        loss, met = self._micro_loss(ro, rows, norms, train_policy, first[k] if first else None)
-                        if dummy or self.fsdp:  # FSDP averages over ranks: W x this rank's share sums to the total
-                            loss = loss * (0.0 if dummy else distributed.ddp_loss_scale(w))
-                        loss.backward()
-                    if not dummy:
-                        mb_parts.append(met)
-                first = None  # used by the first minibatch only
+            order = epoch_order("ppo", cfg.seed, step, epoch, total, cfg.minibatches)
+            for mb in micro_schedule(order, cfg.minibatches, cfg.grad_accum, offset, N, self.fsdp):
+                rows = real_rows(mb)  # this rank's rows of the minibatch
+                norms = ppo_distributed.normalizers(b.completion_mask[rows if rows is not None else slice(0, 0)], w)
+                outputs = first or [None] * len(mb)  # the rollout's forward serves the first minibatch only
+
+                def loss_fn(rows, k, norms=norms, outputs=outputs):
+                    return self._micro_loss(b, rows, norms, train_policy, outputs[k])
+
+                mb_parts = backward_minibatch(mb, loss_fn, [self.model, critic], w, self.fsdp)
+                first = None
                 met = ppo_distributed.minibatch_metrics(mb_parts, w)  # the global minibatch's, on every rank
                 if cfg.target_kl is not None and train_policy and met["approx_kl"] > cfg.target_kl:
                     self.opt.zero_grad(set_to_none=True)
@@ -282,7 +223,7 @@ class PPOTrainer:
                 cnorm = (
                     common.grad_norm_and_clip(critic, cfg.grad_clip)  # DTensor gradients: the norm over all shards
                     if self.fsdp
-                    else ppo_distributed.clip_grad_norm(self._params("critic"), cfg.grad_clip)
+                    else ppo_distributed.clip_grad_norm(list(critic.parameters()), cfg.grad_clip)
                 )
                 if math.isfinite(met["loss"]) and math.isfinite(gnorm) and math.isfinite(cnorm):
                     if train_policy:
@@ -301,14 +242,12 @@ class PPOTrainer:
                 break
         self.minibatch_metrics = parts  # per optimizer step, in order (the first has ratio exactly 1: tested)
         out = merge_metrics(parts)
-        n = max(1, len(parts))
         for k in ("loss", "pg_loss", "value_loss", "entropy_loss"):
             if k in out:
-                out[k] /= n  # mean over optimizer steps
-        out["num_tokens"] = distributed.global_sum(float(ro.completion_mask.sum()), w)
-        out["grad_norm"] = (
-            max(gnorms) if gnorms and all(map(math.isfinite, gnorms)) else (0.0 if not gnorms else math.nan)
-        )
+                out[k] /= max(1, len(parts))  # mean over optimizer steps
+        out["num_tokens"] = distributed.global_sum(float(b.completion_mask.sum()), w)
+        finite = gnorms and all(map(math.isfinite, gnorms))
+        out["grad_norm"] = max(gnorms) if finite else (0.0 if not gnorms else math.nan)
         out["critic_grad_norm"] = max(cnorms) if cnorms and all(map(math.isfinite, cnorms)) else math.nan
         out["skipped_updates"], out["optimizer_steps"] = skipped, len(parts)
         out["epochs_done"] = len(parts) / cfg.minibatches  # < mu when the target-KL stop fired
@@ -333,46 +272,28 @@ class PPOTrainer:
         common.set_lr(self.opt, self.collapse.lr_scale * lr)
         common.set_lr(self.critic_opt, common.lr_at(step, cfg.critic_lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio))
         beta = self.kl_ctl.value  # the beta this rollout's rewards were shaped with
-        sharded.sync_replica(self.replica, self.model)  # FSDP: the current weights into the sampler, on every rank
-        ro = make_rollout(self, step)
+        b = self.rollout(step, beta)
         t1 = time.perf_counter()
-        upd = self.update(ro, step, train_policy=not warm)
-        metrics = {
-            **ro.metrics,
-            **upd,
-            "beta": beta,
-            "critic_warmup": int(warm),
-            "lr": lr,
-            "time_update": time.perf_counter() - t1,
-            "step_time": time.perf_counter() - t0,
-        }
+        upd = self.update(b, step, train_policy=not warm)
+        metrics = {**b.metrics, **upd, "beta": beta, "critic_warmup": int(warm), "lr": lr}
+        metrics.update(time_update=time.perf_counter() - t1, step_time=time.perf_counter() - t0)
         # Ziegler: n = sequences in the (global) batch; kl_per_seq is the global batch's, so beta is one on every rank
-        self.kl_ctl.update(ro.metrics["kl_per_seq"], int(distributed.global_sum(ro.sequences.shape[0], self.world)))
-        metrics.update(
-            distributed.mean_metrics(
-                {k: v for k, v in metrics.items() if k.startswith("time_") or k == "step_time"}, self.world
-            )
-        )  # the rest is the global batch's already: the times, rank means
-        self.snapshot = watch_step(
-            step + 1,
-            metrics,
-            self.alarms,
-            self.collapse,
-            self.model,
-            self.opt,
-            self.snapshot,
-            reward=None if warm else metrics["reward_mean"],
-            critic=(self._critic(), self.critic_opt),
-        )
+        self.kl_ctl.update(b.metrics["kl_per_seq"], int(distributed.global_sum(b.sequences.shape[0], self.world)))
+        times = {k: v for k, v in metrics.items() if k.startswith("time_") or k == "step_time"}
+        metrics.update(distributed.mean_metrics(times, self.world))  # the rest is the global batch's already
+        reward = None if warm else metrics["reward_mean"]
+        critic = (self.critic_module, self.critic_opt)
+        args = (self.alarms, self.collapse, self.model, self.opt, self.snapshot)
+        self.snapshot = watch_step(step + 1, metrics, *args, reward=reward, critic=critic)
         return metrics
 
-    def run_eval(self):
-        return rl.heldout_eval(self.model, self.replica, self.data, self.tokenizer, self.cfg.max_new_tokens)
+    # the rest of the engine's Trainer shape, as every RL trainer has it (rl/common.py)
+    evaluate, progress, early_stop, run_eval = rl.evaluate, rl.progress, rl.no_early_stop, rl.run_eval
 
     def _state(self, step: int, extra: dict | None = None) -> dict:
         return {
             "step": step,
-            "trainer": self.TRAINER,
+            "trainer": self.name,
             "run_id": self.run.run_id,
             "config": dataclasses.asdict(self.cfg),
             "kl_controller": self.kl_ctl.state_dict(),
@@ -381,73 +302,39 @@ class PPOTrainer:
             **(extra or {}),
         }
 
-    def _extras(self, tmp: Path, with_snapshot: bool = True, critic=None) -> None:
-        """The critic (weights + optimizer; ``critic`` given: its weights alone) and the collapse guard's snapshot,
-        inside the checkpoint being written."""
-        save_file(
-            {k: v.detach().clone().contiguous() for k, v in (critic or self._critic()).state_dict().items()},
-            str(tmp / CRITIC_FILE),
-        )
-        if critic is None:
-            torch.save(self.critic_opt.state_dict(), tmp / CRITIC_OPTIMIZER_FILE)
-        if with_snapshot:
-            write_snapshot(tmp, self.snapshot)
-
-    def _critic(self) -> torch.nn.Module:
-        """What the critic optimizer trains: the shared value head, or the separate value model."""
-        return self.shared_head if self.shared_head is not None else self.critic
+    def _extras(self, tmp: Path) -> None:
+        """In a periodic checkpoint: the critic (weights + optimizer) and the collapse guard's snapshot."""
+        save_critic(tmp, self.critic_module, self.critic_opt)
+        write_snapshot(tmp, self.snapshot)
 
     def save(self, done: int, metrics: dict) -> None:
         """A periodic checkpoint: policy, critic, both optimizers, beta, RNG, alarms, collapse guard (rank 0 writes;
         under --fsdp every rank its shards of policy, critic and optimizers, without the guard's snapshot)."""
-        rl.save_periodic(self, done, parts={"critic": (self._critic(), self.critic_opt)})
+        rl.save_periodic(self, done, parts={"critic": (self.critic_module, self.critic_opt)})
 
     def finish(self, stopped_at: int | None, t_start: float) -> dict:
-        cfg, last_eval, initial = self.cfg, self.last_eval, self.initial
-        stopped, final_step = stopped_at is not None, stopped_at or cfg.steps
-        if last_eval is None:
-            last_eval = self.run_eval()
+        """``model/`` with the critic beside the policy (unless the run stopped on non-finite updates),
+        ``summary.json``; a stopped run then fails."""
+        stopped, final_step = stopped_at is not None, stopped_at or self.cfg.steps
+        last = self.last_eval if self.last_eval is not None else self.run_eval()
         final = None
         if not stopped:
-            if cfg.merge_lora:  # model/ with full weights, no adapter files
-                self.model = merge_lora(self.model)
             fsdp = sharded.is_sharded(self.model)
-            critic = sharded.published(self._critic(), self.world)  # FSDP: gathered to rank 0, as the policy below
+            critic = sharded.published(self.critic_module, self.world)  # FSDP: gathered to rank 0, as the policy
 
-            def extras(tmp):  # the critic beside the policy (gathered under --fsdp); no collapse snapshot
-                self._extras(tmp, with_snapshot=False, critic=critic if fsdp else None)
+            def extras(tmp):  # the critic (its weights alone when gathered from the shards); no collapse snapshot
+                save_critic(tmp, critic, None if fsdp else self.critic_opt)
 
-            state = self._state(final_step, {"heldout_accuracy": last_eval.accuracy})
-            final = publish_model(
-                self.out,
-                self.model,
-                self.tokenizer,
-                state,
-                self.opt,
-                self.world,
-                rng_state(),
-                save=lambda d, **kw: save_with_extras(d, extras, **kw),
-            )
-        summary = {
-            "trainer": self.TRAINER,
-            "policy_objective": cfg.policy_objective,
-            "steps": final_step,
-            "stopped_early": stopped,
-            "heldout_accuracy": last_eval.accuracy,
-            "heldout_accuracy_start": initial.accuracy if initial else None,
-            "heldout_n": last_eval.n,
-            "train_seconds": time.perf_counter() - t_start,
-            "beta": self.kl_ctl.value,
-            "alarms": self.alarms.summary(),
-            "restores": self.collapse.restores,
-            "model_dir": str(final) if final else None,
-            "samples": last_eval.samples,
-        }
-        return rl.close_run(self, summary, stopped_at, final, last_eval)
+            final = rl.publish(self, final_step, last, save=lambda d, **kw: save_with_extras(d, extras, **kw))
+        summary = rl.summary(
+            self, final_step, stopped, last, final, t_start, policy_objective=self.cfg.policy_objective
+        )
+        summary["beta"] = self.kl_ctl.value
+        return rl.close_run(self, summary, stopped_at, final, last)
 
     def train(self) -> dict:
         cfg = self.cfg
-        n_critic = sum(p.numel() for p in self._params("critic"))
+        n_critic = sum(p.numel() for p in self.critic_module.parameters())
         print(
             f"PPO ({cfg.policy_objective}): {len(self.prompts)} training prompts, {cfg.prompts_per_step} x "
             f"{cfg.num_generations} samples/step, policy {common.n_params(self.model) / 1e6:.2f}M params, critic "
@@ -456,16 +343,6 @@ class PPOTrainer:
         )
         rl.start_eval(self)  # a fresh run's held-out accuracy, logged at step 0
         return engine_run(self)  # the one loop (trainers/engine/run.py)
-
-    # the rest of the engine's Trainer shape: evaluate, progress, early_stop
-    def evaluate(self, done: int, metrics: dict) -> None:
-        rl.evaluate(self, done, metrics)
-
-    def progress(self, metrics: dict) -> dict:
-        return rl.progress(self, metrics)
-
-    def early_stop(self, done: int) -> None:
-        return None  # a non-finite streak is the guard's (the alarms: rl.AlarmsGuard)
 
 
 def train_ppo(cfg: PPOConfig, resume: str | None = None, overwrite: bool = False) -> dict:

@@ -153,7 +153,8 @@ def test_resume_is_exact_with_the_snapshot_in_the_checkpoint(sft_dir, tmp_path):
 def test_ppo_restore_puts_the_critic_back_too(sft_dir, tmp_path):
     from safetensors.torch import load_file
 
-    from posttrain.trainers.ppo import CRITIC_FILE, PPOConfig, train_ppo
+    from posttrain.trainers.ppo import PPOConfig, train_ppo
+    from posttrain.trainers.rl.critic import CRITIC_FILE
 
     if "collapse_script_ppo" not in REWARD_FUNCTIONS:
         register_reward("collapse_script_ppo", lambda **_: scripted())

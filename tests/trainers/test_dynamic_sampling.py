@@ -12,8 +12,8 @@ from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer, train_policy_gradient
+from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -36,6 +36,13 @@ def sft_dir(tmp_path_factory):
         )
     )
     return out
+
+
+def _draw(t, step, rnd):
+    """Round ``rnd`` of ``step`` as the trainer's rollout draws it (its prompt filter's history updated)."""
+    from posttrain.trainers.rl.rollout import draw
+
+    return draw(t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, step, rnd, history=t.prompt_history)
 
 
 def cfg(sft_dir, out, **kw):
@@ -147,7 +154,6 @@ def test_all_uniform_groups_make_no_update(sft_dir, tmp_path):
 
 def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_path):
     from posttrain.data.batches import batch_indices
-    from posttrain.trainers import pg_rollout
 
     if "always_zero" not in REWARD_FUNCTIONS:
         register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
@@ -157,7 +163,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
     fresh = torch.arange(n) % 2 == 0  # z = 0 on every other prompt, z = 5 elsewhere
     t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
     before = t.prompt_history.streak.clone()
-    pg_rollout.draw(t, 2, 1)  # a refill round: the filter applies
+    _draw(t, 2, 1)  # a refill round: the filter applies
     pool = batch_indices(n, c.prompts_per_step * c.prompt_filter_pool, 2, c.seed + 17 + 2**32)
     expect = [int(i) for i in pool if fresh[i]][: c.prompts_per_step]
     assert len(expect) == c.prompts_per_step  # the pool holds enough fresh prompts for the test to mean something
@@ -165,7 +171,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
     assert sorted(changed) == sorted(expect)  # exactly those were sampled (each now z = 1: all rewards 0)
     assert (t.prompt_history.streak[expect] == 1).all()
     before = t.prompt_history.streak.clone()
-    pg_rollout.draw(t, 2, 0)  # round 0 is never filtered: the classic batch, whatever the prompts' history
+    _draw(t, 2, 0)  # round 0 is never filtered: the classic batch, whatever the prompts' history
     round0 = batch_indices(n, c.prompts_per_step, 2, c.seed + 17)
     assert sorted((t.prompt_history.streak != before).nonzero().flatten().tolist()) == sorted(set(round0.tolist()))
 
@@ -173,7 +179,7 @@ def test_prompt_filter_refills_with_prompts_that_had_signal_first(sft_dir, tmp_p
 def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir, tmp_path, monkeypatch):
     """prompt_filter_fill off: a refill round is the prompts that passed (none: nothing is sampled, the step goes on),
     and groups_drawn counts the groups actually drawn."""
-    from posttrain.trainers import pg_rollout
+    from posttrain.trainers.rl import rollout as rl_rollout
 
     if "always_zero" not in REWARD_FUNCTIONS:
         register_reward("always_zero", lambda **_: lambda prompts, completions, **c: [0.0] * len(completions))
@@ -182,16 +188,19 @@ def test_prompt_filter_without_fill_samples_only_the_prompts_that_passed(sft_dir
     n = len(t.prompts)
     fresh = torch.arange(n) % 2 == 0
     t.prompt_history.streak[:] = torch.where(fresh, 0, 5)
-    calls, real_sample = [], pg_rollout.engine_rollout.sample
+    calls, real_sample = [], rl_rollout.sample
     monkeypatch.setattr(
-        pg_rollout.engine_rollout, "sample", lambda tr, ps, *a: calls.append(len(ps)) or real_sample(tr, ps, *a)
+        rl_rollout, "sample", lambda eng, pol, ps, *a: calls.append(len(ps)) or real_sample(eng, pol, ps, *a)
     )
-    gen, rewards, _, _ = pg_rollout.draw(t, 2, 1)  # enough fresh prompts in the pool: a full round of them
-    assert len(rewards) == c.prompts_per_step * c.num_generations
+    r = _draw(t, 2, 1)  # enough fresh prompts in the pool: a full round of them
+    assert len(r.rewards) == c.prompts_per_step * c.num_generations
     t.prompt_history.streak[:] = 5  # now every prompt was uninformative 5 times in a row: none passes
-    assert pg_rollout.draw(t, 3, 1) is None and calls == [c.prompts_per_step]  # nothing sampled
+    assert _draw(t, 3, 1) is None and calls == [c.prompts_per_step]  # nothing sampled
     calls.clear()
-    ro = pg_rollout.rollout(t, 4)  # round 0 (all rewards 0: no signal), then rounds 1-2 pass nothing
+    args = (t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, 4)
+    ro = rl_rollout.rollout(
+        *args, history=t.prompt_history
+    )  # round 0 (all rewards 0: no signal), then rounds 1-2 pass nothing
     assert calls == [c.prompts_per_step]  # only round 0 was sampled
     assert ro.metrics["groups_drawn"] == c.prompts_per_step and ro.metrics["groups_kept"] == 0 and not ro.apply
 
@@ -217,3 +226,25 @@ def test_resume_is_bitwise_with_the_prompt_filter(sft_dir, tmp_path):
 def test_prompt_filter_is_off_without_dynamic_sampling(sft_dir, tmp_path):
     t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, prompt_filter=True, dynamic_sampling=False))
     assert t.prompt_history is None  # no refill rounds to filter
+
+
+def test_a_full_batch_kept_from_a_refill_round_is_that_rounds_samples(sft_dir, tmp_path):
+    """Round 0 has no signal, round 1 a full batch of it: the batch is round 1's rows (samples, log-probs and
+    rewards of the same completions), not round 0's samples with round 1's rewards."""
+    from posttrain.trainers.rl.rollout import draw, rollout
+
+    calls = []
+
+    def switch(prompts, completions, **c):  # round 0: all equal; later rounds: 0, 1, 0, 1, ... (every group informs)
+        calls.append(len(completions))
+        return [0.0 if len(calls) == 1 else float(i % 2) for i in range(len(completions))]
+
+    if "round_switch" not in REWARD_FUNCTIONS:
+        register_reward("round_switch", lambda **_: switch)
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, reward="round_switch", prompt_filter=False))
+    args = (t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, 2)
+    ro = rollout(*args)
+    assert ro.apply and ro.metrics["groups_kept"] == t.cfg.prompts_per_step and len(calls) == 2
+    want = draw(*args, 1)  # round 1 again: the same samples (a function of seed, step, round)
+    assert torch.equal(ro.sequences, want.gen.sequences) and torch.equal(ro.sampler_logps, want.gen.logps)
+    assert torch.equal(ro.rewards, want.rewards) and not torch.equal(ro.first.gen.sequences, want.gen.sequences)

@@ -13,9 +13,10 @@ from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers import engine_rollout, pg_rollout
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
 from posttrain.trainers.ppo import PPOConfig, PPOTrainer
+from posttrain.trainers.rl import group, ppo_batch
+from posttrain.trainers.rl.rollout import rollout
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -98,9 +99,9 @@ def test_native_engine_weights_are_exactly_one_and_the_run_is_bitwise_unchanged(
         assert m["sampling_logp_difference"] == 0.0 and m["is_clipped_frac"] == 0.0
     # the oracle: the same run with no correction at all (the loss as it was before engines were wired in)
     if kind == "grpo":
-        monkeypatch.setattr(PolicyGradientTrainer, "rollout", lambda self, step: pg_rollout.rollout(self, step))
+        monkeypatch.setattr(group, "correct", lambda b, *a, **kw: b)
     else:
-        monkeypatch.setattr(engine_rollout, "ppo_is_weights", lambda tr, old, sampler, mask: (None, {}))
+        monkeypatch.setattr(ppo_batch, "is_weights", lambda *a, **kw: (None, {}))
     w0, m0 = _train(cls, make(sft_dir, tmp_path / "b"))
     assert "is_weight_mean" not in m0[0]
     assert any(m["grad_norm"] > 1e-3 for m in m0)  # real updates
@@ -112,8 +113,9 @@ def test_native_engine_weights_are_exactly_one_and_the_run_is_bitwise_unchanged(
 def test_skewed_engine_grpo_rollout_gets_the_reference_tis_weights(sft_dir, tmp_path):
     cfg = _grpo(sft_dir, tmp_path / "s", engine="skewed", tis_cap=1.05, tis_level="token")
     tr = PolicyGradientTrainer(cfg)
-    raw = pg_rollout.rollout(tr, 0)  # old_logps here are the engine's own (sampled at 1.3 x the temperature)
-    ro = engine_rollout.correct_rollout(tr, raw)
+    sampled = rollout(tr.model, tr.engine, tr.tokenizer, tr.data, tr.reward_fn, tr.settings, 0)
+    raw = group.group_batch(sampled, 0, cfg, ref_model=tr.ref_model, beta=tr.kl_ctl.value)  # the engine's log-probs
+    ro = group.correct(raw, tr.model, cfg, matched=False, share_prefix=tr.share_prefix)  # (sampled at 1.3 x the T)
     m = raw.completion_mask.float()
     with torch.no_grad():  # pi_old by an independent path: a plain full forward (the trainer shares prompt prefixes)
         want_old = completion_logps(
@@ -129,14 +131,10 @@ def test_skewed_engine_grpo_rollout_gets_the_reference_tis_weights(sft_dir, tmp_
     torch.testing.assert_close(ro.is_weights, want_w, atol=1e-6, rtol=1e-6)
     assert ro.metrics["sampling_logp_difference"] > 0.01 and ro.metrics["is_weight_min"] < 1.0
     assert 0 < ro.metrics["is_clipped_frac"] < 1 and ro.metrics["is_weight_max"] == pytest.approx(1.05)
-    seq = engine_rollout.correct_rollout(_with_level(tr, "sequence"), raw)
+    per_seq_cfg = dataclasses.replace(cfg, tis_level="sequence")
+    seq = group.correct(raw, tr.model, per_seq_cfg, matched=False, share_prefix=tr.share_prefix)
     per_seq = torch.exp(((ro.old_logps - raw.old_logps) * m).sum(-1, keepdim=True)).clamp(max=1.05) * m
     torch.testing.assert_close(seq.is_weights, per_seq, atol=1e-6, rtol=1e-6)
-
-
-def _with_level(tr, level):
-    tr.cfg = dataclasses.replace(tr.cfg, tis_level=level)
-    return tr
 
 
 @pytest.mark.parametrize("kind", ["grpo", "ppo"])
@@ -144,7 +142,6 @@ def test_skewed_engine_weights_multiply_the_policy_loss(sft_dir, tmp_path, kind)
     """On the rollout's first update (ratio 1 up to float) the policy term is -sum_t w_t A_t / N_tokens (token mean),
     with w the rollout's TIS weights: different from the unweighted loss, and logged as non-trivial."""
     from posttrain.losses.policy import batch_normalizers
-    from posttrain.trainers.ppo_rollout import make_rollout
 
     if kind == "grpo":
         tr = PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "g", engine="skewed", beta=0.0, loss_agg="token_mean"))
@@ -156,7 +153,7 @@ def test_skewed_engine_weights_multiply_the_policy_loss(sft_dir, tmp_path, kind)
         loss = lambda r: tr._micro_loss(r, torch.arange(r.sequences.shape[0]), batch_normalizers(r.completion_mask))  # noqa: E731
     else:
         tr = PPOTrainer(_ppo(sft_dir, tmp_path / "p", engine="skewed", minibatches=1))
-        ro = make_rollout(tr, 0)  # advantages of both signs (they are 0 where every reward and value is)
+        ro = tr.rollout(0, tr.kl_ctl.value)  # advantages of both signs (they are 0 where every reward and value is)
         ro = dataclasses.replace(
             ro, advantages=torch.randn(ro.advantages.shape, generator=torch.Generator().manual_seed(0))
         )
@@ -203,3 +200,19 @@ def test_vllm_engine_is_refused_with_one_line_where_it_cannot_run(sft_dir, tmp_p
         assert not (out / "run.json").exists()
     with pytest.raises(UserError, match=VLLM_NEEDS):
         PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "api", engine="vllm"))
+
+
+@pytest.mark.parametrize("kind", ["grpo", "ppo"])
+def test_a_diverged_policy_is_refused_by_the_sampler_naming_the_training_step(sft_dir, tmp_path, kind):
+    """NaN weights: the engine's sampler refuses the NaN logits with one line that names the step being sampled."""
+    from posttrain.errors import NonFiniteError
+
+    tr = (
+        PolicyGradientTrainer(_grpo(sft_dir, tmp_path / "g")) if kind == "grpo" else PPOTrainer(_ppo(sft_dir, tmp_path))
+    )
+    with torch.no_grad():
+        for p in tr.model.parameters():
+            p.fill_(float("nan"))
+    with pytest.raises(NonFiniteError, match=r"^sampling at step 7: the next-token logits of row 0 are NaN/Inf") as e:
+        tr.rollout(7) if kind == "grpo" else tr.rollout(7, tr.kl_ctl.value)
+    assert "\n" not in str(e.value)

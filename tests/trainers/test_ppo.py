@@ -16,10 +16,10 @@ from posttrain.rewards.reward_model import load_reward_model, save_reward_checkp
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
-from posttrain.trainers import ppo_rollout
 from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.ppo import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, PRESETS, PPOConfig, PPOTrainer, train_ppo
-from posttrain.trainers.ppo_rollout import make_rollout
+from posttrain.trainers.ppo import PRESETS, PPOConfig, PPOTrainer, train_ppo
+from posttrain.trainers.rl import ppo_batch
+from posttrain.trainers.rl.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=1, num_demos=30, num_eval=8)
@@ -41,6 +41,11 @@ def sft_dir(tmp_path_factory):
         )
     )
     return out
+
+
+def _rollout(t, step):
+    """The trainer's batch of ``step`` at its current KL coefficient, as ``train_step`` makes it."""
+    return t.rollout(step, t.kl_ctl.value)
 
 
 def cfg(sft_dir, out, preset=None, **kw):
@@ -76,7 +81,7 @@ def cfg(sft_dir, out, preset=None, **kw):
 )
 def test_first_minibatch_ratio_is_exactly_one(sft_dir, tmp_path, kw):
     t = PPOTrainer(cfg(sft_dir, tmp_path / "r", **kw))
-    t.update(make_rollout(t, 0), 0, train_policy=True)
+    t.update(_rollout(t, 0), 0, train_policy=True)
     first, later = t.minibatch_metrics[0], t.minibatch_metrics[-1]
     assert first["ratio_max"] == first["ratio_min"] == 1.0  # bit for bit: pi_old is recomputed by the same forward
     assert first["approx_kl"] == 0.0 and first["clip_frac_low"] == first["clip_frac_high"] == 0.0
@@ -99,12 +104,12 @@ def test_folding_the_first_forward_into_the_rollout_changes_nothing(sft_dir, tmp
         pytest.importorskip("peft")
     runs = {}
     for fold in (True, False):
-        monkeypatch.setattr(ppo_rollout, "folds_first_forward", lambda cfg, trainer, f=fold: f)
+        monkeypatch.setattr(ppo_batch, "folds_first_forward", lambda cfg, fsdp, f=fold: f)
         out = tmp_path / f"fold{int(fold)}"
         t = PPOTrainer(cfg(sft_dir, out, minibatches=1, steps=3, save_every=0, **kw))
         before, folded = {k: v.clone() for k, v in t.model.state_dict().items()}, []
         for step in range(3):
-            ro = make_rollout(t, step)
+            ro = _rollout(t, step)
             folded.append(ro.first_forward is not None)
             upd = t.update(ro, step, train_policy=step >= t.cfg.critic_warmup)
             assert ro.first_forward is None  # the graph is freed by the update
@@ -113,7 +118,7 @@ def test_folding_the_first_forward_into_the_rollout_changes_nothing(sft_dir, tmp
     (a, upd_a, folded_a), (b, upd_b, folded_b) = runs[True], runs[False]
     assert folded_a == [True] * 3 and folded_b == [False] * 3
     assert upd_a == upd_b
-    for mod_a, mod_b in ((a.model, b.model), (a._critic(), b._critic())):
+    for mod_a, mod_b in ((a.model, b.model), (a.critic_module, b.critic_module)):
         sa, sb = mod_a.state_dict(), mod_b.state_dict()
         assert all(torch.equal(v, sb[k]) for k, v in sa.items())
 
@@ -125,15 +130,15 @@ def test_first_forward_is_folded_only_when_the_first_minibatch_is_one_micro_batc
         ({"minibatches": 1, "grad_accum": 2}, False),
     ):
         t = PPOTrainer(cfg(sft_dir, tmp_path / f"f{len(kw)}{want}", **kw))
-        assert ppo_rollout.folds_first_forward(t.cfg, t) is want
-        assert (make_rollout(t, 0).first_forward is not None) is want
+        assert ppo_batch.folds_first_forward(t.cfg, t.fsdp) is want
+        assert (_rollout(t, 0).first_forward is not None) is want
 
 
 def test_a2c_gradient_is_the_policy_gradient_with_gae_advantages(sft_dir, tmp_path):
     """Preset a2c: one update on the rollout; its policy gradient equals grad of -sum_t A_t log pi_t / N_tokens with
     log pi from an independent scoring path (posttrain.scoring) and A the rollout's GAE advantages."""
     t = PPOTrainer(cfg(sft_dir, tmp_path / "a2c", preset="a2c"))
-    ro = make_rollout(t, 0)
+    ro = _rollout(t, 0)
     rows = torch.arange(ro.sequences.shape[0])
     from posttrain.losses.policy import batch_normalizers
 
@@ -191,7 +196,7 @@ def test_grad_accumulation_gives_the_minibatch_gradient(sft_dir, tmp_path):
     from posttrain.losses.policy import batch_normalizers
 
     t = PPOTrainer(cfg(sft_dir, tmp_path / "ga"))
-    ro = make_rollout(t, 0)
+    ro = _rollout(t, 0)
     rows = torch.arange(8)  # one minibatch of the 16 rows
     norms = batch_normalizers(ro.completion_mask[rows])
     params = list(t.model.parameters()) + list(t.critic.parameters())
@@ -318,11 +323,11 @@ def test_cli_bad_flag_is_one_line_exit_2(sft_dir, tmp_path, capsys):
 
 @pytest.mark.parametrize("layout", ["separate", "shared"])
 def test_prompt_prefix_sharing_is_exact(sft_dir, tmp_path, layout):
-    from posttrain.trainers.ppo_rollout import forward
+    from posttrain.trainers.rl.ppo_batch import forward
 
     t = PPOTrainer(cfg(sft_dir, tmp_path / "px", value_model=layout))
     torch.nn.init.normal_((t.shared_head if layout == "shared" else t.critic.head).proj.weight)
-    ro = make_rollout(t, 0)
+    ro = _rollout(t, 0)
     args = (t.model, t.critic, t.shared_head, ro.sequences, ro.attention_mask, ro.completion_mask, ro.prompt_length)
     kw = dict(temperature=1.0, top_k=None, top_p=None, need_entropy=True)
     full, shared = forward(*args, None, **kw), forward(*args, ro.prompt_index, **kw)

@@ -50,7 +50,7 @@ SCRIPT = textwrap.dedent("""
         matched = True  # our sampler's log-probs: the IS weights are 1
         def __init__(self, model, tok):
             self.model, self.tok, self.calls = model, tok, 0
-        def generate(self, prompt_ids, n, sampling, generator=None):
+        def generate(self, prompt_ids, n, sampling, generator=None, step=None):
             comps, lps = [], []
             for p in prompt_ids:
                 g = generate(self.model, [p], pad_id=self.tok.pad_id, eos_id=self.tok.eos_id, cfg=sampling,

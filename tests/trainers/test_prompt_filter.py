@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from posttrain.errors import UserError
-from posttrain.trainers.prompt_filter import PromptHistory, sample_mask, select
+from posttrain.trainers.rl.prompt_filter import PromptHistory, sample_mask, select
 
 
 def test_sample_mask_keeps_with_probability_p_to_the_streak():

@@ -4,12 +4,14 @@ reward_mean (and the collapse guard) the full spec's."""
 import pytest
 import torch
 
+from posttrain.data.batches import batch_indices
 from posttrain.errors import ConfigError
+from posttrain.generate import decode_completions
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers import pg_rollout
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
+from posttrain.trainers.rl.rollout import annealed_terms, draw
 from posttrain.trainers.sft import SFTConfig, train_sft
 
 TASK = ArithmeticConfig(digits=2, num_demos=30, num_eval=8)
@@ -81,9 +83,11 @@ def test_rewards_follow_the_schedule_and_the_log_keeps_the_full_spec(sft_dir, tm
     exact, digits = build_reward("exact_match:1.0"), build_reward("digits:1.0")
     partial = 0.0
     for step, f in ((2, 1.0), (7, 0.5), (9, 1 / 6)):
-        gen, rewards, correct, base = pg_rollout.draw(t, step, 0)
-        texts = pg_rollout.decode_completions(t.tokenizer, gen)
-        idx = pg_rollout.batch_indices(len(t.prompts), 4, step, t.cfg.seed + 17)
+        fading = annealed_terms(t.reward_fn, t.cfg.anneal_names, t.cfg.anneal_factor(step))
+        r = draw(t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, step, 0, fading=fading)
+        gen, rewards, correct, base = r.gen, r.rewards, r.correct, r.base
+        texts = decode_completions(t.tokenizer, gen)
+        idx = batch_indices(len(t.prompts), 4, step, t.cfg.seed + 17)
         rows = [t.prompts[i] for i in idx.tolist() for _ in range(4)]
         answers, prompts = [r.answer for r in rows], [r.prompt for r in rows]
         e = torch.tensor(exact(prompts, texts, answer=answers))

@@ -20,7 +20,7 @@ a worked number); the names there are also importable from here.
 
 Tokens are counted where the compute is: every forward of the trained model with gradients on adds its input's
 ``B x T`` positions (padding included: the model computed them) and their FLOPs. Rollout tokens/s (GRPO, PPO) are the
-completion tokens the sampler generated over its wall time (``engine_rollout.sample``). Peak memory is
+completion tokens the sampler generated over its wall time (``rl/rollout_engine.py::sample``). Peak memory is
 ``torch.cuda.max_memory_allocated`` on CUDA (reset when a run starts); on the CPU the process's maximum resident set
 size (``ru_maxrss``: the whole process since it started, not this run alone), named as such in ``peak_memory_kind``.
 

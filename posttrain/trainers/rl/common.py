@@ -1,69 +1,22 @@
-"""What GRPO and PPO share, written once: their inputs (prompts, evaluation set, the rollout engine), their KL
-controller, and their part of the engine's Trainer shape (evaluate, progress, the alarms as the loop's guard, the
-evaluation at the start).
+"""What GRPO and PPO share of the engine's Trainer shape, written once: evaluation (at the start and every
+``eval_every``), progress, the alarms as the loop's guard, the periodic checkpoint, the final model and summary.
 
-Each is a function of values (the config, the task, the run being opened) or of an RL trainer's public attributes
-(``cfg``, ``model``, ``run_eval``, ``alarms``, ``logger``, ``last_eval``); the algorithms themselves (rollout,
-advantages, the update) stay in their trainers. Not handled here: the rollout itself (``pg_rollout.py``,
-``ppo_rollout.py``).
+Each is a function of an RL trainer's public attributes (``cfg``, ``model``, ``replica``, ``data``, ``alarms``,
+``collapse``, ``logger``, ``last_eval``, ...); a trainer takes ``evaluate``, ``progress``, ``early_stop`` and
+``run_eval`` as they are (class attributes: ``evaluate = rl.evaluate``). The set-up is ``setup.py``; the algorithms
+(advantages, the update) stay in their trainers; the rollout (``rollout.py``) is a function of values only.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from posttrain.engines import build_engine
-from posttrain.errors import UserError
-from posttrain.losses.kl import AdaptiveKLController, FixedKLController
-from posttrain.tasks.rl import rl_data
+from posttrain.models.lora import merge_lora
 from posttrain.trainers import common, sharded
 from posttrain.trainers.checkpoint import rng_state, save_with_extras
+from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.guards import TrainingDiverged
-
-
-@dataclass
-class RLInputs:
-    """The prompts and evaluation set (``data``), and what samples the rollouts."""
-
-    data: Any  # tasks/rl.py: .train (rows with .prompt, .answer), .evals, .score, .evaluate
-    fsdp: bool  # the policy is sharded: rollouts and evaluation sample from ``replica``
-    replica: Any  # a whole copy of the policy, refreshed once per step (trainers/sharded.py), or None
-    engine: Any  # the rollout engine (engines/): ours, vllm or the skewed test engine
-
-
-def rl_inputs(cfg, task, reward_fn, chat, t) -> RLInputs:
-    """Read and check the prompts and the evaluation set against ``t``'s model and tokenizer and build the rollout
-    engine: before the run directory is written (``open_training``'s ``inputs``), so a bad file, a prompt too long
-    for the model or an engine that cannot start is a one-line error with nothing written."""
-    data = rl_data(
-        task=task,
-        data=cfg.data,
-        eval_data=cfg.eval_data,
-        reward_fn=reward_fn,
-        tokenizer=t.tokenizer,
-        model=t.model,
-        max_new_tokens=cfg.max_new_tokens,
-        prompt_field=cfg.prompt_field,
-        chat=chat,
-        on_bad_line=cfg.on_bad_line,
-    )
-    fsdp = cfg.fsdp and t.world.distributed  # then rollouts sample from a replica (trainers/sharded.py)
-    replica = sharded.rollout_replica(t.model) if fsdp else None
-    engine = build_engine(cfg, replica if fsdp else t.model, t.tokenizer, model_dir=cfg.model_path)
-    max_len = getattr(getattr(t.model, "config", None), "max_seq_len", None)
-    if max_len is not None and not cfg.data and task.max_prompt_len + 1 + cfg.max_new_tokens > max_len:
-        raise UserError(f"prompt + {cfg.max_new_tokens} new tokens exceed model.max_seq_len={max_len}")
-    return RLInputs(data, fsdp, replica, engine)
-
-
-def kl_controller(cfg):
-    """The KL-to-reference coefficient: adaptive (Ziegler et al. 2019, toward ``kl_target``) or fixed at ``beta``."""
-    if cfg.kl_control == "adaptive":
-        return AdaptiveKLController(cfg.beta, cfg.kl_target, cfg.kl_horizon)
-    return FixedKLController(cfg.beta)
 
 
 def heldout_eval(model, replica, data, tokenizer, max_new_tokens: int):
@@ -87,6 +40,11 @@ def start_eval(tr) -> None:
         tr.logger.log(0, {"heldout_accuracy": tr.initial.accuracy})
 
 
+def run_eval(tr):
+    """The trainer's held-out evaluation (greedy, on its replica under --fsdp)."""
+    return heldout_eval(tr.model, tr.replica, tr.data, tr.tokenizer, tr.cfg.max_new_tokens)
+
+
 def evaluate(tr, done: int, metrics: dict) -> None:
     """The held-out accuracy after step ``done`` (the trainer keeps it as ``last_eval``)."""
     tr.last_eval = tr.run_eval()
@@ -96,6 +54,10 @@ def evaluate(tr, done: int, metrics: dict) -> None:
 def progress(tr, metrics: dict) -> dict:
     acc = {"acc": f"{tr.last_eval.accuracy:.3f}"} if tr.last_eval else {}
     return {"reward": f"{metrics['reward_mean']:.2f}", **acc}
+
+
+def no_early_stop(tr, done: int) -> None:
+    return None  # a non-finite streak is the guard's (the alarms: AlarmsGuard)
 
 
 def save_periodic(tr, done: int, parts: dict | None = None, tensors: dict | None = None) -> None:
@@ -119,6 +81,37 @@ def save_periodic(tr, done: int, parts: dict | None = None, tensors: dict | None
         optimizer=tr.opt,
         rng_state=rng_state(),
     )
+
+
+def publish(tr, final_step: int, last, save=None):
+    """``model/``: the policy (its LoRA adapters merged with ``merge_lora``: full weights, no adapter files) with the
+    run's state (``tr._state``) and held-out accuracy ``last``; rank 0 writes, gathered from the shards under --fsdp.
+    ``save``: how the directory is written (PPO's adds the critic); returns its path."""
+    if tr.cfg.merge_lora:
+        tr.model = merge_lora(tr.model)
+    state = tr._state(final_step, {"heldout_accuracy": last.accuracy})
+    kw = {} if save is None else {"save": save}
+    return publish_model(tr.out, tr.model, tr.tokenizer, state, tr.opt, tr.world, rng_state(), **kw)
+
+
+def summary(tr, final_step: int, stopped: bool, last, final, t_start: float, **extra) -> dict:
+    """``summary.json``'s fields every RL run has (``extra``: the algorithm's own, after ``trainer``); ``t_start``:
+    when the loop started (``train_seconds``)."""
+    initial = tr.initial
+    return {
+        "trainer": tr.name,
+        **extra,
+        "steps": final_step,
+        "stopped_early": stopped,
+        "heldout_accuracy": last.accuracy,
+        "heldout_accuracy_start": initial.accuracy if initial else None,
+        "heldout_n": last.n,
+        "train_seconds": time.perf_counter() - t_start,
+        "alarms": tr.alarms.summary(),
+        "restores": tr.collapse.restores,
+        "model_dir": str(final) if final else None,
+        "samples": last.samples,
+    }
 
 
 def close_run(tr, summary: dict, stopped_at: int | None, final, last) -> dict:

@@ -1,4 +1,5 @@
-"""PPO's rollout: sample, score, recompute pi_old / V_old / pi_ref with the update's own forward, shape, GAE.
+"""PPO's batch: the shared rollout (``rollout.py``) + pi_old / V_old / pi_ref recomputed with the update's own
+forward + the KL-shaped token rewards + GAE.
 
 Key insight: the importance ratio pi_theta / pi_old of the first minibatch must be exactly 1 (nothing has
 moved yet), so pi_old is *recomputed* with the very forward the update will run — same module in the same
@@ -18,8 +19,8 @@ Per rollout (N = prompts_per_step * num_generations rows, T completion tokens):
 The KL unit: ``kl_per_seq`` is sum_t KL_t over a sequence's real tokens, averaged over sequences (the unit of
 Ziegler's target of 6 nats, and of the adaptive controller here); ``kl`` is the per-token mean.
 
-Samples come from the trainer's rollout engine (``--engine``; ours by default), with the truncated-IS weights
-of pi_old against the engine's own log-probs (``trainers/engine_rollout.py``; exactly 1 with ours). Under
+Samples come from the run's rollout engine (``--engine``; ours by default), with the truncated-IS weights
+of pi_old against the engine's own log-probs (``rollout_engine.py``; exactly 1 with ours). Under
 ``torchrun`` each rank samples its contiguous share of the step's prompts with its own stream, and the
 whitening and the metrics are the global batch's (``ppo_distributed.py``).
 
@@ -34,24 +35,35 @@ from dataclasses import dataclass
 
 import torch
 
-from posttrain.evaluation import encode_prompt
 from posttrain.losses.advantages import gae
 from posttrain.losses.kl import kl_estimate, kl_penalized_token_rewards
 from posttrain.losses.logprobs import token_entropy
 from posttrain.models.heads import positions_from_mask
 from posttrain.models.value import completion_values, shared_forward
 from posttrain.scoring import completion_token_logps, prefix_shared_completion_logps, shared_prefix_forward
-from posttrain.trainers import distributed, engine_rollout, ppo_distributed, sharded
+from posttrain.trainers import distributed
 from posttrain.trainers.distributed import World
-from posttrain.trainers.rl.rollout import score_rollout
+from posttrain.trainers.rl import ppo_distributed
+from posttrain.trainers.rl.rollout import Rollout
+from posttrain.trainers.rl.rollout_engine import is_weights
+from posttrain.trainers.rl.schedule import micro_schedule
+from posttrain.trainers.rl.streams import epoch_order
 
 
-def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 11 + salt)
+@dataclass(frozen=True)
+class ActorCritic:
+    """The models of a PPO step: the policy, its critic (a separate value model, or a value head on the policy's
+    hidden states) and the frozen reference (None when beta = 0)."""
+
+    policy: torch.nn.Module
+    critic: torch.nn.Module | None  # the separate value model, or None with ``shared_head``
+    shared_head: torch.nn.Module | None  # the value head on the policy, or None
+    ref: torch.nn.Module | None
+    share_prefix: bool  # each distinct prompt runs once per model (posttrain GPTs, not FSDP)
 
 
 @dataclass
-class PPORollout:
+class PPOBatch:
     """One rollout batch (rows prompt-major), everything the update reads."""
 
     sequences: torch.Tensor  # (N, P+T)
@@ -66,22 +78,6 @@ class PPORollout:
     metrics: dict
     is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights pi_old / pi_sampler (1 with our sampler)
     first_forward: list | None = None  # the pi_old pass's (logps, entropy, values) graphs: the update's first forward
-
-
-def epoch_order(seed: int, step: int, epoch: int, n: int, minibatches: int) -> torch.Tensor:
-    """Row order of one epoch: a (seed, step, epoch) permutation when the batch is split, else 0..n-1."""
-    if minibatches == 1:
-        return torch.arange(n)
-    return torch.randperm(n, generator=step_generator(seed, step, salt=1 + epoch))
-
-
-def micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int) -> list[list[torch.Tensor]]:
-    """[[micro rows, ...] per minibatch]: the epoch's order cut into minibatches, each into grad_accum parts."""
-    return [
-        [m for m in torch.tensor_split(rows, grad_accum) if len(m)]
-        for rows in torch.tensor_split(order, minibatches)
-        if len(rows)
-    ]
 
 
 def prefix_shared_outputs(gpt, seqs, attn, P: int, prompt_index):
@@ -138,39 +134,31 @@ def forward(
     return lp, (token_entropy(warped) if need_entropy else None), values
 
 
-def folds_first_forward(cfg, trainer) -> bool:
+def folds_first_forward(cfg, fsdp: bool) -> bool:
     """Whether the rollout's pi_old / V_old pass can double as the update's first forward: when the first minibatch
     is the whole rollout in one micro-batch (minibatches = grad_accum = 1, not FSDP), that pass runs with gradients
     and the update's first loss reads it instead of running the same forward again (one forward of three saved per
     step with mu = 2; bitwise the same run, tested)."""
-    return cfg.minibatches == 1 and cfg.grad_accum == 1 and not getattr(trainer, "fsdp", False)
+    return cfg.minibatches == 1 and cfg.grad_accum == 1 and not fsdp
 
 
-def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: bool = False):
-    """pi_old, V_old and pi_ref over the epoch-0 micro-batches, row for row as the update will run them
-    -> (old_lp, old_v, ref_lp, kept). ``keep_graph``: the policy/critic pass runs with gradients and ``kept`` holds
-    its (logps, entropy, values) per micro-batch for the update's first minibatch; else ``kept`` is None."""
-    cfg = trainer.cfg
-    N, T = gen.completion_mask.shape
-    where = gen.completion_mask.device  # the run's device (engine/device.py), where the forwards' outputs are
+def recompute(m: ActorCritic, ro: Rollout, cfg, order_micro: list[list[tuple]], keep_graph: bool = False):
+    """pi_old, V_old and pi_ref of the rollout ``ro`` over the epoch-0 micro-batches, row for row as the update will
+    run them -> (old_lp, old_v, ref_lp, kept). ``keep_graph``: the policy/critic pass runs with gradients and ``kept``
+    holds its (logps, entropy, values) per micro-batch for the update's first minibatch; else ``kept`` is None."""
+    N, T = ro.completion_mask.shape
+    where = ro.completion_mask.device  # the run's device (engine/device.py), where the forwards' outputs are
     old_lp, old_v = torch.zeros(N, T, device=where), torch.zeros(N, T, device=where)
-    ref_lp = torch.zeros(N, T, device=where) if trainer.ref_model is not None else None
-    kw = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, need_entropy=keep_graph)
-    P, kept = gen.prompt_length, []
+    ref_lp = torch.zeros(N, T, device=where) if m.ref is not None else None
+    warp = dict(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    P, kept = ro.prompt_length, []
     for mb in order_micro:
         for rows, dummy in mb:  # a dummy (FSDP: this rank has no row there) runs for the collectives, kept nowhere
-            seqs, attn, cmask = gen.sequences[rows], gen.attention_mask[rows], gen.completion_mask[rows]
+            seqs, attn, cmask = ro.sequences[rows], ro.attention_mask[rows], ro.completion_mask[rows]
+            index = ro.prompt_index[rows] if m.share_prefix else None
             with torch.set_grad_enabled(keep_graph):
                 out = forward(
-                    trainer.model,
-                    trainer.critic,
-                    trainer.shared_head,
-                    seqs,
-                    attn,
-                    cmask,
-                    P,
-                    gen.prompt_index[rows] if trainer.share_prefix else None,
-                    **kw,
+                    m.policy, m.critic, m.shared_head, seqs, attn, cmask, P, index, **warp, need_entropy=keep_graph
                 )
             if keep_graph:
                 kept.append(out)
@@ -180,28 +168,21 @@ def recompute(trainer, gen, order_micro: list[list[torch.Tensor]], keep_graph: b
                 continue
             old_lp[rows, :w], old_v[rows, :w] = lp, v.float()  # a value head under bf16 autocast gives bf16
             if ref_lp is not None:
-                ids, am = seqs[:, : P + w], attn[:, : P + w]
-                with torch.no_grad():
-                    if trainer.share_prefix:  # each prompt once, as the policy's pass (the reference is a GPT copy)
-                        rlp = prefix_shared_completion_logps(
-                            trainer.ref_model,
-                            ids,
-                            am,
-                            P,
-                            gen.prompt_index[rows],
-                            temperature=cfg.temperature,
-                            top_k=cfg.top_k,
-                            top_p=cfg.top_p,
-                            completion_mask=cmask[:, :w],
-                            return_entropy=False,
-                        )
-                    else:
-                        out = trainer.ref_model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am))
-                        rlp, _ = completion_token_logps(
-                            out.logits[:, P - 1 : -1], ids[:, P:], cfg.temperature, cfg.top_k, cfg.top_p, cmask[:, :w]
-                        )
-                ref_lp[rows, :w] = rlp
+                ref_lp[rows, :w] = _ref_logps(m, seqs[:, : P + w], attn[:, : P + w], cmask[:, :w], P, index, warp)
     return old_lp, old_v, ref_lp, (kept if keep_graph else None)
+
+
+@torch.no_grad()
+def _ref_logps(m: ActorCritic, ids, am, cmask, P: int, prompt_index, warp: dict) -> torch.Tensor:
+    if m.share_prefix:  # each prompt once, as the policy's pass (the reference is a GPT copy)
+        return prefix_shared_completion_logps(
+            m.ref, ids, am, P, prompt_index, **warp, completion_mask=cmask, return_entropy=False
+        )
+    out = m.ref(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am))
+    rlp, _ = completion_token_logps(
+        out.logits[:, P - 1 : -1], ids[:, P:], warp["temperature"], warp["top_k"], warp["top_p"], cmask
+    )
+    return rlp
 
 
 def scores_of(cfg, rewards: torch.Tensor, truncated: torch.Tensor, w: World | None = None) -> torch.Tensor:
@@ -217,59 +198,23 @@ def scores_of(cfg, rewards: torch.Tensor, truncated: torch.Tensor, w: World | No
     return s
 
 
-def rank_generator(seed: int, step: int, rank: int) -> torch.Generator:
-    """The sampling stream of rank ``rank`` at ``step`` under several processes (each rank draws its own)."""
-    return torch.Generator().manual_seed(((seed * 1_000_003 + step) * 11 + 5) * 1_009 + rank)
-
-
-def micro_schedule(order: torch.Tensor, cfg, offset: int, n: int, w: World, fsdp: bool = False) -> list[list[tuple]]:
-    """Every global minibatch of ``order`` as this rank's micro-batches, each (local rows, dummy): one process
-    :func:`micro_batches`, several ``rank_micro_batches``, and under FSDP exactly ``grad_accum`` per minibatch on
-    every rank (``sharded.fixed_micro_batches``: each FSDP forward and backward is a collective)."""
-    if fsdp:
-        return [
-            sharded.fixed_micro_batches(split[(split >= offset) & (split < offset + n)] - offset, cfg.grad_accum)
-            for split in (s for s in torch.tensor_split(order, cfg.minibatches) if len(s))
-        ]
-    mbs = (
-        micro_batches(order, cfg.minibatches, cfg.grad_accum)
-        if not w.distributed
-        else ppo_distributed.rank_micro_batches(order, cfg.minibatches, cfg.grad_accum, offset, n)
-    )
-    return [[(m, False) for m in mb] for mb in mbs]
-
-
 def first_epoch_micro(cfg, step: int, n: int, w: World, fsdp: bool = False) -> list[list[tuple]]:
     """This rank's epoch-0 micro-batches (local rows, dummy), cut from the global row order as the update cuts them."""
     offset, total = distributed.row_offsets(n, w)
-    return micro_schedule(epoch_order(cfg.seed, step, 0, total, cfg.minibatches), cfg, offset, n, w, fsdp)
+    order = epoch_order("ppo", cfg.seed, step, 0, total, cfg.minibatches)
+    return micro_schedule(order, cfg.minibatches, cfg.grad_accum, offset, n, fsdp)
 
 
-def make_rollout(trainer, step: int) -> PPORollout:
-    """Sample prompts_per_step x num_generations completions, score them, and build advantages and returns
-    (under ``torchrun``: this rank's share of the prompts, with the global batch's statistics)."""
-    from posttrain.data.batches import batch_indices
-
-    cfg = trainer.cfg
-    w = getattr(trainer, "world", None) or World()
+def ppo_batch(ro: Rollout, step: int, cfg, m: ActorCritic, *, beta: float, world: World, fsdp: bool, matched: bool):
+    """The update's batch from the rollout ``ro`` of ``step`` (under ``torchrun``: this rank's share of the prompts,
+    with the global batch's statistics): pi_old / V_old / pi_ref, scores, KL-shaped token rewards at coefficient
+    ``beta``, GAE advantages and returns, the TIS weights against the engine's log-probs (``matched``: exactly 1)."""
     t0 = time.perf_counter()
-    idx = batch_indices(len(trainer.prompts), cfg.prompts_per_step, step, cfg.seed + 29)
-    idx = distributed.shard(idx, w)  # this rank's prompts (all of them on one process)
-    problems = [trainer.prompts[i] for i in idx.tolist()]
-    tok = trainer.tokenizer
-    generator = rank_generator(cfg.seed, step, w.rank) if w.distributed else step_generator(cfg.seed, step)
-    gen = engine_rollout.sample(trainer, [encode_prompt(tok, p.prompt) for p in problems], cfg.sampling, generator)
-    G = cfg.num_generations
-    t1 = time.perf_counter()
-    sc = score_rollout(gen, tok, trainer.data, trainer.reward_fn, problems, G)  # trainers/rl/rollout.py
-    rewards, correct = sc.rewards, sc.correct  # (N,)
-    t2 = time.perf_counter()
-    N = rewards.numel()
-    micro = first_epoch_micro(cfg, step, N, w, getattr(trainer, "fsdp", False))
-    old_lp, old_v, ref_lp, first = recompute(trainer, gen, micro, folds_first_forward(cfg, trainer))
-    mask = gen.completion_mask
-    scores = scores_of(cfg, rewards, gen.truncated, w)
-    beta = trainer.kl_ctl.value
+    rewards, N = ro.first.base, ro.rewards.numel()
+    micro = first_epoch_micro(cfg, step, N, world, fsdp)
+    old_lp, old_v, ref_lp, first = recompute(m, ro, cfg, micro, folds_first_forward(cfg, fsdp))
+    mask, truncated = ro.completion_mask, ro.first.gen.truncated
+    scores = scores_of(cfg, ro.rewards, truncated, world)
     if ref_lp is not None:
         token_rewards = kl_penalized_token_rewards(scores, old_lp, ref_lp, mask, beta, cfg.kl_estimator)
         kl_tok = kl_estimate(old_lp, ref_lp, cfg.kl_estimator) * mask
@@ -278,37 +223,37 @@ def make_rollout(trainer, step: int) -> PPORollout:
         kl_tok = torch.zeros_like(old_lp)
     adv, ret = gae(token_rewards, old_v, mask, cfg.gamma, cfg.lam, cfg.critic_lam)
     metrics = ppo_distributed.rollout_metrics(
-        w,
+        world,
         rewards=rewards,
         scores=scores,
-        correct=correct,
+        correct=ro.first.correct,
         mask=mask,
-        truncated=gen.truncated,
+        truncated=truncated,
         kl_tok=kl_tok,
         beta=beta,
         old_v=old_v,
         ret=ret,
         adv=adv,
     )  # advantages before whitening: the scale the critic leaves
-    is_w, is_stats = engine_rollout.ppo_is_weights(trainer, old_lp, gen.logps, mask)
-    if w.distributed:  # token-weighted means, min and max over every rank's tokens
-        is_stats = ppo_distributed.minibatch_metrics([{**is_stats, "num_tokens": float(mask.sum())}], w)
+    w, is_stats = is_weights(old_lp, ro.sampler_logps, mask, matched=matched, cap=cfg.tis_cap, level=cfg.tis_level)
+    if world.distributed:  # token-weighted means, min and max over every rank's tokens
+        is_stats = ppo_distributed.minibatch_metrics([{**is_stats, "num_tokens": float(mask.sum())}], world)
         is_stats.pop("num_tokens")
     metrics.update(is_stats)
-    metrics.update(time_generate=t1 - t0, time_score=t2 - t1, time_recompute=time.perf_counter() - t2)
+    metrics.update(time_generate=ro.metrics["time_generate"], time_recompute=time.perf_counter() - t0)
     if cfg.whiten_advantages:
-        adv = ppo_distributed.whiten_advantages(adv, mask, w)
-    return PPORollout(
-        gen.sequences,
-        gen.attention_mask,
+        adv = ppo_distributed.whiten_advantages(adv, mask, world)
+    return PPOBatch(
+        ro.sequences,
+        ro.attention_mask,
         mask,
-        gen.prompt_length,
-        gen.prompt_index,
+        ro.prompt_length,
+        ro.prompt_index,
         old_lp,
         old_v,
         adv,
         ret,
         metrics,
-        is_w,
+        w,
         first,
     )

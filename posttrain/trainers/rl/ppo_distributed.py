@@ -18,8 +18,8 @@ all-reduce each (``distributed.all_reduce_grads``: the shared-prefix forward byp
 decision (skip a non-finite step, stop the epochs at the target KL, beta) is then made on identical numbers
 on every rank, so the ranks never diverge.
 
-On one process every helper here returns exactly what the single-process code computes (the trainer calls the
-original functions there), so a 1-process run stays bitwise what it was.
+On one process every function here returns exactly what the single-process code computes (it calls the original
+functions there), so a 1-process run stays bitwise what it was. GRPO takes its minibatch normalisers from here too.
 
 Not handled: ranks with no rows at all in a step (``shard_bounds`` refuses fewer prompts than processes).
 """
@@ -137,17 +137,6 @@ def rollout_metrics(w: World, *, rewards, scores, correct, mask, truncated, kl_t
     return out
 
 
-def rank_micro_batches(order: torch.Tensor, minibatches: int, grad_accum: int, offset: int, n: int):
-    """This rank's rows (local indices, rows ``[offset, offset + n)`` of the global batch) of each global minibatch
-    of ``order``, each cut into ``grad_accum`` micro-batches: [[micro rows, ...] per minibatch] (a minibatch where
-    this rank has no row is ``[]``: the rank still takes part in its all-reduces). One process: ``micro_batches``."""
-    out = []
-    for split in (s for s in torch.tensor_split(order, minibatches) if len(s)):
-        rows = split[(split >= offset) & (split < offset + n)] - offset
-        out.append([m for m in torch.tensor_split(rows, grad_accum) if len(m)])
-    return out
-
-
 def minibatch_metrics(parts: list[dict], w: World) -> dict:
     """The global minibatch's metrics from every rank's micro-batch parts (identical on every rank)."""
     if not w.distributed:
@@ -177,10 +166,10 @@ def all_reduce_grads(module: torch.nn.Module | None, w: World) -> None:
         offset += n
 
 
-def normalizers(mask: torch.Tensor, w: World) -> dict:
+def normalizers(mask: torch.Tensor, w: World, max_len: int | None = None) -> dict:
     """A minibatch's loss normalisers (``batch_normalizers``); under torchrun its token and sequence counts over
     every rank (``mask``: this rank's rows of the minibatch)."""
-    norms = batch_normalizers(mask)
+    norms = batch_normalizers(mask, max_len=max_len)
     if w.distributed:
         norms["num_seqs"] = int(distributed.global_sum(int(mask.shape[0]), w))
         norms["num_tokens"] = max(distributed.global_sum(float(mask.sum().item()), w), 1.0)

@@ -13,26 +13,16 @@ If fewer than ``prompts_per_step`` informative groups are found the update uses 
 normalises by what it is given); if none, the step makes no update (no zero-gradient Adam step that would
 still move the weights by its momentum) and says so in its metrics.
 
-Here: :func:`round_generator` (round r's sampling generator), :func:`informative_groups` (which groups to keep) and :func:`merge_rows` (the kept rows of several
-generation rounds as one left-padded prompt | right-padded completion batch). The loop is in
-``policy_gradient.py``.
+Here: :func:`informative_groups` (which groups to keep), :func:`group_rows` and :func:`merge_rows` (the kept rows of
+several generation rounds as one left-padded prompt | right-padded completion batch). The rounds' loop is
+``rollout.py``'s; round r's generator is ``streams.round_generator``.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 
 from posttrain.losses.advantages import zero_std_groups
-
-
-def round_generator(seed: int, step: int, rnd: int, rank: int | None = None) -> torch.Generator:
-    """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round); under several
-    processes every round's (0 included) is a hash of (seed, step, round, rank)."""
-    key = f"dynamic-sampling:{seed}:{step}:{rnd}" + (f":rank{rank}" if rank is not None else "")
-    h = hashlib.blake2b(key.encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(h, "big") >> 1)
 
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
