@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.config import _merge, build_config, check_fields, knob
+from posttrain.config import Preset, _merge, build_config, check_fields, knob
 from posttrain.data.dedup.run import DedupConfig
 from posttrain.errors import ConfigError
 from posttrain.pipeline.corpus import CorpusConfig
@@ -263,51 +263,54 @@ _TINY: dict = {
     "task": {"num_eval": 256},
 }
 PRESETS: dict[str, dict] = {
-    "tiny": _TINY,  # every trainer's own tiny preset, cut to 10 minutes on two cores: what `make demo` runs
-    "micro": _merge(
-        json.loads(json.dumps(_TINY)),
-        {  # every stage in seconds on one thread: CI
-            "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
-            "task": {"num_demos": 48, "num_eval": 32},
-            "tokenizer": {"vocab_size": 300},
-            "sft": {
-                "steps": 24,
-                "batch_size": 16,
-                "eval_every": 12,
-                "save_every": 8,
-                "warmup_steps": 2,
-                "model": _MICRO_MODEL,
-                "restarts": 2,
-                "restart_probe": 0.5,
-                "restart_keep": 1,
-                "val_problems": 64,
+    "tiny": Preset("every trainer's own tiny preset, cut to 10 minutes on two cores: what `make demo` runs", _TINY),
+    "micro": Preset(
+        "every stage in seconds on one thread: the tests",
+        _merge(
+            json.loads(json.dumps(_TINY)),
+            {
+                "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
+                "task": {"num_demos": 48, "num_eval": 32},
+                "tokenizer": {"vocab_size": 300},
+                "sft": {
+                    "steps": 24,
+                    "batch_size": 16,
+                    "eval_every": 12,
+                    "save_every": 8,
+                    "warmup_steps": 2,
+                    "model": _MICRO_MODEL,
+                    "restarts": 2,
+                    "restart_probe": 0.5,
+                    "restart_keep": 1,
+                    "val_problems": 64,
+                },
+                "rm": {
+                    "steps": 6,
+                    "batch_size": 8,
+                    "eval_every": 0,
+                    "save_every": 0,
+                    "eval_prompts": 32,
+                    "stats_pairs": 32,
+                    "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
+                },
+                "dpo": {
+                    "steps": 6,
+                    "batch_size": 8,
+                    "eval_every": 0,
+                    "save_every": 0,
+                    "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
+                },
+                "grpo": {
+                    "steps": 4,
+                    "prompts_per_step": 4,
+                    "num_generations": 4,
+                    "eval_every": 0,
+                    "save_every": 0,
+                    "max_sample_rounds": 1,
+                },
+                "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
+                "eval": {"samples": 4},
             },
-            "rm": {
-                "steps": 6,
-                "batch_size": 8,
-                "eval_every": 0,
-                "save_every": 0,
-                "eval_prompts": 32,
-                "stats_pairs": 32,
-                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
-            },
-            "dpo": {
-                "steps": 6,
-                "batch_size": 8,
-                "eval_every": 0,
-                "save_every": 0,
-                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
-            },
-            "grpo": {
-                "steps": 4,
-                "prompts_per_step": 4,
-                "num_generations": 4,
-                "eval_every": 0,
-                "save_every": 0,
-                "max_sample_rounds": 1,
-            },
-            "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
-            "eval": {"samples": 4},
-        },
+        ),
     ),
 }

@@ -56,7 +56,7 @@ from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import CheckpointManager, rng_state
-from posttrain.trainers.dpo_config import PRESETS, DPOConfig, check_loss_kwargs, loss_options  # noqa: F401  (also imported from here)
+from posttrain.trainers.dpo_config import PRESETS, DPOConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training

@@ -24,7 +24,6 @@ import torch
 
 from posttrain.data.batches import batch_indices, stream_seed
 from posttrain.evaluation import encode_prompt
-from posttrain.generate import decode_completions  # noqa: F401  (also imported from here)
 from posttrain.losses.advantages import ADVANTAGE_ESTIMATORS
 from posttrain.losses.kl import kl_penalized_rewards
 from posttrain.scoring import completion_logps

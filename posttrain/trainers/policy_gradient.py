@@ -65,8 +65,8 @@ from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import finite_step
-from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
-from posttrain.trainers.pg_rollout import ESTIMATOR_OPTIONS, Rollout, step_generator  # noqa: F401  (ESTIMATOR_OPTIONS re-exported)
+from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (the trainer registry reads them here)
+from posttrain.trainers.pg_rollout import Rollout, step_generator
 from posttrain.trainers.prompt_filter import PromptHistory
 from posttrain.trainers.rl import common as rl
 from posttrain.trainers.rl.common import kl_controller, rl_inputs

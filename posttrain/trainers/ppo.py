@@ -68,7 +68,7 @@ from posttrain.trainers.checkpoint import (
 from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
+from posttrain.trainers.ppo_config import PRESETS, PPOConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.ppo_rollout import PPORollout, epoch_order, forward, make_rollout, micro_schedule
 from posttrain.trainers.rl import common as rl
 from posttrain.trainers.rl.common import kl_controller, rl_inputs

@@ -83,7 +83,7 @@ from posttrain.trainers.reward_batches import (
     prompt_groups,
     row_rewards,
 )
-from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RECIPE_V3, RMConfig  # noqa: F401  (re-exported)
+from posttrain.trainers.reward_config import PRESETS, RMConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.reward_eval import evaluate_pairs, pair_rewards
 
 # ---------------------------------------------------------------------------------------------

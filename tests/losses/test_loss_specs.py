@@ -7,7 +7,7 @@ import torch
 
 from posttrain.config import ConfigError
 from posttrain.losses.preference import LOSS_SPECS, resolve_loss
-from posttrain.trainers.dpo import check_loss_kwargs
+from posttrain.trainers.dpo_config import check_loss_kwargs
 
 PROVIDED = {
     "policy_chosen_logps",

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from posttrain.errors import ConfigError
+from posttrain.generate import decode_completions
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import build_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig
@@ -82,7 +83,7 @@ def test_rewards_follow_the_schedule_and_the_log_keeps_the_full_spec(sft_dir, tm
     partial = 0.0
     for step, f in ((2, 1.0), (7, 0.5), (9, 1 / 6)):
         gen, rewards, correct, base = pg_rollout.draw(t, step, 0)
-        texts = pg_rollout.decode_completions(t.tokenizer, gen)
+        texts = decode_completions(t.tokenizer, gen)
         idx = pg_rollout.batch_indices(len(t.prompts), 4, step, t.cfg.seed + 17)
         rows = [t.prompts[i] for i in idx.tolist() for _ in range(4)]
         answers, prompts = [r.answer for r in rows], [r.prompt for r in rows]

@@ -41,15 +41,7 @@ import torch
 import torch.nn as nn
 
 from posttrain.errors import ConfigError, UserError
-from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, peak_flops_of: imported from here too)
-    PEAK_FLOPS,
-    flop_shape,
-    flops_per_token,
-    matmul_params,
-    peak_flops,
-    peak_flops_of,
-    peak_memory,
-)
+from posttrain.trainers.engine.throughput import flop_shape, flops_per_token, matmul_params, peak_flops, peak_memory
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DEVICE_HELP = "where the model trains: auto (CUDA when present, else the CPU) | cpu | cuda | cuda:N"
