@@ -92,6 +92,24 @@ def test_losses_import_no_models_trainers_or_config():
     assert found == set()
 
 
+def test_the_lower_layers_import_no_trainer_pipeline_or_command_line():
+    """rewards (the reward-model loader included), checkpoint reading, models, data, tasks and tokenizers sit below the
+    trainers, the pipeline and the CLI: a checkpoint is loaded through posttrain.checkpoints, never a trainer."""
+    low = ("posttrain.rewards", "posttrain.checkpoints", "posttrain.models", "posttrain.data", "posttrain.tasks")
+    low += ("posttrain.tokenizers", "posttrain.ops", "posttrain.engines")
+    high = ("posttrain.trainers", "posttrain.pipeline", "posttrain.cli", "posttrain.labs")
+    g = _graph()
+    found = {
+        (n, m)
+        for n, s in g.items()
+        if any(n == p or n.startswith(p + ".") for p in low)
+        for m in s
+        if any(m == b or m.startswith(b + ".") for b in high)
+    }
+    assert found == set()
+    assert "posttrain.checkpoints.load" in g["posttrain.rewards.reward_model"]
+
+
 def test_no_module_over_the_line_limit():
     long = {
         str(p.relative_to(ROOT)): n

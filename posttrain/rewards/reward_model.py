@@ -11,10 +11,8 @@ only when that reward is built (it needs torch and a checkpoint reader; ``posttr
 the RL trainers, ``posttrain eval --best-of N --reward-model RM``): it loads the checkpoint once and returns a
 scorer that reuses it for every call.
 
-Layering: the checkpoint reader is :func:`posttrain.trainers.checkpoint.load_checkpoint`, which this module
-imports. It was left there on purpose: the reader needs ``trainers/run_dir.py`` (which checkpoint of a run
-directory, run ids, kind checks) and ``trainers/guards.py``, so moving it below ``trainers/`` means moving those
-reading halves too, a change to modules other trainers own.
+Layering: the checkpoint reader is :func:`posttrain.checkpoints.load.load_checkpoint`, below both this module and
+the trainers (which write checkpoints); nothing here imports a trainer.
 
 Training the model is :mod:`posttrain.trainers.reward`; the checkpoint format (a backbone LM checkpoint +
 ``reward_head.safetensors`` + ``reward_stats.json``) is read here.
@@ -32,10 +30,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from posttrain.checkpoints.files import reading
+from posttrain.checkpoints.layout import REWARD_HEAD_FILE
+from posttrain.checkpoints.load import REWARD_MODEL, load_checkpoint
 from posttrain.data.preference import encode_completion, encode_prompt, pack_prompt_completion
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
-from posttrain.trainers.checkpoint import REWARD_HEAD_FILE, REWARD_MODEL, load_checkpoint, reading
 
 HEAD_FILE = REWARD_HEAD_FILE
 

@@ -45,6 +45,7 @@ import torch
 from safetensors.torch import save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
+from posttrain.checkpoints.files import load_tensors, load_torch_state
 from posttrain.errors import UserError
 from posttrain.losses.kl import PPOKLController, kl_controller_from_state
 from posttrain.losses.policy import merge_metrics, policy_loss, value_loss
@@ -56,15 +57,7 @@ from posttrain.rewards.registry import build_reward
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed, ppo_distributed, sharded
 from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
-from posttrain.trainers.checkpoint import (
-    initial_model,
-    load_snapshot,
-    load_tensors,
-    load_torch_state,
-    rng_state,
-    save_with_extras,
-    write_snapshot,
-)
+from posttrain.trainers.checkpoint import initial_model, load_snapshot, rng_state, save_with_extras, write_snapshot
 from posttrain.trainers.engine.publish import publish_model
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training

@@ -54,6 +54,7 @@ import torch
 from safetensors.torch import save_file
 
 from posttrain.chat import chat_tokenizer, resolve_chat
+from posttrain.checkpoints.load import load_policy
 from posttrain.data.batches import batch_indices
 from posttrain.data.checks import model_window
 from posttrain.data.io import atomic_dir
@@ -71,7 +72,7 @@ from posttrain.tasks.base import heldout_note, heldout_split
 from posttrain.tasks.files import task_for
 from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sharded
-from posttrain.trainers.checkpoint import CheckpointManager, load_policy, rng_state, save_checkpoint, writing
+from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint, writing
 from posttrain.trainers.engine import device
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training

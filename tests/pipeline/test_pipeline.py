@@ -101,9 +101,9 @@ def test_eval_scores_the_whole_heldout_split_by_layout(run):
     force, and the SFT model decoded one prompt at a time by argmax over a full forward (no batch, no cache)."""
     from collections import Counter
 
+    from posttrain.checkpoints.load import POLICY, load_checkpoint
     from posttrain.evaluation import encode_prompt
     from posttrain.tasks.arithmetic import ArithmeticTask, layout
-    from posttrain.trainers.checkpoint import POLICY, load_checkpoint
 
     out, _ = run
     cfg = micro()

@@ -363,7 +363,7 @@ def test_bf16_checkpoint_loads_in_fp32_and_evaluates_the_same(tmp_path):
     """The weights are written as fp32 CPU tensors; loaded without autocast they give logits within bf16's rounding
     of the run's own bf16 forward, and `posttrain eval` of the checkpoint scores what the run's final evaluation
     (in bf16) scored, to within one problem in eight."""
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
 
     run = tmp_path / "bf16"
     argv = ["sft", "--out", str(run), "--dtype", "bf16", "--steps", "6", "--batch-size", "8", "--restarts", "1"]

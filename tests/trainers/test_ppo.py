@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
@@ -17,7 +18,6 @@ from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
 from posttrain.trainers import ppo_rollout
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.ppo import CRITIC_FILE, CRITIC_OPTIMIZER_FILE, PRESETS, PPOConfig, PPOTrainer, train_ppo
 from posttrain.trainers.ppo_rollout import make_rollout
 from posttrain.trainers.reward import save_reward_checkpoint

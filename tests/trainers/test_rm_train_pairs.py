@@ -7,13 +7,13 @@ import shutil
 
 import pytest
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.data.preference import load_preference_pairs
 from posttrain.data.preference_pairs import PairDataConfig, synthetic_pairs
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.sft import SFTConfig, train_sft
 
