@@ -67,10 +67,9 @@ from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.models.lora import apply_lora, lora_config, merge_lora
 from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
-from posttrain.tasks.arithmetic import ALPHABET, ArithmeticTask
+from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import heldout_note, heldout_split
-from posttrain.tasks.files import task_for
-from posttrain.tokenizers.char import CharTokenizer
+from posttrain.tasks.files import fresh_tokenizer, task_for
 from posttrain.trainers import common, distributed, sharded
 from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_checkpoint, writing
 from posttrain.trainers.engine import device
@@ -241,7 +240,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         elif start.init is not None:
             rm, tokenizer = RewardModel(start.init.model), start.init.tokenizer  # pairs are sampled from it first
         else:
-            tokenizer = CharTokenizer(ALPHABET)
+            tokenizer = fresh_tokenizer(task)  # --data: bytes; the embedded task: its characters
             rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
         apply_lora(rm.backbone.model, lora_config(cfg))  # lora_r > 0: adapters on the frozen backbone; the head trains
         return rm, tokenizer

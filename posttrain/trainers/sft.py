@@ -48,11 +48,10 @@ from posttrain.models import digit_slots
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.loading import model_path_knob, pad_token_knob
 from posttrain.models.lora import apply_lora, lora_config, lora_knob, merge_lora
-from posttrain.tasks.arithmetic import ALPHABET, ArithmeticConfig
+from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.tasks.base import USER_FIELDS
-from posttrain.tasks.files import task_for
+from posttrain.tasks.files import fresh_tokenizer, task_for
 from posttrain.tokenizers import load as load_tokenizer
-from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import common, distributed, sft_restarts, sharded
 from posttrain.trainers.checkpoint import CheckpointManager, rng_state
 from posttrain.trainers.engine.publish import publish_model
@@ -113,8 +112,8 @@ class SFTConfig(TrainerConfig):
     )
     tokenizer: str | None = knob(
         None,
-        "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
-        "default: the task's characters; ignored with init)",
+        "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; default: the embedded task's "
+        "characters, with --data the 256 byte values, any text; ignored with init)",
     )
     restarts: int = knob(
         1,
@@ -261,7 +260,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
         if start.ckpt is not None or start.init is not None:
             model, tokenizer = (start.ckpt or start.init).model, (start.ckpt or start.init).tokenizer
         else:
-            tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(ALPHABET)
+            tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else fresh_tokenizer(task)  # tasks/files.py
             digit_slots.check_tokenizer(tokenizer, cfg.model.digit_slots, cfg.task.digits)  # with model.digit_slots
             model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
         return apply_lora(model, lora_config(cfg)), tokenizer  # lora_r > 0: adapters on a frozen base
