@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 from _util import print_table
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.evaluation import encode_prompt, evaluate
 from posttrain.models.convert import gpt_to_hf_gpt2
 from posttrain.rewards.verifiers import exact_match_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
 from posttrain.tokenizers.char import SPECIALS, CharTokenizer
 from posttrain.trainers.alarms import AlarmConfig
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer
 from posttrain.trainers.sft import SFTConfig, train_sft
 

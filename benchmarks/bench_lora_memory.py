@@ -21,7 +21,7 @@ CHILD = r"""
 import resource, sys, json
 mode, d, data, out = sys.argv[1:5]
 if mode == "load":
-    from posttrain.trainers.checkpoint import load_policy
+    from posttrain.checkpoints.load import load_policy
     load_policy(d)
 else:
     from posttrain.trainers.dpo import DPOConfig, train_dpo

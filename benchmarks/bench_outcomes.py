@@ -28,7 +28,7 @@ extra flags are replaced per seed: ``--rm-args "--init {sft}"``, ``--ppo-args "-
 No number is hand-entered: every one is read from a run.
 
     .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 3 4 --stages sft grpo dpo --jobs 2 --work runs/outcomes
-    .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset classic"
+    .venv/bin/python benchmarks/bench_outcomes.py --seeds 0 1 2 --stages sft grpo --grpo-args "--preset rloo"
 
 Splits: every choice is made on the task's dev split and the numbers are reported on its test (held-out) split
 (``benchmarks/_outcomes_selection.py``). ``--task collatz`` (the second task; or ``octal``, ``sort``) runs every
@@ -46,8 +46,9 @@ sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample 
 (exit 2) sweeps whose stages' configs or CPU kernels differ (another recipe, or other trajectories), a seed
 present twice with different numbers, and says so when the sweeps ran different commits. Flags are compared as the
 configs the sweeps recorded (``recipes``, since 2026-12-04) or, for older files, the configs their flags resolve to with
-this tree's presets: ``--sft-args "--preset slots --restarts 16"`` and ``--sft-args "--preset slots16"`` are one recipe
-(a note says so), ``--restarts 16`` against none is another.
+this tree's presets (a preset since removed spelled out as its flags, ``RETIRED_PRESETS``): ``--sft-args "--preset slots
+--restarts 16"`` and ``--sft-args "--preset slots16"`` are one recipe (a note says so), ``--restarts 16`` against none
+is another.
 """
 
 from __future__ import annotations
@@ -432,10 +433,31 @@ _CONFIGS = {  # stage -> (module, config class): what `posttrain STAGE` resolves
 }
 
 
+# Presets that recorded sweeps (docs/outcomes/*.json) named and this tree no longer has, spelled out as the flags they
+# were, so that an old record's flags still resolve: (stage, preset) -> flags. `single` is the SFT field defaults.
+RETIRED_PRESETS = {
+    ("sft", "slots"): "--preset single --restarts 8 --restart-probe 0.5 --restart-keep 2 --model.digit-slots 2",
+    ("grpo", "classic"): "--preset tiny --steps 500 --lr 1e-4 --dynamic-sampling false --alarms.collapse-fraction 0 "
+    "--reward exact_match:1.0 --average-last 1 --prompt-filter false",
+    ("dpo", "classic"): "--preset tiny --loss dpo",
+}
+
+
+def spell_retired(stage: str, argv: list[str]) -> list[str]:
+    """``argv`` with every ``--preset NAME`` of :data:`RETIRED_PRESETS` replaced by its flags
+    (``["--preset", "slots", "--restarts", "16"]`` -> ``["--preset", "single", "--restarts", "8", ..., "--restarts", "16"]``)."""
+    out, i = [], 0
+    while i < len(argv):
+        flags = RETIRED_PRESETS.get((stage, argv[i + 1])) if argv[i] == "--preset" and i + 1 < len(argv) else None
+        out += shlex.split(flags) if flags else argv[i : i + 1 + (flags is not None)]
+        i += 2 if flags else 1
+    return out
+
+
 def resolved_recipe(stage: str, extra: str) -> dict | None:
     """The config ``posttrain STAGE --preset tiny EXTRA`` resolves to with this tree's presets (the sweep's own
-    command, less seed and paths), so `--preset slots --restarts 16` and `--preset slots16` compare equal; None
-    when this tree's CLI does not take the flags."""
+    command, less seed and paths; a retired preset spelled out, :data:`RETIRED_PRESETS`), so `--preset slots
+    --restarts 16` and `--preset slots16` compare equal; None when this tree's CLI does not take the flags."""
     import contextlib
     import dataclasses
     import importlib
@@ -445,7 +467,7 @@ def resolved_recipe(stage: str, extra: str) -> dict | None:
     from posttrain.cli._common import resolve
     from posttrain.errors import UserError
 
-    argv = [stage, "--preset", "tiny", *shlex.split(extra)]
+    argv = [stage, "--preset", "tiny", *spell_retired(stage, shlex.split(extra))]
     module, cls = _CONFIGS[stage]
     mod = importlib.import_module(module)
     try:

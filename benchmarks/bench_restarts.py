@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 def main(argv=None) -> int:
     import torch
 
+    from posttrain.checkpoints.load import load_checkpoint
     from posttrain.evaluation import evaluate
-    from posttrain.trainers.checkpoint import load_checkpoint
     from posttrain.trainers.sft import SFTConfig
     from posttrain.trainers.sft_restarts import validation_problems
 

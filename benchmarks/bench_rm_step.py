@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from posttrain.checkpoints.load import load_policy
 from posttrain.data.preference import collate_preference, fit_pairs, load_preference_pairs
 from posttrain.losses.ranking import bradley_terry_loss
 from posttrain.models.heads import RewardModel
-from posttrain.trainers.checkpoint import load_policy
 from posttrain.trainers.reward_batches import batch_rewards, collate_prompt_groups, prompt_groups, row_rewards
 
 

@@ -22,12 +22,12 @@ import argparse
 import torch
 from _util import median_time, print_table
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.evaluation import encode_prompt
 from posttrain.generate import SamplingConfig, generate
 from posttrain.models.convert import gpt_to_hf_gpt2
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.models.hf import hf_model_from_config, tiny_hf_config
-from posttrain.trainers.checkpoint import load_checkpoint
 
 
 def main():

@@ -39,7 +39,7 @@ def sft_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def policy(sft_dir):
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
 
     ck = load_checkpoint(sft_dir)
     return ck.model.eval(), ck.tokenizer

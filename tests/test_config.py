@@ -424,19 +424,48 @@ def test_every_preset_builds_a_valid_config_that_says_what_it_sets(module, cls, 
 
 
 def test_sft_tiny_preset_is_the_measured_command():
-    # docs/outcomes/2026-12-04_xeon_tiny_*: `sft --preset tiny
-    # --steps 2000 --weight-decay 3.0 --restarts 4 --restart-probe 0.5
-    # --restart-keep 1` (the tiny until 2026-12-04, now tiny_v8, plus those flags)
+    # docs/outcomes/2026-12-04_xeon_tiny_*: `sft --steps 2000 --weight-decay 3.0 --restarts 4 --restart-probe 0.5
+    # --restart-keep 1` on the field defaults
     from posttrain.trainers.sft_config import PRESETS, SFTConfig
 
     flags = {"steps": "2000", "weight_decay": "3.0", "restarts": "4", "restart_probe": "0.5", "restart_keep": "1"}
-    assert build_config(SFTConfig, PRESETS["tiny"]) == build_config(SFTConfig, PRESETS["tiny_v8"], overrides=flags)
+    assert build_config(SFTConfig, PRESETS["tiny"]) == build_config(SFTConfig, overrides=flags)
 
 
 def test_sft_slots16_preset_is_the_measured_command():
-    # docs/outcomes/2026-12-04_xeon_slots16_seeds0_9.json ran `sft --preset slots --restarts 16`
+    # docs/outcomes/2026-12-04_xeon_slots16_*.json: 16 restarts ranked at step 300 of 600, the best 2 finishing, with
+    # digit-slot positions, on the field defaults (600 steps, weight decay 0.1)
     from posttrain.trainers.sft_config import PRESETS, SFTConfig
 
-    measured = build_config(SFTConfig, PRESETS["slots"], overrides={"restarts": "16"})
-    assert build_config(SFTConfig, PRESETS["slots16"]) == measured
-    assert measured != build_config(SFTConfig, PRESETS["slots"])
+    flags = {"restarts": "16", "restart_probe": "0.5", "restart_keep": "2", "model.digit_slots": "2"}
+    cfg = build_config(SFTConfig, PRESETS["slots16"])
+    assert cfg == build_config(SFTConfig, overrides=flags) and (cfg.steps, cfg.weight_decay) == (600, 0.1)
+    assert build_config(SFTConfig, PRESETS["single"]) == SFTConfig()  # one plain run: the field defaults
+
+
+@pytest.mark.parametrize("module", [m for m, _ in _PRESET_TABLES])
+def test_every_preset_says_in_one_line_when_to_choose_it(module):
+    from posttrain.cli._common import add_preset_flags
+    from posttrain.config import Preset
+
+    presets = importlib.import_module(module).PRESETS
+    for name, preset in presets.items():
+        assert isinstance(preset, Preset) and preset.when.strip() and "\n" not in preset.when, name
+    p = argparse.ArgumentParser(prog="x")
+    add_preset_flags(p, presets)
+    text = "".join(p.format_help().split())  # argparse wraps lines at spaces and after hyphens
+    assert all(f"{name}:{''.join(presets[name].when.split())}" in text for name in presets)
+
+
+@pytest.mark.parametrize(
+    "command,removed",
+    [("sft", "tiny_v8"), ("sft", "tiny_v5"), ("rm", "tiny_v1"), ("rm", "classic"), ("grpo", "last_weights")],
+)
+def test_a_removed_preset_name_is_a_one_line_error_naming_the_presets(command, removed, capsys):
+    from posttrain.cli import main
+    from posttrain.trainers.engine.registry import TRAINERS
+
+    assert main([command, "--preset", removed, "--out", "/nonexistent/x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"unknown preset {removed!r}" in err
+    assert all(name in err for name in TRAINERS[command].presets())

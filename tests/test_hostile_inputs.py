@@ -34,7 +34,7 @@ def _one_line(capsys, *needles: str) -> str:
 
 
 def _logits_finite(ckpt_dir: Path) -> bool:
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
 
     ck = load_checkpoint(ckpt_dir)
     with torch.no_grad():
@@ -72,7 +72,8 @@ def test_sft_at_lr_1e30_saves_no_model_and_names_the_step(tmp_path, capsys):
 
 def test_a_finite_but_overflowing_model_is_refused_and_the_good_checkpoint_kept(sft, tmp_path):
     """The oracle: the parameters are all finite (checked), the forward is not, and the directory's bytes stay."""
-    from posttrain.trainers.checkpoint import load_checkpoint, save_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
+    from posttrain.trainers.checkpoint import save_checkpoint
 
     good = tmp_path / "ck"
     ck = load_checkpoint(sft / "model")

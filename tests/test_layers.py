@@ -92,6 +92,24 @@ def test_losses_import_no_models_trainers_or_config():
     assert found == set()
 
 
+def test_the_lower_layers_import_no_trainer_pipeline_or_command_line():
+    """rewards (the reward-model loader included), checkpoint reading, models, data, tasks and tokenizers sit below the
+    trainers, the pipeline and the CLI: a checkpoint is loaded through posttrain.checkpoints, never a trainer."""
+    low = ("posttrain.rewards", "posttrain.checkpoints", "posttrain.models", "posttrain.data", "posttrain.tasks")
+    low += ("posttrain.tokenizers", "posttrain.ops", "posttrain.engines")
+    high = ("posttrain.trainers", "posttrain.pipeline", "posttrain.cli", "posttrain.labs")
+    g = _graph()
+    found = {
+        (n, m)
+        for n, s in g.items()
+        if any(n == p or n.startswith(p + ".") for p in low)
+        for m in s
+        if any(m == b or m.startswith(b + ".") for b in high)
+    }
+    assert found == set()
+    assert "posttrain.checkpoints.load" in g["posttrain.rewards.reward_model"]
+
+
 def test_no_module_over_the_line_limit():
     long = {
         str(p.relative_to(ROOT)): n
@@ -119,3 +137,14 @@ def test_no_package_attribute_hides_a_submodule():
             ):
                 hidden.append(f"{name}.{info.name}")
     assert hidden == []
+
+
+def test_checkpoint_reading_names_commands_as_the_trainer_registry_does():
+    from posttrain.checkpoints.layout import COMMANDS, command_of
+    from posttrain.trainers.engine import registry
+
+    recorded = {e.recorded for e in registry.TRAINERS.values()}
+    recorded |= {name for e in registry.TRAINERS.values() for name, _ in e.variants}
+    assert set(COMMANDS) == recorded
+    for name in recorded | {"unknown"}:
+        assert command_of(name) == registry.command_of(name)

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.config import build_config
 from posttrain.evaluation import evaluate
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.sft import PRESETS, SFTConfig
 from posttrain.trainers.sft_restarts import validation_problems
 

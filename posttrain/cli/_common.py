@@ -16,8 +16,9 @@ def add_preset_flags(
     """``--preset`` and ``--config``; ``user_data``: the command takes ``--data``/``--model``, which start from no
     preset unless ``--preset`` is given (:func:`resolve`)."""
     user = "; none with --data or --model: the presets are recipes for the embedded task" if user_data else ""
+    names = "; ".join(f"{n}: {p.when}" if getattr(p, "when", None) else n for n, p in presets.items())
     parser.add_argument(
-        "--preset", default=None, help=f"named starting config: {', '.join(presets)} (default: {default}{user})"
+        "--preset", default=None, help=f"named starting config: {names} (default: {default}{user})".replace("%", "%%")
     )
     parser.add_argument("--config", metavar="FILE", help="YAML or TOML file overriding the preset")
     if user_data:  # a trainer command (announce)

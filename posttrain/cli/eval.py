@@ -113,6 +113,7 @@ def run(args) -> int:
     import torch
 
     from posttrain.chat import chat_tokenizer, resolve_chat
+    from posttrain.checkpoints.load import POLICY, load_checkpoint
     from posttrain.data.io import atomic_write_jsonl
     from posttrain.data.pairs import load_pairs
     from posttrain.errors import UserError
@@ -120,7 +121,7 @@ def run(args) -> int:
     from posttrain.generate import SamplingConfig
     from posttrain.tasks.embedded import layout
     from posttrain.text import printable
-    from posttrain.trainers.checkpoint import POLICY, load_checkpoint, refuse_nonfinite_model
+    from posttrain.trainers.checkpoint import refuse_nonfinite_model
     from posttrain.trainers.common import write_summary
     from posttrain.trainers.engine import device
 

@@ -46,8 +46,9 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from posttrain.checkpoints.load import load_policy
     from posttrain.errors import UserError
-    from posttrain.trainers.checkpoint import load_policy, refuse_nonfinite_model
+    from posttrain.trainers.checkpoint import refuse_nonfinite_model
     from posttrain.trainers.sharded import is_sharded_checkpoint
 
     out = Path(args.out)
@@ -122,8 +123,8 @@ def _export_plain(ckpt, out: Path, merge: bool) -> int:
 
 def _reward_model_dir(path) -> Path | None:
     """The checkpoint ``path`` names when it is a ``posttrain rm`` one (it has ``reward_head.safetensors``)."""
+    from posttrain.checkpoints.layout import REWARD_HEAD_FILE, find_checkpoint
     from posttrain.errors import UserError
-    from posttrain.trainers.run_dir import REWARD_HEAD_FILE, find_checkpoint
 
     try:
         p = find_checkpoint(path)
@@ -202,8 +203,8 @@ def _export_sharded(args, out: Path) -> int:
     """A DCP checkpoint consolidated by this process: plain (default) or, through a temporary plain one, HF."""
     import tempfile
 
+    from posttrain.checkpoints.load import load_policy
     from posttrain.errors import UserError
-    from posttrain.trainers.checkpoint import load_policy
     from posttrain.trainers.sharded import consolidate
 
     if args.merge_lora:

@@ -94,8 +94,8 @@ def pair_logps(model_dir, pairs) -> tuple:
     """Sequence log-probs (chosen (N,), rejected (N,)) of ``pairs`` (PreferencePair list) under a checkpoint."""
     import torch
 
+    from posttrain.checkpoints.load import load_checkpoint
     from posttrain.data.preference import collate_preference
-    from posttrain.trainers.checkpoint import load_checkpoint
     from posttrain.trainers.preference_data import seq_logps
 
     ck = load_checkpoint(model_dir)

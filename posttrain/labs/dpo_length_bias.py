@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.evaluation import evaluate
 from posttrain.labs._common import ALPHA, memo, pyplot, z_crit
 from posttrain.labs._train import TASK, quiet, sft_init
 from posttrain.tasks.arithmetic import ArithmeticTask
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.dpo import DPOConfig, train_dpo
 
 NAME = "dpo-length-bias"

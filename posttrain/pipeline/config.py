@@ -24,18 +24,22 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from posttrain.config import _merge, build_config, check_fields, knob
+from posttrain.config import Preset, _merge, build_config, check_fields, knob
 from posttrain.data.dedup.run import DedupConfig
 from posttrain.errors import ConfigError
 from posttrain.pipeline.corpus import CorpusConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.device_config import DeviceConfig, device_field
-from posttrain.trainers.dpo import DPOConfig
-from posttrain.trainers.policy_gradient import PolicyGradientConfig
-from posttrain.trainers.reward import RECIPE_V1 as RM_RECIPE
-from posttrain.trainers.reward import RMConfig
-from posttrain.trainers.sft import PRESETS as SFT_PRESETS
-from posttrain.trainers.sft import SFTConfig
+from posttrain.trainers.dpo_config import PRESETS as DPO_PRESETS
+from posttrain.trainers.dpo_config import DPOConfig
+from posttrain.trainers.pg_config import PRESETS as GRPO_PRESETS
+from posttrain.trainers.pg_config import PolicyGradientConfig
+from posttrain.trainers.ppo_config import PRESETS as PPO_PRESETS
+from posttrain.trainers.ppo_config import PPOConfig
+from posttrain.trainers.reward_config import RECIPE as RM_RECIPE
+from posttrain.trainers.reward_config import RMConfig
+from posttrain.trainers.sft_config import PRESETS as SFT_PRESETS
+from posttrain.trainers.sft_config import SFTConfig
 
 
 @dataclass
@@ -88,8 +92,12 @@ def _dedup_default() -> DedupConfig:
 
 
 def _rm_default() -> RMConfig:
-    # the RM recipe cut to the demo's budget (RM_PIPELINE below), not RMConfig's short `classic` field defaults
+    # the RM recipe cut to the demo's budget (RM_PIPELINE below), not RMConfig's short field defaults
     return build_config(RMConfig, RM_PIPELINE)
+
+
+def _ppo_default() -> PPOConfig:
+    return build_config(PPOConfig, PPO_PIPELINE)
 
 
 @dataclass
@@ -149,11 +157,11 @@ class PipelineConfig:
     sft: SFTConfig = knob(factory=SFTConfig, help="SFT stage (and the raw-corpus SFT)")
     rm: RMConfig = knob(
         factory=_rm_default,
-        help="reward-model stage (default: `posttrain rm --preset tiny_v1` cut to the demo's 10 minutes)",
+        help="reward-model stage (default: `posttrain rm --preset tiny` cut to the demo's 10 minutes)",
     )
     dpo: DPOConfig = knob(factory=DPOConfig, help="DPO stage")
     grpo: PolicyGradientConfig = knob(factory=PolicyGradientConfig, help="GRPO stage")
-    ppo: dict = knob(factory=dict, help="PPO stage: PPOConfig fields (posttrain.trainers.ppo), when installed")
+    ppo: PPOConfig = knob(factory=_ppo_default, help="PPO stage (default: `posttrain ppo --preset tiny` at 200 steps)")
     eval: EvalStageConfig = knob(factory=EvalStageConfig, help="evaluation stage")
     nproc_per_stage: int = knob(
         1,
@@ -192,7 +200,7 @@ class PipelineConfig:
             default = PolicyGradientConfig.__dataclass_fields__["reward"].default
             for section, spec in (
                 ("grpo", self.grpo.reward if self.grpo.reward != default else None),
-                ("ppo", self.ppo.get("reward")),
+                ("ppo", self.ppo.reward),
             ):
                 if spec is not None and spec != self.reward:
                     raise ConfigError(
@@ -243,100 +251,88 @@ PIPELINE_OWNED = (
     ("dpo", "eval_data", "the held-out problems: pass them as eval_file"),
     ("grpo", "data", "pass your RL prompts as prompts_file"),
     ("grpo", "eval_data", "the held-out problems: pass them as eval_file"),
-    *((stage, "init", "the sft stage's model") for stage in ("rm", "dpo", "grpo")),
-    *((stage, "model_path", "set hf_model") for stage in ("rm", "dpo", "grpo")),
+    ("ppo", "data", "pass your RL prompts as prompts_file"),
+    ("ppo", "eval_data", "the held-out problems: pass them as eval_file"),
+    *((stage, "init", "the sft stage's model") for stage in ("rm", "dpo", "grpo", "ppo")),
+    *((stage, "model_path", "set hf_model") for stage in ("rm", "dpo", "grpo", "ppo")),
 )
 """(stage section, field, what to set instead): the fields of a stage's config the pipeline fills in itself."""
 
 _MICRO_MODEL = {"n_layer": 1, "n_head": 2, "d_model": 32, "max_seq_len": 32}
-# The presets carry the sections whose pipeline defaults differ from the stage config's own field defaults, so that
-# a [dedup] or [rm] section of a --config file changes only the fields it names (a section is built from the
-# preset's dict merged with the file's, not from the field's default factory).
-# The rm stage: `rm --preset tiny_v1` (16 samples of the SFT model per prompt) on 3000 of its ~9000 prompts, 800 of
-# its 2000 steps, with the GRM regulariser (`--sft-coef 1`: + the chosen answers' token NLL under the backbone's own
-# LM head; Yang et al. 2024). Without it the cut recipe was a weak RM (0.68-0.75 held-out pairwise on seeds 0-2 at
-# 470 steps) whose plain best-of-8 fell below SFT's greedy answer; with it 0.80-0.86, best-of-8 +3.9 to +5.5 points.
-# 32 samples per prompt (the stop before) gave 0.86-0.87 and +3.9 to +6.2 for ~30 s more of sampling; 600 steps or
-# prompt batches (`batch_by = "prompt"`) were cheaper still but fell to +0.0 to +2.0 on some seed (docs/pipeline.md).
-# `posttrain rm --preset tiny` is the full recipe (3000 steps on every prompt, with the regulariser: 0.96-0.98 on
-# seeds 0-2; `tiny_v3` without it: 0.86-0.93, docs/rm.md).
+# The `tiny` preset's stages are the trainers' own `tiny` presets, cut where `make demo`'s 10 minutes on two cores
+# need it (docs/pipeline.md#presets). The presets carry every stage section, so that a section of a --config file
+# changes only the fields it names and keeps the rest of the recipe.
+# sft and sft_raw (side by side, the critical path's start): 2 of the recipe's 4 restarts, 2 x 1000 + 1000 = 3000
+# steps, what the SFT stage cost before the 2000-step recipe.
+SFT_PIPELINE: dict = {**SFT_PRESETS["tiny"], "restarts": 2}
+# rm: 800 of the recipe's 3000 steps, on 3000 of its prompts, the training pairs from the 16 samples per prompt of
+# the held-out pairs instead of 32 (~30 s of sampling).
 RM_PIPELINE: dict = _merge(
-    json.loads(json.dumps(RM_RECIPE)), {"steps": 800, "sft_coef": 1.0, "pairs": {"num_prompts": 3000}}
+    json.loads(json.dumps(RM_RECIPE)),
+    {"steps": 800, "pairs": {"num_prompts": 3000}, "train_pairs": {"samples_per_prompt": None}},
 )
-# The ppo stage: `ppo --preset tiny` at 200 of its 300 steps (its LR is constant, so the run is the first 200 steps of
-# the 300-step one: held-out +19.9 / +32.0 / +35.1 points over SFT at step 200 on seeds 0-2; ~105 s given to rm).
-PPO_PIPELINE: dict = {"steps": 200}
-# The sft and sft_raw stages: `sft --preset tiny_v8` (8 restarts, each to step 300, the best 2 finish; `tiny` until
-# 2026-12-04). The standalone `tiny` since 2026-12-04 (2000 steps, weight decay 3.0, 4 restarts) is not yet measured
-# in the pipeline, whose documented numbers (docs/pipeline.md) were made with this one.
-# Until then `tiny_v5` with 4 restarts (the best at step 400 finishes; ~100 s less on the demo's critical path), which
-# on an Intel Xeon (AVX-512) kept a 0.195 SFT on seed 0, where all four restarts were weak (validation 0.11-0.18 at
-# step 400) and GRPO / PPO then gained +16 / +10 points only; `tiny` drew restart 5 there (0.25 at step 300 against
-# <= 0.145 for the others) and kept 0.383 (docs/pipeline.md).
-SFT_PIPELINE: dict = json.loads(json.dumps(SFT_PRESETS["tiny_v8"]))
-# The grpo and dpo stages are their trainers' defaults: GRPO runs 500 steps (700 until 2026-12-03) and its final model
-# is the mean of its weights at steps 300, 400 and 500 (tail averaging, trainers/weight_average.py; the pipeline's setting
-# first, then the trainer's default), and its refill rounds sample only prompts that pass the GRESO
-# filter of prompts uninformative in a row (trainers/prompt_filter.py; unfilled rounds since 2026-12-03).
-# On an AVX2 machine the last weights gave +21.9 / +32.0 / +30.5 held-out points over SFT on the pipeline's
-# seeds 0-2 and their average +28.1 / +34.8 / +36.7 (docs/pipeline.md).
-# The task's held-out sample of 256 (the trainers' default until 2026-12-03, now the whole split): the contamination
-# leaks are drawn from it and every stage reports on it, so the pipeline's numbers stay comparable with earlier runs;
-# eval.heldout_all scores every policy on all of the held-out split as well.
+# ppo: 200 of its 300 steps (a constant LR: the 300-step run's first 200 steps).
+PPO_PIPELINE: dict = {**PPO_PRESETS["tiny"], "steps": 200}
+# The held-out sample stays 256 problems (the contamination leaks are drawn from it; eval.heldout_all scores every
+# policy on the whole held-out split as well).
 _TINY: dict = {
     "dedup": DEDUP_DEFAULTS,
-    "rm": RM_PIPELINE,
     "sft": SFT_PIPELINE,
+    "rm": RM_PIPELINE,
+    "dpo": DPO_PRESETS["tiny"],
+    "grpo": GRPO_PRESETS["tiny"],
     "ppo": PPO_PIPELINE,
-    "dpo": {"loss": "rpo"},  # the dpo trainer's tiny preset (its own default is plain DPO, for user data)
     "task": {"num_eval": 256},
 }
 PRESETS: dict[str, dict] = {
-    "tiny": _TINY,  # every trainer's own tiny preset (the RM's recipe included): what `make demo` runs
-    "micro": _merge(
-        json.loads(json.dumps(_TINY)),
-        {  # every stage in seconds on one thread: CI
-            "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
-            "task": {"num_demos": 48, "num_eval": 32},
-            "tokenizer": {"vocab_size": 300},
-            "sft": {
-                "steps": 24,
-                "batch_size": 16,
-                "eval_every": 12,
-                "save_every": 8,
-                "warmup_steps": 2,
-                "model": _MICRO_MODEL,
-                "restarts": 2,
-                "restart_probe": 0.5,
-                "restart_keep": 1,
-                "val_problems": 64,
+    "tiny": Preset("every trainer's own tiny preset, cut to 10 minutes on two cores: what `make demo` runs", _TINY),
+    "micro": Preset(
+        "every stage in seconds on one thread: the tests",
+        _merge(
+            json.loads(json.dumps(_TINY)),
+            {
+                "corpus": {"paragraphs": 120, "sentences": 3, "exact_dups": 12, "near_dups": 12, "leaks": 8},
+                "task": {"num_demos": 48, "num_eval": 32},
+                "tokenizer": {"vocab_size": 300},
+                "sft": {
+                    "steps": 24,
+                    "batch_size": 16,
+                    "eval_every": 12,
+                    "save_every": 8,
+                    "warmup_steps": 2,
+                    "model": _MICRO_MODEL,
+                    "restarts": 2,
+                    "restart_probe": 0.5,
+                    "restart_keep": 1,
+                    "val_problems": 64,
+                },
+                "rm": {
+                    "steps": 6,
+                    "batch_size": 8,
+                    "eval_every": 0,
+                    "save_every": 0,
+                    "eval_prompts": 32,
+                    "stats_pairs": 32,
+                    "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
+                },
+                "dpo": {
+                    "steps": 6,
+                    "batch_size": 8,
+                    "eval_every": 0,
+                    "save_every": 0,
+                    "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
+                },
+                "grpo": {
+                    "steps": 4,
+                    "prompts_per_step": 4,
+                    "num_generations": 4,
+                    "eval_every": 0,
+                    "save_every": 0,
+                    "max_sample_rounds": 1,
+                },
+                "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
+                "eval": {"samples": 4},
             },
-            "rm": {
-                "steps": 6,
-                "batch_size": 8,
-                "eval_every": 0,
-                "save_every": 0,
-                "eval_prompts": 32,
-                "stats_pairs": 32,
-                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
-            },
-            "dpo": {
-                "steps": 6,
-                "batch_size": 8,
-                "eval_every": 0,
-                "save_every": 0,
-                "pairs": {"num_prompts": 32, "samples_per_prompt": 4, "gold_chosen": True},
-            },
-            "grpo": {
-                "steps": 4,
-                "prompts_per_step": 4,
-                "num_generations": 4,
-                "eval_every": 0,
-                "save_every": 0,
-                "max_sample_rounds": 1,
-            },
-            "ppo": {"steps": 4, "prompts_per_step": 4, "num_generations": 4, "eval_every": 0, "save_every": 0},
-            "eval": {"samples": 4},
-        },
+        ),
     ),
 }

@@ -76,9 +76,9 @@ def _check_round_trip(module: str, cfg, config_file: Path) -> None:
 
 def run_stage(ctx, module: str, cfg, out: Path, resume: bool) -> dict:
     """Train one stage as ``ctx.cfg.nproc_per_stage`` processes under torchrun; returns its summary."""
+    from posttrain.checkpoints.layout import read_json_file
     from posttrain.config import dump_yaml
     from posttrain.data.io import atomic_write_text
-    from posttrain.trainers.run_dir import read_json_file
 
     nproc, out = ctx.cfg.nproc_per_stage, Path(out)
     config_file = ctx.run_dir / ".pipeline" / f"{out.name}.config.yaml"

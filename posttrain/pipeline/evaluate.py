@@ -112,7 +112,7 @@ def evaluate_policy(
 ) -> dict:
     """Greedy accuracy, pass@1 and pass@k on ``pairs``; with ``all_pairs`` also greedy accuracy on them, overall and
     per operand layout (``heldout_all``)."""
-    from posttrain.trainers.checkpoint import POLICY, load_checkpoint
+    from posttrain.checkpoints.load import POLICY, load_checkpoint
 
     ckpt = load_checkpoint(path, accept_kinds=POLICY, role="pipeline eval")
     model, tok = ckpt.model.eval(), ckpt.tokenizer

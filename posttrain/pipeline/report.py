@@ -290,7 +290,7 @@ def load_run_summary(run: str | Path) -> dict:
     """A pipeline run's ``summary.json``, checked to have the shape :func:`compare_runs` reads: an object whose
     ``stages`` and ``heldout`` (when present) map names to objects, a stage's ``metrics`` an object too. Anything
     else (``{"stages": 5}``, a list, garbage) is a one-line UserError naming the file."""
-    from posttrain.trainers.run_dir import read_json_file  # no torch
+    from posttrain.checkpoints.layout import read_json_file
 
     p = Path(run) / "summary.json"
     if not p.is_file():

@@ -6,7 +6,7 @@ A :class:`Stage` says what its key is made of (``config(ctx)``: the resolved con
 the files whose bytes it reads; ``deps``: the stages whose keys are chained into its own) and what it
 produces (``run(ctx, cfg, out, resume) -> summary``, whose keys ``schema`` declares: the report's section of
 the stage is built from it, and a test fails when a declared key is missing). ``available()`` returns why a
-stage cannot run in this build (PPO before ``posttrain.trainers.ppo`` exists) or None.
+stage cannot run in this build, or None.
 
 Adding a stage is one :class:`Stage` in :data:`STAGES`; a trainer stage is :func:`trainer_stage` with the
 trainer's config class and its ``train_*`` function (``resume=`` makes it resumable).
@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
 import inspect
 from pathlib import Path
 
-from posttrain.config import build_config
 from posttrain.pipeline import data_stages, evaluate, report
 from posttrain.pipeline.base import POLICY_STAGES, TRAINED, Context, Metric, Stage, get  # noqa: F401 (re-exported)
 from posttrain.trainers.engine.registry import TRAINERS
@@ -228,32 +226,6 @@ def _train_fn(command: str):
     return run
 
 
-def _ppo_available() -> str | None:
-    if importlib.util.find_spec("posttrain.trainers.ppo") is None:
-        return "posttrain.trainers.ppo is not in this build"
-    return None
-
-
-def _ppo_config(ctx):
-    mod = importlib.import_module("posttrain.trainers.ppo")
-    base = build_config(mod.PPOConfig, preset=dict(ctx.cfg.ppo))
-    return _from_sft("ppo", "ppo")(dataclasses.replace(ctx, cfg=_WithAttr(ctx.cfg, "ppo", base)))
-
-
-def _ppo_inputs(ctx):
-    return _from_sft_inputs(_ppo_config)(ctx) if _ppo_available() is None else {"init": ctx.model("sft")}
-
-
-class _WithAttr:
-    """``ctx.cfg`` with one attribute replaced (the PPO config is a dict until the module is importable)."""
-
-    def __init__(self, cfg, name, value):
-        self._cfg, self._name, self._value = cfg, name, value
-
-    def __getattr__(self, item):
-        return self._value if item == self._name else getattr(self._cfg, item)
-
-
 def _no_raw(ctx):
     return None if ctx.cfg.contamination_run else "contamination_run = false"
 
@@ -388,11 +360,10 @@ STAGES: tuple[Stage, ...] = (
         "ppo",
         "PPO from the SFT checkpoint (value model, GAE)",
         ("sft",),
-        _ppo_config,
+        _from_sft("ppo", "ppo"),
         _train_fn("ppo"),
         _TRAIN_SCHEMA,
-        inputs=_ppo_inputs,
-        available=_ppo_available,
+        inputs=_from_sft_inputs(_from_sft("ppo", "ppo")),
         resumable=True,
     ),
     Stage(

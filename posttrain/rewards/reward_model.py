@@ -11,14 +11,12 @@ only when that reward is built (it needs torch and a checkpoint reader; ``posttr
 the RL trainers, ``posttrain eval --best-of N --reward-model RM``): it loads the checkpoint once and returns a
 scorer that reuses it for every call.
 
-Layering: the checkpoint reader is :func:`posttrain.trainers.checkpoint.load_checkpoint`, which this module
-imports. It was left there on purpose: the reader needs ``trainers/run_dir.py`` (which checkpoint of a run
-directory, run ids, kind checks) and ``trainers/guards.py``, so moving it below ``trainers/`` means moving those
-reading halves too, a change to modules other trainers own.
+Layering: the checkpoint reader is :func:`posttrain.checkpoints.load.load_checkpoint`, below both this module and
+the trainers (which write checkpoints); nothing here imports a trainer.
 
 Training the model is :mod:`posttrain.trainers.reward`; the checkpoint format (a backbone LM checkpoint +
-``reward_head.safetensors`` + ``reward_stats.json``, one atomic directory) is written (:func:`save_reward_checkpoint`)
-and read here.
+``reward_head.safetensors`` + ``reward_stats.json``, one atomic directory) is read here; it is written by
+:func:`posttrain.trainers.checkpoint.save_reward_checkpoint` (writing checkpoints is the trainers').
 
 Not handled: reward ensembles, HF ``AutoModelForSequenceClassification`` checkpoints.
 """
@@ -26,27 +24,19 @@ Not handled: reward ensembles, HF ``AutoModelForSequenceClassification`` checkpo
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from posttrain.data.io import atomic_dir
+from posttrain.checkpoints.files import reading
+from posttrain.checkpoints.layout import REWARD_HEAD_FILE
+from posttrain.checkpoints.load import REWARD_MODEL, load_checkpoint
 from posttrain.data.preference import encode_completion, encode_prompt, pack_prompt_completion
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
-from posttrain.trainers.checkpoint import (
-    REWARD_HEAD_FILE,
-    REWARD_MODEL,
-    load_checkpoint,
-    reading,
-    save_checkpoint,
-    writing,
-)
-from posttrain.trainers.guards import require_finite_parameters
 
 HEAD_FILE = REWARD_HEAD_FILE
 
@@ -85,37 +75,6 @@ class LoadedRewardModel:
 
     def __call__(self, prompts: list[str], completions: list[str], normalize: bool = True, **columns) -> list[float]:
         return self.score(prompts, completions, normalize=normalize).tolist()
-
-
-def save_reward_checkpoint(
-    directory: str | Path,
-    model: RewardModel,
-    tokenizer,
-    state: dict,
-    optimizer=None,
-    rng_state: dict | None = None,
-    stats: RewardStats | None = None,
-) -> Path:
-    """Backbone LM checkpoint + ``reward_head.safetensors`` (+ ``reward_stats.json``), as one atomic directory; a
-    model or reward mean/std that is not finite is never written."""
-    directory = Path(directory)
-    require_finite_parameters(model, directory)  # backbone and head: never write a diverged model
-    if stats is not None and not (math.isfinite(stats.mean) and math.isfinite(stats.std)):
-        raise UserError(f"refusing to save {directory}: the reward mean/std are not finite ({stats.mean}, {stats.std})")
-    with atomic_dir(directory) as tmp:
-        save_checkpoint(
-            tmp,
-            model=model.backbone.model,
-            tokenizer=tokenizer,
-            state={**state, "reward_model": True},
-            optimizer=optimizer,
-            rng_state=rng_state,
-        )
-        with writing(directory):
-            save_file({k: v.detach().contiguous() for k, v in model.head.state_dict().items()}, str(tmp / HEAD_FILE))
-        if stats is not None:
-            stats.save(tmp / REWARD_STATS_FILE)
-    return directory
 
 
 def load_reward_model(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 from functools import cached_property
 
-from posttrain.hashing import stable_fraction  # noqa: F401  (also imported from here)
+from posttrain.hashing import stable_fraction
 from posttrain.tasks.embedded import Problem, TaskConfig, split_problems
 from posttrain.tasks.embedded import operand_layout as layout  # noqa: F401  (imported from here: eval --by-layout)
 

@@ -12,6 +12,9 @@ Example: ``sft --model mymodel --data chat.jsonl`` (40 conversations, no ``--eva
 ``FileTask("chat.jsonl")``: demos = the 40 conversations; after encoding, ``hold_out`` keeps ~36 to train on and
 ``eval_set()`` is the ~4 others as (generation prompt, last reply) problems, scored by exact match.
 
+A fresh model (no ``--tokenizer``, ``--init`` or ``--model``) gets :func:`fresh_tokenizer`'s: on ``--data`` the 256 byte
+values, so any text of the user's trains and is scored; the embedded task's characters only on the embedded task.
+
 Not handled: several training files, sampling weights per file.
 """
 
@@ -112,3 +115,20 @@ def task_for(cfg, what: str = "training data"):
 
     task, eval_data = embedded_task(cfg.task), getattr(cfg, "eval_data", None)  # arithmetic, or --task sort
     return WithEvalFile(task, eval_data, on_bad_line=getattr(cfg, "on_bad_line", "error")) if eval_data else task
+
+
+def fresh_tokenizer(task):
+    """The tokenizer of a fresh model (no ``--tokenizer``, ``--init`` or ``--model``): on the user's data
+    (:class:`FileTask`) the byte-level tokenizer with no merges (259 ids: ``<pad>``, ``<bos>``, ``<eos>`` and the 256
+    byte values), so every character of any file trains and is scored and nothing of the embedded task reaches the run;
+    on the embedded task its character alphabet (13 characters + 4 specials).
+
+    Example: ``fresh_tokenizer(FileTask("names.jsonl")).encode("Ab")`` -> ``[68, 101]``."""
+    if isinstance(task, FileTask):
+        from posttrain.tokenizers.bytelevel import byte_tokenizer
+
+        return byte_tokenizer()
+    from posttrain.tasks.arithmetic import ALPHABET
+    from posttrain.tokenizers.char import CharTokenizer
+
+    return CharTokenizer(ALPHABET)

@@ -13,6 +13,8 @@ groups of <= 3, case-insensitive contractions, newlines kept apart). Training an
 Bytes that are not valid UTF-8: ``encode_bytes``/``decode_bytes`` on the tokenizer round-trip them
 (``surrogateescape`` carries each such byte through the regex as a lone surrogate).
 
+:func:`byte_tokenizer` is the case with no merges: one token per byte, nothing to train.
+
 Not handled: ``add_prefix_space`` when training (supported when loading a file).
 """
 
@@ -41,6 +43,24 @@ def pre_tokenizer_for(pattern: str):
             [Split(PATTERNS[pattern], True, "Isolated"), ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     raise UserError(f"unknown pre-tokenizer pattern {pattern!r}; choose from {', '.join(PATTERNS)}")
+
+
+def byte_tokenizer(special_tokens: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")) -> SubwordTokenizer:
+    """The byte-level tokenizer with no merges: the special tokens, then one token per byte value (259 ids by default).
+
+    Any text is encodable and ``decode(encode(s)) == s``; an ASCII character is one token, any other character its
+    UTF-8 bytes: ``encode("ab") -> [100, 101]`` (byte 97 after 3 specials), ``encode("é") -> two ids``. What a fresh
+    model trained on the user's own data uses when no ``--tokenizer`` is given (``posttrain.tasks.files``).
+    """
+    specials = list(special_tokens)
+    vocab = build_vocab(specials, [BYTE_TO_UNICODE[b] for b in range(256)], [], len(specials) + 256)
+    return SubwordTokenizer(
+        BPEModel(vocab, []),
+        pre_tokenizer=pre_tokenizer_for("gpt2"),
+        decoder=ByteLevelDecoder(),
+        added_tokens=special_added_tokens(specials),
+        kind="byte-bpe",
+    )
 
 
 @dataclass

@@ -10,21 +10,21 @@ Layout of a checkpoint directory::
     trainer_state.json    step, trainer, run_id, run config, last metrics, plus trainer-specific state (JSON only)
     optimizer.pt          optimizer state_dict (tensors + plain containers: loaded with weights_only=True)
     rng.pt                torch RNG state(s) (same)
-    reward_head.safetensors   reward models only (``posttrain rm``): the scalar head
+    reward_head.safetensors   reward models only (``posttrain rm``, :func:`save_reward_checkpoint`): the scalar head
 
 A run directory keeps ``checkpoints/step-00000100/`` ... and a ``checkpoints/latest`` file naming the
 newest; the final model goes to ``model/`` (which checkpoint of a run directory is used, and how run ids
-guard it: :mod:`posttrain.trainers.run_dir`). Each checkpoint is built in a temp directory and renamed
+guard it: :mod:`posttrain.checkpoints.layout` and :mod:`posttrain.trainers.run_dir`). Each checkpoint is built in a temp directory and renamed
 into place, then ``latest`` is replaced atomically: a kill at any moment leaves the previous
 checkpoint intact and ``latest`` pointing at a complete one.
 
-Loading checks what it loads: ``accept_kinds`` (a policy, i.e. a language model, or a reward model) for
-``--init``/eval, ``expect_trainer`` (the trainer recorded in ``trainer_state.json``) for ``--resume``. A corrupt
-file (truncated weights or optimizer state, empty or garbage JSON, a pickle holding objects other than
-tensors) is a one-line :class:`UserError` naming the file; torch's own message (which suggests
-``weights_only=False``) is never shown. Every reader of a checkpoint's files goes through :func:`load_tensors`
-(safetensors), :func:`load_torch_state` (``*.pt``) and :func:`read_json` (JSON objects, with required keys),
-all in :mod:`posttrain.trainers.safe_load`. A
+This module writes checkpoints and starts a run's policy; loading is :mod:`posttrain.checkpoints.load` (below the
+trainers, so the rewards, evaluation and export load checkpoints without importing a trainer): it checks what it
+loads (``accept_kinds``: a policy, i.e. a language model, or a reward model, for ``--init``/eval; ``expect_trainer``,
+the trainer recorded in ``trainer_state.json``, for ``--resume``). A corrupt file (truncated weights or optimizer
+state, empty or garbage JSON, a pickle holding objects other than tensors) is a one-line :class:`UserError` naming
+the file; torch's own message (which suggests ``weights_only=False``) is never shown: every reader of a checkpoint's
+files goes through :mod:`posttrain.checkpoints.files`. A
 periodic checkpoint that cannot be written (disk full, read-only) is a warning and the run goes on
 (:meth:`CheckpointManager.save`); the final save raises.
 
@@ -44,65 +44,29 @@ import copy
 import dataclasses
 import errno
 import json
+import math
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
+from posttrain.checkpoints.files import failure_reason, load_tensors, load_torch_state
+from posttrain.checkpoints.layout import REWARD_HEAD_FILE, STEP_NAME, warn
+from posttrain.checkpoints.load import Checkpoint, load_policy
 from posttrain.data.io import atomic_dir, atomic_write_text
 from posttrain.errors import UserError
-from posttrain.models import load_model, save_model
-from posttrain.models.loading import (
-    ModelTokenizer,
-    check_vocab_fits,
-    is_hf_model_dir,
-    load_hf_model,
-    load_model_tokenizer,
-    lora_base_dir,
-)
-from posttrain.models.lora import adapter_base, attach_adapter, is_adapter_only, merge_lora, save_adapter_only
-from posttrain.tokenizers import load as load_tokenizer
+from posttrain.models import save_model
+from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
+from posttrain.models.loading import lora_base_dir
+from posttrain.models.lora import merge_lora, save_adapter_only
 from posttrain.trainers.engine.device import portable
-from posttrain.trainers.guards import refuse_nonfinite_model, require_finite_model  # noqa: F401 - eval/export's
-from posttrain.trainers.run_dir import (
-    REWARD_HEAD_FILE,
-    STATE_FILE,
-    STEP_NAME,
-    checkpoint_kind,
-    checkpoint_state,
-    command_of,
-    find_checkpoint,
-    read_json_file,
-    warn,
+from posttrain.trainers.guards import (
+    refuse_nonfinite_model,  # noqa: F401 - eval/export's
+    require_finite_model,
+    require_finite_parameters,
 )
-from posttrain.trainers.safe_load import (  # the one-line readers (load_tensors ... reading: imported from here too)
-    failure_reason,
-    load_tensors,
-    load_torch_state,
-    read_json,  # noqa: F401
-    reading,
-    torch_load_dict,
-)
-
-
-@dataclass
-class Checkpoint:
-    """What a loaded checkpoint holds; optimizer/RNG state only if it was saved for resuming."""
-
-    path: Path
-    model: torch.nn.Module
-    tokenizer: Any
-    state: dict = field(default_factory=dict)
-    optimizer_state: dict | None = None
-    rng_state: dict | None = None
-
-    @property
-    def step(self) -> int:
-        return int(self.state.get("step", 0))
 
 
 def save_checkpoint(
@@ -138,15 +102,6 @@ def save_checkpoint(
 FINAL_MODEL_DIR = "model"  # a run directory's final model (run_dir.py)
 
 
-def _load_adapter_only(p: Path, state: dict, device) -> Checkpoint:
-    """An adapter-only ``model/``: its base (``base_model_name_or_path``) with the adapter attached."""
-    base = load_policy(adapter_base(p), device=device)
-    model = attach_adapter(base.model, p)
-    tokenizer = _checkpoint_tokenizer(p)
-    check_vocab_fits(tokenizer, model, p)
-    return Checkpoint(path=p, model=model.to(device), tokenizer=tokenizer, state=state)
-
-
 @contextlib.contextmanager
 def writing(path: str | Path):
     """Report a failed checkpoint write as the OSError it is: safetensors and torch wrap ENOSPC/EROFS in their
@@ -175,116 +130,6 @@ def restore_rng(state: dict, generators: dict[str, torch.Generator] | None = Non
     for k, g in (generators or {}).items():
         if k in state:
             g.set_state(state[k])
-
-
-POLICY = ("policy",)
-REWARD_MODEL = ("reward_model",)
-
-
-def check_checkpoint(p: Path, state: dict, expect_trainer=None, accept_kinds=None, role: str | None = None) -> None:
-    """Refuse a checkpoint of the wrong kind (``accept_kinds``) or saved by another trainer (``expect_trainer``)."""
-    role = role or "this command"
-    kind = checkpoint_kind(p, state)
-    if accept_kinds is not None and kind not in accept_kinds:
-        if kind == "reward_model":
-            raise UserError(
-                f"{p} is a reward-model checkpoint (from `posttrain rm`), not a policy: {role} needs a "
-                f"language-model checkpoint such as an SFT run"
-            )
-        raise UserError(f"{p} is not a reward-model checkpoint (no {REWARD_HEAD_FILE}); train one with `posttrain rm`")
-    if expect_trainer is not None:
-        expected = (expect_trainer,) if isinstance(expect_trainer, str) else tuple(expect_trainer)
-        got = state.get("trainer")
-        if got not in expected:
-            saved = f"saved by `posttrain {command_of(got)}`" if got else f"without a trainer in its {STATE_FILE}"
-            hint = f"; --init {p} starts a new run from its weights" if kind == "policy" and got else ""
-            raise UserError(
-                f"{p} is a checkpoint {saved}: `posttrain {command_of(expected[0])} --resume` continues "
-                f"only its own runs{hint}"
-            )
-
-
-def resolve_checkpoint(path: str | Path, prefer_latest: bool = False) -> Path:
-    """A checkpoint directory, or a run directory's ``model/`` or newest checkpoint (see :func:`find_checkpoint`)."""
-    return find_checkpoint(path, prefer_latest=prefer_latest)
-
-
-def load_checkpoint(
-    path: str | Path,
-    device="cpu",
-    with_training_state: bool = False,
-    prefer_latest: bool = False,
-    *,
-    expect_trainer: str | tuple | None = None,
-    accept_kinds: tuple | None = None,
-    role: str | None = None,
-    **model_overrides,
-) -> Checkpoint:
-    """Load a checkpoint (or a run directory's), checking its kind/trainer first; corrupt files -> UserError."""
-    p = resolve_checkpoint(path, prefer_latest=prefer_latest)
-    state = checkpoint_state(p)
-    check_checkpoint(p, state, expect_trainer=expect_trainer, accept_kinds=accept_kinds, role=role)
-    if with_training_state and not (p / "optimizer.pt").is_file():
-        raise UserError(f"{p} has no optimizer state: it cannot be resumed (only used as --init)")
-    if is_adapter_only(p):
-        return _load_adapter_only(p, state, device)
-    model_cfg = read_json_file(p / "config.json")
-    if not isinstance(model_cfg.get("model_type"), str):
-        raise UserError(f"{p / 'config.json'}: corrupt checkpoint file (no model_type)")
-    try:
-        model = load_model(p, device=device, **model_overrides)
-    except UserError:
-        raise
-    except Exception as e:  # which file? the weights if their header does not parse, else the config
-        weights = p / "model.safetensors"
-        try:
-            with safe_open(str(weights), "pt"):
-                pass
-        except Exception as we:
-            raise UserError(f"{weights}: corrupt or unreadable checkpoint file ({failure_reason(we)})") from None
-        raise UserError(f"{p / 'config.json'}: does not describe the saved model ({failure_reason(e)})") from None
-    tokenizer = _checkpoint_tokenizer(p)
-    check_vocab_fits(tokenizer, model, p)
-    ckpt = Checkpoint(path=p, model=model, tokenizer=tokenizer, state=state)
-    if with_training_state:
-        ckpt.optimizer_state = torch_load_dict(p / "optimizer.pt", map_location=device)
-        if not {"state", "param_groups"} <= set(ckpt.optimizer_state):
-            raise UserError(f"{p / 'optimizer.pt'}: corrupt checkpoint file (not an optimizer state_dict)")
-        if (p / "rng.pt").is_file():
-            ckpt.rng_state = torch_load_dict(p / "rng.pt")
-            if not isinstance(ckpt.rng_state.get("torch"), torch.Tensor):
-                raise UserError(f"{p / 'rng.pt'}: corrupt checkpoint file (no torch RNG state)")
-    return ckpt
-
-
-def _checkpoint_tokenizer(p: Path):
-    if (p / "tokenizer_config.json").is_file():  # a Hugging Face model directory's tokenizer (models/loading.py)
-        return load_model_tokenizer(p)
-    with reading(p / "tokenizer.json"):
-        return load_tokenizer(p / "tokenizer.json")
-
-
-def load_policy(path: str | Path, pad_token: str | None = None, role: str | None = None, device="cpu") -> Checkpoint:
-    """The one loader of a starting policy (``--model``/``--init``): a local Hugging Face model directory (config.json,
-    safetensors, tokenizer files; no training state) or a posttrain checkpoint / run directory. ``pad_token`` names
-    the pad token of a tokenizer that has none (models/loading.py)."""
-    p = Path(path)
-    if is_hf_model_dir(p) and not (p / STATE_FILE).is_file():
-        if not p.is_dir():
-            raise UserError(f"model directory not found: {p}")
-        tokenizer = load_model_tokenizer(p, pad_token=pad_token)
-        model = load_hf_model(p)
-        check_vocab_fits(tokenizer, model, p)
-        return Checkpoint(path=p, model=model.to(device), tokenizer=tokenizer)
-    ckpt = load_checkpoint(p, device=device, accept_kinds=POLICY, role=role)
-    if pad_token is not None:
-        if not isinstance(ckpt.tokenizer, ModelTokenizer):
-            raise UserError(
-                f"--pad-token applies to a Hugging Face model directory's tokenizer; {ckpt.path}'s has "
-                f"its own pad token"
-            )
-        ckpt.tokenizer = load_model_tokenizer(ckpt.path, pad_token=pad_token)
-    return ckpt
 
 
 def start_policy(cfg, command: str) -> Checkpoint | None:
@@ -358,6 +203,39 @@ def save_with_extras(directory, write_extras, **kwargs) -> Path:
 
 SNAPSHOT_WEIGHTS, SNAPSHOT_OPTIMIZER = "good_model.safetensors", "good_optimizer.pt"  # in periodic checkpoints
 SNAPSHOT_CRITIC, SNAPSHOT_CRITIC_OPTIMIZER = "good_critic.safetensors", "good_critic_optimizer.pt"  # PPO's, beside them
+
+
+def save_reward_checkpoint(
+    directory: str | Path,
+    model: RewardModel,
+    tokenizer,
+    state: dict,
+    optimizer=None,
+    rng_state: dict | None = None,
+    stats: RewardStats | None = None,
+) -> Path:
+    """Backbone LM checkpoint + ``reward_head.safetensors`` (+ ``reward_stats.json``), as one atomic directory; a
+    model or reward mean/std that is not finite is never written."""
+    directory = Path(directory)
+    require_finite_parameters(model, directory)  # backbone and head: never write a diverged model
+    if stats is not None and not (math.isfinite(stats.mean) and math.isfinite(stats.std)):
+        raise UserError(f"refusing to save {directory}: the reward mean/std are not finite ({stats.mean}, {stats.std})")
+    with atomic_dir(directory) as tmp:
+        save_checkpoint(
+            tmp,
+            model=model.backbone.model,
+            tokenizer=tokenizer,
+            state={**state, "reward_model": True},
+            optimizer=optimizer,
+            rng_state=rng_state,
+        )
+        with writing(directory):
+            save_file(
+                {k: v.detach().contiguous() for k, v in model.head.state_dict().items()}, str(tmp / REWARD_HEAD_FILE)
+            )
+        if stats is not None:
+            stats.save(tmp / REWARD_STATS_FILE)
+    return directory
 
 
 def take_snapshot(model, opt, critic=None) -> dict:

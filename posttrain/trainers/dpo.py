@@ -44,7 +44,7 @@ from posttrain.models.lora import merge_lora
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed
 from posttrain.trainers.checkpoint import CheckpointManager, rng_state
-from posttrain.trainers.dpo_config import PRESETS, DPOConfig  # noqa: F401  (the registry reads them here)
+from posttrain.trainers.dpo_config import PRESETS, DPOConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.dpo_data import DPOInputs
 from posttrain.trainers.engine.publish import close_run, publish_model, run_state, save_periodic
 from posttrain.trainers.engine.run import run as engine_run

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.config import check_fields, check_value, knob
+from posttrain.config import Preset, check_fields, check_value, knob
 from posttrain.data.checks import LONG_POLICIES
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.preference_pairs import PairDataConfig
@@ -83,10 +83,15 @@ class DPOConfig(TrainerConfig):
     )
 
 
+# What each preset is for (`posttrain dpo --help`, docs/preference.md); plain DPO is `--loss dpo`.
 PRESETS: dict[str, dict] = {
-    "tiny": {"loss": "rpo"},
-    "classic": {"loss": "dpo"},  # the embedded task's recipe before the seed sweep of docs/outcomes.md
-    "small": {"loss": "rpo", "steps": 500, "pairs": {"num_prompts": 8192}},
+    "tiny": Preset(
+        "the default on the embedded task: RPO (DPO + the chosen answers' NLL) on on-policy pairs", {"loss": "rpo"}
+    ),
+    "small": Preset(
+        "500 steps on 8192 prompts: from a `sft --preset small` model",
+        {"loss": "rpo", "steps": 500, "pairs": {"num_prompts": 8192}},
+    ),
 }
 
 

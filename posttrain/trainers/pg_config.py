@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.config import check_fields, knob
+from posttrain.config import Preset, check_fields, knob
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.engines import engine_knob
 from posttrain.errors import ConfigError
@@ -34,7 +34,7 @@ class PolicyGradientConfig(TrainerConfig):
         "steps",
         500,
         "optimizer steps (one rollout batch each when mu=1 and minibatches=1; 500: chosen on a 5-seed sweep, "
-        "docs/outcomes.md; --preset long: 700)",
+        "docs/outcomes.md)",
     )
     prompts_per_step: int = knob(32, "distinct prompts per rollout batch", gt=0)
     num_generations: int = knob(8, "samples per prompt (G)", gt=0)
@@ -222,33 +222,40 @@ class PolicyGradientConfig(TrainerConfig):
     average_every: int = knob(100, "steps between the averaged weights (with average_last > 1)", ge=1)
 
 
+# What each preset is for (`posttrain grpo --help`, docs/rl.md); the recipes they replaced are in docs/log/.
 PRESETS: dict[str, dict] = {
-    "tiny": {},
-    # the defaults before the seed sweep of docs/outcomes.md: lr 1e-4, no dynamic sampling, no collapse restore,
-    # exact-match reward only, the last weights
-    "classic": {
-        "steps": 500,
-        "lr": 1e-4,
-        "dynamic_sampling": False,
-        "alarms": {"collapse_fraction": 0.0},
-        "reward": "exact_match:1.0",
-        "average_last": 1,
-        "prompt_filter": False,
-    },
-    # 700 steps (tail average of steps 500/600/700), refill rounds filled to 32 prompts (the default until 2026-12-03)
-    "long": {"steps": 700, "prompt_filter_fill": True},
-    "last_weights": {"steps": 700, "average_last": 1, "prompt_filter": False},  # the default until 2026-12-03
-    "unfiltered": {"steps": 700, "prompt_filter": False},  # the default before the prompt filter
-    # the GRPO half of the strongest recipe, after `sft --preset slots16` (an Intel Xeon: 0.843-0.968 on seeds 0-9,
-    # 120-174 s of CPU; from `sft --preset slots`, 8 restarts, seed 5 ended at 0.694): 1000 steps, the LR decayed to 0.1x by a cosine
-    # (constant: seed 1 swung 0.60-0.78)
-    "long_cosine": {"steps": 1000, "min_lr_ratio": 0.1},
-    "rloo": {"algo": "rloo"},
-    "reinforce": {"algo": "reinforce"},
-    "dapo": {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
-    "dr_grpo": {"scale_rewards": "none", "loss_agg": "seq_mean_token_sum_norm"},
-    "cispo": {"objective": "cispo", "clip_eps_high": 4.0, "loss_agg": "token_mean"},  # TRL: epsilon_high=5.0
-    "sapo": {"objective": "sapo"},
-    "luspo": {"ratio_level": "sequence", "loss_agg": "seq_mean_token_sum"},
-    "vespo": {"objective": "vespo", "loss_agg": "token_mean"},
+    "tiny": Preset("the default: GRPO, 500 steps, the final model the mean of the weights at steps 300/400/500"),
+    "long_cosine": Preset(
+        "after `sft --preset slots16` (the strongest measured recipe): 1000 steps, the LR cosine-decayed to 0.1x",
+        {"steps": 1000, "min_lr_ratio": 0.1},
+    ),
+    "rloo": Preset(
+        "RLOO: each sample's baseline the mean of the other samples of its prompt (unbiased)", {"algo": "rloo"}
+    ),
+    "reinforce": Preset(
+        "REINFORCE: the reward minus the batch mean as the advantage, no groups (Williams 1992)", {"algo": "reinforce"}
+    ),
+    "dapo": Preset(
+        "DAPO: clip-higher (0.28) and token-mean loss, against entropy collapse on long answers",
+        {"clip_eps_high": 0.28, "loss_agg": "token_mean"},
+    ),
+    "dr_grpo": Preset(
+        "Dr. GRPO: no std scaling, constant length normaliser (no length or difficulty bias)",
+        {"scale_rewards": "none", "loss_agg": "seq_mean_token_sum_norm"},
+    ),
+    "cispo": Preset(
+        "CISPO (MiniMax-M1): the clipped, detached IS weight times log-prob, every token keeps a gradient",
+        {"objective": "cispo", "clip_eps_high": 4.0, "loss_agg": "token_mean"},
+    ),
+    "sapo": Preset(
+        "SAPO: a soft sigmoid gate instead of the hard clip, a temperature per advantage sign", {"objective": "sapo"}
+    ),
+    "luspo": Preset(
+        "LUSPO: sequence-level ratios (GSPO) with each sequence's loss times its length",
+        {"ratio_level": "sequence", "loss_agg": "seq_mean_token_sum"},
+    ),
+    "vespo": Preset(
+        "VESPO: a smooth gate on the sequence's importance weight, token-mean loss",
+        {"objective": "vespo", "loss_agg": "token_mean"},
+    ),
 }

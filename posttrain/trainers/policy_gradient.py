@@ -45,7 +45,7 @@ from posttrain.trainers.engine import device
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import finite_step
-from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (also imported from here)
+from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.rl import common as rl
 from posttrain.trainers.rl import group, setup
 from posttrain.trainers.rl.group import GroupBatch, policy_logps, warp

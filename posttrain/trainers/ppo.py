@@ -56,7 +56,7 @@ from posttrain.trainers.alarms import Alarms, CollapseGuard, watch_step
 from posttrain.trainers.checkpoint import initial_model, save_with_extras, write_snapshot
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
-from posttrain.trainers.ppo_config import DEFAULT_REWARD, PRESETS, PPOConfig  # noqa: F401  (also imported from here)
+from posttrain.trainers.ppo_config import PRESETS, PPOConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.rl import common as rl
 from posttrain.trainers.rl import ppo_distributed, setup
 from posttrain.trainers.rl.critic import build_critic, load_critic, save_critic

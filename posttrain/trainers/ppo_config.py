@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.config import check_fields, knob
+from posttrain.config import Preset, check_fields, knob
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.engines import engine_knob
 from posttrain.errors import ConfigError
@@ -262,16 +262,24 @@ class PPOConfig(TrainerConfig):
         )
 
 
+# What each preset is for (`posttrain ppo --help`, docs/ppo.md).
 PRESETS: dict[str, dict] = {
-    "tiny": {},
-    # against a trained RM (--reward-model): twice the KL penalty and a cosine LR decay to 0.1x. The policy then stays
-    # near the SFT samples the RM was trained on (KL 1.1-1.7 nats per sequence instead of 2.9-3.6): +18.4 / +11.3 /
-    # +16.8 held-out points on seeds 0-2 against `rm --preset tiny`'s RMs, where beta 0.05 gave +24.2 / +16.8 / +5.1
-    "tiny_rm": {"beta": 0.1, "min_lr_ratio": 0.1},
-    # vanilla actor-critic: one on-policy update per batch (ratio exactly 1), no clip, no value clip
-    "a2c": {"policy_objective": "pg", "mu": 1, "minibatches": 1, "vf_clip": None},
-    # PPO paper sec. 4: unclipped surrogate minus an adaptive KL(pi_old || pi) penalty
-    "kl_ppo": {"policy_objective": "kl_penalty"},
-    # Ziegler et al. 2019's adaptive KL-to-reference controller (target 6 nats per sequence, beta 0.15, horizon 10000)
-    "ziegler": {"kl_control": "adaptive", "beta": 0.15, "kl_target": 6.0, "kl_horizon": 10000.0},
+    "tiny": Preset("the default, against the task's verifier: PPO-clip, GAE, a critic copied from the policy"),
+    "tiny_rm": Preset(
+        "against a trained RM (--reward-model): twice the KL penalty, the LR cosine-decayed to 0.1x, so the policy "
+        "stays near the samples the RM was trained on",
+        {"beta": 0.1, "min_lr_ratio": 0.1},
+    ),
+    "a2c": Preset(
+        "vanilla actor-critic: one on-policy update per batch (ratio exactly 1), no clip, no value clip",
+        {"policy_objective": "pg", "mu": 1, "minibatches": 1, "vf_clip": None},
+    ),
+    "kl_ppo": Preset(
+        "the PPO paper's sec. 4: the unclipped surrogate minus an adaptive KL(pi_old || pi) penalty",
+        {"policy_objective": "kl_penalty"},
+    ),
+    "ziegler": Preset(
+        "Ziegler et al. 2019: an adaptive KL-to-reference controller (target 6 nats per sequence, beta 0.15)",
+        {"kl_control": "adaptive", "beta": 0.15, "kl_target": 6.0, "kl_horizon": 10000.0},
+    ),
 }

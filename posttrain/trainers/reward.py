@@ -47,17 +47,16 @@ from posttrain.errors import UserError
 from posttrain.losses.ranking import bradley_terry_loss
 from posttrain.models.heads import REWARD_STATS_FILE, RewardModel, RewardStats
 from posttrain.models.lora import merge_lora
-from posttrain.rewards.reward_model import save_reward_checkpoint
 from posttrain.tasks.files import task_for
 from posttrain.trainers import common, distributed
-from posttrain.trainers.checkpoint import CheckpointManager, rng_state
+from posttrain.trainers.checkpoint import CheckpointManager, rng_state, save_reward_checkpoint
 from posttrain.trainers.engine import device
 from posttrain.trainers.engine.publish import close_run, publish_model, run_state, save_periodic
 from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard
 from posttrain.trainers.reward_batches import batch_rewards, collate_prompt_groups, prompt_groups, row_rewards
-from posttrain.trainers.reward_config import PRESETS, RECIPE, RECIPE_V1, RECIPE_V2, RECIPE_V3, RMConfig  # noqa: F401  (re-exported)
+from posttrain.trainers.reward_config import PRESETS, RMConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.reward_data import build_reward_model, run_pairs, user_pairs
 from posttrain.trainers.reward_eval import evaluate_pairs, heldout_report, pair_rewards
 
@@ -121,7 +120,7 @@ def setup(cfg: RMConfig, resume: str | None = None, overwrite: bool = False) -> 
         "rm",
         resume,
         overwrite,
-        build=lambda start: build_reward_model(cfg, start),
+        build=lambda start: build_reward_model(cfg, task, start),
         inputs=lambda t: user_pairs(cfg, t),  # --data / --eval-data, checked before anything is written
         run_inputs=lambda t: run_pairs(cfg, task, t),  # the embedded task's, made in the run directory
         keep_init=True,

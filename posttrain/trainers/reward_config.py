@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.config import check_fields, knob
+from posttrain.config import Preset, check_fields, knob
 from posttrain.data.checks import LONG_POLICIES
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.data.preference_pairs import PairDataConfig
@@ -111,32 +111,31 @@ class RMConfig(TrainerConfig):
     )
 
 
-# The recipe behind the >= 0.85 held-out pairwise accuracy of docs/rm.md on every seed: verifier-labelled pairs are
-# free, so sample the --init SFT model 32 times on every training prompt (train_pairs.samples_per_prompt), keep up
-# to 8 (correct, wrong) pairs per prompt (the reference answer as chosen where no sample is right), and train 3000
-# steps of 64 pairs. Held-out pairs: the same model's 16 samples on every held-out prompt (--pairs), as before.
-# Without --init: synthetic pairs, same steps. RECIPE_V2 (`--preset tiny_v2`) also sampled the other restarts of an
-# `sft --restarts` --init (restarts: auto; 0.893 / 0.823 / 0.826 from the halving SFT default); RECIPE_V1
-# (`--preset tiny_v1`) is the kept model's 16 samples, 2000 steps.
-RECIPE_V1: dict = {
-    "steps": 2000,
+# The recipe behind the 0.96-0.98 held-out pairwise accuracy of docs/rm.md on seeds 0-2: verifier-labelled pairs are
+# free, so sample the --init SFT model 32 times on every training prompt (train_pairs.samples_per_prompt), keep up to
+# 8 (correct, wrong) pairs per prompt (the reference answer as chosen where no sample is right), train 3000 steps of
+# 64 pairs with the GRM regulariser (sft_coef 1: + the chosen answers' NLL under the backbone's LM head). Held-out
+# pairs: the same model's 16 samples on each of 1000 held-out prompts (--pairs). Without --init: synthetic pairs.
+RECIPE: dict = {
+    "steps": 3000,
     "batch_size": 64,
     "eval_every": 250,
     "save_every": 500,
     "eval_prompts": 1000,
+    "sft_coef": 1.0,
     "pairs": {"num_prompts": 9000, "samples_per_prompt": 16, "max_pairs_per_prompt": 8, "gold_chosen": True},
+    "train_pairs": {"restarts": "off", "samples_per_prompt": 32},
 }
-RECIPE_V2: dict = {**RECIPE_V1, "steps": 3000, "train_pairs": {"restarts": "auto"}}
-RECIPE_V3: dict = {**RECIPE_V1, "steps": 3000, "train_pairs": {"restarts": "off", "samples_per_prompt": 32}}
-# + the GRM regulariser (sft_coef 1: the chosen answers' NLL under the backbone's LM head; docs/rm.md): 0.983 / 0.961 /
-# 0.978 held-out pairwise on seeds 0-2 where RECIPE_V3 gave 0.934 / 0.873 / 0.861, same pairs, same steps
-RECIPE: dict = {**RECIPE_V3, "sft_coef": 1.0}
 
+# What each preset is for (`posttrain rm --help`, docs/rm.md); the recipes they replaced are in docs/log/.
 PRESETS: dict[str, dict] = {
-    "tiny": RECIPE,
-    "tiny_v3": RECIPE_V3,  # the recipe before the GRM regulariser (the PPO-vs-RM numbers of docs/ppo.md used it)
-    "tiny_v2": RECIPE_V2,
-    "tiny_v1": RECIPE_V1,
-    "classic": {},  # the field defaults: 300 steps on <= 2 on-policy pairs of each of 4096 prompts (0.553 held-out pairwise, docs/rm.md)
-    "small": {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
+    "tiny": Preset(
+        "the default on the embedded task: pairs from 32 samples of the --init SFT model per prompt, 3000 steps of 64 "
+        "pairs with the GRM term",
+        RECIPE,
+    ),
+    "small": Preset(
+        "a 6-layer, 192-wide backbone, 800 steps on 4096 prompts: with `sft --preset small`",
+        {"steps": 800, "pairs": {"num_prompts": 4096}, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}},
+    ),
 }

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from posttrain.chat import chat_tokenizer, resolve_chat
+from posttrain.checkpoints.load import load_policy
 from posttrain.data.checks import model_window
 from posttrain.data.preference import fit_pairs, load_preference_pairs
 from posttrain.data.preference_pairs import cached_pairs, stats_dict, synthetic_pairs
@@ -30,11 +31,10 @@ from posttrain.models.heads import RewardModel
 from posttrain.models.lora import apply_lora, lora_config
 from posttrain.on_policy_pairs import TrainPairsConfig, on_policy_pairs, restart_models, training_pairs
 from posttrain.rewards.reward_model import load_reward_model
-from posttrain.tasks.arithmetic import ALPHABET, ArithmeticTask
+from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import heldout_note, heldout_split
-from posttrain.tokenizers.char import CharTokenizer
+from posttrain.tasks.files import fresh_tokenizer
 from posttrain.trainers import distributed, sharded
-from posttrain.trainers.checkpoint import load_policy
 from posttrain.trainers.reward_batches import has_lm_head
 
 
@@ -45,9 +45,9 @@ class RewardPairs:
     pair_info: dict  # how the embedded task's pairs were built ({} for --data)
 
 
-def build_reward_model(cfg, start):
+def build_reward_model(cfg, task, start):
     """(reward model, tokenizer): the resumed RM, a head on the start (pairs are sampled from it first), or a fresh
-    GPT with a head; lora_r > 0: adapters on the frozen backbone, the head trains."""
+    GPT with a head (its tokenizer ``task``'s: tasks/files.py::fresh_tokenizer, bytes on --data); lora_r > 0: adapters on the frozen backbone, the head trains."""
     if start.ckpt is not None and sharded.is_sharded_checkpoint(start.ckpt.path):  # weights come with the optimizer
         rm, tokenizer = RewardModel(start.ckpt.model), start.ckpt.tokenizer
     elif start.ckpt is not None:
@@ -56,7 +56,7 @@ def build_reward_model(cfg, start):
     elif start.init is not None:
         rm, tokenizer = RewardModel(start.init.model), start.init.tokenizer
     else:
-        tokenizer = CharTokenizer(ALPHABET)
+        tokenizer = fresh_tokenizer(task)  # --data: bytes; the embedded task: its characters
         rm = RewardModel(GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size)))
     apply_lora(rm.backbone.model, lora_config(cfg))
     return rm, tokenizer

@@ -58,23 +58,19 @@ from pathlib import Path
 
 from posttrain import __version__, run_lock
 from posttrain import config as C
-from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
-from posttrain.errors import UserError
-from posttrain.trainers import distributed
-from posttrain.trainers.checkpoint_lookup import (  # noqa: F401 - re-exported: the run directory's readers
-    REWARD_HEAD_FILE,
+from posttrain.checkpoints.layout import (
     RUN_FILE,
     STATE_FILE,
-    STEP_NAME,
-    checkpoint_kind,
     checkpoint_state,
     find_checkpoint,
     is_checkpoint,
-    latest_checkpoint,
     read_json_file,
     read_run,
     warn,
 )
+from posttrain.data.io import atomic_write_json, atomic_write_text, clean_stale_temps, recover_dir
+from posttrain.errors import UserError
+from posttrain.trainers import distributed
 from posttrain.trainers.engine.registry import command_of
 
 RUN_OUTPUTS = (

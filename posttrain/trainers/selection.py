@@ -14,10 +14,10 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from posttrain.checkpoints.files import load_tensors
 from posttrain.errors import ConfigError, UserError
 from posttrain.hashing import stable_fraction
 from posttrain.trainers.checkpoint import save_with_extras
-from posttrain.trainers.safe_load import load_tensors
 
 BEST_FILE = "best.safetensors"  # in each periodic checkpoint: the best-so-far weights (for an exact resume)
 

@@ -41,7 +41,7 @@ from posttrain.trainers.engine.run import run as engine_run
 from posttrain.trainers.engine.setup import open_training
 from posttrain.trainers.guards import NonFiniteGuard
 from posttrain.trainers.selection import BestKeeper, save_with_best
-from posttrain.trainers.sft_config import PRESETS, SFTConfig  # noqa: F401  (the registry reads them here)
+from posttrain.trainers.sft_config import PRESETS, SFTConfig  # noqa: F401  (the trainer registry reads them here)
 from posttrain.trainers.sft_data import SFTInputs, build_model, sft_inputs
 from posttrain.trainers.sft_eval import heldout_loss
 
@@ -111,7 +111,7 @@ def setup(cfg: SFTConfig, resume: str | None = None, overwrite: bool = False) ->
     """Open the run (trainers/engine/setup.py) on the model and inputs of ``sft_data.py``."""
     task = task_for(cfg, "demonstrations")  # --data (FileTask) or the embedded task: tasks/files.py
     demos = task.demos()
-    build, inputs = (lambda start: build_model(cfg, start)), (lambda t: sft_inputs(cfg, task, demos, t))
+    build, inputs = (lambda start: build_model(cfg, task, start)), (lambda t: sft_inputs(cfg, task, demos, t))
     t = open_training(cfg, "sft", resume, overwrite, build=build, inputs=inputs)
     d: SFTInputs = t.inputs
     if task.note:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from posttrain.config import check_fields, knob
+from posttrain.config import Preset, check_fields, knob
 from posttrain.data.checks import LONG_POLICIES
 from posttrain.data.conversations import BAD_LINE_HELP, CHAT_TEMPLATE_HELP
 from posttrain.errors import ConfigError
@@ -68,8 +68,8 @@ class SFTConfig(TrainerConfig):
     )
     tokenizer: str | None = knob(
         None,
-        "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; "
-        "default: the task's characters; ignored with init)",
+        "tokenizer.json for a fresh model (its vocabulary size sets model.vocab_size; default: the embedded task's "
+        "characters, with --data the 256 byte values, any text; ignored with init)",
     )
     restarts: int = knob(
         1,
@@ -124,16 +124,21 @@ class SFTConfig(TrainerConfig):
     merge_lora: bool = lora_knob("merge")
 
 
-# tiny: 2000 steps, weight decay 3.0, 4 restarts ranked at step 1000, the best finishes (held-out accuracy
-# rises long after the loss is ~0.02; docs/outcomes.md). tiny_v8 (until 2026-12-04): 600 steps, 8 restarts, the best 2 finish
-_TINY = {"steps": 2000, "weight_decay": 3.0, "restarts": 4, "restart_probe": 0.5, "restart_keep": 1}
-_TINY_V8 = {"restarts": 8, "restart_probe": 0.5, "restart_keep": 2}
+# What each preset is for (`posttrain sft --help`, docs/sft.md); the recipes they replaced are in docs/log/.
 PRESETS: dict[str, dict] = {
-    "tiny": _TINY,
-    "tiny_v8": _TINY_V8,
-    "slots": {**_TINY_V8, "model": {"digit_slots": 2}},  # tiny_v8 + digit-slot positions (models/digit_slots.py)
-    "slots16": {**_TINY_V8, "restarts": 16, "model": {"digit_slots": 2}},  # then grpo --preset long_cosine
-    "tiny_v5": {"restarts": 5, "restart_probe": 0.667},  # tiny before v8: 5 restarts, the best at step 400 finishes
-    "single": {},
-    "small": {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},
+    "tiny": Preset(
+        "the default on the embedded task: 2000 steps, weight decay 3.0, 4 restarts ranked at step 1000, the best "
+        "finishes",
+        {"steps": 2000, "weight_decay": 3.0, "restarts": 4, "restart_probe": 0.5, "restart_keep": 1},
+    ),
+    "slots16": Preset(
+        "the start of the strongest measured recipe, then `grpo --preset long_cosine`: digit-slot positions, 16 "
+        "restarts of 600 steps ranked at step 300, the best 2 finish",
+        {"restarts": 16, "restart_probe": 0.5, "restart_keep": 2, "model": {"digit_slots": 2}},
+    ),
+    "single": Preset("one plain run of 600 steps, no restarts: a quick check of a change", {}),
+    "small": Preset(
+        "a 6-layer, 192-wide model on 1024 demonstrations: when the tiny model is the limit",
+        {"steps": 1500, "model": {"n_layer": 6, "n_head": 6, "d_model": 192}, "task": {"num_demos": 1024}},
+    ),
 }

@@ -28,9 +28,8 @@ from posttrain.evaluation import fit_prompts
 from posttrain.models import digit_slots
 from posttrain.models.gpt import GPT
 from posttrain.models.lora import apply_lora, lora_config
-from posttrain.tasks.arithmetic import ALPHABET
+from posttrain.tasks.files import fresh_tokenizer
 from posttrain.tokenizers import load as load_tokenizer
-from posttrain.tokenizers.char import CharTokenizer
 from posttrain.trainers import sft_restarts
 from posttrain.trainers.selection import split_validation
 from posttrain.trainers.sft_eval import is_demos_file
@@ -46,13 +45,13 @@ class SFTInputs:
     held: tuple | None  # (ids, loss mask) of held-out demonstrations: eval_loss
 
 
-def build_model(cfg, start):
+def build_model(cfg, task, start):
     """(model, tokenizer): the resumed checkpoint's, the start's, or a fresh GPT (lora_r > 0: adapters on a frozen
-    base)."""
+    base); a fresh model without --tokenizer gets ``task``'s (tasks/files.py::fresh_tokenizer: bytes on --data)."""
     if start.ckpt is not None or start.init is not None:
         model, tokenizer = (start.ckpt or start.init).model, (start.ckpt or start.init).tokenizer
     else:
-        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else CharTokenizer(ALPHABET)
+        tokenizer = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else fresh_tokenizer(task)
         digit_slots.check_tokenizer(tokenizer, cfg.model.digit_slots, cfg.task.digits)  # with model.digit_slots
         model = GPT(dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
     return apply_lora(model, lora_config(cfg)), tokenizer

@@ -44,6 +44,9 @@ import shutil
 import time
 from pathlib import Path
 
+from posttrain.checkpoints.files import read_json
+from posttrain.checkpoints.layout import read_json_file, read_run
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.data.conversations import load_sft_data
 from posttrain.data.io import atomic_dir, atomic_write_json
 from posttrain.data.pairs import load_pairs
@@ -51,9 +54,7 @@ from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate_problems
 from posttrain.tasks.embedded import embedded_task, split_of
 from posttrain.trainers import common, distributed
-from posttrain.trainers.checkpoint import load_checkpoint
-from posttrain.trainers.run_dir import begin_run, changed_settings, read_json_file, read_run, run_root
-from posttrain.trainers.safe_load import read_json
+from posttrain.trainers.run_dir import begin_run, changed_settings, run_root
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
 STATE_FILE = "trainer_state.json"  # in a checkpoint (trainers/checkpoint.py)

@@ -228,11 +228,11 @@ def load_sharded_tensors(directory: str | Path, templates: dict) -> None:
 def read_sharded_checkpoint(directory: str | Path, expect_trainer: str):
     """A sharded checkpoint's model (built from ``config.json``, weights not yet loaded: they come with the
     optimiser in :func:`load_sharded_checkpoint`), tokenizer, state and RNG, as a ``Checkpoint``."""
+    from posttrain.checkpoints.files import load_torch_state, reading
+    from posttrain.checkpoints.layout import checkpoint_state, read_json_file
+    from posttrain.checkpoints.load import Checkpoint, check_checkpoint
     from posttrain.models import build_model_from_config_dict
     from posttrain.tokenizers import load as load_tokenizer
-    from posttrain.trainers.checkpoint import Checkpoint, check_checkpoint
-    from posttrain.trainers.run_dir import checkpoint_state, read_json_file
-    from posttrain.trainers.safe_load import load_torch_state, reading
 
     p = Path(directory)
     state = checkpoint_state(p)
@@ -322,10 +322,10 @@ def consolidate(directory: str | Path, out: str | Path) -> Path:
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
 
+    from posttrain.checkpoints.layout import REWARD_HEAD_FILE, read_json_file
     from posttrain.models.heads import REWARD_STATS_FILE
     from posttrain.tokenizers import load as load_tokenizer
-    from posttrain.trainers.checkpoint import REWARD_HEAD_FILE, save_with_extras
-    from posttrain.trainers.run_dir import read_json_file  # corrupt JSON: one line naming the file
+    from posttrain.trainers.checkpoint import save_with_extras
 
     src = Path(directory)
     if not (src / DCP_DIR).is_dir():

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from posttrain.checkpoints.files import load_tensors
 from posttrain.errors import UserError
 from posttrain.trainers import sharded
-from posttrain.trainers.safe_load import load_tensors
 
 SUM_FILE = "weight_average_sum.safetensors"  # in a periodic checkpoint, beside the policy
 SUM_KEY = "weight_average_sum"  # in a sharded checkpoint's DCP

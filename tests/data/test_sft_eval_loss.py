@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.trainers import sft
-from posttrain.trainers.checkpoint import load_checkpoint
 
 
 def _conv(a):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from posttrain.chat import resolve_chat
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.data.conversations import ChatDemo, load_sft_data
 from posttrain.data.prompts import load_prompt_rows, reward_columns
@@ -15,7 +16,6 @@ from posttrain.errors import ConfigError, DataError
 from posttrain.rewards import build_reward, math_answer_reward, parse_reward_spec
 from posttrain.rewards.verifiers import gold_answer
 from posttrain.tokenizers import load
-from posttrain.trainers.checkpoint import load_checkpoint
 
 
 def write_jsonl(path, rows):

@@ -5,10 +5,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.tokenizers.char import CharTokenizer
-from posttrain.trainers.checkpoint import load_checkpoint, save_checkpoint
+from posttrain.trainers.checkpoint import save_checkpoint
 from posttrain.trainers.distributed import World
 from posttrain.trainers.sharded import save_sharded_checkpoint
 

@@ -17,9 +17,10 @@ from posttrain.cli import main  # noqa: E402
 from posttrain.data.preference import encode_completion, encode_prompt, pack_prompt_completion  # noqa: E402
 from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from posttrain.models.heads import RewardModel  # noqa: E402
-from posttrain.rewards.reward_model import load_reward_model, save_reward_checkpoint  # noqa: E402
+from posttrain.rewards.reward_model import load_reward_model
 from posttrain.tasks.arithmetic import ALPHABET  # noqa: E402
 from posttrain.tokenizers.char import CharTokenizer  # noqa: E402
+from posttrain.trainers.checkpoint import save_reward_checkpoint  # noqa: E402
 
 PROMPTS, COMPLETIONS = ["1+2=", "7+8=", "3+3="], ["3", "15", "7"]
 

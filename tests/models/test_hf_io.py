@@ -14,10 +14,10 @@ tf = pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))  # the suite runs with --import-mode=importlib
 from _hfdirs import demos_file, make_model_dir  # noqa: E402
 
+from posttrain.checkpoints.load import load_checkpoint, load_policy  # noqa: E402
 from posttrain.cli import main  # noqa: E402
 from posttrain.generate import SamplingConfig, generate  # noqa: E402
 from posttrain.models.loading import ModelTokenizer  # noqa: E402
-from posttrain.trainers.checkpoint import load_checkpoint, load_policy  # noqa: E402
 from posttrain.trainers.sft import SFTConfig, train_sft  # noqa: E402
 
 TEXTS = ["12+3=15", "hello world", "<|im_start|>user\n7+8=<|im_end|>", "  the  fox 99\n", "ünïcode ✓"]

@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).parent))  # the suite runs with --import-m
 from _hfdirs import demos_file, make_model_dir, pairs_file  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from posttrain.checkpoints.load import load_checkpoint, load_policy  # noqa: E402
 from posttrain.cli import main  # noqa: E402
 from posttrain.models.gpt import GPT, GPTConfig  # noqa: E402
 from posttrain.models.lora import BaseModelView, LoRAConfig, apply_lora, has_lora, merge_lora, reference_model  # noqa: E402
 from posttrain.scoring import completion_logps  # noqa: E402
-from posttrain.trainers.checkpoint import load_checkpoint, load_policy  # noqa: E402
 
 QUIET = dict(progress=False, eval_every=0, save_every=0)
 

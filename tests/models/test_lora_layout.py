@@ -15,8 +15,8 @@ pytest.importorskip("peft")
 sys.path.insert(0, str(Path(__file__).parent))  # the suite runs with --import-mode=importlib
 from _hfdirs import demos_file, make_model_dir  # noqa: E402
 
+from posttrain.checkpoints.load import load_policy  # noqa: E402
 from posttrain.cli import main  # noqa: E402
-from posttrain.trainers.checkpoint import load_policy  # noqa: E402
 
 
 def _sft(base, data, out, *extra):

@@ -40,8 +40,7 @@ def run(tmp_path_factory):
 def test_every_stage_ran_and_the_report_has_every_section(run):
     out, result = run
     st = statuses(result)
-    expected_skips = {"ppo"} if result["stages"]["ppo"].get("note", "").startswith("posttrain.trainers.ppo") else set()
-    assert {k for k, v in st.items() if v == "skipped"} == expected_skips
+    assert {k for k, v in st.items() if v == "skipped"} == set()
     md = (out / "report" / "report.md").read_text()
     page = (out / "report" / "report.html").read_text()
     for stage in STAGES:
@@ -102,9 +101,9 @@ def test_eval_scores_the_whole_heldout_split_by_layout(run):
     force, and the SFT model decoded one prompt at a time by argmax over a full forward (no batch, no cache)."""
     from collections import Counter
 
+    from posttrain.checkpoints.load import POLICY, load_checkpoint
     from posttrain.evaluation import encode_prompt
     from posttrain.tasks.arithmetic import ArithmeticTask, layout
-    from posttrain.trainers.checkpoint import POLICY, load_checkpoint
 
     out, _ = run
     cfg = micro()
@@ -218,31 +217,6 @@ def test_example_config_parses():
     assert cfg.sft.steps == load_config_file(path)["sft"]["steps"]
 
 
-def test_a_ppo_stage_runs_once_its_module_exists(run, tmp_path, monkeypatch):
-    """The PPO stage is declared already; a module ``posttrain.trainers.ppo`` with ``PPOConfig`` and ``train_ppo``
-    is all it waits for (stood in for here by the policy-gradient trainer)."""
-    import importlib.machinery
-    import sys
-    import types
-
-    from posttrain.trainers import policy_gradient as pg
-
-    fake = types.ModuleType("posttrain.trainers.ppo")
-    fake.__spec__ = importlib.machinery.ModuleSpec("posttrain.trainers.ppo", None)
-    fake.PPOConfig, fake.train_ppo = pg.PolicyGradientConfig, pg.train_policy_gradient
-    monkeypatch.setitem(sys.modules, "posttrain.trainers.ppo", fake)
-    out, _ = run
-    copy = tmp_path / "with_ppo"
-    shutil.copytree(out, copy)
-    cfg = micro(ppo={"steps": 3, "eval_every": 0, "save_every": 0, "prompts_per_step": 4, "num_generations": 4})
-    res = run_pipeline(cfg, copy, quiet=True)
-    st = statuses(res)
-    assert {k for k, v in st.items() if v == "ran"} == {"ppo", "eval", "report"}
-    assert res["heldout"]["ppo"]["n"] == cfg.task.num_eval and (copy / "ppo" / "model").is_dir()
-    md = (copy / "report" / "report.md").read_text()
-    assert "| PPO |" in md and "missing" not in md.split("Stage ppo:")[1].split("## Stage")[0]
-
-
 def test_jobs_run_training_stages_in_workers_with_the_same_results(run, tmp_path):
     out, first = run
     par = tmp_path / "par"
@@ -262,23 +236,56 @@ def test_jobs_run_training_stages_in_workers_with_the_same_results(run, tmp_path
 def test_the_stages_are_the_trainers_tiny_recipes_and_a_section_changes_only_its_fields(tmp_path):
     import dataclasses
 
-    from posttrain.trainers import reward, sft
+    from posttrain.trainers import dpo_config, pg_config, ppo_config, reward_config, sft
 
-    recipe = build_config(reward.RMConfig, reward.PRESETS["tiny_v1"])  # `posttrain rm --preset tiny_v1`
-    short = dataclasses.replace(
-        recipe, steps=800, sft_coef=1.0, pairs=dataclasses.replace(recipe.pairs, num_prompts=3000)
-    )
+    def preset(module, cls, name="tiny"):
+        return build_config(cls, module.PRESETS[name])
+
     tiny = build_config(PipelineConfig, PRESETS["tiny"])
-    assert tiny.rm == short == PipelineConfig().rm  # tiny_v1 (16 samples), 800 steps, 3000 prompts, GRM
-    assert tiny.ppo == {"steps": 200}  # `posttrain ppo --preset tiny` at 200 of its 300 steps
-    sft_v8 = build_config(sft.SFTConfig, sft.PRESETS["tiny_v8"])  # the standalone default until 2026-12-04
-    assert (sft_v8.restarts, sft_v8.restart_probe, sft_v8.restart_keep, sft_v8.steps) == (8, 0.5, 2, 600)
-    assert tiny.sft == sft_v8  # `posttrain sft --preset tiny_v8`, nothing else (its numbers in docs/pipeline.md)
-    (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n")
+    # sft and sft_raw: `posttrain sft --preset tiny` (2000 steps, weight decay 3.0, ranked at step 1000) with 2 of
+    # its 4 restarts
+    sft_tiny = preset(sft, sft.SFTConfig)
+    assert tiny.sft == dataclasses.replace(sft_tiny, restarts=2)
+    assert (tiny.sft.steps, tiny.sft.weight_decay, tiny.sft.restart_probe, tiny.sft.restart_keep) == (2000, 3.0, 0.5, 1)
+    # rm: `posttrain rm --preset tiny` at 800 steps on 3000 prompts, training pairs from 16 samples per prompt
+    rm = preset(reward_config, reward_config.RMConfig)
+    short = dataclasses.replace(
+        rm,
+        steps=800,
+        pairs=dataclasses.replace(rm.pairs, num_prompts=3000),
+        train_pairs=dataclasses.replace(rm.train_pairs, samples_per_prompt=None),
+    )
+    assert tiny.rm == short == PipelineConfig().rm
+    spelled = {"steps": 800, "batch_size": 64, "eval_every": 250, "save_every": 500, "eval_prompts": 1000}
+    assert {k: getattr(tiny.rm, k) for k in spelled} == spelled and tiny.rm.sft_coef == 1.0
+    assert (tiny.rm.pairs.num_prompts, tiny.rm.pairs.samples_per_prompt, tiny.rm.pairs.max_pairs_per_prompt) == (
+        3000,
+        16,
+        8,
+    )
+    assert tiny.rm.pairs.gold_chosen and not tiny.rm.train_pairs.requested()  # 16 samples of the kept model
+    # ppo: its tiny preset at 200 of its 300 steps, a PPOConfig like every other stage's config
+    ppo = preset(ppo_config, ppo_config.PPOConfig)
+    assert isinstance(tiny.ppo, ppo_config.PPOConfig) and tiny.ppo == dataclasses.replace(ppo, steps=200)
+    assert tiny.ppo == PipelineConfig().ppo and ppo.steps == 300
+    assert tiny.dpo == preset(dpo_config, dpo_config.DPOConfig) and tiny.dpo.loss == "rpo"
+    assert tiny.grpo == preset(pg_config, pg_config.PolicyGradientConfig)
+    (tmp_path / "p.toml").write_text("[rm]\nsteps = 10\n[dedup]\nnum_perm = 64\n[ppo]\nbeta = 0.1\n")
     cfg = build_config(PipelineConfig, PRESETS["tiny"], tmp_path / "p.toml")
     assert cfg.rm == dataclasses.replace(short, steps=10)
+    assert cfg.ppo == dataclasses.replace(tiny.ppo, beta=0.1) and cfg.ppo.steps == 200
     assert cfg.dedup == dataclasses.replace(PipelineConfig().dedup, num_perm=64) and cfg.dedup.threshold == 0.7
     assert micro().rm.steps <= 10 and micro().rm.pairs.num_prompts <= 64  # the CI preset stays seconds
+
+
+def test_the_pipeline_owns_the_ppo_stage_start_and_data_as_the_other_stages():
+    from posttrain.errors import ConfigError
+
+    for field, value in (("init", "runs/x"), ("data", "p.jsonl"), ("eval_data", "e.jsonl"), ("model_path", "m")):
+        with pytest.raises(ConfigError, match=f"ppo.{field}="):
+            micro(**{f"ppo.{field}": value})
+    with pytest.raises(ConfigError, match="reward='exact_match:1.0' and ppo.reward='digits:1.0'"):
+        micro(reward="exact_match:1.0", **{"ppo.reward": "digits:1.0"})
 
 
 def test_sft_restarts_are_ranked_on_training_split_problems_only(run):

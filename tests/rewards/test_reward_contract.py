@@ -217,7 +217,7 @@ def test_a_run_stopped_by_a_broken_reward_resumes_once_it_is_fixed(sft, rewards,
 
 def _trained(out: Path) -> tuple[dict, list[dict]]:
     """The final weights and the metrics less timings: what must not depend on a failed start before them."""
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
 
     timed = ("time", "_per_s")
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]

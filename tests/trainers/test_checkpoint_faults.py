@@ -12,12 +12,12 @@ from safetensors import SafetensorError
 
 import posttrain.models
 import posttrain.trainers.checkpoint as checkpoint
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.reward_model import HEAD_FILE, load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.sft import SFTConfig, train_sft
 

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.alarms import AlarmConfig, CollapseGuard
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
 from posttrain.trainers.sft import SFTConfig, train_sft
 

@@ -17,6 +17,7 @@ from posttrain.cli import main
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.trainers.engine import device as D
+from posttrain.trainers.engine.throughput import peak_flops_of
 
 TASK = ["--task.digits", "1", "--task.num-demos", "20", "--task.num-eval", "8", "--progress", "false"]
 TINY_MODEL = ["--model.n-layer", "1", "--model.d-model", "32", "--model.n-head", "2"]
@@ -83,7 +84,7 @@ def test_gpt2_small_worked_number_of_the_docstring():
     ],
 )
 def test_peak_table_picks_the_most_specific_name(name, dtype, want):
-    assert D.peak_flops_of(name, dtype) == want
+    assert peak_flops_of(name, dtype) == want
 
 
 def test_cpu_has_no_mfu_and_reports_max_rss():
@@ -362,7 +363,7 @@ def test_bf16_checkpoint_loads_in_fp32_and_evaluates_the_same(tmp_path):
     """The weights are written as fp32 CPU tensors; loaded without autocast they give logits within bf16's rounding
     of the run's own bf16 forward, and `posttrain eval` of the checkpoint scores what the run's final evaluation
     (in bf16) scored, to within one problem in eight."""
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
 
     run = tmp_path / "bf16"
     argv = ["sft", "--out", str(run), "--dtype", "bf16", "--steps", "6", "--batch-size", "8", "--restarts", "1"]

@@ -169,7 +169,7 @@ def _run_script(script, tmp_path, world, name, *extra):
 
 
 def test_fsdp_two_processes_equal_one_and_its_sharded_checkpoint_resumes_in_one_process(tmp_path, one):
-    from posttrain.trainers.checkpoint import load_checkpoint
+    from posttrain.checkpoints.load import load_checkpoint
     from posttrain.trainers.sharded import consolidate
 
     two = _run_script(FSDP_SCRIPT, tmp_path, 2, "two", "fsdp")

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.data.preference import PreferencePair, collate_preference
 from posttrain.data.preference_pairs import PairDataConfig, answer_distance, cached_pairs, label_pairs, synthetic_pairs
 from posttrain.errors import ConfigError, DataError, UserError
@@ -13,7 +14,6 @@ from posttrain.losses.preference import PREFERENCE_LOSSES
 from posttrain.models.gpt import GPTConfig
 from posttrain.on_policy_pairs import on_policy_pairs
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask, verify
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.common import frozen
 from posttrain.trainers.dpo import DPOConfig, train_dpo
 from posttrain.trainers.preference_data import PairedData, seq_logps

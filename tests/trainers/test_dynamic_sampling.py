@@ -6,12 +6,12 @@ import shutil
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.generate import SamplingConfig, generate
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer, train_policy_gradient
 from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows
 from posttrain.trainers.sft import SFTConfig, train_sft

@@ -75,7 +75,11 @@ def runs(d: Path, hf_model: str | None) -> list[tuple[str, list[str]]]:
         ("dpo_kto", f"dpo --init {sft} --loss kto {PAIRS} {TASK} {SHORT}"),
         ("dpo_beta", f"dpo --init {sft} --loss beta_dpo {PAIRS} {TASK} {SHORT}"),
         ("dpo_data", f"dpo --init {sft} --data {f['pairs']} {SHORT}"),
-        ("rm", f"rm --preset classic {TINY} {TASK} {SHORT} --eval-prompts 8 {PAIRS}"),
+        (  # the field defaults (what `--preset classic` was): the tiny recipe's other fields set back
+            "rm",
+            f"rm --preset tiny --sft-coef 0 --pairs.max-pairs-per-prompt 2 --train-pairs.samples-per-prompt none {TINY} "
+            f"{TASK} {SHORT} --eval-prompts 8 {PAIRS}",
+        ),
         (
             "rm_policy",
             f"rm --init {sft} --batch-by prompt --eval-prompts 8 --train-pairs.restarts off {TASK} {SHORT} {PAIRS}",

@@ -167,6 +167,21 @@ def test_a_sweep_records_the_configs_its_stages_resolve_to():
     assert bo.resolved_recipe("grpo", "--preset long_cosine")["steps"] == 1000
     assert bo.resolved_recipe("sft", "--no-such-flag") is None
     assert bo.resolved_recipe("sft", "--preset no_such_preset") is None  # a preset this tree does not have
+    # a preset an old record names and this tree removed resolves to the flags it was
+    assert bo.resolved_recipe("dpo", "--preset classic")["loss"] == "dpo"
+    classic = bo.resolved_recipe("grpo", "--preset classic")
+    assert (classic["lr"], classic["average_last"], classic["prompt_filter"], classic["reward"]) == (
+        1e-4,
+        1,
+        False,
+        "exact_match:1.0",
+    )
+    assert bo.spell_retired("sft", ["--lr", "1", "--preset", "slots", "--seed", "3"])[:4] == [
+        "--lr",
+        "1",
+        "--preset",
+        "single",
+    ]
 
 
 def test_combine_leaves_borrowed_sft_runs_to_the_sweep_that_made_them(tmp_path):

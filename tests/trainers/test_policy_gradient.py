@@ -5,12 +5,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.rewards.registry import REWARD_FUNCTIONS, register_reward
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import policy_gradient as pg
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, PolicyGradientTrainer, train_policy_gradient
 from posttrain.trainers.sft import SFTConfig, train_sft
 

@@ -8,15 +8,16 @@ import shutil
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.errors import ConfigError, UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.models.heads import RewardModel, RewardStats
-from posttrain.rewards.reward_model import load_reward_model, save_reward_checkpoint
+from posttrain.rewards.reward_model import load_reward_model
 from posttrain.scoring import completion_logps
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers import ppo as ppo_mod
-from posttrain.trainers.checkpoint import load_checkpoint
+from posttrain.trainers.checkpoint import save_reward_checkpoint
 from posttrain.trainers.ppo import PRESETS, PPOConfig, PPOTrainer, train_ppo
 from posttrain.trainers.rl import ppo_batch
 from posttrain.trainers.rl.critic import CRITIC_FILE, CRITIC_OPTIMIZER_FILE

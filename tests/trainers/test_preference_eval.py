@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.data.preference import load_preference_pairs
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.dpo import DPOConfig, train_dpo
 from posttrain.trainers.preference_data import PairedData, seq_logps
 from posttrain.trainers.sft import SFTConfig, train_sft

@@ -4,6 +4,7 @@ import shutil
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.data.preference import load_preference_pairs
 from posttrain.data.preference_pairs import PairDataConfig
 from posttrain.errors import UserError
@@ -12,7 +13,6 @@ from posttrain.models.heads import RewardStats
 from posttrain.rewards.registry import get_reward
 from posttrain.rewards.reward_model import load_reward_model
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.reward import RMConfig, train_reward_model
 from posttrain.trainers.reward_eval import pair_rewards
 

@@ -13,14 +13,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from posttrain.checkpoints.layout import checkpoint_state, find_checkpoint, latest_checkpoint
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.run_lock import holder_pid
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint
+from posttrain.trainers.checkpoint import CheckpointManager
 from posttrain.trainers.reward import RMConfig, train_reward_model
-from posttrain.trainers.run_dir import checkpoint_state, find_checkpoint, latest_checkpoint
 
 TINY = [
     "--steps",

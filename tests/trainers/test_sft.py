@@ -3,12 +3,13 @@ import json
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint, resolve_checkpoint
+from posttrain.data.batches import batch_indices
 from posttrain.errors import UserError
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig
-from posttrain.trainers.checkpoint import load_checkpoint, resolve_checkpoint
 from posttrain.trainers.common import lr_at
-from posttrain.trainers.sft import SFTConfig, batch_indices, sft_loss, train_sft
+from posttrain.trainers.sft import SFTConfig, sft_loss, train_sft
 
 
 def tiny_cfg(out, **kw):

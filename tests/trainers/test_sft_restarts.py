@@ -7,12 +7,12 @@ import shutil
 import pytest
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.cli import main
 from posttrain.errors import UserError
 from posttrain.evaluation import evaluate
 from posttrain.models.gpt import GPTConfig
 from posttrain.tasks.arithmetic import ArithmeticConfig, ArithmeticTask
-from posttrain.trainers.checkpoint import load_checkpoint
 from posttrain.trainers.sft import SFTConfig, train_sft
 from posttrain.trainers.sft_restarts import restart_seed, validation_problems
 

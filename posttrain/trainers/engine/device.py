@@ -41,15 +41,7 @@ import torch.nn as nn
 
 from posttrain.errors import ConfigError
 from posttrain.trainers.device_config import DEVICE_HELP, DTYPE_NAMES, check_device, check_device_spec, resolve_device  # noqa: F401  (re-exported)
-from posttrain.trainers.engine.throughput import (  # noqa: F401  (PEAK_FLOPS, peak_flops_of: imported from here too)
-    PEAK_FLOPS,
-    flop_shape,
-    flops_per_token,
-    matmul_params,
-    peak_flops,
-    peak_flops_of,
-    peak_memory,
-)
+from posttrain.trainers.engine.throughput import flop_shape, flops_per_token, matmul_params, peak_flops, peak_memory
 
 DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16)))
 

@@ -33,8 +33,9 @@ from typing import Any, Callable
 
 import torch
 
+from posttrain.checkpoints.load import load_checkpoint
 from posttrain.trainers import common, distributed, sharded
-from posttrain.trainers.checkpoint import CheckpointManager, load_checkpoint, restore_rng, start_policy
+from posttrain.trainers.checkpoint import CheckpointManager, restore_rng, start_policy
 from posttrain.trainers.engine import device
 
 

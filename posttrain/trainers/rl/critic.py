@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from posttrain.checkpoints.files import load_tensors, load_torch_state
 from posttrain.errors import UserError
 from posttrain.models.value import ValueHead, ValueModel
-from posttrain.trainers.checkpoint import load_tensors, load_torch_state
 
 # beside the policy in a PPO checkpoint
 CRITIC_FILE, CRITIC_OPTIMIZER_FILE = "critic.safetensors", "critic_optimizer.pt"

@@ -1,12 +1,11 @@
-"""Reading a run directory's small files and finding its checkpoints: ``run.json``, ``trainer_state.json``,
-``checkpoints/latest``, and which checkpoint of a run ``--resume`` or ``--init`` means (:func:`find_checkpoint`).
+"""Where a checkpoint is: a checkpoint directory, or the one a run directory's ``model/`` or ``checkpoints/latest`` names.
 
-The rules these serve are :mod:`posttrain.trainers.run_dir`'s (which re-exports every name here). A corrupt small
-file is a one-line :class:`~posttrain.errors.UserError` naming it; ``latest`` naming anything but a complete
-``step-NNNNNNNN`` beside it is ignored with a warning.
-
-Not handled: checkpoints outside ``model/`` and ``checkpoints/`` of a run directory (named directly, they are read
-as they are). This module imports no torch.
+A run directory (``--out``) holds ``run.json`` (its run id and trainer), ``checkpoints/step-NNNNNNNN/`` with
+``checkpoints/latest`` naming the newest, and the final ``model/``; every checkpoint's ``trainer_state.json`` records
+its step, ``run_id`` and ``trainer``. :func:`find_checkpoint` picks the checkpoint a path means (only those of the
+directory's own run; ``latest`` must name a complete ``step-*`` beside it, anything else is ignored with a warning).
+Writing run directories and resuming them is :mod:`posttrain.trainers.run_dir`'s; loading what is found,
+:mod:`posttrain.checkpoints.load`'s. No torch here: the CLI reads run directories while it parses flags.
 """
 
 from __future__ import annotations
@@ -23,10 +22,18 @@ RUN_FILE = "run.json"
 STATE_FILE = "trainer_state.json"
 REWARD_HEAD_FILE = "reward_head.safetensors"
 STEP_NAME = re.compile(r"step-\d{8}")
-
-
-def warn(msg: str) -> None:
-    print(f"warning: {msg}", file=sys.stderr, flush=True)
+COMMANDS = {
+    "sft": "sft",
+    "sft_restarts": "sft --restarts",
+    "rm": "rm",
+    "rm_eval": "rm --eval-only",
+    "dpo": "dpo",
+    "policy_gradient": "grpo",
+    "ppo": "ppo",
+}
+"""trainer name (as stored in run.json / trainer_state.json) -> the CLI command that runs it: the trainer registry's
+``command_of`` (posttrain.trainers.engine.registry) spelled out here, since checkpoint reading sits below the trainers;
+tests/test_layers.py checks the two agree."""
 
 
 def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
@@ -46,6 +53,14 @@ def read_json_file(path: Path, what: str = "checkpoint file") -> dict:
     if not isinstance(obj, dict):
         raise UserError(f"{path}: corrupt {what} (expected a JSON object, got {type(obj).__name__})")
     return obj
+
+
+def warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def command_of(trainer) -> str:
+    return COMMANDS.get(trainer, str(trainer))
 
 
 def _adapter_only(p: Path) -> bool:

@@ -1,10 +1,11 @@
 """The one-line readers of a checkpoint's files: every failure is a :class:`~posttrain.errors.UserError` naming the file.
 
 :func:`load_tensors` (safetensors), :func:`load_torch_state` (``*.pt``: optimizer and RNG state, loaded with
-``weights_only=True``, so a pickle holding Python objects other than tensors and plain containers is refused) and
-:func:`read_json` (a JSON object with the keys it must hold); :func:`reading` wraps any other read. A missing,
-empty, truncated or garbage file gives one line such as ``ckpt/optimizer.pt: corrupt or unreadable checkpoint
-file (...)``; torch's own message (which suggests ``weights_only=False``) is never shown.
+``weights_only=True``, so a pickle holding Python objects other than tensors and plain containers is refused),
+:func:`read_json` (a JSON object with the keys it must hold; :func:`~posttrain.checkpoints.layout.read_json_file`
+without torch); :func:`reading` wraps any other read. A missing, empty, truncated or garbage file gives one line such as
+``ckpt/optimizer.pt: corrupt or unreadable checkpoint file (...)``; torch's own message (which suggests
+``weights_only=False``) is never shown.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from posttrain.checkpoints.layout import read_json_file
 from posttrain.errors import UserError
-from posttrain.trainers.run_dir import read_json_file
 
 
 def failure_reason(e: BaseException) -> str:
