@@ -139,15 +139,11 @@ def _main(argv, prog: list[str]) -> int:
 
 
 def _leave_process_group() -> None:
-    """Under torchrun: wait for every rank, then tear the process group down, so that no rank exits (and kills
-    gloo's threads: "terminate called without an active exception") while another is still in a collective."""
-    dist = sys.modules.get("torch.distributed")  # never imported here for a one-process command
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        import gc
+    """Under torchrun: every rank leaves the process group together (trainers/distributed.py)."""
+    if "torch.distributed" in sys.modules:  # never imported here for a one-process command
+        from posttrain.trainers.distributed import leave_process_group
 
-        gc.collect()  # FSDP's last collective's objects go before gloo is torn down (a rare teardown SIGABRT)
-        dist.barrier()
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 _TMP_PART = re.compile(r"^\.(.+)\.[A-Za-z0-9_]+\.tmp$")  # posttrain.data.io.atomic_open/atomic_dir temp names

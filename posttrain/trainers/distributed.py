@@ -203,3 +203,20 @@ def broadcast_object(obj, w: World, src: int = 0):
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether ``model``'s parameters are FSDP2 shards (DTensors) rather than whole tensors."""
     return any(type(p).__name__ == "DTensor" for p in model.parameters())
+
+
+def leave_process_group() -> None:
+    """End of a torchrun job: wait for every rank, then tear the process group down.
+
+    No rank exits (and kills gloo's threads) while another is still in a collective, and the last collectives'
+    objects (FSDP keeps some in reference cycles) are freed while the process group and the interpreter are whole:
+    freed later, during interpreter shutdown, they can abort the process ("terminate called without an active
+    exception", SIGABRT) after the run has finished. A no-op without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    import gc
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()

@@ -64,9 +64,8 @@ SCRIPT = textwrap.dedent("""
                     model=GPTConfig(n_layer=1, n_head=2, d_model=32, max_seq_len=32),
                     task=ArithmeticConfig(num_demos=40, num_eval=8))
     train_sft(cfg)
-    if world > 1:
-        dist.barrier()  # no rank tears gloo down while another is still in a collective
-        dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 
@@ -125,8 +124,8 @@ METRICS_SCRIPT = textwrap.dedent("""
     after = mean_metrics({"loss": 2.0 * rank}, w)  # the collectives that follow still line up
     with open(f"{out}.{rank}.json", "w") as f:
         json.dump({"step": step, "after": after}, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 
@@ -222,9 +221,8 @@ DPO_SCRIPT = textwrap.dedent("""
                         eval_every=0, save_every=2, progress=False, max_new_tokens=4, fsdp=fsdp,
                         pairs=PairDataConfig(num_prompts=48, gold_chosen=True)),
               resume=sys.argv[8] if len(sys.argv) > 8 else None)
-    if world > 1:
-        dist.barrier()  # no rank tears gloo down while another is still in a collective
-        dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 
@@ -345,10 +343,8 @@ PG_SCRIPT = textwrap.dedent("""
         if fsdp:
             tr.save(1, {})  # sharded, every rank its shards: loaded by one process below
         del tr  # FSDP keeps its last collectives' work objects: freed now, not at interpreter exit (a gloo SIGABRT)
-        import gc; gc.collect()
-    if world > 1:
-        dist.barrier()  # no rank tears gloo down while another is still in a collective
-        dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 
@@ -406,9 +402,8 @@ RM_SCRIPT = textwrap.dedent("""
                                 save_every=2, progress=False, eval_prompts=16, stats_pairs=16,
                                 pairs=PairDataConfig(num_prompts=24, samples_per_prompt=4, gold_chosen=True)),
                        resume=sys.argv[7] if len(sys.argv) > 7 else None)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 
@@ -496,9 +491,8 @@ AVG_SCRIPT = textwrap.dedent("""
                                eval_every=0, save_every=2, progress=False, lr=1e-3, warmup_steps=0,
                                dynamic_sampling=False, fsdp=True, average_last=int(sys.argv[6]), average_every=2)
     train_policy_gradient(cfg, resume=sys.argv[7] if len(sys.argv) > 7 else None)
-    if world > 1:
-        dist.barrier()  # no rank tears gloo down while another is still in a collective
-        dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 

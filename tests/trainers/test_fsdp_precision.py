@@ -52,8 +52,8 @@ SCRIPT = textwrap.dedent("""
     train_sft(cfg)
     with open(f"{out}.probe.{rank}.json", "w") as f:
         json.dump(seen, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 

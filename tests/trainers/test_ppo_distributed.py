@@ -79,10 +79,8 @@ SCRIPT = textwrap.dedent("""
         tr.engine.calls = tr.start_step  # one call per step: a resumed run draws what the uninterrupted one drew
         tr.train()
     del tr  # FSDP keeps its last collectives' work objects: freed now, not at interpreter exit (a gloo SIGABRT)
-    import gc; gc.collect()
-    if world > 1:
-        dist.barrier()  # no rank tears gloo down while another is still in a collective
-        dist.destroy_process_group()
+    from posttrain.trainers.distributed import leave_process_group
+    leave_process_group()  # gc, barrier, destroy: no teardown abort
 """)
 
 
