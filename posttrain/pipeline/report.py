@@ -103,7 +103,7 @@ def write_report(ctx, out: Path) -> dict:
             f"total {sum(d['wall_s'] for d in ctx.done.values()):.1f} s of stage wall time (as each stage ran; "
             f"{elapsed:.1f} s in this invocation before the report)",
         ),
-        ("p", "One seed: outcomes vary from seed to seed (benchmarks/bench_outcomes.py for mean ± sd)."),
+        ("p", "One seed: outcomes vary from seed to seed (benchmarks/bench_pipeline.py for mean ± sd over seeds)."),
     ]
     ev = ctx.summary("eval") or {}
     n, k = ev.get("n"), ev.get("samples")

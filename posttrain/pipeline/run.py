@@ -312,7 +312,7 @@ def run_summary(ctx, notes: dict) -> dict:
 def print_table(result: dict, out: Path) -> None:
     print(
         f"\nseed {result['seed']}  (held-out accuracy on {next(iter(result['heldout'].values()), {}).get('n')} "
-        f"problems; one seed: benchmarks/bench_outcomes.py for mean ± sd)"
+        f"problems; one seed: benchmarks/bench_pipeline.py for mean ± sd over seeds)"
     )
     print(f"{'model':<38} {'greedy':>7} {'pass@1':>7} {'pass@k':>7}")
     for name, row in result["heldout"].items():
