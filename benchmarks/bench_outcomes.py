@@ -37,9 +37,11 @@ dev split (``posttrain eval RUN --heldout dev``: ``dev_accuracy`` per run, a "de
 ``outcomes.json`` records per stage which split chose what (``selection``: ``{"chose": {"restart": "dev",
 "checkpoint": "none (the last step)", "recipe": "dev"}, "selection_split": "dev", "reported_split": "test"}``), and a
 sweep whose flags would choose on test (``--sft-args "--val-data F"`` with a held-out problem in F) is refused (exit
-2) before any run. ``--choose A/outcomes.json B/outcomes.json --by-stage grpo`` runs nothing: it picks the sweep with
-the best mean dev accuracy of that stage and prints the chosen sweep's test numbers once; a sweep without dev scores
-(one from before the dev split) is refused, since choosing on it would look at test.
+2) before any run. ``--choose A/outcomes.json B/outcomes.json --by-stage grpo`` runs nothing: A is the incumbent (the
+current default), and B replaces it only when B's dev accuracy of that stage beats A's, paired by seed (the same SFT
+starts), by more than ``--min-z`` (2) standard errors of the mean difference; among candidates that clear it the best
+dev mean wins. It prints the chosen sweep's test numbers once; a sweep without dev scores (one from before the dev
+split) is refused, since choosing on it would look at test.
 
 ``--combine A/outcomes.json B/outcomes.json ...`` runs nothing: it reports over the union of the seeds of earlier
 sweeps of the same settings (seeds 0-4 one day, 5-9 another), for out-of-sample checks of a recipe. It refuses
@@ -636,8 +638,16 @@ def main(argv=None) -> int:
         "--choose",
         nargs="+",
         metavar="OUTCOMES_JSON",
-        help="run nothing: pick among these sweeps the one with the best mean dev accuracy of --by-stage and print "
-        "its test numbers (a sweep without dev scores is refused)",
+        help="run nothing: choose among these sweeps on dev and print the chosen one's test numbers: the first is the "
+        "incumbent, kept unless another's dev accuracy of --by-stage beats it, paired by seed, by more than --min-z "
+        "standard errors (a sweep without dev scores is refused)",
+    )
+    ap.add_argument(
+        "--min-z",
+        type=float,
+        default=2.0,
+        help="--choose: standard errors of the paired dev gain a candidate must clear to replace the incumbent "
+        "(default: 2; 0 = any positive paired gain)",
     )
     ap.add_argument("--by-stage", default="grpo", choices=STAGES, help="the stage --choose compares (default: grpo)")
     ap.add_argument(
@@ -650,7 +660,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.choose:
         try:
-            picked = choose(args.choose, args.by_stage)
+            picked = choose(args.choose, args.by_stage, args.min_z)
         except SelectionError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

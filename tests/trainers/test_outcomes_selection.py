@@ -99,3 +99,42 @@ def test_choose_refuses_a_sweep_without_dev_scores_or_that_chose_on_test(tmp_pat
         choose([a, bad], "grpo")
     with pytest.raises(bo.CombineError, match="bad.json: sft's restart would be chosen on the test split"):
         bo.combine([a, bad])
+
+
+def test_choose_keeps_the_incumbent_when_the_paired_dev_gain_is_within_noise(tmp_path, capsys):
+    inc = _report(tmp_path / "inc.json", dev=[0.80, 0.70, 0.75], test=[0.7, 0.7, 0.7])
+    # +0.03 mean paired gain, but the per-seed differences (+0.09, -0.03, +0.03) have se 0.035: z 0.87
+    noisy = _report(tmp_path / "noisy.json", dev=[0.89, 0.67, 0.78], test=[0.9, 0.9, 0.9])
+    picked = choose([inc, noisy], "grpo")
+    assert picked["chosen"]["path"] == inc and not picked["candidates"][1]["clears"]
+    gain = picked["candidates"][1]["paired_gain"]
+    diffs = [0.09, -0.03, 0.03]  # brute force: the mean and the standard error of the differences
+    mean = sum(diffs) / 3
+    se = (sum((d - mean) ** 2 for d in diffs) / 2) ** 0.5 / 3**0.5
+    assert gain["seeds"] == 3 and gain["mean"] == pytest.approx(mean) and gain["se"] == pytest.approx(se)
+    assert gain["z"] == pytest.approx(mean / se)
+    assert choose([inc, noisy], "grpo", min_z=0)["chosen"]["path"] == noisy  # the plain best-mean rule
+    assert bo.main(["--choose", inc, noisy]) == 0
+    out = capsys.readouterr().out
+    assert "within noise (needs z > 2)" in out and f"chosen on dev: {inc}" in out
+    assert bo.main(["--choose", inc, noisy, "--min-z", "0.5"]) == 0
+    assert f"chosen on dev: {noisy}" in capsys.readouterr().out
+
+
+def test_choose_takes_a_consistent_gain_and_pairs_by_seed(tmp_path):
+    inc = _report(tmp_path / "inc.json", dev=[0.75, 0.5, 0.625], test=[0.7, 0.7, 0.7])  # binary fractions: exact
+    steady = _report(tmp_path / "steady.json", dev=[0.8125, 0.5625, 0.6875], test=[0.8, 0.8, 0.8])  # +1/16 each
+    worse = _report(tmp_path / "worse.json", dev=[0.70, 0.60, 0.65], test=[0.99, 0.99, 0.99])
+    picked = choose([inc, worse, steady], "grpo")
+    assert picked["chosen"]["path"] == steady and picked["candidates"][2]["paired_gain"]["z"] == float("inf")
+    # the same dev numbers in another seed order are another pairing: the per-seed gain is no longer steady
+    shuffled = _report(tmp_path / "shuffled.json", dev=[0.5625, 0.6875, 0.8125], test=[0.8, 0.8, 0.8])
+    assert choose([inc, shuffled], "grpo")["chosen"]["path"] == inc
+
+
+def test_choose_needs_two_shared_seeds_to_judge_noise(tmp_path):
+    inc = _report(tmp_path / "inc.json", dev=[0.80], test=[0.7])
+    one = _report(tmp_path / "one.json", dev=[0.90], test=[0.8])
+    with pytest.raises(SelectionError, match="one.json: 1 seed\\(s\\) shared with the incumbent"):
+        choose([inc, one], "grpo")
+    assert choose([inc, one], "grpo", min_z=0)["chosen"]["path"] == one
