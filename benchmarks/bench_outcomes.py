@@ -658,6 +658,8 @@ def main(argv=None) -> int:
         "(the same flags and CPU kernels)",
     )
     args = ap.parse_args(argv)
+    if args.min_z < 0:
+        ap.error(f"--min-z {args.min_z:g}: a number of standard errors, 0 or more")
     if args.choose:
         try:
             picked = choose(args.choose, args.by_stage, args.min_z)

@@ -138,3 +138,10 @@ def test_choose_needs_two_shared_seeds_to_judge_noise(tmp_path):
     with pytest.raises(SelectionError, match="one.json: 1 seed\\(s\\) shared with the incumbent"):
         choose([inc, one], "grpo")
     assert choose([inc, one], "grpo", min_z=0)["chosen"]["path"] == one
+
+
+def test_choose_refuses_a_negative_min_z(tmp_path, capsys):
+    inc = _report(tmp_path / "inc.json", dev=[0.8, 0.7], test=[0.7, 0.7])
+    with pytest.raises(SystemExit) as e:
+        bo.main(["--choose", inc, inc, "--min-z", "-1"])
+    assert e.value.code == 2 and "--min-z -1: a number of standard errors, 0 or more" in capsys.readouterr().err
