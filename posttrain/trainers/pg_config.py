@@ -107,6 +107,13 @@ class PolicyGradientConfig(TrainerConfig):
     prompt_filter_pool: int = knob(
         4, "prompt_filter: candidates looked at per refill round, in multiples of prompts_per_step", ge=1
     )
+    retry_temperature: float | None = knob(
+        None,
+        "dynamic sampling: draw the prompts of round 0 whose G samples all failed alike (equal rewards, none correct) "
+        "once more at this temperature, above --temperature; their rows are off-policy and weighted by truncated IS "
+        "min(pi / pi_hot, tis_cap) (None = off)",
+        gt=0,
+    )
     share_prompt_prefix: bool = knob(
         True,
         "run each prompt once per update and share its keys/values across its G "
@@ -168,6 +175,8 @@ class PolicyGradientConfig(TrainerConfig):
                 f"prompts_per_step*num_generations={n} must split evenly into minibatches={self.minibatches} "
                 f"x grad_accum={self.grad_accum}"
             )
+        if self.retry_temperature is not None and not self.dynamic_sampling:
+            raise ConfigError("retry_temperature needs dynamic_sampling (the retry's groups refill its batch)")
         if self.kl_control == "adaptive" and self.beta == 0:
             raise ConfigError("kl_control=adaptive needs beta > 0 (its starting value)")
         if self.fsdp and self.lora_r > 0:

@@ -248,3 +248,59 @@ def test_a_full_batch_kept_from_a_refill_round_is_that_rounds_samples(sft_dir, t
     want = draw(*args, 1)  # round 1 again: the same samples (a function of seed, step, round)
     assert torch.equal(ro.sequences, want.gen.sequences) and torch.equal(ro.sampler_logps, want.gen.logps)
     assert torch.equal(ro.rewards, want.rewards) and not torch.equal(ro.first.gen.sequences, want.gen.sequences)
+
+
+def test_stuck_groups_are_the_uniform_ones_with_no_correct_sample():
+    from posttrain.trainers.rl.dynamic_sampling import stuck_groups
+
+    rewards = torch.tensor([0.0, 0.0, 0.5, 0.5, 1.0, 1.0, 0.0, 1.0])
+    correct = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    want = [  # brute force: equal rewards and no correct sample
+        len(set(rewards[i : i + 2].tolist())) == 1 and not correct[i : i + 2].any() for i in range(0, 8, 2)
+    ]
+    assert stuck_groups(rewards, correct, 2).tolist() == want == [True, True, False, False]
+
+
+def test_retry_draws_the_stuck_groups_hot_and_weights_them_by_truncated_is(sft_dir, tmp_path):
+    """Round 0 gives no signal: its stuck groups are drawn again at retry_temperature (the same samples as a direct
+    draw of those prompts), kept as off-policy rows, weighted by min(pi_old / pi_hot, cap) against the trainer's
+    own forward at the training temperature."""
+    from posttrain.trainers.rl import group
+    from posttrain.trainers.rl.dynamic_sampling import stuck_groups
+    from posttrain.trainers.rl.rollout import draw, rollout
+
+    calls = []
+
+    def switch(prompts, completions, **c):  # round 0: its first 2 groups all 0; else 0, 1, 0, 1, ... (informs)
+        calls.append(len(completions))
+        return [0.0 if len(calls) == 1 and i < 8 else float(i % 2) for i in range(len(completions))]
+
+    if "retry_switch" not in REWARD_FUNCTIONS:
+        register_reward("retry_switch", lambda **_: switch)
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, reward="retry_switch", prompt_filter=False, retry_temperature=3.0))
+    args = (t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, 2)
+    ro = rollout(*args)
+    stuck = stuck_groups(ro.first.rewards, ro.first.correct, 4)
+    n = int(stuck.sum())
+    assert n == 2 and ro.metrics["retry_groups_kept"] == n and len(calls) == 2  # round 0's 2 groups + the retry's
+    hot = ro.off_policy.view(-1, 4)[:, 0]
+    assert hot.sum() == n and ro.off_policy.view(-1, 4).all(1).eq(hot).all()  # whole groups
+    again = draw(*args, 0, retry=ro.first.prompts[stuck])  # the retry alone: the same samples
+    assert torch.equal(ro.sampler_logps[ro.off_policy], again.gen.logps)
+    b = group.correct(
+        group.group_batch(ro, 2, t.cfg, ref_model=None, beta=0.0), t.model, t.cfg, matched=True, share_prefix=True
+    )
+    old = group.trainer_logps(t.model, b, group.warp(t.cfg), share_prefix=False)  # at temperature 1
+    torch.testing.assert_close(b.old_logps, old, atol=1e-5, rtol=1e-5)
+    mask = b.completion_mask.bool()
+    want = torch.clamp(torch.exp(old - ro.sampler_logps), max=t.cfg.tis_cap)[ro.off_policy]
+    torch.testing.assert_close(b.is_weights[ro.off_policy][mask[ro.off_policy]], want[mask[ro.off_policy]])
+    on = ~ro.off_policy
+    assert (b.is_weights[on][mask[on]] == 1).all()  # the rows drawn from pi_old keep weight 1 exactly
+
+
+def test_retry_needs_dynamic_sampling(sft_dir, tmp_path):
+    from posttrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="retry_temperature needs dynamic_sampling"):
+        cfg(sft_dir, tmp_path, dynamic_sampling=False, retry_temperature=2.0)

@@ -7,13 +7,15 @@ wrong). Dynamic sampling draws prompts in rounds and keeps the informative group
     round 0: the step's usual prompt batch (the same prompts and samples as without dynamic sampling)
     round r: prompts_per_step more prompts (prompt stream r), sampled with generator (seed, step, round r)
     stop when prompts_per_step informative groups are kept, or after max_sample_rounds rounds
+    retry (optional, before round 1): round 0's stuck groups (equal rewards, none correct) once more at a higher
+            temperature (``rollout.py``)
 
 Every draw is a pure function of (seed, step, round), so a resumed run reproduces an uninterrupted one.
 If fewer than ``prompts_per_step`` informative groups are found the update uses those found (the loss
 normalises by what it is given); if none, the step makes no update (no zero-gradient Adam step that would
 still move the weights by its momentum) and says so in its metrics.
 
-Here: :func:`informative_groups` (which groups to keep), :func:`group_rows` and :func:`merge_rows` (the kept rows of
+Here: :func:`informative_groups` (which groups to keep), :func:`stuck_groups` (which to retry), :func:`group_rows` and :func:`merge_rows` (the kept rows of
 several generation rounds as one left-padded prompt | right-padded completion batch). The rounds' loop is
 ``rollout.py``'s; round r's generator is ``streams.round_generator``.
 """
@@ -28,6 +30,13 @@ from posttrain.losses.advantages import zero_std_groups
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """(B*G,) rewards -> (B,) bool: True where the group's rewards are not all equal."""
     return ~zero_std_groups(rewards, group_size)
+
+
+def stuck_groups(rewards: torch.Tensor, correct: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B*G,) rewards and correctness -> (B,) bool: True where the group's rewards are all equal and no sample is
+    correct -- a prompt the policy fails the same way every time, which no further draw at its temperature is likely
+    to change (the retry's target, ``retry_temperature``)."""
+    return zero_std_groups(rewards, group_size) & (correct.view(-1, group_size).sum(1) == 0)
 
 
 def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -9,6 +9,8 @@ the advantages, so the mu x minibatches updates that follow reuse one batch:
     A      = ADVANTAGE_ESTIMATORS[algo](r, G, **ESTIMATOR_OPTIONS[algo](cfg))      (losses/advantages.py)
     w      = min(pi_old / pi_sampler, C)                                             (rollout_engine.py)
 
+(pi_sampler differs from pi_old for a mismatched engine, and for the rows of the retry at ``retry_temperature``.)
+
 The logged reward, accuracy and lengths are round 0's (the unfiltered measure of the policy), whatever dynamic
 sampling kept. :func:`policy_logps` is GRPO's forward, run by the update and by the pi_old recompute alike.
 Not handled: per-token rewards (one reward per completion), a reference model on another tokenizer.
@@ -54,6 +56,7 @@ class GroupBatch:
     metrics: dict
     apply: bool = True  # False: no group had signal; the update only measures (no gradient, no optimizer step)
     is_weights: torch.Tensor | None = None  # (N, T) truncated IS weights (rollout_engine.py)
+    off_policy: torch.Tensor | None = None  # (N,) bool: rows sampled at retry_temperature (rollout.py)
 
 
 def rollout_settings(cfg) -> RolloutSettings:
@@ -68,6 +71,7 @@ def rollout_settings(cfg) -> RolloutSettings:
         cfg.prompt_filter_p,
         cfg.prompt_filter_pool,
         cfg.prompt_filter_fill,
+        cfg.retry_temperature,
     )
 
 
@@ -165,6 +169,7 @@ def group_batch(ro: Rollout, step: int, cfg, *, ref_model, beta: float) -> Group
         ro.prompt_index,
         metrics,
         ro.apply,
+        off_policy=ro.off_policy,
     )
 
 
@@ -181,8 +186,14 @@ def trainer_logps(model, b: GroupBatch, warp: dict, share_prefix: bool) -> torch
 
 
 def correct(b: GroupBatch, model, cfg, *, matched: bool, share_prefix: bool) -> GroupBatch:
-    """``b`` with the trainer's pi_old (the sampler's own when ``matched``) and the TIS weights against the sampler."""
+    """``b`` with the trainer's pi_old (the sampler's own when ``matched``) and the TIS weights against the sampler.
+    Rows of the retry (``b.off_policy``) were sampled at another temperature: pi_old is then the trainer's forward
+    at the training temperature for every row, and with a matched engine the other rows keep weight 1 exactly."""
     sampler = b.old_logps
-    old = sampler if matched else trainer_logps(model, b, warp(cfg), share_prefix)
-    w, stats = is_weights(old, sampler, b.completion_mask, matched=matched, cap=cfg.tis_cap, level=cfg.tis_level)
+    retry = b.off_policy is not None and bool(b.off_policy.any())
+    old = sampler if matched and not retry else trainer_logps(model, b, warp(cfg), share_prefix)
+    if matched and retry:  # only the retry's rows came from another distribution than pi_old
+        sampler = torch.where(b.off_policy[:, None], sampler, old)
+    mis = not matched or retry
+    w, stats = is_weights(old, sampler, b.completion_mask, matched=not mis, cap=cfg.tis_cap, level=cfg.tis_level)
     return dataclasses.replace(b, old_logps=old, is_weights=w, metrics={**b.metrics, **stats})

@@ -11,6 +11,9 @@ KL-shaped token rewards and GAE (``ppo_batch.py``).
                reward  = reward_fn(prompt, completion, **columns);  optimised = reward - sum_k (1 - f) w_k r_k
     rollout:   round 0; with dynamic sampling (DAPO, Yu et al. 2025) keep the groups whose G rewards differ and draw
                rounds 1, 2, ... until ``prompts_per_step`` such groups are kept or ``max_sample_rounds`` are drawn
+    retry:     (``retry_temperature`` T') before round 1, round 0's *stuck* groups -- equal rewards, no sample correct --
+               are drawn once more at T' > T; their rows are off-policy (``Rollout.off_policy``), and the update
+               weights them by min(pi_old / pi_T', C) (group.py), so the gradient stays that of the policy at T
 
 The optimised reward takes the annealed terms k of a reward spec down by their factor f (``reward_anneal``);
 ``base`` is the spec's reward, logged. Round 0 is always the classic, unfiltered batch: the step's measure of the
@@ -26,6 +29,7 @@ Not handled: asynchronous or off-policy rollouts, multi-turn episodes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -39,7 +43,7 @@ from posttrain.generate import SamplingConfig, decode_completions
 from posttrain.trainers import distributed
 from posttrain.trainers.distributed import World
 from posttrain.trainers.rl import prompt_filter, streams
-from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows
+from posttrain.trainers.rl.dynamic_sampling import group_rows, informative_groups, merge_rows, stuck_groups
 from posttrain.trainers.rl.rollout_engine import sample
 
 
@@ -56,6 +60,7 @@ class RolloutSettings:
     prompt_filter_p: float = 1.0  # P(sample) = p ** z in refill rounds (with a PromptHistory)
     prompt_filter_pool: int = 1  # a filtered round's candidates: this many times the round's prompts
     prompt_filter_fill: bool = True  # too few pass: fill with skipped ones (False: a smaller round)
+    retry_temperature: float | None = None  # round 0's stuck groups drawn once more at this temperature (None: off)
 
 
 @dataclass
@@ -92,6 +97,7 @@ class Rollout:
     first: Round  # round 0: the unfiltered measure of the policy
     apply: bool  # False: no group had signal (dynamic sampling); the rows are round 0's, to measure only
     metrics: dict  # time_generate; with dynamic sampling groups_drawn/kept, no_signal_step; filter_pass_rate
+    off_policy: torch.Tensor | None = None  # (N,) bool: rows of the retry at retry_temperature (None: none kept)
 
 
 def score_rollout(gen, tokenizer, data, reward_fn, problems: list, G: int) -> Scored:
@@ -130,16 +136,24 @@ def _prompts(n: int, s: RolloutSettings, step: int, rnd: int, history) -> torch.
 
 
 def draw(policy, engine, tokenizer, data, reward_fn, s: RolloutSettings, step: int, rnd: int, *, fading=None,
-         history=None, world: World = World()) -> Round | None:  # fmt: skip
+         history=None, world: World = World(), retry: torch.Tensor | None = None) -> Round | None:  # fmt: skip
     """Round ``rnd`` of step ``step`` from ``data.train`` (None: a filtered round with no prompt). ``fading``: the
-    annealed terms' share of the reward (:func:`annealed_terms`); ``history``: the prompt filter's counts, updated."""
-    idx = _prompts(len(data.train), s, step, rnd, history)
-    if idx is None:
-        return None
-    idx = distributed.shard(idx, world)  # this rank's prompts (all of them on one process)
+    annealed terms' share of the reward (:func:`annealed_terms`); ``history``: the prompt filter's counts, updated.
+    ``retry``: this rank's prompt indices to draw again at ``s.retry_temperature`` instead (the history untouched:
+    it counts what the policy does at its own temperature)."""
+    rank = world.rank if world.distributed else None
+    if retry is None:
+        idx = _prompts(len(data.train), s, step, rnd, history)
+        if idx is None:
+            return None
+        idx = distributed.shard(idx, world)  # this rank's prompts (all of them on one process)
+        sampling, generator = s.sampling, streams.sampling_generator(s.streams, s.seed, step, rnd, rank)
+    else:
+        idx, history = retry, None
+        sampling = dataclasses.replace(s.sampling, temperature=s.retry_temperature)
+        generator = streams.retry_generator(s.seed, step, rank)
     problems = [data.train[i] for i in idx.tolist()]
-    generator = streams.sampling_generator(s.streams, s.seed, step, rnd, world.rank if world.distributed else None)
-    gen = sample(engine, policy, [encode_prompt(tokenizer, p.prompt) for p in problems], s.sampling, generator, step)
+    gen = sample(engine, policy, [encode_prompt(tokenizer, p.prompt) for p in problems], sampling, generator, step)
     G = s.sampling.num_samples
     sc = score_rollout(gen, tokenizer, data, reward_fn, problems, G)
     rewards = sc.rewards  # (N,) the reward spec's reward
@@ -165,21 +179,38 @@ def rollout(policy, engine, tokenizer, data, reward_fn, s: RolloutSettings, step
     first = draw(*args, 0, fading=fading, history=history, world=world)
     want = s.prompts_per_step // world.world_size  # this rank's groups per step
     parts, kept, drawn, metrics = [(first.gen, torch.arange(len(first.rewards)))], [first.rewards], want, {}
+    hot: list[torch.Tensor] = []  # per kept part: its rows are the retry's (off-policy)
     if s.dynamic_sampling:  # DAPO: keep only groups with signal, draw more rounds to refill
-        parts, kept, n_kept, rnd, rewards, gen = [], [], 0, 0, first.rewards, first.gen
-        while True:
-            ok = informative_groups(rewards, G).nonzero().squeeze(1)[: want - n_kept]
+        parts, kept = [], []
+
+        def keep(r: Round | None, off_policy: bool) -> int:
+            """Keep ``r``'s informative groups, as many as are still wanted; -> how many."""
+            if r is None:
+                return 0
+            ok = informative_groups(r.rewards, G).nonzero().squeeze(1)[: want - sum(len(k) for k in kept) // G]
             if len(ok):
                 rows = group_rows(ok, G)
-                parts.append((gen, rows))
-                kept.append(rewards[rows])
-                n_kept += len(ok)
-            rnd += 1
-            if n_kept >= want or rnd >= s.max_sample_rounds:
-                break
+                parts.append((r.gen, rows))
+                kept.append(r.rewards[rows])
+                hot.append(torch.full((len(rows),), off_policy))
+            return len(ok)
+
+        n_kept = keep(first, False)
+        if s.retry_temperature is not None and n_kept < want:
+            stuck = stuck_groups(first.rewards, first.correct, G)
+            if stuck.any():
+                again = draw(*args, 0, fading=fading, world=world, retry=first.prompts[stuck])
+                drawn += int(stuck.sum())
+                metrics["retry_groups_kept"] = keep(again, True)
+                n_kept += metrics["retry_groups_kept"]
+            else:
+                metrics["retry_groups_kept"] = 0
+        rnd = 1
+        while n_kept < want and rnd < s.max_sample_rounds:
             more = draw(*args, rnd, fading=fading, history=history, world=world)
-            rewards, gen = (torch.zeros(0), None) if more is None else (more.rewards, more.gen)
-            drawn += len(rewards) // G
+            drawn += 0 if more is None else len(more.rewards) // G
+            n_kept += keep(more, False)
+            rnd += 1
     if len(parts) == 1 and len(parts[0][1]) == len(parts[0][0].sequences):
         batch = _rows(parts[0][0])  # one round kept whole (round 0 without dynamic sampling: the classic batch)
     elif parts:
@@ -193,6 +224,7 @@ def rollout(policy, engine, tokenizer, data, reward_fn, s: RolloutSettings, step
         rates, history.pass_rates = history.pass_rates, []
         metrics["filter_pass_rate"] = sum(rates) / len(rates) if rates else 1.0
     metrics["time_generate"] = time.perf_counter() - t0
+    off_policy = torch.cat(hot) if apply and any(h.any() for h in hot) else None
     if batch is None:
         batch, kept = _rows(first.gen), [first.rewards]
     return Rollout(
@@ -206,4 +238,5 @@ def rollout(policy, engine, tokenizer, data, reward_fn, s: RolloutSettings, step
         first,
         apply,
         metrics,
+        off_policy,
     )

@@ -9,6 +9,7 @@ to one stream (say, more dynamic-sampling rounds) leaves the others as they were
     samples of round r > 0  blake2b("dynamic-sampling:seed:step:r")     (GRPO's refill rounds)
     under torchrun          each rank its own: GRPO blake2b(...:rank), PPO ((...) * 11 + 5) * 1_009 + rank
     prompt filter           blake2b("prompt-filter:seed:step:r")        (refill rounds, apart from sampling)
+    retry of failed groups  blake2b("retry:seed:step[:rank]")           (GRPO's retry_temperature)
     minibatch order         the round-0 formula with salt 1 + epoch
 
 The two algorithms keep the formulas they were first written with, so a run of either is bitwise what it was.
@@ -50,6 +51,12 @@ def round_generator(seed: int, step: int, rnd: int, rank: int | None = None) -> 
     """Sampling generator of dynamic-sampling round ``rnd`` >= 1: a hash of (seed, step, round); under several
     processes every round's (0 included) is a hash of (seed, step, round, rank)."""
     return _hashed(f"dynamic-sampling:{seed}:{step}:{rnd}" + (f":rank{rank}" if rank is not None else ""))
+
+
+def retry_generator(seed: int, step: int, rank: int | None = None) -> torch.Generator:
+    """Sampling generator of the retry of round 0's failed groups at ``step`` (``retry_temperature``): its own hash,
+    so the refill rounds draw what they draw without it."""
+    return _hashed(f"retry:{seed}:{step}" + (f":rank{rank}" if rank is not None else ""))
 
 
 def filter_generator(seed: int, step: int, rnd: int) -> torch.Generator:
