@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from posttrain.pipeline.run import cpu_description
+
 HERE = Path(__file__).parent
 RECORD = HERE / "fingerprints.json"
 TIMING = {"step_time", "mfu", "peak_memory_gb", "peak_memory_kind", "run_id"}  # and *_seconds, *_per_s
@@ -124,7 +126,13 @@ def fingerprint(run: Path, root: str) -> dict[str, str]:
 
 
 def environment() -> dict[str, str]:
-    return {"torch": torch.__version__, "machine": platform.machine(), "python": platform.python_version()}
+    """What decides the rounding: torch's build, Python, and the CPU kind with its kernels' vector ISA."""
+    return {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu": cpu_description(),
+    }
 
 
 def collect(d: Path) -> dict[str, dict[str, str]]:

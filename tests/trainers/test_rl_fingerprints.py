@@ -2,9 +2,9 @@
 became a pure function of values (``trainers/rl/``): the rollout's refactors must leave every run as it was.
 
 The oracle is the pre-change output, ``rl_fingerprints.json``: per run, every logged metric of every step (timings
-left out) and the sha256 of the final ``model.safetensors``. The metrics are compared to 1e-6 (absolute floor) on any
-machine; the weights bit for bit where torch's version and the machine's architecture are the recorded ones (another
-build of torch may round a kernel differently). The runs cover the rollout's branches: group advantages with a
+left out) and the sha256 of the final ``model.safetensors``. Where torch's build and the CPU kind (model and kernel
+ISA) are the recorded ones, the metrics are compared to 1e-6 (absolute floor) and the weights bit for bit; on another
+CPU kind, whose kernels round differently, the metrics to 1e-3 (a changed sample moves them far more). The runs cover the rollout's branches: group advantages with a
 reference model, dynamic sampling with the prompt filter and an annealed reward term, KL folded into the reward,
 the skewed engine's truncated IS, and PPO with its critic and GAE (the first forward folded, and split minibatches).
 
@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from posttrain.models.gpt import GPTConfig
+from posttrain.pipeline.run import cpu_description
 from posttrain.tasks.arithmetic import ArithmeticConfig
 from posttrain.trainers.policy_gradient import PolicyGradientConfig, train_policy_gradient
 from posttrain.trainers.ppo import PPOConfig, train_ppo
@@ -113,7 +114,8 @@ def fingerprint(name: str, sft_dir: Path, root: Path) -> dict:
 
 
 def _where() -> dict:
-    return {"torch": torch.__version__, "machine": platform.machine()}
+    """What decides the rounding: torch's build and the CPU kind with the vector ISA its kernels dispatch to."""
+    return {"torch": torch.__version__, "machine": platform.machine(), "cpu": cpu_description()}
 
 
 @pytest.fixture(scope="module")
@@ -125,17 +127,19 @@ def sft_dir(tmp_path_factory):
 def test_run_matches_its_record(sft_dir, tmp_path, name):
     record = json.loads(RECORD.read_text())
     want, got = record["runs"][name], fingerprint(name, sft_dir, tmp_path)
+    here = record["where"] == _where()  # the recorded rounding: 1e-6 and the weights bit for bit
+    tol = 1e-6 if here else 1e-3  # another CPU kind rounds kernels differently (three steps drift ~1e-5)
     assert len(got["metrics"]) == len(want["metrics"])
     for g, w in zip(got["metrics"], want["metrics"]):
         assert sorted(g) == sorted(w), (g["step"], sorted(set(g) ^ set(w)))
         for k, v in w.items():
             if isinstance(v, float) and not math.isnan(v):
-                assert g[k] == pytest.approx(v, abs=1e-6, rel=1e-6), (w["step"], k)
+                assert g[k] == pytest.approx(v, abs=tol, rel=tol), (w["step"], k)
             elif isinstance(v, float):
                 assert math.isnan(g[k]), (w["step"], k)
             else:
                 assert g[k] == v, (w["step"], k)
-    if record["where"] == _where():
+    if here:
         assert got["weights"] == want["weights"]
 
 
