@@ -6,7 +6,8 @@ without timing fields, and each checkpoint's ``trainer_state.json`` with the run
 A refactor of the trainers that changes none of their arithmetic keeps every one of them.
 
 Weights depend on the torch build and the CPU, so the comparison is made only where the recording was (same
-torch, same machine type); elsewhere the test is skipped with the reason. After a change meant to alter training,
+torch and Python, same CPU kind: model and the vector ISA of torch's kernels, since an Intel Xeon and an AMD EPYC
+both on AVX-512 round differently); elsewhere the test is skipped with the reason. After a change meant to alter training,
 record again: ``.venv/bin/python tests/trainers/test_fingerprints.py --write``.
 """
 
