@@ -114,6 +114,12 @@ class PolicyGradientConfig(TrainerConfig):
         "min(pi / pi_hot, tis_cap) (None = off)",
         gt=0,
     )
+    retry_is: bool = knob(
+        True,
+        "retry_temperature: weight the retry's rows by truncated IS against pi_old (on: the gradient stays the "
+        "policy's own at --temperature, as small as the rare right answer's probability; off: weight 1, the hot "
+        "draw trained on as if drawn from the policy -- biased, a guide that lets a rare right answer teach)",
+    )
     share_prompt_prefix: bool = knob(
         True,
         "run each prompt once per update and share its keys/values across its G "

@@ -299,6 +299,35 @@ def test_retry_draws_the_stuck_groups_hot_and_weights_them_by_truncated_is(sft_d
     assert (b.is_weights[on][mask[on]] == 1).all()  # the rows drawn from pi_old keep weight 1 exactly
 
 
+def test_retry_without_is_keeps_every_row_at_weight_one(sft_dir, tmp_path):
+    """retry_is off: the retry's rows (drawn hot, so pi_old / pi_hot is far from 1) are trained on with weight 1
+    exactly, pi_old still the trainer's forward at the training temperature."""
+    from posttrain.trainers.rl import group
+    from posttrain.trainers.rl.rollout import rollout
+
+    calls = []
+
+    def switch(prompts, completions, **c):  # as above: round 0's first 2 groups stuck, the retry informs
+        calls.append(len(completions))
+        return [0.0 if len(calls) == 1 and i < 8 else float(i % 2) for i in range(len(completions))]
+
+    if "retry_switch_guide" not in REWARD_FUNCTIONS:
+        register_reward("retry_switch_guide", lambda **_: switch)
+    kw = dict(reward="retry_switch_guide", prompt_filter=False, retry_temperature=3.0, retry_is=False)
+    t = PolicyGradientTrainer(cfg(sft_dir, tmp_path, **kw))
+    ro = rollout(t.model, t.engine, t.tokenizer, t.data, t.reward_fn, t.settings, 2)
+    assert ro.off_policy is not None and ro.off_policy.sum() == 8
+    b = group.correct(
+        group.group_batch(ro, 2, t.cfg, ref_model=None, beta=0.0), t.model, t.cfg, matched=True, share_prefix=True
+    )
+    mask = b.completion_mask.bool()
+    hot = ro.off_policy[:, None] & mask
+    assert (b.is_weights[mask] == 1).all()
+    assert (torch.exp(b.old_logps - ro.sampler_logps)[hot] - 1).abs().max() > 0.05  # IS would have moved them
+    old = group.trainer_logps(t.model, b, group.warp(t.cfg), share_prefix=False)
+    torch.testing.assert_close(b.old_logps, old, atol=1e-5, rtol=1e-5)
+
+
 def test_retry_needs_dynamic_sampling(sft_dir, tmp_path):
     from posttrain.errors import ConfigError
 

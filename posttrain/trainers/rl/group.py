@@ -188,12 +188,16 @@ def trainer_logps(model, b: GroupBatch, warp: dict, share_prefix: bool) -> torch
 def correct(b: GroupBatch, model, cfg, *, matched: bool, share_prefix: bool) -> GroupBatch:
     """``b`` with the trainer's pi_old (the sampler's own when ``matched``) and the TIS weights against the sampler.
     Rows of the retry (``b.off_policy``) were sampled at another temperature: pi_old is then the trainer's forward
-    at the training temperature for every row, and with a matched engine the other rows keep weight 1 exactly."""
+    at the training temperature for every row, and with a matched engine the other rows keep weight 1 exactly; with
+    ``retry_is`` off the retry's rows keep weight 1 too (the biased guide)."""
     sampler = b.old_logps
     retry = b.off_policy is not None and bool(b.off_policy.any())
     old = sampler if matched and not retry else trainer_logps(model, b, warp(cfg), share_prefix)
-    if matched and retry:  # only the retry's rows came from another distribution than pi_old
+    guide = retry and not cfg.retry_is  # the retry's rows trained on as if drawn from pi_old (weight 1)
+    if guide:
+        sampler = torch.where(b.off_policy[:, None], old, sampler)
+    elif matched and retry:  # only the retry's rows came from another distribution than pi_old
         sampler = torch.where(b.off_policy[:, None], sampler, old)
-    mis = not matched or retry
+    mis = not matched or (retry and not guide)
     w, stats = is_weights(old, sampler, b.completion_mask, matched=not mis, cap=cfg.tis_cap, level=cfg.tis_level)
     return dataclasses.replace(b, old_logps=old, is_weights=w, metrics={**b.metrics, **stats})

@@ -14,6 +14,7 @@ KL-shaped token rewards and GAE (``ppo_batch.py``).
     retry:     (``retry_temperature`` T') before round 1, round 0's *stuck* groups -- equal rewards, no sample correct --
                are drawn once more at T' > T; their rows are off-policy (``Rollout.off_policy``), and the update
                weights them by min(pi_old / pi_T', C) (group.py), so the gradient stays that of the policy at T
+               (``retry_is`` off: weight 1, the hot draw a biased guide)
 
 The optimised reward takes the annealed terms k of a reward spec down by their factor f (``reward_anneal``);
 ``base`` is the spec's reward, logged. Round 0 is always the classic, unfiltered batch: the step's measure of the
