@@ -456,6 +456,10 @@ def spell_retired(stage: str, argv: list[str]) -> list[str]:
     return out
 
 
+HOW_IT_RUNS = ("threads", "progress", "restart_jobs")
+"""Fields that change how a run uses the machine, not what it trains: not part of a recipe."""
+
+
 def resolved_recipe(stage: str, extra: str) -> dict | None:
     """The config ``posttrain STAGE --preset tiny EXTRA`` resolves to with this tree's presets (the sweep's own
     command, less seed and paths; a retired preset spelled out, :data:`RETIRED_PRESETS`), so `--preset slots
@@ -475,9 +479,10 @@ def resolved_recipe(stage: str, extra: str) -> dict | None:
     try:
         with contextlib.redirect_stderr(io.StringIO()):
             args = build_parser(argv).parse_args(argv)
-        return dataclasses.asdict(resolve(getattr(mod, cls), mod.PRESETS, args))
+        recipe = dataclasses.asdict(resolve(getattr(mod, cls), mod.PRESETS, args))
     except (SystemExit, ValueError, UserError):  # argparse's exit on an unknown flag; an unknown preset; a bad value
         return None
+    return {k: v for k, v in recipe.items() if k not in HOW_IT_RUNS}
 
 
 def _first_difference(a, b, path: str = "") -> str:
@@ -488,6 +493,16 @@ def _first_difference(a, b, path: str = "") -> str:
     return f"{path.rstrip('.')}: {b!r} against {a!r}"
 
 
+def _shared(a: dict, b: dict) -> dict:
+    """``a``'s settings that ``b`` records too (nested configs alike), less :data:`HOW_IT_RUNS`: a setting only one
+    record has did not exist when the other ran (a knob added later, whose default keeps the old behaviour)."""
+    return {
+        k: _shared(v, b[k]) if isinstance(v, dict) and isinstance(b[k], dict) else v
+        for k, v in a.items()
+        if k in b and k not in HOW_IT_RUNS
+    }
+
+
 def same_recipe(stage, flags, first_flags, path, first_path, mine=None, theirs=None) -> str | None:
     """None when both sweeps ran ``stage`` alike; a note when other flags resolve to the same config; CombineError when
     they do not (naming the first setting that differs). ``mine`` / ``theirs``: the configs the sweeps recorded when they
@@ -496,6 +511,10 @@ def same_recipe(stage, flags, first_flags, path, first_path, mine=None, theirs=N
     if flags == first_flags and (mine is None or theirs is None or mine == theirs):
         return None
     recorded = mine is not None and theirs is not None
+    if recorded:
+        mine, theirs = _shared(mine, theirs), _shared(theirs, mine)
+        if flags == first_flags and mine == theirs:
+            return None
     mine = mine if recorded else resolved_recipe(stage, flags)
     theirs = theirs if recorded else resolved_recipe(stage, first_flags)
     if mine is None or theirs is None:

@@ -105,9 +105,10 @@ RESUME_MAY_CHANGE = (
     "device",
     "grad_checkpointing",
     "compile",
+    "restart_jobs",
 )
 """Config fields that may differ on resume without a warning (outputs, logging, length, checkpoint cadence, sharding,
-the device, activation checkpointing, compilation: the same update; checkpoints are device-free). On the command line (:func:`resume_config`) these are the only flags ``--resume`` accepts with a
+the device, activation checkpointing, compilation, restarts trained at a time: the same update; checkpoints are device-free). On the command line (:func:`resume_config`) these are the only flags ``--resume`` accepts with a
 value other than the run's own; every other field (data, model, loss, batch size, learning rate, seed...) changes
 what the run trains, and is refused."""
 

@@ -100,6 +100,13 @@ class SFTConfig(TrainerConfig):
         lt=1,
     )
     restart_keep: int = knob(1, "with restart_probe: how many restarts train past the probe", ge=1)
+    restart_jobs: int = knob(
+        1,
+        "restarts trained at a time, each in its own process on --threads threads (2 on a 2-core machine: the "
+        "restarts' phase in about half the wall time); every restart, and so model/, ends bit for bit as one at a "
+        "time; each worker's output goes to restarts/K.log",
+        ge=1,
+    )
 
     def __post_init__(self):
         check_fields(self)  # choices, bounds and finiteness, from the knobs above

@@ -159,6 +159,16 @@ def test_combine_refuses_a_preset_that_changed_between_sweeps_under_the_same_fla
     assert sorted(bo.combine([a, c])[0]) == [0, 1, 4]
     d = _sweep_file(tmp_path / "d.json", [5])  # recorded nothing (before 2026-12-04): the flags are all there is
     assert sorted(bo.combine([b, d])[0]) == [2, 3, 5]
+    # a knob added since (its default the old behaviour) and how a run uses the machine are no other recipe
+    later = {
+        "sft": {**new["sft"], "restart_jobs": 2, "model": {"n_layer": 2}},
+        "grpo": {"steps": 500, "retry_is": True},
+    }
+    e = _sweep_file(tmp_path / "e.json", [6], recipes=later)
+    f = _sweep_file(tmp_path / "f.json", [7], recipes={**later, "sft": {**later["sft"], "model": {"n_layer": 3}}})
+    assert sorted(bo.combine([b, e])[0]) == [2, 3, 6]
+    with pytest.raises(bo.CombineError, match=r"another recipe \(model.n_layer: 3 against 2\)"):
+        bo.combine([e, f])
 
 
 def test_a_sweep_records_the_configs_its_stages_resolve_to():
@@ -202,3 +212,9 @@ def test_combine_refuses_flags_it_would_ignore(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bo.main(["--combine", a, "--seeds", "1", "--grpo-args", "--steps 3"])
     assert e.value.code == 2 and "--seeds, --grpo-args would be ignored" in capsys.readouterr().err
+
+
+def test_how_a_run_uses_the_machine_is_not_part_of_its_recipe():
+    """--restart-jobs (and threads, the progress bar) change the wall time, not the run: the same recipe."""
+    assert bo.resolved_recipe("sft", "--restart-jobs 2") == bo.resolved_recipe("sft", "")
+    assert bo.resolved_recipe("sft", "--restarts 2") != bo.resolved_recipe("sft", "")

@@ -212,7 +212,7 @@ def test_resume_refuses_flags_that_change_the_run_and_lists_the_others(base, tmp
         f"posttrain sft: error: --resume {run} continues the run with its own configuration "
         f"({run / 'config.resolved.json'}); these flags would change what it trains: lr 0.003 -> 0.001; "
         "batch_size 8 -> 4. On resume only --progress, --threads, --logger, --steps, --eval-every, --save-every, "
-        "--keep-checkpoints, --fsdp, --device, --grad-checkpointing, --compile may differ: drop the others, or start a "
+        "--keep-checkpoints, --fsdp, --device, --grad-checkpointing, --compile, --restart-jobs may differ: drop the others, or start a "
         "new run with --out"
     )
     assert snapshot(run) == before

@@ -233,3 +233,32 @@ def test_bad_probe_settings_are_config_errors(tmp_path, kw, message):
 
     with pytest.raises(ConfigError, match=message):
         cfg(tmp_path / "x", **kw)
+
+
+def _files(root):
+    """Every file of a run directory but its logs and timings: relative path -> bytes."""
+    skip = ("run.json", "summary.json", "metrics.jsonl", "probe.json", "trainer_state.json", ".log", ".lock")
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(skip)
+    }
+
+
+def test_restarts_in_worker_processes_end_bit_for_bit_as_one_at_a_time(tmp_path):
+    """restart_jobs 2: the probes, then the two finalists, trained two at a time in worker processes; every weight
+    file (model/, each restart's checkpoints) and every score equals the one-at-a-time run's."""
+    kw = dict(restarts=4, restart_probe=0.5, restart_keep=2, keep_checkpoints=4)
+    one = train_sft(cfg(tmp_path / "one", **kw))
+    two = train_sft(cfg(tmp_path / "two", restart_jobs=2, **kw))
+    strip = ("dir", "train_seconds")
+    assert [{k: v for k, v in c.items() if k not in strip and k != "probe"} for c in two["candidates"]] == [
+        {k: v for k, v in c.items() if k not in strip and k != "probe"} for c in one["candidates"]
+    ]
+    assert [c["probe"]["val_accuracy"] for c in two["candidates"]] == [
+        c["probe"]["val_accuracy"] for c in one["candidates"]
+    ]
+    a, b = _files(tmp_path / "one"), _files(tmp_path / "two")
+    assert sorted(a) == sorted(b) and any(k.endswith(".safetensors") for k in a)
+    assert [k for k in a if a[k] != b[k] and k.endswith(".safetensors")] == []
+    assert (tmp_path / "two" / "restarts" / "0.log").read_text()  # each worker's output, beside its run
