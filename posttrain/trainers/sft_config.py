@@ -104,7 +104,8 @@ class SFTConfig(TrainerConfig):
         1,
         "restarts trained at a time, each in its own process on --threads threads (2 on a 2-core machine: the "
         "restarts' phase in about half the wall time); every restart, and so model/, ends bit for bit as one at a "
-        "time; each worker's output goes to restarts/K.log",
+        "time; each worker's output goes to restarts/K.log (spawned processes: a script calling train_sft with it "
+        "needs the `if __name__ == '__main__':` guard)",
         ge=1,
     )
 

@@ -227,17 +227,18 @@ def _in_worker(fn, sub, *args):
 
     log = _worker_log(sub)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-        return fn(sub, train_sft, *args)
+    with open(log, "a", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+        return fn(sub, train_sft, *args)  # appended: a restart's probe, then its finish
 
 
-def _each(fn, subs: dict, jobs: int, what: str, train_sft, *args) -> dict:
-    """{k: fn(subs[k], train_sft, *args)} (``what``: the progress line's words after the restart's number): in this process one after another (``jobs`` 1), else ``jobs`` at a time
-    in spawned worker processes that die with this one (killed at once if one fails or on Ctrl-C)."""
+def _each(fn, subs: dict, jobs: int, label, train_sft, *args) -> dict:
+    """{k: fn(subs[k], train_sft, *args)}: in this process one after another (``jobs`` 1), else ``jobs`` at a time in
+    spawned worker processes that die with this one (all killed at once if one fails, or on Ctrl-C). ``label(k, sub)``
+    names a restart in the progress lines."""
     if jobs <= 1 or len(subs) <= 1:
         out = {}
         for k, sub in subs.items():
-            print(f"SFT restart {k + 1}{what} (seed {sub.seed}) -> {sub.out}", flush=True)
+            print(f"SFT restart {label(k, sub)}", flush=True)
             out[k] = fn(sub, train_sft, *args)
         return out
     import concurrent.futures as cf
@@ -245,13 +246,14 @@ def _each(fn, subs: dict, jobs: int, what: str, train_sft, *args) -> dict:
 
     from posttrain.pipeline.workers import die_with_parent
 
-    ks = ", ".join(str(k + 1) for k in subs)
-    print(f"SFT restarts {ks}{what}: {min(jobs, len(subs))} at a time in worker processes", flush=True)
+    jobs = min(jobs, len(subs))
+    print(
+        f"SFT restarts, {jobs} at a time in worker processes (output: {_worker_log(next(iter(subs.values())))}, ...):"
+    )
+    for k, sub in subs.items():
+        print(f"  {label(k, sub)}", flush=True)
     pool = cf.ProcessPoolExecutor(
-        max_workers=min(jobs, len(subs)),
-        mp_context=mp.get_context("spawn"),
-        initializer=die_with_parent,
-        initargs=(os.getpid(),),
+        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
     )
     futures = {
         k: pool.submit(_in_worker, fn, dataclasses.replace(sub, progress=False), *args) for k, sub in subs.items()
@@ -272,14 +274,6 @@ def _each(fn, subs: dict, jobs: int, what: str, train_sft, *args) -> dict:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     return out
-
-
-def _probe_job(sub, train_sft, cfg, val) -> dict:
-    return _probe(sub, train_sft, cfg, val)
-
-
-def _finish_job(sub, train_sft) -> dict:
-    return _run_one(sub, train_sft)
 
 
 def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
@@ -303,13 +297,15 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
         print(f"restart_jobs={jobs}: under torchrun the restarts run one after another, each on every process")
         jobs = 1
     if probe and val is not None:
-        probes = _each(_probe_job, dict(enumerate(subs)), jobs, f"/{cfg.restarts} to step {probe}", train_sft, cfg, val)
+        to_probe = lambda k, sub: f"{k + 1}/{cfg.restarts} (seed {sub.seed}) to step {probe} -> {sub.out}"  # noqa: E731
+        probes = _each(_probe, dict(enumerate(subs)), jobs, to_probe, train_sft, cfg, val)
         for k in sorted(probes):
             print(f"  restart {k}: validation accuracy {probes[k]['val_accuracy']:.3f} at step {probes[k]['step']}")
         ranked = sorted(probes, key=lambda k: (-probes[k]["val_accuracy"], k))  # the earliest on ties
         finalists = sorted(ranked[: cfg.restart_keep])
         print(f"finishing restart{'s' if len(finalists) > 1 else ''} {', '.join(map(str, finalists))}")
-    finished = _each(_finish_job, {k: subs[k] for k in finalists}, jobs, f"/{cfg.restarts}", train_sft)
+    to_end = lambda k, sub: f"{k + 1}/{cfg.restarts} (seed {sub.seed}) -> {sub.out}"  # noqa: E731
+    finished = _each(_run_one, {k: subs[k] for k in finalists}, jobs, to_end, train_sft)
     candidates = []
     for k, sub in enumerate(subs):
         c = {"restart": k, "seed": sub.seed, "dir": sub.out, "probe": probes.get(k)}

@@ -262,3 +262,17 @@ def test_restarts_in_worker_processes_end_bit_for_bit_as_one_at_a_time(tmp_path)
     assert sorted(a) == sorted(b) and any(k.endswith(".safetensors") for k in a)
     assert [k for k in a if a[k] != b[k] and k.endswith(".safetensors")] == []
     assert (tmp_path / "two" / "restarts" / "0.log").read_text()  # each worker's output, beside its run
+
+
+def test_a_restart_that_fails_in_its_worker_fails_the_run_and_names_its_log(tmp_path, capsys):
+    """restart_jobs 2 on resume, restart 1's summary corrupt: the one-line error of its worker reaches the caller, the
+    progress says which restart failed and where its output is, and model/ is not published again."""
+    out = tmp_path / "bad"
+    train_sft(cfg(out))
+    shutil.rmtree(out / "model")
+    (out / "restarts" / "1" / "summary.json").write_text("{not json")
+    capsys.readouterr()
+    with pytest.raises(UserError, match="summary.json"):
+        train_sft(cfg(out, restart_jobs=2), resume=str(out))
+    assert f"SFT restart 2 failed (its output: {out / 'restarts' / '1.log'})" in capsys.readouterr().out
+    assert not (out / "model").exists()
