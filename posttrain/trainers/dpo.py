@@ -31,6 +31,8 @@ Not handled: gradient accumulation (beta-DPO's batch statistics would change wit
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from dataclasses import dataclass
 
@@ -138,12 +140,28 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     window = prompt_window(t.init.model, cfg.max_new_tokens)
     own = dict(choice=choice, beta=beta, loss_gen=loss_gen, loss_state=loss_state, eval_window=window)
     s = DPOState(cfg, **t.state_parts(), **vars(t.inputs), **own, guard=NonFiniteGuard(cfg.nan_patience))
+    per_step = cfg.batch_size * (2 if choice.unpaired else 1)
+    steps = epoch_capped_steps(cfg.steps, len(s.data.examples), per_step, cfg.max_epochs)
+    if steps < cfg.steps:
+        print(
+            f"max_epochs={cfg.max_epochs}: {len(s.data.examples)} {'examples' if choice.unpaired else 'pairs'}, "
+            f"{per_step} a step -> {steps} steps instead of {cfg.steps}"
+        )
+        s.cfg = cfg = dataclasses.replace(cfg, steps=steps)
     print(
         f"{cfg.loss}: {len(s.data.examples)} {'examples' if choice.unpaired else 'pairs'}, {len(s.evals)} eval "
         f"problems, beta {beta}, model {common.n_params(t.model) / 1e6:.2f}M params, reference {s.reference}, "
         f"steps {t.start_step}->{cfg.steps}"
     )
     return s
+
+
+def epoch_capped_steps(steps: int, n: int, per_step: int, max_epochs: float | None) -> int:
+    """``steps``, or fewer when ``max_epochs`` passes over ``n`` examples at ``per_step`` a step end sooner:
+    min(steps, ceil(max_epochs * n / per_step)), at least 1. Example: 250 steps, 84 pairs, 32 a step, 3 epochs -> 8."""
+    if max_epochs is None:
+        return steps
+    return max(1, min(steps, math.ceil(max_epochs * n / per_step)))
 
 
 def train_step(s: DPOState, step: int) -> dict:

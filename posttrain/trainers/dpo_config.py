@@ -35,6 +35,13 @@ class DPOConfig(TrainerConfig):
     beta: float | None = knob(None, "loss temperature beta (None = the loss's default: 0.1, SimPO 2.0)", gt=0)
     loss_kwargs: dict = knob(factory=dict, help="extra loss arguments as JSON, e.g. '{\"label_smoothing\": 0.2}'")
     steps: int = override("steps", 250)
+    max_epochs: float | None = knob(
+        None,
+        "train at most this many passes over the pairs: the run's steps become min(steps, ceil(max_epochs * pairs / "
+        "batch_size)) once the pairs are built (None = steps alone); a policy that is right almost everywhere leaves "
+        "few on-policy pairs, and 250 steps over a hundred of them memorise those and unlearn the rest",
+        gt=0,
+    )
     batch_size: int = knob(32, "pairs per optimizer step (KTO: 2x this many labelled completions)", gt=0)
     lr: float = override("lr", 1e-4)
     precompute_ref: bool = knob(True, "compute reference log-probs once for the dataset (one forward pass per step)")

@@ -263,3 +263,24 @@ def test_cached_pairs_rebuilds_on_new_settings(tmp_path):
     assert len(calls) == 2
     with pytest.raises(DataError, match="no preference pairs"):
         cached_pairs(tmp_path / "e.jsonl", {}, lambda: ([], {}))
+
+
+def test_epoch_cap_is_min_of_steps_and_passes_over_the_pairs():
+    from posttrain.trainers.dpo import epoch_capped_steps
+
+    for steps, n, per, e in [(250, 84, 32, 3.0), (250, 4000, 32, 3.0), (10, 1, 4, 0.5), (7, 6, 4, 2.0)]:
+        passes = [k for k in range(1, steps + 1) if (k - 1) * per < e * n]  # steps that start before e passes end
+        assert epoch_capped_steps(steps, n, per, e) == max(1, len(passes))
+    assert epoch_capped_steps(250, 84, 32, None) == 250
+    assert epoch_capped_steps(250, 84, 32, 3.0) == 8
+
+
+def test_max_epochs_runs_the_capped_steps_exactly(tmp_path, sft_ckpt, pair_file):
+    """6 pairs, 4 a step, 2 epochs: 3 steps instead of 20, bitwise the run asked for 3 steps (same LR schedule)."""
+    capped = train_dpo(cfg(tmp_path / "cap", sft_ckpt, data=pair_file, steps=20, max_epochs=2.0))
+    plain = train_dpo(cfg(tmp_path / "plain", sft_ckpt, data=pair_file, steps=3))
+    assert capped["steps"] == 3 and [r["step"] for r in metrics(tmp_path / "cap")] == [1, 2, 3]
+    a = load_checkpoint(tmp_path / "cap").model.state_dict()
+    b = load_checkpoint(tmp_path / "plain").model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert plain["heldout_accuracy"] == capped["heldout_accuracy"]
