@@ -221,10 +221,9 @@ def _worker_log(sub) -> Path:
     return Path(sub.out).parent / f"{Path(sub.out).name}.log"
 
 
-def _in_worker(fn, sub, *args):
-    """In a worker process: ``fn(sub, train_sft, *args)`` with the worker's output in ``restarts/K.log``."""
-    from posttrain.trainers.sft import train_sft
-
+def _in_worker(fn, sub, train_sft, *args):
+    """In a worker process: ``fn(sub, train_sft, *args)`` with the worker's output in ``restarts/K.log`` (``train_sft``
+    arrives pickled by name, so this module never imports the trainer that imports it)."""
     log = _worker_log(sub)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
@@ -256,7 +255,8 @@ def _each(fn, subs: dict, jobs: int, label, train_sft, *args) -> dict:
         max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
     )
     futures = {
-        k: pool.submit(_in_worker, fn, dataclasses.replace(sub, progress=False), *args) for k, sub in subs.items()
+        k: pool.submit(_in_worker, fn, dataclasses.replace(sub, progress=False), train_sft, *args)
+        for k, sub in subs.items()
     }
     out = {}
     try:
