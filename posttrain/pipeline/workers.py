@@ -53,6 +53,28 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> None:
         os._exit(1)
 
 
+def spawn_pool(jobs: int):
+    """A pool of ``jobs`` spawned interpreters (no forked torch state), each dying with this process."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    return cf.ProcessPoolExecutor(
+        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
+    )
+
+
+def kill_pool(pool) -> None:
+    """SIGKILL every worker process of ``pool``, wait for them, and drop its pending work."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError):
+            p.kill()
+    for p in procs:
+        with contextlib.suppress(OSError, ValueError):
+            p.join(timeout=10)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def run_in_worker(module: str, fn: str, cfg, out: Path, resume: bool, log: Path):
     """A training stage in a worker process: (summary, wall seconds, peak RSS MiB). Output -> ``log``."""
     import importlib
@@ -87,16 +109,8 @@ class Workers:
         return self.jobs > 1 and getattr(stage.run, "trainer", None) is not None
 
     def submit(self, tag, stage, scfg, d: Path, resume: bool, key, fields, action):
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
         if self.pool is None:
-            self.pool = cf.ProcessPoolExecutor(
-                max_workers=self.jobs,
-                mp_context=mp.get_context("spawn"),
-                initializer=die_with_parent,
-                initargs=(os.getpid(),),
-            )
+            self.pool = spawn_pool(self.jobs)
         module, fn = stage.run.trainer
         log = self.ctx.run_dir / cache.STATE_DIR / f"{stage.name}.log"
         fut = self.pool.submit(run_in_worker, module, fn, scfg, d, resume, log)
@@ -131,12 +145,5 @@ class Workers:
         self.pending.clear()
         if self.pool is None:
             return
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
-        for p in procs:
-            with contextlib.suppress(OSError, ValueError):
-                p.kill()
-        for p in procs:
-            with contextlib.suppress(OSError, ValueError):
-                p.join(timeout=10)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        kill_pool(self.pool)
         self.pool = None

@@ -140,7 +140,7 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     window = prompt_window(t.init.model, cfg.max_new_tokens)
     own = dict(choice=choice, beta=beta, loss_gen=loss_gen, loss_state=loss_state, eval_window=window)
     s = DPOState(cfg, **t.state_parts(), **vars(t.inputs), **own, guard=NonFiniteGuard(cfg.nan_patience))
-    per_step = cfg.batch_size * (2 if choice.unpaired else 1)
+    per_step = examples_per_step(cfg, choice)
     steps = epoch_capped_steps(cfg.steps, len(s.data.examples), per_step, cfg.max_epochs)
     if steps < cfg.steps:
         print(
@@ -156,6 +156,11 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     return s
 
 
+def examples_per_step(cfg: DPOConfig, choice) -> int:
+    """Examples one optimizer step takes: ``batch_size`` pairs, or twice as many labelled completions (KTO)."""
+    return cfg.batch_size * (2 if choice.unpaired else 1)
+
+
 def epoch_capped_steps(steps: int, n: int, per_step: int, max_epochs: float | None) -> int:
     """``steps``, or fewer when ``max_epochs`` passes over ``n`` examples at ``per_step`` a step end sooner:
     min(steps, ceil(max_epochs * n / per_step)), at least 1. Example: 250 steps, 84 pairs, 32 a step, 3 epochs -> 8."""
@@ -168,7 +173,7 @@ def train_step(s: DPOState, step: int) -> dict:
     """One optimizer step on batch ``step`` -> its metrics (the loss's own ones included)."""
     cfg, t0 = s.cfg, time.perf_counter()
     lr = common.schedule_lr(s.opt, step, cfg)
-    per_step = cfg.batch_size * (2 if s.choice.unpaired else 1)
+    per_step = examples_per_step(cfg, s.choice)
     idx = batch_indices(len(s.data.examples), per_step, step, cfg.seed).tolist()  # the global batch
     idx = distributed.shard(idx, s.world)  # this rank's pairs; the loss is a mean over pairs (not batch_coupled):
     share = len(idx) / per_step * distributed.ddp_loss_scale(s.world)  # weighted by its share of the global batch

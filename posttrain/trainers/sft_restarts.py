@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import os
 import random
 import shutil
 import time
@@ -240,10 +239,7 @@ def _each(fn, subs: dict, jobs: int, label, train_sft, *args) -> dict:
             print(f"SFT restart {label(k, sub)}", flush=True)
             out[k] = fn(sub, train_sft, *args)
         return out
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    from posttrain.pipeline.workers import die_with_parent
+    from posttrain.pipeline.workers import kill_pool, spawn_pool
 
     jobs = min(jobs, len(subs))
     print(
@@ -251,9 +247,7 @@ def _each(fn, subs: dict, jobs: int, label, train_sft, *args) -> dict:
     )
     for k, sub in subs.items():
         print(f"  {label(k, sub)}", flush=True)
-    pool = cf.ProcessPoolExecutor(
-        max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
-    )
+    pool = spawn_pool(jobs)
     futures = {
         k: pool.submit(_in_worker, fn, dataclasses.replace(sub, progress=False), train_sft, *args)
         for k, sub in subs.items()
@@ -268,10 +262,7 @@ def _each(fn, subs: dict, jobs: int, label, train_sft, *args) -> dict:
                 raise
         pool.shutdown()
     except BaseException:
-        for p in list((getattr(pool, "_processes", None) or {}).values()):
-            with contextlib.suppress(OSError, ValueError):
-                p.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+        kill_pool(pool)
         raise
     return out
 
