@@ -93,11 +93,13 @@ class DPOConfig(TrainerConfig):
 # What each preset is for (`posttrain dpo --help`, docs/preference.md); plain DPO is `--loss dpo`.
 PRESETS: dict[str, dict] = {
     "tiny": Preset(
-        "the default on the embedded task: RPO (DPO + the chosen answers' NLL) on on-policy pairs", {"loss": "rpo"}
+        "the default on the embedded task: RPO (DPO + the chosen answers' NLL) on on-policy pairs, at most 6 passes "
+        "over them (a policy right almost everywhere leaves few pairs; docs/outcomes.md)",
+        {"loss": "rpo", "max_epochs": 6.0},
     ),
     "small": Preset(
         "500 steps on 8192 prompts: from a `sft --preset small` model",
-        {"loss": "rpo", "steps": 500, "pairs": {"num_prompts": 8192}},
+        {"loss": "rpo", "max_epochs": 6.0, "steps": 500, "pairs": {"num_prompts": 8192}},
     ),
 }
 
