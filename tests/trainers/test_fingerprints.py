@@ -2,8 +2,10 @@
 
 Oracle: the recorded output of the same commands (``fingerprints.json`` beside this file): the sha256 of every
 weight file a run writes (``model/``, periodic checkpoints, restarts), its ``metrics.jsonl`` and ``summary.json``
-without timing fields, and each checkpoint's ``trainer_state.json`` with the run's own directory and id taken out.
-A refactor of the trainers that changes none of their arithmetic keeps every one of them.
+without timing fields, and each checkpoint's ``trainer_state.json`` with the run's own directory and id and its saved
+config taken out (a knob added at a default that changes nothing is not a change of the record; a default that does
+change training shows in the weights). A refactor of the trainers that changes none of their arithmetic keeps every
+one of them.
 
 Weights depend on the torch build and the CPU, so the comparison is made only where the recording was (same
 torch and Python, same CPU kind: model and the vector ISA of torch's kernels, since an Intel Xeon and an AMD EPYC
@@ -119,7 +121,10 @@ def fingerprint(run: Path, root: str) -> dict[str, str]:
         if p.suffix == ".safetensors" or p.name == "reward_stats.json":
             out[rel] = _sha(p.read_bytes())
         elif p.name in ("summary.json", "trainer_state.json"):
-            out[rel] = _sha(json.dumps(_clean(json.loads(p.read_text()), root), sort_keys=True).encode())
+            state = json.loads(p.read_text())
+            if p.name == "trainer_state.json":
+                state.pop("config", None)  # a new knob, a no-op at its default, changes no result
+            out[rel] = _sha(json.dumps(_clean(state, root), sort_keys=True).encode())
         elif p.suffix == ".jsonl":  # metrics.jsonl; pairs.jsonl and eval_pairs.jsonl: the cached pairs
             rows = [_clean(json.loads(ln), root) for ln in p.read_text().splitlines()]
             out[rel] = _sha(json.dumps(rows, sort_keys=True).encode())
