@@ -140,16 +140,13 @@ def setup(cfg: DPOConfig, resume: str | None = None, overwrite: bool = False) ->
     window = prompt_window(t.init.model, cfg.max_new_tokens)
     own = dict(choice=choice, beta=beta, loss_gen=loss_gen, loss_state=loss_state, eval_window=window)
     s = DPOState(cfg, **t.state_parts(), **vars(t.inputs), **own, guard=NonFiniteGuard(cfg.nan_patience))
-    per_step = examples_per_step(cfg, choice)
-    steps = epoch_capped_steps(cfg.steps, len(s.data.examples), per_step, cfg.max_epochs)
+    n, what, per_step = len(s.data.examples), "examples" if choice.unpaired else "pairs", examples_per_step(cfg, choice)
+    steps = epoch_capped_steps(cfg.steps, n, per_step, cfg.max_epochs)
     if steps < cfg.steps:
-        print(
-            f"max_epochs={cfg.max_epochs}: {len(s.data.examples)} {'examples' if choice.unpaired else 'pairs'}, "
-            f"{per_step} a step -> {steps} steps instead of {cfg.steps}"
-        )
+        print(f"max_epochs={cfg.max_epochs}: {n} {what}, {per_step} a step -> {steps} steps instead of {cfg.steps}")
         s.cfg = cfg = dataclasses.replace(cfg, steps=steps)
     print(
-        f"{cfg.loss}: {len(s.data.examples)} {'examples' if choice.unpaired else 'pairs'}, {len(s.evals)} eval "
+        f"{cfg.loss}: {n} {what}, {len(s.evals)} eval "
         f"problems, beta {beta}, model {common.n_params(t.model) / 1e6:.2f}M params, reference {s.reference}, "
         f"steps {t.start_step}->{cfg.steps}"
     )
