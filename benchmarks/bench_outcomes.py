@@ -2,7 +2,8 @@
 
 For every seed S the sweep runs the CLI exactly as a user would::
 
-    posttrain sft  --preset tiny --seed S --out WORK/seedS/sft  --threads 1 --progress false --overwrite  SFT_ARGS
+    posttrain sft  --preset tiny --seed S --out WORK/seedS/sft  --threads 1 --progress false --overwrite \
+                   --restart-jobs 1  SFT_ARGS
     posttrain grpo --preset tiny --seed S --out WORK/seedS/grpo --init WORK/seedS/sft ...               GRPO_ARGS
     posttrain dpo  --preset tiny --seed S --out WORK/seedS/dpo  --init WORK/seedS/sft ...               DPO_ARGS
     posttrain rm   --preset tiny --seed S --out WORK/seedS/rm   ...                                     RM_ARGS
@@ -16,7 +17,8 @@ being the child process's own, so a busy machine does not inflate it; commands, 
 (reward, zero_std_frac, entropy, KL, held-out accuracy) of the GRPO runs with the best and the worst gain go
 to ``WORK/curves_best_seedS.csv`` / ``curves_worst_seedS.csv`` (matplotlib is not a dependency: CSV only).
 
-``--jobs`` runs that many CLI processes at once (each with ``--threads 1``); a stage starts as soon as its
+``--jobs`` runs that many CLI processes at once (each with ``--threads 1``, and SFT's restarts one at a time,
+``--restart-jobs 1``, so a run's CPU seconds are its own); a stage starts as soon as its
 seed's SFT has finished. ``--reuse`` keeps a finished run whose recorded command is identical (sweeps over
 GRPO hyper-parameters then reuse the SFT runs). ``--heldout-all`` (on by default; ``--no-heldout-all`` skips
 it) also scores every policy (SFT, GRPO, DPO, PPO) on the task's whole held-out split, 1,051 problems, with the
@@ -252,12 +254,31 @@ def command(stage: str, seed: int, work: Path, extra: str, sft_root: Path | None
         "false",
         "--overwrite",
     ]
+    if stage == "sft":  # each CLI process has one core (--jobs at once): its restarts one at a time
+        cmd += ["--restart-jobs", "1"]
     sft = (sft_root or work) / f"seed{seed}" / "sft"
     if stage in DEPENDS_ON_SFT:
         cmd += ["--init", str(sft)]
     # per-seed paths in the extra flags: {seed}, {sft} (this seed's SFT run), {work}; e.g. --rm-args "--init {sft}"
     extra = extra.replace("{seed}", str(seed)).replace("{sft}", str(sft)).replace("{work}", str(work))
     return cmd + shlex.split(extra)
+
+
+def same_run(recorded: list[str], cmd: list[str]) -> bool:
+    """Whether a recorded command trains what ``cmd`` trains: equal but for ``--restart-jobs N`` (how the restarts
+    share the cores; a record from before the flag was passed has none)."""
+
+    def bare(c: list[str]) -> list[str]:
+        out, i = [], 0
+        while i < len(c):
+            if c[i] == "--restart-jobs" and i + 1 < len(c):
+                i += 2
+                continue
+            out.append(c[i])
+            i += 1
+        return out
+
+    return bare(recorded) == bare(cmd)
 
 
 def heldout_all(stage: str, seed: int, run_dir: Path, work: Path) -> dict:
@@ -299,7 +320,9 @@ def run_one(
         rec = json.loads(record.read_text())
         cmd = ["python", *rec["cmd"]]
         say(f"[seed {seed}] sft: from {out}")
-    elif reuse and summary_path.exists() and record.exists() and json.loads(record.read_text())["cmd"] == cmd[1:]:
+    elif (
+        reuse and summary_path.exists() and record.exists() and same_run(json.loads(record.read_text())["cmd"], cmd[1:])
+    ):
         rec = json.loads(record.read_text())
         say(f"[seed {seed}] {stage}: reused {out}")
     else:

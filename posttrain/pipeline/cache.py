@@ -58,6 +58,7 @@ EXCLUDED = frozenset(
         "logger",
         "threads",
         "workers",
+        "restart_jobs",
         "progress",
         "backend",
         "ray_address",

@@ -116,6 +116,8 @@ def _sft_config(data_name: str, stage: str):
             tokenizer=_tokenizer_path(ctx),
             eval_data=_sft_eval_file(ctx),
             val_data=_val_data(ctx),
+            # with --jobs > 1 the stages already share the cores: each one's restarts one at a time
+            restart_jobs=1 if getattr(ctx.cfg, "jobs", 1) > 1 else ctx.cfg.sft.restart_jobs,
             **start,
             **_hf(ctx),
         )

@@ -18,6 +18,7 @@ a second writer in the same directory.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import ctypes
 import functools
@@ -61,6 +62,40 @@ def spawn_pool(jobs: int):
     return cf.ProcessPoolExecutor(
         max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
     )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's or ``taskset``'s share), >= 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def main_rerun_by_workers() -> Path | None:
+    """The file a spawned worker runs again (as ``__mp_main__``) before any work: this program's script, or its
+    ``-m`` module; None when it runs none (the REPL, ``-c``, a package's ``__main__`` such as ``python -m posttrain``,
+    which multiprocessing skips)."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        if name == "__main__" or name.endswith(".__main__"):
+            return None
+        path = getattr(main.__spec__, "origin", None)
+    else:
+        path = getattr(main, "__file__", None)
+    return Path(path) if path else None
+
+
+def has_main_guard(path: Path) -> bool:
+    """Whether the Python file ``path`` has a top-level ``if __name__ == "__main__":`` (so a worker that runs it again
+    skips its work); False when it cannot be read or parsed."""
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return False
+    tests = {"__name__ == '__main__'", "'__main__' == __name__"}
+    return any(isinstance(node, ast.If) and ast.unparse(node.test) in tests for node in tree.body)
 
 
 def kill_pool(pool) -> None:

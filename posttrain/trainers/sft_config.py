@@ -101,12 +101,12 @@ class SFTConfig(TrainerConfig):
     )
     restart_keep: int = knob(1, "with restart_probe: how many restarts train past the probe", ge=1)
     restart_jobs: int = knob(
-        1,
-        "restarts trained at a time, each in its own process on --threads threads (2 on a 2-core machine: the "
-        "restarts' phase in about half the wall time); every restart, and so model/, ends bit for bit as one at a "
-        "time; each worker's output goes to restarts/K.log (spawned processes: a script calling train_sft with it "
-        "needs the `if __name__ == '__main__':` guard)",
-        ge=1,
+        0,
+        "restarts trained at a time, each in its own process on --threads threads; 0 = as many as the usable cores "
+        "hold (on the CPU, restarts of 100+ steps; 1 otherwise); every restart, and so model/, ends bit for bit as "
+        "one at a time; each worker's output goes to restarts/K.log (spawned processes: a script calling train_sft "
+        "needs the `if __name__ == '__main__':` guard for them)",
+        ge=0,
     )
 
     def __post_init__(self):

@@ -32,17 +32,17 @@ Under ``torchrun`` the restarts run one after another, each on all the processes
 each); every process scores the restarts the same way, and rank 0 alone writes the probe records, the kept
 ``model/`` and the summary (the others wait for it).
 
-In parallel (``restart_jobs`` J > 1, one process): the restarts of a phase (the probes, then the finalists) train J
-at a time, each in a spawned worker process on ``threads`` threads that dies with its parent, its output in
-``restarts/K.log``; the parent ranks and scores them. A restart is a function of its config alone, so each ends bit
-for bit as it would one at a time (tested), in about 1/J of the wall time on J free cores.
+In parallel (``restart_jobs`` J > 1, or 0, the default: as many as the usable cores hold at ``threads`` threads
+each, ``restart_workers.py``): the restarts of a phase (the probes, then the finalists) train J at a time, each in a
+spawned worker process that dies with its parent, its output in ``restarts/K.log``; the parent shows their progress,
+ranks and scores them. A restart is a function of its config alone, so each ends bit for bit as it would one at a
+time (tested), in about 1/J of the wall time on J free cores.
 
 Not handled: parallel restarts under ``torchrun`` (there they run one after another), restarts under ``--fsdp``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import random
@@ -60,6 +60,7 @@ from posttrain.errors import ConfigError, DataError, UserError
 from posttrain.evaluation import evaluate_problems
 from posttrain.tasks.embedded import embedded_task, split_of
 from posttrain.trainers import common, distributed
+from posttrain.trainers.restart_workers import auto_jobs, run_phase
 from posttrain.trainers.run_dir import begin_run, changed_settings, run_root
 
 VAL_SAMPLE_SEED = "sft-restart-validation"
@@ -216,57 +217,6 @@ def _probe(sub, train_sft, cfg, val) -> dict:
     return probe
 
 
-def _worker_log(sub) -> Path:
-    return Path(sub.out).parent / f"{Path(sub.out).name}.log"
-
-
-def _in_worker(fn, sub, train_sft, *args):
-    """In a worker process: ``fn(sub, train_sft, *args)`` with the worker's output in ``restarts/K.log`` (``train_sft``
-    arrives pickled by name, so this module never imports the trainer that imports it)."""
-    log = _worker_log(sub)
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a", encoding="utf-8") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-        return fn(sub, train_sft, *args)  # appended: a restart's probe, then its finish
-
-
-def _each(fn, subs: dict, jobs: int, label, train_sft, *args) -> dict:
-    """{k: fn(subs[k], train_sft, *args)}: in this process one after another (``jobs`` 1), else ``jobs`` at a time in
-    spawned worker processes that die with this one (all killed at once if one fails, or on Ctrl-C). ``label(k, sub)``
-    names a restart in the progress lines."""
-    if jobs <= 1 or len(subs) <= 1:
-        out = {}
-        for k, sub in subs.items():
-            print(f"SFT restart {label(k, sub)}", flush=True)
-            out[k] = fn(sub, train_sft, *args)
-        return out
-    from posttrain.pipeline.workers import kill_pool, spawn_pool
-
-    jobs = min(jobs, len(subs))
-    print(
-        f"SFT restarts, {jobs} at a time in worker processes (output: {_worker_log(next(iter(subs.values())))}, ...):"
-    )
-    for k, sub in subs.items():
-        print(f"  {label(k, sub)}", flush=True)
-    pool = spawn_pool(jobs)
-    futures = {
-        k: pool.submit(_in_worker, fn, dataclasses.replace(sub, progress=False), train_sft, *args)
-        for k, sub in subs.items()
-    }
-    out = {}
-    try:
-        for k, fut in futures.items():
-            try:
-                out[k] = fut.result()
-            except BaseException:
-                print(f"SFT restart {k + 1} failed (its output: {_worker_log(subs[k])})", flush=True)
-                raise
-        pool.shutdown()
-    except BaseException:
-        kill_pool(pool)
-        raise
-    return out
-
-
 def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict:
     """Run ``cfg.restarts`` SFT runs and keep the best by validation accuracy; returns the summary. With
     ``restart_probe``, every restart trains to that fraction of the steps, and only the best ``restart_keep`` finish."""
@@ -283,20 +233,23 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
     finalists, probes, probe = range(cfg.restarts), {}, probe_step(cfg)
     if probe and val is None:
         print("restart_probe ranks on problems (--val-data); with a val_fraction split every restart finishes")
-    jobs = cfg.restart_jobs
-    if jobs > 1 and world.distributed:
-        print(f"restart_jobs={jobs}: under torchrun the restarts run one after another, each on every process")
-        jobs = 1
+    if cfg.restart_jobs > 1 and world.distributed:
+        print(
+            f"restart_jobs={cfg.restart_jobs}: under torchrun the restarts run one after another, each on every process"
+        )
     if probe and val is not None:
         to_probe = lambda k, sub: f"{k + 1}/{cfg.restarts} (seed {sub.seed}) to step {probe} -> {sub.out}"  # noqa: E731
-        probes = _each(_probe, dict(enumerate(subs)), jobs, to_probe, train_sft, cfg, val)
+        jobs = 1 if world.distributed else auto_jobs(cfg, cfg.restarts, probe, world)
+        probes = run_phase(_probe, dict(enumerate(subs)), jobs, to_probe, (0, probe), train_sft, cfg, val)
         for k in sorted(probes):
             print(f"  restart {k}: validation accuracy {probes[k]['val_accuracy']:.3f} at step {probes[k]['step']}")
         ranked = sorted(probes, key=lambda k: (-probes[k]["val_accuracy"], k))  # the earliest on ties
         finalists = sorted(ranked[: cfg.restart_keep])
         print(f"finishing restart{'s' if len(finalists) > 1 else ''} {', '.join(map(str, finalists))}")
     to_end = lambda k, sub: f"{k + 1}/{cfg.restarts} (seed {sub.seed}) -> {sub.out}"  # noqa: E731
-    finished = _each(_run_one, {k: subs[k] for k in finalists}, jobs, to_end, train_sft)
+    start = probe if probes else 0  # the finalists resume from their probe checkpoints
+    jobs = 1 if world.distributed else auto_jobs(cfg, len(finalists), cfg.steps - start, world)
+    finished = run_phase(_run_one, {k: subs[k] for k in finalists}, jobs, to_end, (start, cfg.steps), train_sft)
     candidates = []
     for k, sub in enumerate(subs):
         c = {"restart": k, "seed": sub.seed, "dir": sub.out, "probe": probes.get(k)}
