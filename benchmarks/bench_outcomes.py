@@ -264,6 +264,20 @@ def command(stage: str, seed: int, work: Path, extra: str, sft_root: Path | None
     return cmd + shlex.split(extra)
 
 
+def portable(cmd: list[str], roots: dict[Path, str]) -> str:
+    """``cmd`` as a record shows it: ``python -m posttrain ...`` with each path under a root of ``roots`` written as
+    that root's name (``{work: "WORK"}``: ``--out WORK/seed0/grpo``), so a record reads the same on any machine."""
+
+    def one(arg: str) -> str:
+        for root, name in sorted(roots.items(), key=lambda kv: -len(str(kv[0]))):  # the deepest root first
+            r = str(root)
+            if arg == r or arg.startswith(r + "/"):
+                return name + arg[len(r) :]
+        return arg
+
+    return " ".join(shlex.quote(one(c)) for c in ["python", *cmd[1:]])
+
+
 def same_run(recorded: list[str], cmd: list[str]) -> bool:
     """Whether a recorded command trains what ``cmd`` trains: equal but for ``--restart-jobs N`` (how the restarts
     share the cores; a record from before the flag was passed has none)."""
@@ -347,7 +361,7 @@ def run_one(
         }
         record.write_text(json.dumps(rec))
     res = {
-        "cmd": " ".join(shlex.quote(c) for c in ["python", *cmd[1:]]),
+        "cmd": portable(cmd, {work: "WORK", **({sft_root: "SFT_FROM"} if sft_root else {})}),
         "rc": rec["rc"],
         "wall_seconds": rec["wall_seconds"],
         "cpu_seconds": rec.get("cpu_seconds"),

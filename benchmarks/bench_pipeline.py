@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_outcomes import describe, versions  # noqa: E402
+from bench_outcomes import describe, portable, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("sft", "rm_best_of_n", "rm_weighted_best_of_n", "dpo", "grpo", "ppo", "sft_raw")
@@ -32,23 +32,24 @@ def run_seed(seed: int, work: Path, jobs: int, extra: str, collect: bool = False
     out = work / f"seed{seed}"
     cmd = [sys.executable, "-m", "posttrain", "pipeline", "--preset", "tiny", "--seed", str(seed)]
     cmd += ["--jobs", str(jobs), "--quiet", "--out", str(out), *shlex.split(extra)]
+    shown = portable(cmd, {work: "WORK"})  # what the record says: the same on any machine
     t0 = time.perf_counter()
     if collect:  # a finished run's summary as it is (its commit is in it), nothing re-run
         if not (out / "summary.json").is_file():
             print(f"seed {seed}: no {out / 'summary.json'}", flush=True)
-            return {"failed": "missing", "command": cmd}
+            return {"failed": "missing", "command": shown}
     else:
         print("$ " + shlex.join(cmd), flush=True)
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         (work / f"seed{seed}.log").write_text(proc.stdout + proc.stderr)
         if proc.returncode != 0:
             print(f"seed {seed}: failed (exit {proc.returncode}); see {work / f'seed{seed}.log'}", flush=True)
-            return {"failed": proc.returncode, "command": cmd}
+            return {"failed": proc.returncode, "command": shown}
     wall = time.perf_counter() - t0
     s = json.loads((out / "summary.json").read_text())
     dedup = s["stages"]["dedup"]["metrics"]
     return {
-        "command": cmd,
+        "command": shown,
         "wall_seconds": wall,
         "pipeline_seconds": s.get("total_seconds"),
         "accuracy": {k: v["greedy"] for k, v in s["heldout"].items() if v.get("greedy") is not None},

@@ -123,11 +123,11 @@ def run_phase(fn, subs: dict, jobs: int, label, span: tuple[int, int], train_sft
     }
     try:
         _watch(futures, subs, span, show)
-        out = {}
-        for k, fut in futures.items():  # the first failed restart, in order, is the one reported
-            if fut.exception() is not None:
-                print(f"SFT restart {k + 1} failed (its output: {worker_log(subs[k])})", flush=True)
-            out[k] = fut.result()
+        failed = [k for k, fut in futures.items() if fut.done() and fut.exception() is not None]
+        if failed:  # the first failed restart, in order, is reported; the others are killed, not waited for
+            print(f"SFT restart {failed[0] + 1} failed (its output: {worker_log(subs[failed[0]])})", flush=True)
+            futures[failed[0]].result()
+        out = {k: fut.result() for k, fut in futures.items()}
         pool.shutdown()
     except BaseException:
         kill_pool(pool)

@@ -54,6 +54,21 @@ def test_extra_flags_take_per_seed_paths(tmp_path):
     assert "--init" not in bo.command("rm", 0, tmp_path, "")  # rm has no SFT start unless asked
 
 
+def test_a_record_shows_commands_without_this_machines_paths(tmp_path):
+    work, sft = tmp_path / "w", tmp_path / "w2"
+    shown = bo.portable(bo.command("grpo", 1, work, "--x {work}/y", sft_root=sft), {work: "WORK", sft: "SFT_FROM"})
+    assert shown.startswith("python -m posttrain grpo") and str(tmp_path) not in shown
+    assert "--out WORK/seed1/grpo" in shown and "--init SFT_FROM/seed1/sft" in shown and "--x WORK/y" in shown
+    assert bo.portable(["py", str(work) + "x"], {work: "WORK"}) == f"python {work}x"  # a sibling is not under it
+
+
+def test_a_recorded_sft_run_is_reused_whatever_its_restarts_share_of_the_cores(tmp_path):
+    cmd = bo.command("sft", 0, tmp_path, "--steps 10")[1:]
+    before = cmd[: cmd.index("--restart-jobs")] + cmd[cmd.index("--restart-jobs") + 2 :]  # a record from before it
+    assert bo.same_run(before, cmd) and bo.same_run(cmd, cmd)
+    assert not bo.same_run(before + ["--lr", "1"], cmd)
+
+
 def test_heldout_all_gain_and_layouts_are_per_seed():
     results = {
         0: {
@@ -217,4 +232,5 @@ def test_combine_refuses_flags_it_would_ignore(tmp_path, capsys):
 def test_how_a_run_uses_the_machine_is_not_part_of_its_recipe():
     """--restart-jobs (and threads, the progress bar) change the wall time, not the run: the same recipe."""
     assert bo.resolved_recipe("sft", "--restart-jobs 2") == bo.resolved_recipe("sft", "")
+    assert bo.resolved_recipe("sft", "--restart-jobs 0") == bo.resolved_recipe("sft", "")
     assert bo.resolved_recipe("sft", "--restarts 2") != bo.resolved_recipe("sft", "")
