@@ -69,14 +69,14 @@ def main(argv=None) -> int:
         d.mkdir(exist_ok=True)
         sft = ["sft", "--seed", str(seed), "--out", str(d / "sft"), "--progress", "false", "--overwrite"]
         grpo = ["grpo", "--seed", str(seed), "--out", str(d / "grpo"), "--init", str(d / "sft"), "--progress", "false"]
-        row = {"sft_cmd": portable(["python", *sft], {work: "WORK"})}
-        row["grpo_cmd"] = portable(["python", *grpo, "--overwrite"], {work: "WORK"})
+        row = {"sft_cmd": portable(["python", "-m", "posttrain", *sft], {work: "WORK"})}
+        row["grpo_cmd"] = portable(["python", "-m", "posttrain", *grpo, "--overwrite"], {work: "WORK"})
         row["sft_wall"] = run(sft, d / "sft.log")
         row["grpo_wall"] = run([*grpo, "--overwrite"], d / "grpo.log")
         row["sft"], row["grpo"] = heldout(d / "sft"), heldout(d / "grpo")
         if seed in args.baseline_seeds:
             one = [*sft[:4], str(d / "sft_one"), *sft[5:], "--restart-jobs", "1"]
-            row["sft_one_at_a_time_cmd"] = portable(["python", *one], {work: "WORK"})
+            row["sft_one_at_a_time_cmd"] = portable(["python", "-m", "posttrain", *one], {work: "WORK"})
             row["sft_one_at_a_time_wall"] = run(one, d / "sft_one.log")
             row["sft_one_at_a_time"] = heldout(d / "sft_one")
         if seed in rec:
