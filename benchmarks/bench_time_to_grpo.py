@@ -50,8 +50,11 @@ def recorded(path: str | None) -> dict:
     """{seed: {"sft": acc, "grpo": acc}} from a bench_outcomes.py record, or {}."""
     if not path:
         return {}
-    results = json.loads(Path(path).read_text())["results"]
-    return {int(s): {st: r[st]["accuracy"] for st in ("sft", "grpo") if st in r} for s, r in results.items()}
+    try:
+        results = json.loads(Path(path).read_text())["results"]
+        return {int(s): {st: r[st]["accuracy"] for st in ("sft", "grpo") if st in r} for s, r in results.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"--record {path}: not a bench_outcomes.py outcomes.json ({type(e).__name__}: {e})") from None
 
 
 def main(argv=None) -> int:
@@ -61,9 +64,12 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="runs/time_to_grpo")
     ap.add_argument("--record", help="a bench_outcomes.py outcomes.json to check the accuracies against")
     args = ap.parse_args(argv)
+    try:
+        rec, rows = recorded(args.record), {}
+    except ValueError as e:
+        ap.error(str(e))  # exit 2, before anything runs or is written
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    rec, rows = recorded(args.record), {}
     for seed in args.seeds:
         d = work / f"seed{seed}"
         d.mkdir(exist_ok=True)

@@ -37,31 +37,33 @@ POLL_S = 1.0  # how often the parent reads the workers' step counts
 
 def auto_jobs(cfg, n: int, steps: int, world) -> int:
     """How many of a phase's ``n`` restarts train at once, each training ``steps`` steps in the phase: ``cfg``'s
-    ``restart_jobs``, or for 0 the module docstring's rule. Explicit J > 1 from a script that a worker would run
-    again is a ConfigError naming the script (rather than a worker dying in its own start-up)."""
+    ``restart_jobs``, or for 0 the module docstring's rule; 1 under torchrun. Explicit J > 1 from a script that a
+    worker would run again is a ConfigError naming the script (rather than a worker dying in its own start-up)."""
     from posttrain.pipeline.workers import has_main_guard, main_rerun_by_workers, usable_cores
 
-    script = main_rerun_by_workers()
-    unsafe = script is not None and not has_main_guard(script)
+    if world.distributed or n <= 1:
+        return 1
     if cfg.restart_jobs:
-        if cfg.restart_jobs > 1 and n > 1 and unsafe and not world.distributed:
-            raise ConfigError(
-                f"restart_jobs={cfg.restart_jobs} trains restarts in spawned worker processes, which run {script} "
-                'again first: put the train_sft call under `if __name__ == "__main__":` (or restart_jobs=1)'
-            )
-        return cfg.restart_jobs
-    if world.distributed or n <= 1 or steps < MIN_WORKER_STEPS or not _on_cpu(cfg):
+        jobs = cfg.restart_jobs
+    elif steps < MIN_WORKER_STEPS or not _on_cpu(cfg):
         return 1
-    import torch
+    else:
+        import torch
 
-    jobs = max(1, min(n, usable_cores() // (cfg.threads or torch.get_num_threads())))
-    if jobs > 1 and unsafe:
-        print(
-            f"SFT restarts one at a time: worker processes would run {script} again first; put the train_sft call "
-            f'under `if __name__ == "__main__":` to train {jobs} at once'
+        jobs = max(1, min(n, usable_cores() // (cfg.threads or torch.get_num_threads())))
+    script = main_rerun_by_workers() if jobs > 1 else None
+    if script is None or has_main_guard(script):
+        return jobs
+    if cfg.restart_jobs:
+        raise ConfigError(
+            f"restart_jobs={cfg.restart_jobs} trains restarts in spawned worker processes, which run {script} "
+            'again first: put the train_sft call under `if __name__ == "__main__":` (or restart_jobs=1)'
         )
-        return 1
-    return jobs
+    print(
+        f"SFT restarts one at a time: worker processes would run {script} again first; put the train_sft call "
+        f'under `if __name__ == "__main__":` to train {jobs} at once'
+    )
+    return 1
 
 
 def _on_cpu(cfg) -> bool:

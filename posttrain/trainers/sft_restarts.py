@@ -239,7 +239,7 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
         )
     if probe and val is not None:
         to_probe = lambda k, sub: f"{k + 1}/{cfg.restarts} (seed {sub.seed}) to step {probe} -> {sub.out}"  # noqa: E731
-        jobs = 1 if world.distributed else auto_jobs(cfg, cfg.restarts, probe, world)
+        jobs = auto_jobs(cfg, cfg.restarts, probe, world)
         probes = run_phase(_probe, dict(enumerate(subs)), jobs, to_probe, (0, probe), train_sft, cfg, val)
         for k in sorted(probes):
             print(f"  restart {k}: validation accuracy {probes[k]['val_accuracy']:.3f} at step {probes[k]['step']}")
@@ -248,7 +248,7 @@ def train_restarts(cfg, train_sft, resume=None, overwrite: bool = False) -> dict
         print(f"finishing restart{'s' if len(finalists) > 1 else ''} {', '.join(map(str, finalists))}")
     to_end = lambda k, sub: f"{k + 1}/{cfg.restarts} (seed {sub.seed}) -> {sub.out}"  # noqa: E731
     start = probe if probes else 0  # the finalists resume from their probe checkpoints
-    jobs = 1 if world.distributed else auto_jobs(cfg, len(finalists), cfg.steps - start, world)
+    jobs = auto_jobs(cfg, len(finalists), cfg.steps - start, world)
     finished = run_phase(_run_one, {k: subs[k] for k in finalists}, jobs, to_end, (start, cfg.steps), train_sft)
     candidates = []
     for k, sub in enumerate(subs):
