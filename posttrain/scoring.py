@@ -24,6 +24,7 @@ import torch
 from posttrain.losses.logprobs import token_entropy, token_logps, warp_logits
 from posttrain.models.digit_slots import model_positions
 from posttrain.models.heads import positions_from_mask
+from posttrain.ops.thread_invariant import gather_rows
 
 
 class ConcatKVCache:
@@ -47,8 +48,8 @@ class ConcatKVCache:
         return self.length
 
     def reorder(self, index: torch.Tensor) -> None:
-        self.k = {i: t[index] for i, t in self.k.items()}
-        self.v = {i: t[index] for i, t in self.v.items()}
+        self.k = {i: gather_rows(t, index) for i, t in self.k.items()}
+        self.v = {i: gather_rows(t, index) for i, t in self.v.items()}
 
 
 def completion_logps(
@@ -136,8 +137,8 @@ def shared_prefix_forward(
         use_cache=True,
         **kw,
     )
-    last_logits = out.logits[:, -1][inv]  # (N, V)
-    last_hidden = out.hidden_states[:, -1][inv] if output_hidden_states else None  # (N, D)
+    last_logits = gather_rows(out.logits[:, -1], inv)  # (N, V)
+    last_hidden = gather_rows(out.hidden_states[:, -1], inv) if output_hidden_states else None  # (N, D)
     if input_ids.shape[1] == P:  # no completion position to run
         n = len(inv)
         hidden = last_hidden.new_zeros((n, 0, last_hidden.shape[-1])) if output_hidden_states else None

@@ -33,6 +33,7 @@ from posttrain.config import check_choice, check_fields, knob
 from posttrain.errors import ConfigError
 from posttrain.models.digit_slots import slot_positions
 from posttrain.ops import ATTENTION_BACKENDS, attention
+from posttrain.ops.thread_invariant import LayerNorm
 
 
 @dataclass
@@ -162,9 +163,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln1 = LayerNorm(cfg.d_model, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg, layer)
-        self.ln2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln2 = LayerNorm(cfg.d_model, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
     def forward(self, x, key_padding_mask, cache):
@@ -181,7 +182,7 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings
         self.grad_checkpointing = False  # gradient_checkpointing_enable(): recompute each block in the backward

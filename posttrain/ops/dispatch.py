@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from posttrain.ops.flash import flash_attention_backend
 from posttrain.ops.naive import naive_attention, visible_mask
+from posttrain.ops.thread_invariant import on_one_thread
 
 
 def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: float | None = None):
@@ -34,7 +35,10 @@ def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: f
     decode = nq == 1 and not q.requires_grad
     if key_padding_mask is None and not decode and (not causal or nq == nk or nq == 1):
         # fast paths: plain causal square attention, or one query that sees every key
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal and nq == nk and nq > 1, scale=scale)
+        is_causal = causal and nq == nk and nq > 1
+        return on_one_thread(
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale), q, k, v
+        )
     mask = visible_mask(nq, nk, causal, key_padding_mask, q.device)  # (B|1, 1, Nq, Nk)
     if mask is None:  # a non-causal decode step with no padding: it sees every key
         mask = torch.ones((1, 1, nq, nk), dtype=torch.bool, device=q.device)
@@ -46,7 +50,7 @@ def sdpa_attention(q, k, v, causal: bool = True, key_padding_mask=None, scale: f
         s = (q @ k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)  # (B, H, 1, Nk)
         out = s.masked_fill(~safe, float("-inf")).softmax(-1) @ v  # (B, H, 1, D)
         return out.masked_fill(~has_key, 0.0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale)
+    out = on_one_thread(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=safe, scale=scale), q, k, v)
     return out.masked_fill(~has_key, 0.0)
 
 

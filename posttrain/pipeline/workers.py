@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from posttrain.pipeline import cache
+from posttrain.trainers.common import usable_cores  # noqa: F401 - the pipeline's and the restart workers' share
 
 PR_SET_PDEATHSIG = 1
 
@@ -62,14 +63,6 @@ def spawn_pool(jobs: int):
     return cf.ProcessPoolExecutor(
         max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
     )
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, e.g. a container's or ``taskset``'s share), >= 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def main_rerun_by_workers() -> Path | None:

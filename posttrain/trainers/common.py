@@ -147,11 +147,26 @@ def write_summary(out: str | Path, summary: dict) -> Path:
     return path
 
 
+_TORCH_THREADS = torch.get_num_threads()  # torch's default (its count of physical cores, or OMP_NUM_THREADS)
+
+
 def set_threads(n: int | None) -> None:
+    """torch's CPU threads: ``n``, or for None every usable core (torch's default within this process's CPU
+    affinity, e.g. a container's or taskset's share; OMP_NUM_THREADS when set)."""
     if n:
         torch.set_num_threads(n)
     elif os.environ.get("OMP_NUM_THREADS") is None:
-        torch.set_num_threads(max(1, min(torch.get_num_threads(), os.cpu_count() or 1)))
+        torch.set_num_threads(max(1, min(_TORCH_THREADS, usable_cores())))
+    else:
+        torch.set_num_threads(_TORCH_THREADS)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's or ``taskset``'s share), >= 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def frozen(model: torch.nn.Module) -> torch.nn.Module:

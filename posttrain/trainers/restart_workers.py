@@ -7,7 +7,9 @@ at a time (tested), in about 1/J of the wall time on J free cores; only the mach
 
 ``restart_jobs`` J > 0 is taken as given. 0 (the default, auto) resolves per phase to
 
-    J = min(restarts in the phase, usable cores // threads)     (the cores this process may run on)
+    J = min(restarts in the phase, usable cores // threads)     (the cores this process may run on;
+                                                                  threads None counts 1, and each worker
+                                                                  then gets usable cores // J threads)
 
 and to 1 (one at a time, in this process) when a worker would not pay or not work: the run trains on a GPU (the
 restarts would share one device), a restart trains fewer than :data:`MIN_WORKER_STEPS` steps in the phase (a
@@ -47,10 +49,8 @@ def auto_jobs(cfg, n: int, steps: int, world) -> int:
         jobs = cfg.restart_jobs
     elif steps < MIN_WORKER_STEPS or not _on_cpu(cfg):
         return 1
-    else:
-        import torch
-
-        jobs = max(1, min(n, usable_cores() // (cfg.threads or torch.get_num_threads())))
+    else:  # threads None (every usable core): one thread a restart at the most restarts at once
+        jobs = max(1, min(n, usable_cores() // (cfg.threads or 1)))
     script = main_rerun_by_workers() if jobs > 1 else None
     if script is None or has_main_guard(script):
         return jobs
@@ -120,7 +120,13 @@ def run_phase(fn, subs: dict, jobs: int, label, span: tuple[int, int], train_sft
     show = next(iter(subs.values())).progress
     pool = spawn_pool(jobs)
     futures = {
-        k: pool.submit(_in_worker, fn, dataclasses.replace(sub, progress=False), train_sft, *args)
+        k: pool.submit(
+            _in_worker,
+            fn,
+            dataclasses.replace(sub, progress=False, threads=worker_threads(sub, jobs)),
+            train_sft,
+            *args,
+        )
         for k, sub in subs.items()
     }
     try:
@@ -135,6 +141,13 @@ def run_phase(fn, subs: dict, jobs: int, label, span: tuple[int, int], train_sft
         kill_pool(pool)
         raise
     return out
+
+
+def worker_threads(sub, jobs: int) -> int:
+    """A worker's torch threads: the run's ``threads``, or for None (every usable core) its share of the cores."""
+    from posttrain.pipeline.workers import usable_cores
+
+    return sub.threads or max(1, usable_cores() // jobs)
 
 
 def _watch(futures: dict, subs: dict, span: tuple[int, int], show: bool) -> None:

@@ -51,8 +51,10 @@ class TrainerConfig:
     seed: int = knob(0, "seed for init, data order, sampling and dropout", ge=0, lt=2**32)
     logger: str = knob("jsonl", LOGGER_HELP, check=check_loggers)
     threads: int | None = knob(
-        1,
-        "torch CPU threads (tiny models run fastest on 1, and never stall on a busy machine; None = torch default)",
+        None,
+        "torch CPU threads (None: every usable core, i.e. torch's default within the CPU affinity, or "
+        "OMP_NUM_THREADS when set; 1 never stalls on a busy machine). posttrain's own model trains to the same bits "
+        "on any count (ops/thread_invariant.py)",
         ge=1,
     )
     progress: bool = knob(True, "show a progress bar (plain lines every 10% when not a terminal)")
