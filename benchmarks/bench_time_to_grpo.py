@@ -4,12 +4,13 @@
 
 For each seed S (one after another, nothing else running: wall time is the measure):
 
-    posttrain sft  --seed S --out WORK/seedS/sft  --progress false                  (the defaults: the restarts
-    posttrain grpo --seed S --out WORK/seedS/grpo --init WORK/seedS/sft --progress false     as the cores allow)
+    posttrain sft  --seed S --out WORK/seedS/sft  --progress false                  (the defaults: every usable
+    posttrain grpo --seed S --out WORK/seedS/grpo --init WORK/seedS/sft --progress false     core)
 
-and for each ``--baseline-seeds`` seed the SFT run once more with ``--restart-jobs 1`` (its restarts one at a time,
-the default before 2026-12-07), so the table sets the two side by side in one run, and checks that both SFT runs
-end with the same held-out accuracy (the same model). ``--record FILE`` (a ``bench_outcomes.py`` record of the same
+and for each ``--baseline-seeds`` seed both runs once more with ``--baseline-flags`` (default ``--threads 1``, the
+default before 2026-12-07: one torch thread, the second core idle outside SFT's parallel restarts), so the table
+sets the two side by side in one run, and checks that each pair ends with the same weights (``model.safetensors``
+byte for byte). ``--record FILE`` (a ``bench_outcomes.py`` record of the same
 recipes) adds a column saying whether each run's held-out accuracy equals the recorded one. Prints a table (wall
 seconds, held-out accuracies) and writes ``WORK/time_to_grpo.json`` with the commands, times and versions.
 """
@@ -46,6 +47,10 @@ def heldout(run_dir: Path) -> float:
     return json.loads((run_dir / "summary.json").read_text())["heldout_accuracy"]
 
 
+def same_weights(a: Path, b: Path) -> bool:
+    return (a / "model" / "model.safetensors").read_bytes() == (b / "model" / "model.safetensors").read_bytes()
+
+
 def recorded(path: str | None) -> dict:
     """{seed: {"sft": acc, "grpo": acc}} from a bench_outcomes.py record, or {}."""
     if not path:
@@ -60,10 +65,14 @@ def recorded(path: str | None) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--baseline-seeds", type=int, nargs="*", default=[0], help="also SFT with --restart-jobs 1")
+    ap.add_argument(
+        "--baseline-seeds", type=int, nargs="*", default=[0], help="also run SFT and GRPO with the baseline flags"
+    )
+    ap.add_argument("--baseline-flags", default="--threads 1", help="the baseline's extra flags (default: %(default)s)")
     ap.add_argument("--work", default="runs/time_to_grpo")
     ap.add_argument("--record", help="a bench_outcomes.py outcomes.json to check the accuracies against")
     args = ap.parse_args(argv)
+    args.baseline_flags = args.baseline_flags.split()
     try:
         rec, rows = recorded(args.record), {}
     except ValueError as e:
@@ -81,10 +90,13 @@ def main(argv=None) -> int:
         row["grpo_wall"] = run([*grpo, "--overwrite"], d / "grpo.log")
         row["sft"], row["grpo"] = heldout(d / "sft"), heldout(d / "grpo")
         if seed in args.baseline_seeds:
-            one = [*sft[:4], str(d / "sft_one"), *sft[5:], "--restart-jobs", "1"]
-            row["sft_one_at_a_time_cmd"] = portable(["python", "-m", "posttrain", *one], {work: "WORK"})
-            row["sft_one_at_a_time_wall"] = run(one, d / "sft_one.log")
-            row["sft_one_at_a_time"] = heldout(d / "sft_one")
+            base = {"sft": [*sft[:4], str(d / "sft_base"), *sft[5:], *args.baseline_flags]}
+            base["grpo"] = [*grpo[:4], str(d / "grpo_base"), "--init", str(d / "sft_base"), *grpo[7:]]
+            base["grpo"] += [*args.baseline_flags, "--overwrite"]
+            for st, cmd in base.items():
+                row[f"{st}_baseline_cmd"] = portable(["python", "-m", "posttrain", *cmd], {work: "WORK"})
+                row[f"{st}_baseline_wall"] = run(cmd, d / f"{st}_base.log")
+                row[f"{st}_baseline_same_weights"] = same_weights(d / st, d / f"{st}_base")
         if seed in rec:
             row["as_recorded"] = all(row[st] == rec[seed][st] for st in rec[seed])
         rows[seed] = row
@@ -94,16 +106,20 @@ def main(argv=None) -> int:
             flush=True,
         )
     print(
-        "\n| seed | SFT wall s (one at a time) | GRPO wall s | SFT + GRPO s | SFT held-out | GRPO held-out | as recorded |"
+        "\n| seed | SFT wall s (baseline) | GRPO wall s (baseline) | SFT + GRPO s (baseline) | SFT held-out | GRPO held-out | as recorded |"
     )
     print("|---|---|---|---|---|---|---|")
     for seed, r in rows.items():
-        one = f" ({r['sft_one_at_a_time_wall']:.0f})" if "sft_one_at_a_time_wall" in r else ""
-        same = "" if "sft_one_at_a_time" not in r else (" =" if r["sft_one_at_a_time"] == r["sft"] else " DIFFERS")
+        b = {st: f" ({r[f'{st}_baseline_wall']:.0f})" if f"{st}_baseline_wall" in r else "" for st in ("sft", "grpo")}
+        both = f" ({r['sft_baseline_wall'] + r['grpo_baseline_wall']:.0f})" if b["sft"] else ""
+        same = {st: "" if not b[st] else (" =" if r[f"{st}_baseline_same_weights"] else " DIFFERS") for st in b}
         print(
-            f"| {seed} | {r['sft_wall']:.0f}{one} | {r['grpo_wall']:.0f} | {r['sft_wall'] + r['grpo_wall']:.0f} | "
-            f"{r['sft']:.3f}{same} | {r['grpo']:.3f} | {r.get('as_recorded', '')} |"
+            f"| {seed} | {r['sft_wall']:.0f}{b['sft']} | {r['grpo_wall']:.0f}{b['grpo']} | "
+            f"{r['sft_wall'] + r['grpo_wall']:.0f}{both} | {r['sft']:.3f}{same['sft']} | {r['grpo']:.3f}{same['grpo']} | "
+            f"{r.get('as_recorded', '')} |"
         )
+    if any("sft_baseline_wall" in r for r in rows.values()):
+        print(f"(in brackets: with {' '.join(args.baseline_flags)}; = the same weights, byte for byte)")
     totals = [r["sft_wall"] + r["grpo_wall"] for r in rows.values()]
     print(f"\nSFT + GRPO: median {statistics.median(totals):.0f} s, max {max(totals):.0f} s over {len(totals)} seeds")
     out = work / "time_to_grpo.json"
