@@ -17,25 +17,39 @@ torch.compile they are the plain ops.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+_outer = threading.local()  # inside one_thread(): the count outside it
+
 
 @contextlib.contextmanager
 def one_thread():
     threads = torch.get_num_threads()
+    nested = getattr(_outer, "threads", None) is not None
+    if not nested:
+        _outer.threads = threads
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
+        if not nested:
+            _outer.threads = None
+
+
+def thread_count() -> int:
+    """torch's CPU threads as the run set them: inside :func:`one_thread` the count outside it, so an op recomputed
+    there (a checkpointed block's forward, run again by a backward on one thread) takes the path it took first."""
+    return getattr(_outer, "threads", None) or torch.get_num_threads()
 
 
 def several_threads(x: torch.Tensor) -> bool:
     """A CPU op on several threads, outside torch.compile: where the kernels above would depend on their count."""
-    return x.device.type == "cpu" and torch.get_num_threads() > 1 and not torch.compiler.is_compiling()
+    return x.device.type == "cpu" and thread_count() > 1 and not torch.compiler.is_compiling()
 
 
 def needs_one_thread(x: torch.Tensor, *params: torch.Tensor | None) -> bool:

@@ -122,13 +122,24 @@ def check_rewards(fn_name: str, out, n: int, batch_index: int) -> list[float]:
     return floats
 
 
+_ATOMS = (str, int, float, bool, type(None))  # immutable: a list of them is deep-copied by copying the list
+
+
+def _deep_copy(v):
+    """``copy.deepcopy(v)``; a list or tuple of strings and numbers (the usual prompts, completions and answers) is
+    copied as a list, ~20x faster than deepcopy's walk and the same copy (its items cannot be changed in place)."""
+    if isinstance(v, (list, tuple)) and all(type(x) in _ATOMS for x in v):
+        return list(v) if isinstance(v, list) else tuple(v)
+    return copy.deepcopy(v)
+
+
 def _copies(prompts, completions, columns) -> tuple[tuple, dict]:
     """Deep copies of a reward's inputs; a column value that cannot be deep-copied is copied one level (a list)."""
-    args = copy.deepcopy((list(prompts), list(completions)))
+    args = (_deep_copy(list(prompts)), _deep_copy(list(completions)))
     kwargs = {}
     for k, v in columns.items():
         try:
-            kwargs[k] = copy.deepcopy(v)
+            kwargs[k] = _deep_copy(v)
         except Exception:  # noqa: BLE001 - e.g. a column of objects holding locks: a shallow copy still protects it
             kwargs[k] = list(v) if isinstance(v, (list, tuple)) else v
     return args, kwargs

@@ -88,6 +88,23 @@ def test_a_reward_that_mutates_its_inputs_changes_nothing_the_trainer_holds():
     assert prompts == PROMPTS and completions == COMPLETIONS and answer[0] == ["2"]
 
 
+def test_flat_columns_of_strings_and_numbers_are_copied_too():
+    prompts, answers, scores = list(PROMPTS), ("2", "4", "6", "8"), [1, 2.5, None, True]
+
+    def vandal(prompts, completions, answer, score):
+        prompts[0] = "changed"
+        score.append(3)
+        return [float(a == "2") for a in answer]
+
+    assert WeightedReward({"v": (vandal, 1.0)})(prompts, COMPLETIONS, answer=answers, score=scores) == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
+    assert prompts == PROMPTS and scores == [1, 2.5, None, True]
+
+
 @pytest.mark.parametrize(
     "exc, what",
     [

@@ -50,6 +50,16 @@ def test_auto_trains_as_many_restarts_at_once_as_the_usable_cores_hold(machine, 
     assert rw.auto_jobs(c, 4, 1000, one) == 1  # on a GPU the restarts would share the device
 
 
+def test_by_default_every_core_trains_and_each_worker_gets_its_share_of_them(machine):
+    auto, one = SFTConfig(restarts=4, steps=2000), World()  # threads None: every usable core
+    assert auto.threads is None
+    for cores, jobs, each in [(2, 2, 1), (3, 3, 1), (16, 4, 4), (1, 1, 1)]:
+        machine(cores=cores)
+        assert rw.auto_jobs(auto, 4, 1000, one) == jobs
+        assert rw.worker_threads(auto, jobs) == each
+    assert rw.worker_threads(dataclasses.replace(auto, threads=2), 4) == 2  # an explicit count is every worker's
+
+
 def test_a_script_without_the_main_guard_trains_restarts_in_this_process(machine, tmp_path, capsys):
     bare, guarded = tmp_path / "bare.py", tmp_path / "guarded.py"
     bare.write_text("from posttrain.trainers.sft import train_sft\ntrain_sft(cfg)\n")
