@@ -33,7 +33,7 @@ from posttrain.config import check_choice, check_fields, knob
 from posttrain.errors import ConfigError
 from posttrain.models.digit_slots import slot_positions
 from posttrain.ops import ATTENTION_BACKENDS, attention
-from posttrain.ops.thread_invariant import LayerNorm
+from posttrain.ops.thread_invariant import LayerNorm, Linear
 
 
 @dataclass
@@ -132,8 +132,8 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.cfg, self.layer = cfg, layer
         self.n_head, self.kv_heads, self.hd = cfg.n_head, cfg.kv_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.qkv = Linear(cfg.d_model, (cfg.n_head + 2 * cfg.kv_heads) * cfg.head_dim, bias=cfg.bias)
+        self.proj = Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, key_padding_mask, cache: KVCache | None):
@@ -152,8 +152,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
-        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.fc = Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=cfg.bias)
+        self.proj = Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=cfg.bias)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
@@ -183,7 +183,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layer))
         self.ln_f = LayerNorm(cfg.d_model, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied embeddings
         self.grad_checkpointing = False  # gradient_checkpointing_enable(): recompute each block in the backward
         self.apply(self._init_weights)

@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 
 from posttrain.errors import DataError
+from posttrain.ops.thread_invariant import Linear
 
 REWARD_STATS_FILE = "reward_stats.json"
 
@@ -138,7 +139,7 @@ class ScalarHead(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.proj = nn.Linear(hidden_size, 1)
+        self.proj = Linear(hidden_size, 1)
         nn.init.normal_(self.proj.weight, std=1.0 / math.sqrt(hidden_size + 1))
         nn.init.zeros_(self.proj.bias)
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from posttrain.models.heads import as_backbone, positions_from_mask
+from posttrain.ops.thread_invariant import Linear
 
 
 class ValueHead(nn.Module):
@@ -34,7 +35,7 @@ class ValueHead(nn.Module):
 
     def __init__(self, hidden_size: int):
         super().__init__()
-        self.proj = nn.Linear(hidden_size, 1)
+        self.proj = Linear(hidden_size, 1)
         nn.init.zeros_(self.proj.weight)
         nn.init.zeros_(self.proj.bias)
 

@@ -1,17 +1,19 @@
 """Ops whose gradients do not depend on the number of CPU threads.
 
-Key insight: on the CPU almost every op of the model gives the same bits on 1 thread or on n (matmuls split
+Key insight: on the CPU most ops of the model give the same bits on 1 thread or on n (matmuls of many rows split
 rows and columns, never the summed dimension; elementwise ops, per-row softmax and LayerNorm's forward are per
-row). Three kernels are not. Two backward kernels split a sum over rows into one partial sum per thread,
+row). Four kernels are not. Two backward kernels split a sum over rows into one partial sum per thread,
 
     LayerNorm:        dgamma = sum_rows(dy * x_hat),   dbeta = sum_rows(dy)
     row gather t[i]:  dt[u]  = sum_{n : i[n] = u} dy[n]        (index_put_ with accumulate)
 
-and PyTorch's fused CPU attention (``scaled_dot_product_attention``) picks its key/value blocking from the
-thread count, forward and backward. Running just those kernels on one thread (the rest of the step keeps all
-of them) makes a run with ``--threads 2`` end bit for bit where ``--threads 1`` does: the thread count is a
-speed setting only, and results recorded on one thread still hold. Off the CPU, on one thread, or under
-torch.compile they are the plain ops.
+PyTorch's fused CPU attention (``scaled_dot_product_attention``) picks its key/value blocking from the thread
+count, forward and backward, and a matrix product of a few rows (5-11 on the AVX-512 EPYC measured; a sampler's
+decode step once most rows have ended) takes another kernel on several threads. Running just those on one thread
+(products of fewer than :data:`SMALL_ROWS` rows, which cost little anyway; the rest of the step keeps every thread)
+makes a run with ``--threads 2`` end bit for bit where ``--threads 1`` does: the thread count is a speed setting
+only, and results recorded on one thread still hold. Off the CPU, on one thread, or under torch.compile they are
+the plain ops.
 """
 
 from __future__ import annotations
@@ -145,3 +147,17 @@ def on_one_thread(fn, *tensors: torch.Tensor) -> torch.Tensor:
         with one_thread():
             return fn(*tensors)
     return _OneThread.apply(fn, *tensors)
+
+
+SMALL_ROWS = 64  # a linear layer on fewer rows runs on one thread (products of 5-11 rows differ on two)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters, state-dict names and values) whose products of few rows run on one thread."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() < SMALL_ROWS * x.shape[-1] and several_threads(x):
+            if self.bias is None:
+                return on_one_thread(F.linear, x, self.weight)
+            return on_one_thread(F.linear, x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

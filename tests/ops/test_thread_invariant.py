@@ -2,7 +2,7 @@
 threads (``ops/thread_invariant.py``).
 
 Oracles: the plain op on one thread (each wrapped op on two threads equals the op it wraps on one: LayerNorm,
-the row gather, PyTorch's fused attention), and the same computation on one thread (the model's forward and
+the row gather, PyTorch's fused attention, a linear layer on 1 to 2 * SMALL_ROWS rows), and the same computation on one thread (the model's forward and
 backward, plain and shared-prefix, and short SFT and GRPO runs, whose weight files must be equal byte for byte).
 The model-sized shapes matter: below torch's parallel grain every kernel runs on one thread anyway.
 """
@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from posttrain.models.gpt import GPT, GPTConfig
 from posttrain.ops.dispatch import sdpa_attention
-from posttrain.ops.thread_invariant import LayerNorm, gather_rows, on_one_thread
+from posttrain.ops.thread_invariant import SMALL_ROWS, LayerNorm, Linear, gather_rows, on_one_thread
 from posttrain.scoring import prefix_shared_completion_logps
 
 
@@ -68,6 +68,20 @@ def test_gather_rows_on_two_threads_is_indexing_on_one():
     index = torch.randperm(23).repeat_interleave(8)
     want = _grads(lambda: t[index], 1, t)
     _assert_same(_grads(lambda: gather_rows(t, index), 2, t), want)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_on_two_threads_is_nn_linear_on_one_for_every_row_count(bias):
+    torch.manual_seed(0)
+    lin = Linear(128, 384, bias=bias)
+    ref = nn.Linear(128, 384, bias=bias)
+    ref.load_state_dict(lin.state_dict())
+    params = [lin.weight, lin.bias] if bias else [lin.weight]
+    ref_params = [ref.weight, ref.bias] if bias else [ref.weight]
+    for rows in range(1, 2 * SMALL_ROWS + 1):
+        x = torch.randn(rows, 1, 128, requires_grad=True)
+        want = _grads(lambda: ref(x), 1, x, *ref_params)  # noqa: B023
+        _assert_same(_grads(lambda: lin(x), 2, x, *params), want)  # noqa: B023
 
 
 @pytest.mark.parametrize("nq", [1, 3, 12])
