@@ -157,7 +157,5 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() < SMALL_ROWS * x.shape[-1] and several_threads(x):
-            if self.bias is None:
-                return on_one_thread(F.linear, x, self.weight)
-            return on_one_thread(F.linear, x, self.weight, self.bias)
+            return on_one_thread(F.linear, x, *(p for p in (self.weight, self.bias) if p is not None))
         return F.linear(x, self.weight, self.bias)
