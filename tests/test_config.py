@@ -432,6 +432,18 @@ def test_sft_tiny_preset_is_the_measured_command():
     assert build_config(SFTConfig, PRESETS["tiny"]) == build_config(SFTConfig, overrides=flags)
 
 
+def test_grpo_tiny_1000_preset_is_the_measured_command():
+    # docs/outcomes/2026-12-07_{arithmetic,collatz}_grpo_steps1000_seeds0_4.json: `grpo --lr 0.00015 --steps 1000` on the
+    # field defaults, its final model the mean of the weights at steps 800/900/1000
+    from posttrain.trainers.pg_config import PRESETS, PolicyGradientConfig
+    from posttrain.trainers.weight_average import average_steps
+
+    long = build_config(PolicyGradientConfig, PRESETS["tiny_1000"])
+    assert long == build_config(PolicyGradientConfig, overrides={"lr": "0.00015", "steps": "1000"})
+    assert long == build_config(PolicyGradientConfig, PRESETS["tiny"], overrides={"steps": "1000"})
+    assert average_steps(long.steps, long.average_last, long.average_every) == [800, 900, 1000]
+
+
 def test_sft_slots16_preset_is_the_measured_command():
     # docs/outcomes/2026-12-04_xeon_slots16_*.json: 16 restarts ranked at step 300 of 600, the best 2 finishing, with
     # digit-slot positions, on the field defaults (600 steps, weight decay 0.1)
