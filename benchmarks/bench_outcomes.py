@@ -52,7 +52,9 @@ present twice with different numbers, and says so when the sweeps ran different 
 configs the sweeps recorded (``recipes``, since 2026-12-04) or, for older files, the configs their flags resolve to with
 this tree's presets (a preset since removed spelled out as its flags, ``RETIRED_PRESETS``): ``--sft-args "--preset slots
 --restarts 16"`` and ``--sft-args "--preset slots16"`` are one recipe (a note says so), ``--restarts 16`` against none
-is another.
+is another. ``--write FILE`` writes the union as one outcomes.json (its aggregate recomputed, ``combined_from`` naming
+the sweeps), a record that ``--choose`` and ``--combine`` read as one sweep: a candidate run on seeds 0 and 2, then on
+1, 3 and 4, is compared with the incumbent over all five.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and
 sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks._outcomes_selection` beside it
 
 from benchmarks._outcomes_selection import SelectionError, choose, print_choice, refuse_test, selection  # noqa: E402
+from posttrain.data.io import atomic_write_json  # noqa: E402
 
 STAGES = ("sft", "grpo", "dpo", "rm", "ppo")
 DEPENDS_ON_SFT = {"grpo", "dpo", "ppo"}
@@ -637,6 +640,22 @@ def combine(paths: list[str]) -> tuple[dict[int, dict[str, dict]], list[str]]:
     return results, notes
 
 
+def combined_report(paths: list[str], results: dict[int, dict[str, dict]], agg: dict) -> dict:
+    """One outcomes.json for the union of the sweeps ``paths`` (checked alike by :func:`combine`): the first one's
+    settings, every seed's runs, the aggregate over them, and the files and wall time they came from."""
+    reports = [json.loads(Path(p).read_text()) for p in paths]
+    first = reports[0]
+    return {
+        **{k: v for k, v in first.items() if k not in ("results", "aggregate", "curves")},
+        "seeds": sorted(results),
+        "results": {str(k): results[k] for k in sorted(results)},
+        "aggregate": agg,
+        "curves": [],
+        "combined_from": [str(p) for p in paths],
+        "sweep_wall_seconds": sum(r.get("sweep_wall_seconds") or 0.0 for r in reports),
+    }
+
+
 def versions() -> dict:
     import torch
 
@@ -713,6 +732,12 @@ def main(argv=None) -> int:
         help="run nothing: report over the union of the seeds of these earlier sweeps' outcomes.json "
         "(the same flags and CPU kernels)",
     )
+    ap.add_argument(
+        "--write",
+        metavar="FILE",
+        help="with --combine: also write the union as one outcomes.json (the first sweep's settings, every seed's "
+        "runs, the aggregate over them, the files it came from), which --choose and --combine read as a sweep",
+    )
     args = ap.parse_args(argv)
     if args.min_z < 0:
         ap.error(f"--min-z {args.min_z:g}: a number of standard errors, 0 or more")
@@ -739,8 +764,14 @@ def main(argv=None) -> int:
         print(f"{len(results)} seeds from {len(args.combine)} sweeps: {', '.join(map(str, sorted(results)))}")
         for note in notes:
             print(f"note: {note}")
-        print_report(results, aggregate(results))
+        agg = aggregate(results)
+        print_report(results, agg)
+        if args.write:
+            atomic_write_json(args.write, combined_report(args.combine, results, agg))
+            print(f"\noutcomes: {args.write}")
         return 0
+    if args.write:
+        ap.error("--write names the file --combine writes: use it with --combine")
     if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
         args.stages = ["sft", *args.stages]  # each stage starts from its own seed's SFT
     work = Path(args.work).resolve()

@@ -222,6 +222,24 @@ def test_combine_leaves_borrowed_sft_runs_to_the_sweep_that_made_them(tmp_path):
         bo.combine([str(tmp_path / "rl.json"), sft, other])
 
 
+def test_combine_writes_the_union_as_one_sweep(tmp_path, capsys):
+    a = _sweep_file(tmp_path / "a.json", [0, 2])
+    b = _sweep_file(tmp_path / "b.json", [1, 3, 4])
+    out = tmp_path / "ab.json"
+    assert bo.main(["--combine", a, b, "--write", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["seeds"] == [0, 1, 2, 3, 4] and written["combined_from"] == [a, b]
+    assert written["extra_args"] == json.loads(Path(a).read_text())["extra_args"]
+    results, _ = bo.combine([str(out)])  # read back as one sweep: the same runs, the same aggregate
+    assert results == bo.combine([a, b])[0]
+    assert written["aggregate"] == json.loads(json.dumps(aggregate(results)))
+    assert written["aggregate"]["grpo"]["accuracy"]["mean"] == pytest.approx(statistics.mean(0.7 + s / 100 for s in range(5)))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # --write without --combine: nothing to write
+        bo.main(["--write", str(out)])
+    assert e.value.code == 2 and "use it with --combine" in capsys.readouterr().err
+
+
 def test_combine_refuses_flags_it_would_ignore(tmp_path, capsys):
     a = _sweep_file(tmp_path / "a.json", [0])
     with pytest.raises(SystemExit) as e:
