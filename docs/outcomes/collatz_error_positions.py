@@ -35,12 +35,16 @@ def main(paths: list[str]) -> None:
                 where["another length"] += 1
                 continue
             diff = [i for i in range(len(a)) if a[i] != c[i]]
-            where[f"{len(a)}-digit answer, digit {diff[0]} only" if len(diff) == 1 else f"{len(a)}-digit answer, several"] += 1
+            where[
+                f"{len(a)}-digit answer, digit {diff[0]} only" if len(diff) == 1 else f"{len(a)}-digit answer, several"
+            ] += 1
     n_wrong = sum(wrong.values())
     print(f"{len(paths)} file(s), {sum(total.values())} problems, {n_wrong} wrong")
     print("\n| number | answer | problems | accuracy |\n|---|---|---|---|")
     for kind in sorted(total):
-        print(f"| {kind[0]} digits, {kind[1]} | {kind[2]} digits | {total[kind]} | {1 - wrong[kind] / total[kind]:.3f} |")
+        print(
+            f"| {kind[0]} digits, {kind[1]} | {kind[2]} digits | {total[kind]} | {1 - wrong[kind] / total[kind]:.3f} |"
+        )
     print("\n| wrong answers | count | share |\n|---|---|---|")
     for name, k in where.most_common():
         print(f"| {name} | {k} | {k / n_wrong:.1%} |")

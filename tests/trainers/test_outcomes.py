@@ -233,7 +233,9 @@ def test_combine_writes_the_union_as_one_sweep(tmp_path, capsys):
     results, _ = bo.combine([str(out)])  # read back as one sweep: the same runs, the same aggregate
     assert results == bo.combine([a, b])[0]
     assert written["aggregate"] == json.loads(json.dumps(aggregate(results)))
-    assert written["aggregate"]["grpo"]["accuracy"]["mean"] == pytest.approx(statistics.mean(0.7 + s / 100 for s in range(5)))
+    assert written["aggregate"]["grpo"]["accuracy"]["mean"] == pytest.approx(
+        statistics.mean(0.7 + s / 100 for s in range(5))
+    )
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:  # --write without --combine: nothing to write
         bo.main(["--write", str(out)])
