@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import benchmarks.bench_outcomes as bo
+from benchmarks._outcomes_combine import spell_retired
 from benchmarks.bench_outcomes import aggregate, describe
 
 
@@ -201,7 +202,7 @@ def test_a_sweep_records_the_configs_its_stages_resolve_to():
         False,
         "exact_match:1.0",
     )
-    assert bo.spell_retired("sft", ["--lr", "1", "--preset", "slots", "--seed", "3"])[:4] == [
+    assert spell_retired("sft", ["--lr", "1", "--preset", "slots", "--seed", "3"])[:4] == [
         "--lr",
         "1",
         "--preset",
