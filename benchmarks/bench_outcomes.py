@@ -548,6 +548,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.min_z < 0:
         ap.error(f"--min-z {args.min_z:g}: a number of standard errors, 0 or more")
+    if args.write and not args.combine:  # before --choose, which would otherwise drop it unsaid
+        ap.error("--write names the file --combine writes: use it with --combine")
     if args.choose:
         try:
             picked = choose(args.choose, args.by_stage, args.min_z)
@@ -577,8 +579,6 @@ def main(argv=None) -> int:
             atomic_write_json(args.write, combined_report(args.combine, results, agg))
             print(f"\noutcomes: {args.write}")
         return 0
-    if args.write:
-        ap.error("--write names the file --combine writes: use it with --combine")
     if "sft" not in args.stages and DEPENDS_ON_SFT & set(args.stages):
         args.stages = ["sft", *args.stages]  # each stage starts from its own seed's SFT
     work = Path(args.work).resolve()

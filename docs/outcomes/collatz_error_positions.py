@@ -11,26 +11,42 @@ length is counted as such.
 """
 
 import collections
-import json
 import sys
-from pathlib import Path
+
+from posttrain.data.io import load_records
+from posttrain.errors import DataError
 
 
-def main(paths: list[str]) -> None:
+def completion(rec: dict) -> tuple[tuple | None, str | None]:
+    """A dev completion record -> ((n, answer, completion, correct), None), or (None, why it is not one)."""
+    prompt, answer = rec.get("prompt"), rec.get("answer")
+    if not (isinstance(prompt, str) and prompt.endswith("=") and prompt[:-1].isdigit()):
+        return None, f"prompt {prompt!r} is not a Collatz prompt like '27='"
+    if not (isinstance(answer, str) and answer.isdigit()):
+        return None, f"answer {answer!r} is not a number"
+    if not isinstance(rec.get("completion"), str) or not isinstance(rec.get("correct"), bool):
+        return None, "completion must be a string and correct true or false"
+    return (int(prompt[:-1]), answer, rec["completion"].strip(), rec["correct"]), None
+
+
+def main(paths: list[str]) -> int:
     if not paths:
-        sys.exit("usage: collatz_error_positions.py COMPLETIONS.jsonl [...]")
+        print("usage: collatz_error_positions.py COMPLETIONS.jsonl [...]", file=sys.stderr)
+        return 2
     total, wrong = collections.Counter(), collections.Counter()
     where = collections.Counter()
     for path in paths:
-        for line in Path(path).open():
-            r = json.loads(line)
-            n = int(r["prompt"].removesuffix("="))
-            kind = (len(str(n)), "odd" if n % 2 else "even", len(r["answer"]))
+        try:  # FILE:LINE on a malformed or foreign line, an empty file refused: nothing silently left out
+            records, _ = load_records(path, completion, required=("prompt", "answer", "completion", "correct"))
+        except DataError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for n, a, c, correct in records:
+            kind = (len(str(n)), "odd" if n % 2 else "even", len(a))
             total[kind] += 1
-            if r["correct"]:
+            if correct:
                 continue
             wrong[kind] += 1
-            a, c = r["answer"], r["completion"].strip()
             if len(c) != len(a):
                 where["another length"] += 1
                 continue
@@ -48,7 +64,8 @@ def main(paths: list[str]) -> None:
     print("\n| wrong answers | count | share |\n|---|---|---|")
     for name, k in where.most_common():
         print(f"| {name} | {k} | {k / n_wrong:.1%} |")
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
