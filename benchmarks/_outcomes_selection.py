@@ -6,6 +6,7 @@ reported and nothing else:
     choice                                  split       where
     SFT restart kept (restarts > 1)         dev         trainers/sft_restarts.py (or --val-data's split)
     SFT checkpoint (val_fraction > 0)       dev         trainers/sft.py (or --val-data's split)
+    SFT runs taken from a sweep             as above    read from each run's config.resolved.json (--sft-from)
     any other final model                   none        the last step (grpo/ppo: the tail weight average)
     the recipe, between sweeps              dev         bench_outcomes.py --choose: a paired dev gain over the
                                                         incumbent beyond 2 standard errors
@@ -13,10 +14,11 @@ reported and nothing else:
 
 :func:`selection` derives that record from a stage's resolved config (``outcomes.json`` keeps it per stage as
 ``selection``), :func:`refuse_test` turns a record in which test chose anything into a :class:`SelectionError`
-(the sweep does not start), and :func:`choose` picks a recipe among finished sweeps by their dev scores, refusing a
-sweep that has none (it would have to choose on test) or whose record says test chose something; a candidate
-replaces the incumbent (the first sweep) only when its dev gain, paired by seed, clears the noise (``min_z``
-standard errors), so that of near-equal recipes the one already measured everywhere stays.
+(the sweep does not start), :func:`taken_sft` does both for SFT runs another sweep made, and :func:`choose` picks a
+recipe among finished sweeps by their dev scores, refusing a sweep that has none (it would have to choose on test)
+or whose record says test chose something; a candidate replaces the incumbent (the first sweep) only when its dev
+gain, paired by seed, clears the noise (``min_z`` standard errors), so that of near-equal recipes the one already
+measured everywhere stays.
 
 Worked example: ``--sft-args "--val-data heldout.jsonl"`` where a line of heldout.jsonl is a test problem ->
 ``selection("sft", recipe)["chose"]["restart"] == "test"`` -> the sweep exits 2 before any run.
@@ -79,6 +81,35 @@ def selection(stage: str, recipe: dict | None) -> dict:
     used = {s for s in chose.values() if not s.startswith("none")}
     split = "dev" if used <= {"dev"} else sorted(used - {"dev"})[0]
     return {"chose": chose, "selection_split": split, "reported_split": "test"}
+
+
+def taken_sft(run_dirs: list[Path], ignore: tuple[str, ...] = ()) -> tuple[dict | None, dict]:
+    """The recipe and selection record of SFT runs a sweep takes from another (``--sft-from``), read from each run's
+    own ``config.resolved.json`` (what it trained with, whatever made it). The recipe is the first run's less seed,
+    paths and ``ignore`` (settings of how a run uses the machine); the record is unknown when a run has no config.
+    SelectionError when a run chose on the test split (its --val-data holds held-out problems) or when the runs
+    trained different recipes (a sweep over their seeds would mix them)."""
+    recipe, record, first = None, None, None
+    for run in run_dirs:
+        try:
+            cfg = json.loads((Path(run) / "config.resolved.json").read_text())
+        except (OSError, ValueError):
+            return None, selection("sft", None)
+        try:
+            rec = selection("sft", cfg)
+        except OSError:  # its --val-data file is gone: what chose its restart cannot be told
+            return None, selection("sft", None)
+        refuse_test({"sft": rec}, str(run))
+        mine = {k: v for k, v in cfg.items() if k not in ("seed", "out", *ignore)}
+        if recipe is None:
+            recipe, record, first = mine, rec, run
+        elif mine != recipe:
+            k = next(k for k in sorted(set(mine) | set(recipe)) if mine.get(k) != recipe.get(k))
+            raise SelectionError(
+                f"{run}: another SFT recipe than {first} ({k}: {mine.get(k)!r} against {recipe.get(k)!r}); "
+                "a sweep over their seeds would mix two recipes"
+            )
+    return recipe, record or selection("sft", None)
 
 
 def refuse_test(records: dict[str, dict], where: str = "this sweep") -> None:

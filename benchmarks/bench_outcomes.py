@@ -76,8 +76,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the runs' working directory and PYTHONPATH
 sys.path.insert(0, str(ROOT))  # run as a script: `benchmarks._outcomes_*` beside it
 
-from benchmarks._outcomes_combine import CombineError, combine, combined_report, resolved_recipe  # noqa: E402
-from benchmarks._outcomes_selection import SelectionError, choose, print_choice, refuse_test, selection  # noqa: E402
+from benchmarks._outcomes_combine import HOW_IT_RUNS, CombineError, combine, combined_report, resolved_recipe  # noqa: E402
+from benchmarks._outcomes_selection import SelectionError, choose, print_choice, refuse_test, selection, taken_sft  # noqa: E402
 from posttrain.data.io import atomic_write_json  # noqa: E402
 
 STAGES = ("sft", "grpo", "dpo", "rm", "ppo")
@@ -590,12 +590,15 @@ def main(argv=None) -> int:
     # each stage's config as this tree resolves it (seed and paths aside): what --combine compares across sweeps
     recipes = {st: resolved_recipe(st, extras[st]) for st in args.stages if not (st == "sft" and args.sft_from)}
     chosen_by = {st: selection(st, recipes.get(st)) for st in args.stages}  # which split chose what, per stage
+    sft_root = Path(args.sft_from).resolve() if args.sft_from else None
     try:
+        if sft_root is not None:  # the SFT runs taken: what they chose, from their own configs
+            runs = [sft_root / f"seed{s}" / "sft" for s in args.seeds]
+            recipes["sft"], chosen_by["sft"] = taken_sft(runs, HOW_IT_RUNS)
         refuse_test(chosen_by)
     except SelectionError as e:  # before any run: a sweep that chooses on test has nothing to report
         print(f"error: {e}", file=sys.stderr)
         return 2
-    sft_root = Path(args.sft_from).resolve() if args.sft_from else None
     results = sweep(
         args.seeds,
         [s for s in STAGES if s in args.stages],

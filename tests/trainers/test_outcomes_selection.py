@@ -145,3 +145,54 @@ def test_choose_refuses_a_negative_min_z(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         bo.main(["--choose", inc, inc, "--min-z", "-1"])
     assert e.value.code == 2 and "--min-z -1: a number of standard errors, 0 or more" in capsys.readouterr().err
+
+
+def _taken_sft_runs(root: Path, seeds, changes=None) -> None:
+    """Fake SFT runs of an earlier sweep: each seed's run directory with the config it trained with."""
+    for s in seeds:
+        cfg = {**bo.resolved_recipe("sft", ""), "seed": s, "out": str(root / f"seed{s}" / "sft"), "threads": 1}
+        cfg.update((changes or {}).get(s, {}))
+        (root / f"seed{s}" / "sft").mkdir(parents=True)
+        (root / f"seed{s}" / "sft" / "config.resolved.json").write_text(json.dumps(cfg))
+
+
+def test_sft_runs_taken_from_another_sweep_record_what_chose_them(tmp_path, monkeypatch):
+    _taken_sft_runs(tmp_path / "sft", [0, 1], {1: {"threads": 2}})  # how a run used the machine is not its recipe
+    monkeypatch.setattr(bo, "sweep", lambda seeds, stages, *a, **k: {s: {"grpo": {"accuracy": 0.5}} for s in seeds})
+    monkeypatch.setattr(bo, "write_curves", lambda *a: [])
+    work = tmp_path / "w"
+    argv = ["--stages", "grpo", "--seeds", "0", "1", "--work", str(work), "--sft-from", str(tmp_path / "sft")]
+    assert bo.main(argv) == 0
+    report = json.loads((work / "outcomes.json").read_text())
+    assert (
+        report["selection"]["sft"]["chose"]["restart"] == "dev"
+        and report["selection"]["sft"]["selection_split"] == "dev"
+    )
+    assert report["recipes"]["sft"]["restarts"] == 4 and not {"seed", "out", "threads"} & set(report["recipes"]["sft"])
+
+
+def test_sft_runs_taken_that_chose_on_test_or_mix_recipes_are_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    task = ArithmeticTask()
+    bad = _jsonl(tmp_path / "v.jsonl", task.dev_problems[:3] + task.heldout_problems[:2])
+    monkeypatch.setattr(bo, "sweep", lambda *a, **k: pytest.fail("a run started"))
+    for name, changes, says in [
+        ("on_test", {1: {"val_data": bad}}, "sft's restart would be chosen on the test split"),
+        ("mixed", {1: {"weight_decay": 1.0}}, "another SFT recipe than"),
+    ]:
+        root = tmp_path / name
+        _taken_sft_runs(root, [0, 1], changes)
+        argv = ["--stages", "grpo", "--seeds", "0", "1", "--work", str(tmp_path / "w"), "--sft-from", str(root)]
+        assert bo.main(argv) == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {root / 'seed1' / 'sft'}") and says in err, err
+    assert not (tmp_path / "w" / "outcomes.json").exists()
+
+
+def test_sft_runs_without_their_config_are_recorded_as_unknown(tmp_path, monkeypatch):
+    (tmp_path / "sft" / "seed0" / "sft").mkdir(parents=True)  # made before runs recorded their config
+    monkeypatch.setattr(bo, "sweep", lambda seeds, stages, *a, **k: {s: {"grpo": {"accuracy": 0.5}} for s in seeds})
+    monkeypatch.setattr(bo, "write_curves", lambda *a: [])
+    argv = ["--stages", "grpo", "--seeds", "0", "--work", str(tmp_path / "w"), "--sft-from", str(tmp_path / "sft")]
+    assert bo.main(argv) == 0
+    report = json.loads((tmp_path / "w" / "outcomes.json").read_text())
+    assert report["selection"]["sft"]["selection_split"] == "unknown" and report["recipes"]["sft"] is None
