@@ -93,11 +93,8 @@ def taken_sft(run_dirs: list[Path], ignore: tuple[str, ...] = ()) -> tuple[dict 
     for run in run_dirs:
         try:
             cfg = json.loads((Path(run) / "config.resolved.json").read_text())
-        except (OSError, ValueError):
-            return None, selection("sft", None)
-        try:
             rec = selection("sft", cfg)
-        except OSError:  # its --val-data file is gone: what chose its restart cannot be told
+        except (OSError, ValueError):  # no config, or its --val-data is gone: what chose its restart cannot be told
             return None, selection("sft", None)
         refuse_test({"sft": rec}, str(run))
         mine = {k: v for k, v in cfg.items() if k not in ("seed", "out", *ignore)}

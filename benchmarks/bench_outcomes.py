@@ -591,9 +591,13 @@ def main(argv=None) -> int:
     recipes = {st: resolved_recipe(st, extras[st]) for st in args.stages if not (st == "sft" and args.sft_from)}
     chosen_by = {st: selection(st, recipes.get(st)) for st in args.stages}  # which split chose what, per stage
     sft_root = Path(args.sft_from).resolve() if args.sft_from else None
+    runs = [sft_root / f"seed{s}" / "sft" for s in args.seeds] if sft_root else []
+    missing = [r for r in runs if not ((r / "summary.json").is_file() and (r.parent / "sft.command.json").is_file())]
+    if missing:  # a seed without its SFT run would only fail every stage after it
+        print(f"error: --sft-from {args.sft_from}: no finished SFT run at {missing[0]}", file=sys.stderr)
+        return 2
     try:
         if sft_root is not None:  # the SFT runs taken: what they chose, from their own configs
-            runs = [sft_root / f"seed{s}" / "sft" for s in args.seeds]
             recipes["sft"], chosen_by["sft"] = taken_sft(runs, HOW_IT_RUNS)
         refuse_test(chosen_by)
     except SelectionError as e:  # before any run: a sweep that chooses on test has nothing to report

@@ -147,12 +147,19 @@ def test_choose_refuses_a_negative_min_z(tmp_path, capsys):
     assert e.value.code == 2 and "--min-z -1: a number of standard errors, 0 or more" in capsys.readouterr().err
 
 
+def _finished_sft_run(run: Path) -> None:
+    """What a sweep leaves of a finished SFT run: its summary and the command that made it."""
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    (run.parent / "sft.command.json").write_text(json.dumps({"cmd": ["-m", "posttrain", "sft"]}))
+
+
 def _taken_sft_runs(root: Path, seeds, changes=None) -> None:
     """Fake SFT runs of an earlier sweep: each seed's run directory with the config it trained with."""
     for s in seeds:
         cfg = {**bo.resolved_recipe("sft", ""), "seed": s, "out": str(root / f"seed{s}" / "sft"), "threads": 1}
         cfg.update((changes or {}).get(s, {}))
-        (root / f"seed{s}" / "sft").mkdir(parents=True)
+        _finished_sft_run(root / f"seed{s}" / "sft")
         (root / f"seed{s}" / "sft" / "config.resolved.json").write_text(json.dumps(cfg))
 
 
@@ -189,10 +196,21 @@ def test_sft_runs_taken_that_chose_on_test_or_mix_recipes_are_refused_before_any
 
 
 def test_sft_runs_without_their_config_are_recorded_as_unknown(tmp_path, monkeypatch):
-    (tmp_path / "sft" / "seed0" / "sft").mkdir(parents=True)  # made before runs recorded their config
+    _finished_sft_run(tmp_path / "sft" / "seed0" / "sft")  # made before runs recorded their config
     monkeypatch.setattr(bo, "sweep", lambda seeds, stages, *a, **k: {s: {"grpo": {"accuracy": 0.5}} for s in seeds})
     monkeypatch.setattr(bo, "write_curves", lambda *a: [])
     argv = ["--stages", "grpo", "--seeds", "0", "--work", str(tmp_path / "w"), "--sft-from", str(tmp_path / "sft")]
     assert bo.main(argv) == 0
     report = json.loads((tmp_path / "w" / "outcomes.json").read_text())
     assert report["selection"]["sft"]["selection_split"] == "unknown" and report["recipes"]["sft"] is None
+
+
+def test_a_seed_without_its_sft_run_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
+    _taken_sft_runs(tmp_path / "sft", [0])
+    monkeypatch.setattr(bo, "sweep", lambda *a, **k: pytest.fail("a run started"))
+    for sft_from in (tmp_path / "sft", tmp_path / "nowhere"):  # seed 1 missing; the whole directory missing
+        argv = ["--stages", "grpo", "--seeds", "0", "1", "--work", str(tmp_path / "w"), "--sft-from", str(sft_from)]
+        assert bo.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --sft-from {sft_from}: no finished SFT run at ") and "\n" == err[-1], err
+    assert not (tmp_path / "w" / "outcomes.json").exists()
