@@ -20,7 +20,7 @@ import json
 import shlex
 from pathlib import Path
 
-from benchmarks._outcomes_selection import SelectionError, refuse_test
+from benchmarks._outcomes_selection import SelectionError, first_difference, refuse_test
 
 
 class CombineError(ValueError):
@@ -86,14 +86,6 @@ def resolved_recipe(stage: str, extra: str) -> dict | None:
     return {k: v for k, v in recipe.items() if k not in HOW_IT_RUNS}
 
 
-def _first_difference(a, b, path: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}{k}.")
-    return f"{path.rstrip('.')}: {b!r} against {a!r}"
-
-
 def _shared(a: dict, b: dict) -> dict:
     """``a``'s settings that ``b`` records too (nested configs alike), less :data:`HOW_IT_RUNS`: a setting only one
     record has did not exist when the other ran (a knob added later, whose default keeps the old behaviour)."""
@@ -123,7 +115,7 @@ def same_recipe(stage, flags, first_flags, path, first_path, mine=None, theirs=N
     if mine != theirs:
         raise CombineError(
             f"{path}: {stage} ran with {flags!r}, {first_path} with {first_flags!r}: another recipe "
-            f"({_first_difference(theirs, mine)})"
+            f"({first_difference(theirs, mine)})"
         )
     how = "as the sweeps recorded them" if recorded else "this tree's presets"
     return f"{stage} ran with {flags!r} in {path}, {first_flags!r} in {first_path}: the same config ({how})"

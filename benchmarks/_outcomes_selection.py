@@ -83,6 +83,15 @@ def selection(stage: str, recipe: dict | None) -> dict:
     return {"chose": chose, "selection_split": split, "reported_split": "test"}
 
 
+def first_difference(a, b, path: str = "") -> str:
+    """Where two JSON-like values first differ, as ``dotted.path: b against a`` (keys in sorted order)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return first_difference(a.get(k), b.get(k), f"{path}{k}.")
+    return f"{path.rstrip('.')}: {b!r} against {a!r}"
+
+
 def taken_sft(run_dirs: list[Path], ignore: tuple[str, ...] = ()) -> tuple[dict | None, dict]:
     """The recipe and selection record of SFT runs a sweep takes from another (``--sft-from``), read from each run's
     own ``config.resolved.json`` (what it trained with, whatever made it). The recipe is the first run's less seed,
@@ -101,9 +110,8 @@ def taken_sft(run_dirs: list[Path], ignore: tuple[str, ...] = ()) -> tuple[dict 
         if recipe is None:
             recipe, record, first = mine, rec, run
         elif mine != recipe:
-            k = next(k for k in sorted(set(mine) | set(recipe)) if mine.get(k) != recipe.get(k))
             raise SelectionError(
-                f"{run}: another SFT recipe than {first} ({k}: {mine.get(k)!r} against {recipe.get(k)!r}); "
+                f"{run}: another SFT recipe than {first} ({first_difference(recipe, mine)}); "
                 "a sweep over their seeds would mix two recipes"
             )
     return recipe, record or selection("sft", None)

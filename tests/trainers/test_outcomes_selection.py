@@ -185,6 +185,11 @@ def test_sft_runs_taken_that_chose_on_test_or_mix_recipes_are_refused_before_any
     for name, changes, says in [
         ("on_test", {1: {"val_data": bad}}, "sft's restart would be chosen on the test split"),
         ("mixed", {1: {"weight_decay": 1.0}}, "another SFT recipe than"),
+        (
+            "nested",
+            {1: {"model": {**bo.resolved_recipe("sft", "")["model"], "n_layer": 2}}},
+            "(model.n_layer: 2 against 4)",
+        ),
     ]:
         root = tmp_path / name
         _taken_sft_runs(root, [0, 1], changes)
