@@ -10,7 +10,9 @@ For each seed S (one after another, nothing else running: wall time is the measu
 and for each ``--baseline-seeds`` seed both runs once more with ``--baseline-flags`` (default ``--threads 1``, the
 default before 2026-12-07: one torch thread, the second core idle outside SFT's parallel restarts), so the table
 sets the two side by side in one run, and checks that each pair ends with the same weights (``model.safetensors``
-byte for byte). ``--record FILE`` (a ``bench_outcomes.py`` record of the same
+byte for byte). ``--sft-flags`` / ``--grpo-flags`` add flags to the measured runs (a candidate recipe; its
+baseline is then the defaults with ``--baseline-flags ""``, and "same weights" says whether the candidate ended
+where the defaults do). ``--record FILE`` (a ``bench_outcomes.py`` record of the same
 recipes) adds a column saying whether each run's held-out accuracy equals the recorded one. Prints a table (wall
 seconds, held-out accuracies) and writes ``WORK/time_to_grpo.json`` with the commands, times and versions.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -69,11 +72,14 @@ def main(argv=None) -> int:
         "--baseline-seeds", type=int, nargs="*", default=[0], help="also run SFT and GRPO with the baseline flags"
     )
     ap.add_argument("--baseline-flags", default="--threads 1", help="the baseline's extra flags (default: %(default)s)")
+    ap.add_argument("--sft-flags", default="", help="extra flags for the measured `posttrain sft` runs (one string)")
+    ap.add_argument("--grpo-flags", default="", help="extra flags for the measured `posttrain grpo` runs (one string)")
     ap.add_argument("--work", default="runs/time_to_grpo")
     ap.add_argument("--record", help="a bench_outcomes.py outcomes.json to check the accuracies against")
     args = ap.parse_args(argv)
-    args.baseline_flags = args.baseline_flags.split()
     try:
+        args.baseline_flags = shlex.split(args.baseline_flags)
+        sft_flags, grpo_flags = shlex.split(args.sft_flags), shlex.split(args.grpo_flags)
         rec, rows = recorded(args.record), {}
     except ValueError as e:
         ap.error(str(e))  # exit 2, before anything runs or is written
@@ -84,10 +90,11 @@ def main(argv=None) -> int:
         d.mkdir(exist_ok=True)
         sft = ["sft", "--seed", str(seed), "--out", str(d / "sft"), "--progress", "false", "--overwrite"]
         grpo = ["grpo", "--seed", str(seed), "--out", str(d / "grpo"), "--init", str(d / "sft"), "--progress", "false"]
-        row = {"sft_cmd": portable(["python", "-m", "posttrain", *sft], {work: "WORK"})}
-        row["grpo_cmd"] = portable(["python", "-m", "posttrain", *grpo, "--overwrite"], {work: "WORK"})
-        row["sft_wall"] = run(sft, d / "sft.log")
-        row["grpo_wall"] = run([*grpo, "--overwrite"], d / "grpo.log")
+        main_sft, main_grpo = [*sft, *sft_flags], [*grpo, *grpo_flags, "--overwrite"]
+        row = {"sft_cmd": portable(["python", "-m", "posttrain", *main_sft], {work: "WORK"})}
+        row["grpo_cmd"] = portable(["python", "-m", "posttrain", *main_grpo], {work: "WORK"})
+        row["sft_wall"] = run(main_sft, d / "sft.log")
+        row["grpo_wall"] = run(main_grpo, d / "grpo.log")
         row["sft"], row["grpo"] = heldout(d / "sft"), heldout(d / "grpo")
         if seed in args.baseline_seeds:
             base = {"sft": [*sft[:4], str(d / "sft_base"), *sft[5:], *args.baseline_flags]}
@@ -119,7 +126,11 @@ def main(argv=None) -> int:
             f"{r.get('as_recorded', '')} |"
         )
     if any("sft_baseline_wall" in r for r in rows.values()):
-        print(f"(in brackets: with {' '.join(args.baseline_flags)}; = the same weights, byte for byte)")
+        measured = " ".join(f"{st} {' '.join(f)}" for st, f in (("sft", sft_flags), ("grpo", grpo_flags)) if f)
+        print(
+            f"(measured with {measured or 'the defaults'}; in brackets: the defaults with "
+            f"{' '.join(args.baseline_flags) or 'no extra flags'}; = the same weights, byte for byte)"
+        )
     totals = [r["sft_wall"] + r["grpo_wall"] for r in rows.values()]
     print(f"\nSFT + GRPO: median {statistics.median(totals):.0f} s, max {max(totals):.0f} s over {len(totals)} seeds")
     out = work / "time_to_grpo.json"
