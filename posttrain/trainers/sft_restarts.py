@@ -22,8 +22,10 @@ from ``--init`` / ``--model``, ``train_sft`` runs once and says so: restarts are
 Successive halving (``restart_probe`` f, P = round(f · steps), ``restart_keep`` K; Jamieson & Talwalkar 2016): every restart trains
 to step P only (a resumable checkpoint there, its score in ``restarts/k/probe.json``), the K best on the validation
 problems at P train on to the end (resumed, so each ends bitwise as an uninterrupted run), and the best of those at
-the end is kept: R candidates for R·P + K·(steps − P) steps instead of R·steps. A run's rank is mostly decided by
-mid-training (docs/outcomes.md), so P ~ half to two thirds of the steps loses little.
+the end is kept: R candidates for R·P + K·(steps − P) steps instead of R·steps. The rank at P is a noisy guess at
+the rank at the end: on the embedded tasks' default (4 restarts, P at half the steps) it keeps the restart that ends
+best on dev on 2 seeds of 5, and finishing all four would gain 2-5 test points of SFT at 1.6x the steps; no earlier
+P measured did better on both tasks (``benchmarks/bench_restart_probe.py``, docs/log/2026-12-07-where-to-rank-sft-restarts.md).
 
 Resume: each restart is its own run directory; ``--resume OUT`` skips the finished ones (a ``summary.json``),
 resumes an interrupted one from its checkpoint, and starts the rest, so it ends as an uninterrupted run would.
