@@ -12,7 +12,7 @@ default before 2026-12-07: one torch thread, the second core idle outside SFT's 
 sets the two side by side in one run, and checks that each pair ends with the same weights (``model.safetensors``
 byte for byte). ``--sft-flags`` / ``--grpo-flags`` add flags to the measured runs (a candidate recipe; its
 baseline is then the defaults with ``--baseline-flags ""``, and "same weights" says whether the candidate ended
-where the defaults do). ``--record FILE`` (a ``bench_outcomes.py`` record of the same
+where the defaults do). ``--task NAME`` runs every command, baseline included, on that embedded task. ``--record FILE`` (a ``bench_outcomes.py`` record of the same
 recipes) adds a column saying whether each run's held-out accuracy equals the recorded one. Prints a table (wall
 seconds, held-out accuracies) and writes ``WORK/time_to_grpo.json`` with the commands, times and versions.
 """
@@ -74,6 +74,11 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-flags", default="--threads 1", help="the baseline's extra flags (default: %(default)s)")
     ap.add_argument("--sft-flags", default="", help="extra flags for the measured `posttrain sft` runs (one string)")
     ap.add_argument("--grpo-flags", default="", help="extra flags for the measured `posttrain grpo` runs (one string)")
+    ap.add_argument(
+        "--task",
+        choices=["arithmetic", "collatz", "octal", "sort"],
+        help="the embedded task of every run (default: arithmetic)",
+    )
     ap.add_argument("--work", default="runs/time_to_grpo")
     ap.add_argument("--record", help="a bench_outcomes.py outcomes.json to check the accuracies against")
     args = ap.parse_args(argv)
@@ -88,8 +93,10 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         d = work / f"seed{seed}"
         d.mkdir(exist_ok=True)
-        sft = ["sft", "--seed", str(seed), "--out", str(d / "sft"), "--progress", "false", "--overwrite"]
+        task = ["--task", args.task] if args.task else []
+        sft = ["sft", "--seed", str(seed), "--out", str(d / "sft"), "--progress", "false", "--overwrite", *task]
         grpo = ["grpo", "--seed", str(seed), "--out", str(d / "grpo"), "--init", str(d / "sft"), "--progress", "false"]
+        grpo += task
         main_sft, main_grpo = [*sft, *sft_flags], [*grpo, *grpo_flags, "--overwrite"]
         row = {"sft_cmd": portable(["python", "-m", "posttrain", *main_sft], {work: "WORK"})}
         row["grpo_cmd"] = portable(["python", "-m", "posttrain", *main_grpo], {work: "WORK"})

@@ -15,12 +15,24 @@ def test_candidate_flags_go_to_the_measured_runs_and_the_baseline_is_the_default
     monkeypatch.setattr(bt, "run", lambda cmd, log: ran.append(cmd) or 1.0)
     monkeypatch.setattr(bt, "heldout", lambda d: 0.5)
     monkeypatch.setattr(bt, "same_weights", lambda a, b: a.name == "sft")
-    argv = ["--seeds", "3", "--baseline-seeds", "3", "--baseline-flags", "", "--work", str(tmp_path)]
+    argv = [
+        "--seeds",
+        "3",
+        "--baseline-seeds",
+        "3",
+        "--baseline-flags",
+        "",
+        "--work",
+        str(tmp_path),
+        "--task",
+        "collatz",
+    ]
     assert bt.main([*argv, "--sft-flags", "--restart-probe 0.3", "--grpo-flags", "--steps 750"]) == 0
     sft, grpo, sft_base, grpo_base = ran
     assert sft[-2:] == ["--restart-probe", "0.3"] and "--restart-probe" not in sft_base
     assert grpo[-3:] == ["--steps", "750", "--overwrite"] and "--steps" not in grpo_base
     assert grpo_base[grpo_base.index("--init") + 1] == str(tmp_path / "seed3" / "sft_base")
+    assert all(cmd[cmd.index("--task") + 1] == "collatz" for cmd in ran)  # the task reaches the baseline too
     out = capsys.readouterr().out
     assert (
         "measured with sft --restart-probe 0.3 grpo --steps 750; in brackets: the defaults with no extra flags" in out
