@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -32,13 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _outcomes_selection import paired_gain  # noqa: E402
 
 
 def _config(run_dir: Path):
+    from posttrain.checkpoints.files import read_json
     from posttrain.config import from_dict
     from posttrain.trainers.sft_config import SFTConfig
 
-    return from_dict(SFTConfig, json.loads((run_dir / "config.resolved.json").read_text()))
+    return from_dict(SFTConfig, read_json(run_dir / "config.resolved.json", "run config"))
 
 
 def finish(restart_dir: str) -> str:
@@ -55,7 +56,8 @@ def score_seed(sft_dir: Path) -> dict:
     """{restart: {"dev": {step: acc, ..., "final": acc}, "test": acc}} for one restarts run, every restart finished."""
     import torch
 
-    from posttrain.trainers.sft_restarts import _score, validation_problems
+    from posttrain.checkpoints.files import read_json
+    from posttrain.trainers.sft_restarts import PROBE_KEYS, SUMMARY_KEYS, _score, validation_problems
 
     torch.set_num_threads(1)
     cfg = _config(sft_dir)
@@ -63,7 +65,7 @@ def score_seed(sft_dir: Path) -> dict:
     out = {}
     for k in range(cfg.restarts):
         d = sft_dir / "restarts" / str(k)
-        probe = json.loads((d / "probe.json").read_text())
+        probe = read_json(d / "probe.json", "probe record", PROBE_KEYS)
         dev = {}
         for ck in sorted((d / "checkpoints").glob("step-*")):
             step = int(ck.name.split("-")[1])
@@ -72,7 +74,7 @@ def score_seed(sft_dir: Path) -> dict:
         if dev.get(str(probe["step"])) != probe["val_accuracy"]:
             raise SystemExit(f"{d}: its probe scored {probe['val_accuracy']}, rescored {dev.get(str(probe['step']))}")
         dev["final"] = _score(d / "model", val, cfg.max_new_tokens)
-        test = json.loads((d / "summary.json").read_text())["heldout_accuracy"]
+        test = read_json(d / "summary.json", "summary", SUMMARY_KEYS)["heldout_accuracy"]
         out[str(k)] = {"dev": dev, "test": test}
     return out
 
@@ -82,10 +84,11 @@ def pick(restarts: dict, at: str, among: list[str]) -> str:
     return min(among, key=lambda k: (-restarts[k]["dev"][at], int(k)))
 
 
-def rules(scores: dict, probe_step: str) -> list[tuple[str, str, list[str] | None]]:
-    seeds = list(scores)
-    ks = sorted(scores[seeds[0]], key=int)
-    steps = sorted({s for r in scores[seeds[0]].values() for s in r["dev"] if s != "final"}, key=int)
+def rules(scores: dict, probe_step: str) -> list[tuple[str, str, list[str]]]:
+    """(name, the dev score it ranks on, the restarts it ranks) for every rule the table shows."""
+    first = next(iter(scores.values()))
+    ks = sorted(first, key=int)
+    steps = sorted({s for r in first.values() for s in r["dev"] if s != "final"}, key=int)
     out = [(f"probe at step {s}" + (" (the run's)" if s == probe_step else ""), s, ks) for s in steps]
     out.append((f"full ({len(ks)} restarts)", "final", ks))
     out += [(f"full, first {n}", "final", ks[:n]) for n in range(len(ks) - 1, 0, -1)]
@@ -100,8 +103,8 @@ def table(scores: dict, probe_step: str) -> list[dict]:
         picks = {s: pick(scores[s], at, among) for s in seeds}
         dev = [scores[s][picks[s]]["dev"]["final"] for s in seeds]
         test = [scores[s][picks[s]]["test"] for s in seeds]
+        gain = paired_gain({s: scores[s][mine[s]]["dev"]["final"] for s in seeds}, dict(zip(seeds, dev)))
         diff = [d - scores[s][mine[s]]["dev"]["final"] for s, d in zip(seeds, dev)]
-        se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else None
         rows.append(
             {
                 "rule": name,
@@ -109,7 +112,7 @@ def table(scores: dict, probe_step: str) -> list[dict]:
                 "dev": dev,
                 "test": test,
                 "paired": diff,
-                "paired_se": se,
+                "paired_se": gain["se"],
             }
         )
     return rows
@@ -121,12 +124,27 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="restarts finished at a time (one thread each)")
     ap.add_argument("--write", help="also write the scores and the table here (JSON)")
     args = ap.parse_args(argv)
-    runs = sorted(Path(args.work).glob("seed*/sft"), key=lambda p: int(p.parent.name.removeprefix("seed")))
+    from posttrain.checkpoints.files import read_json
+    from posttrain.errors import UserError
+    from posttrain.trainers import sft_restarts
+
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
+    runs = [r for r in Path(args.work).glob("seed*/sft") if r.parent.name.removeprefix("seed").isdigit()]
+    runs.sort(key=lambda r: int(r.parent.name.removeprefix("seed")))
     bad = [r for r in runs if not (r / "restarts").is_dir() or not any((r / "restarts").glob("*/probe.json"))]
     if not runs or bad:
         ap.error(
             f"--work {args.work}: no SFT restarts run with a probe at {bad[0] if bad else args.work + '/seed*/sft'}"
         )
+    try:  # every run's config and probe records read before anything trains: a corrupt one is exit 2 at once
+        probe_step = str(sft_restarts.probe_step(_config(runs[0])))
+        for r in runs:
+            _config(r)
+            for probe in sorted((r / "restarts").glob("*/probe.json")):
+                read_json(probe, "probe record", sft_restarts.PROBE_KEYS)
+    except UserError as e:
+        ap.error(str(e))
     todo = [
         str(d)
         for r in runs
@@ -134,11 +152,10 @@ def main(argv=None) -> int:
         if d.is_dir() and not (d / "summary.json").is_file()
     ]
     print(f"finishing {len(todo)} restarts, {args.jobs} at a time", flush=True)
-    with ProcessPoolExecutor(max(1, args.jobs), mp_context=get_context("spawn")) as pool:
+    with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
         for i, d in enumerate(pool.map(finish, todo), 1):
             print(f"  {i}/{len(todo)} {d}", flush=True)
     scores = {r.parent.name: score_seed(r) for r in runs}
-    probe_step = str(json.loads(next(runs[0].glob("restarts/*/probe.json")).read_text())["step"])
     rows = table(scores, probe_step)
     print(
         f"\n{len(scores)} seeds, restarts ranked on each run's dev problems; paired: final dev against the run's probe"

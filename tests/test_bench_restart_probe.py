@@ -83,3 +83,14 @@ def test_a_directory_without_a_restarts_run_is_a_usage_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         brp.main(["--work", str(tmp_path)])
     assert e.value.code == 2 and "no SFT restarts run with a probe" in capsys.readouterr().err
+
+
+def test_a_corrupt_probe_record_or_a_bad_jobs_count_is_a_usage_error_before_anything_trains(tmp_path, capsys):
+    probe = tmp_path / "seed0" / "sft" / "restarts" / "0" / "probe.json"
+    probe.parent.mkdir(parents=True)
+    (tmp_path / "seed0" / "sft" / "config.resolved.json").write_text("{}")
+    probe.write_text('{"step": "x"}')
+    for argv, says in [(["--jobs", "0"], "--jobs 0: at least 1"), ([], "corrupt probe record")]:
+        with pytest.raises(SystemExit) as e:
+            brp.main(["--work", str(tmp_path), *argv])
+        assert e.value.code == 2 and says in capsys.readouterr().err
