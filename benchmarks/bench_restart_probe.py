@@ -54,13 +54,10 @@ def finish(restart_dir: str) -> str:
 
 def score_seed(sft_dir: Path) -> dict:
     """{restart: {"dev": {step: acc, ..., "final": acc}, "test": acc}} for one restarts run, every restart finished."""
-    import torch
-
     from posttrain.checkpoints.files import read_json
     from posttrain.trainers.sft_restarts import PROBE_KEYS, SUMMARY_KEYS, _score, validation_problems
 
-    torch.set_num_threads(1)
-    cfg = _config(sft_dir)
+    cfg = _config(sft_dir)  # scored on torch's threads: the scores are the same on any count
     val = validation_problems(cfg)
     out = {}
     for k in range(cfg.restarts):
